@@ -1,0 +1,1 @@
+"""openinfer-core: the engine contract, plugins, engine loop, sampler, text and weights."""

@@ -1,0 +1,65 @@
+"""What an engine emits per request, in this order:
+`Scheduled` once, then `Token`*, then exactly one terminal (`Finished`, `Error`, `Rejected`)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence or stop token id (not emitted as a Token)
+    LENGTH = "length"  # max_tokens or the model's length reached (the last token is emitted)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One generated token. `logprob` is set when the request asked for logprobs;
+    `top_logprobs` holds (token id, logprob) pairs, best first."""
+
+    request_id: str
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: str
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    # The stop token id that ended the request (reason STOP), else None.
+    stop_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """The engine failed while running this request."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The engine refused the request (it can never fit, or asks for what we do not honour)."""
+
+    request_id: str
+    message: str
+
+
+TokenEvent = Scheduled | Token | Finished | Error | Rejected
+TerminalEvent = Finished | Error | Rejected
+TERMINAL_TYPES = (Finished, Error, Rejected)
+
+
+def is_terminal(event: TokenEvent) -> bool:
+    return isinstance(event, TERMINAL_TYPES)

@@ -1,0 +1,53 @@
+"""The async face of an engine, as servers see it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from openinfer_core.events import TokenEvent
+from openinfer_core.request import GenerateRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str
+    max_model_len: int
+    kv_total_blocks: int
+    kv_block_size: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_total_blocks * self.kv_block_size
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    running: int
+    waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+
+
+@runtime_checkable
+class EngineHandle(Protocol):
+    """Token ids in, events out. Safe to call from any asyncio task; the engine itself runs on
+    its own thread."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        """Submit `request`; yields its events, ending with exactly one terminal event.
+        Leaving the iterator early aborts the request."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its KV blocks are freed at the next step. Unknown ids are ignored."""
+        ...
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    def load(self) -> LoadSnapshot:
+        """Running / waiting requests and KV use, for metrics. Never blocks on the engine."""
+        ...

@@ -1,0 +1,53 @@
+"""The whole plugin contract of openinfer: four registration hooks, project name `openinfer`.
+
+A plugin is a module (or object) exposed under the `openinfer` entry-point group whose functions
+carry `@hookimpl`. Each hook receives a `register` callable and calls it once per thing it adds.
+Registration is by `"module:Class"` string, so discovering plugins imports neither torch nor CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from openinfer_core.registry import (
+        RegisterAttentionBackend,
+        RegisterModel,
+        RegisterOffloadTier,
+        RegisterScheduler,
+    )
+
+PROJECT = "openinfer"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def openinfer_register_models(register: RegisterModel) -> None:
+    """Add model lines: `register(name, target, architectures=(...), model_types=(...),
+    probe=None)`. `target` is `"module:Class"` of a class implementing
+    `openinfer_core.interfaces.model.ModelLine`. A checkpoint is matched by its config.json
+    `architectures`, then `model_type`, then `probe` (a `"module:function"` taking the parsed
+    config dict and returning bool)."""
+
+
+@hookspec
+def openinfer_register_schedulers(register: RegisterScheduler) -> None:
+    """Add scheduling policies: `register(name, target)`, where `target` names a class
+    implementing `openinfer_core.interfaces.scheduler.Scheduler`. Chosen with `--scheduler`."""
+
+
+@hookspec
+def openinfer_register_offload_tiers(register: RegisterOffloadTier) -> None:
+    """Add KV offload tiers below device memory: `register(name, target)`, where `target`
+    names a class implementing `openinfer_core.interfaces.offload.OffloadTier`."""
+
+
+@hookspec
+def openinfer_register_attention_backends(register: RegisterAttentionBackend) -> None:
+    """Add attention backends: `register(name, target, devices=("cpu", "cuda"), priority=0)`,
+    where `target` names a class implementing
+    `openinfer_core.interfaces.attention.AttentionBackend`. For a device, the available backend
+    of highest priority is the default."""

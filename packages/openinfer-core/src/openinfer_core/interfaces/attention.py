@@ -1,0 +1,25 @@
+"""Attention backends: how a layer's queries meet the paged KV cache."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from openinfer_core.interfaces.model import ForwardBatch
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """Registered through `openinfer_register_attention_backends`. Stateless between steps."""
+
+    name: str
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
+               scale: float) -> torch.Tensor:
+        """Write this step's `k`, `v` ([T, Hkv, D]) into the caches
+        ([num_blocks, block_size, Hkv, D]) at `batch.slot_mapping` (mutates the caches), then
+        return causal attention of `q` ([T, Hq, D]) over each request's context, [T, Hq, D]."""
+        ...

@@ -1,0 +1,83 @@
+"""The model line: how a model family is loaded and run over a batch on paged KV."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.kv import KVManager
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One step's tokens, flattened: prefill chunks and decode tokens of B requests, T tokens.
+
+    Request b owns tokens `query_start_loc[b]:query_start_loc[b+1]`, at positions ending at
+    `seq_lens[b] - 1`; its KV (including this step's) lives in blocks `block_tables[b]`.
+    `logits_indices` picks the token rows whose next-token logits are needed."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, block_id * block_size + offset
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32, context length after this step
+    block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0
+    logits_indices: torch.Tensor  # [S] int64
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A loaded model: owns its weights and its KV device buffer."""
+
+    vocab_size: int
+    max_model_len: int
+    device: torch.device
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """Device bytes one KV block takes over all layers. Pure."""
+        ...
+
+    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
+        """Allocate the KV device buffer (block 0 = padding) and return its block manager.
+        Called once, before the first forward."""
+        ...
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run all tokens of `batch`, writing their KV; return fp32 logits
+        `[len(batch.logits_indices), vocab_size]`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    device: torch.device
+    dtype: torch.dtype
+    attention: AttentionBackend
+    max_model_len: int | None = None
+
+
+@runtime_checkable
+class ModelLine(Protocol):
+    """A model family. Registered through `openinfer_register_models` as `"module:Class"`."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Model:
+        """Validate `config` (raising `ModelConfigError` naming the bad field), load weights
+        (raising `WeightLoadError` naming the tensor) and return a ready model."""
+        ...

@@ -1,0 +1,1 @@
+"""openinfer-kernels: device ops, each a Triton kernel beside its plain-torch reference."""

@@ -1,0 +1,1 @@
+"""openinfer-qwen3: the Qwen3 dense model line."""
