@@ -45,6 +45,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N alternatives; 0 = only the sampled token's logprob
+    # Text-side fields: the engine never sees text, so frontends (LLM, the server) honour these.
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         _check_range("temperature", self.temperature, 0.0, 100.0)
@@ -86,6 +90,11 @@ class SamplingParams:
                     "stop_token_ids", f"must be non-negative token ids, got {t!r}"
                 )
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidParameterError("stop", f"stop strings must be non-empty, got {s!r}")
+        object.__setattr__(self, "stop", stop)
 
     @property
     def is_greedy(self) -> bool:

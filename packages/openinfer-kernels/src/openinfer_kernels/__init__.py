@@ -1,1 +1,39 @@
-"""openinfer-kernels: device ops, each a Triton kernel beside its plain-torch reference."""
+"""openinfer-kernels: device ops, each a Triton kernel beside its plain-torch reference.
+
+Every public op dispatches on its input's device: the reference (fp32 math) on CPU; on CUDA the
+Triton kernel where one exists (the GPU issue adds them), else the reference. Names are imported
+on first use so that plugin discovery (which imports this package) never pulls in torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "embedding": "openinfer_kernels.embed",
+    "rms_norm": "openinfer_kernels.norm",
+    "fused_add_rms_norm": "openinfer_kernels.norm",
+    "qk_rms_norm": "openinfer_kernels.norm",
+    "rope_cos_sin": "openinfer_kernels.rotary",
+    "rotary_embedding": "openinfer_kernels.rotary",
+    "silu_and_mul": "openinfer_kernels.activation",
+    "kv_append": "openinfer_kernels.kv_store",
+    "paged_attention": "openinfer_kernels.attention",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from openinfer_kernels.activation import silu_and_mul
+    from openinfer_kernels.attention import paged_attention
+    from openinfer_kernels.embed import embedding
+    from openinfer_kernels.kv_store import kv_append
+    from openinfer_kernels.norm import fused_add_rms_norm, qk_rms_norm, rms_norm
+    from openinfer_kernels.rotary import rope_cos_sin, rotary_embedding
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'openinfer_kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

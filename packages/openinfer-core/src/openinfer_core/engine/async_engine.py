@@ -1,0 +1,94 @@
+"""`EngineHandle` for servers: the engine loop on its own thread, events delivered to asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from openinfer_core.engine.engine import Engine
+from openinfer_core.events import TokenEvent, is_terminal
+from openinfer_core.handle import LoadSnapshot, ModelInfo
+from openinfer_core.request import GenerateRequest
+
+log = logging.getLogger("openinfer")
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenEvent]
+
+
+class AsyncEngine:
+    """Runs `engine.step()` on a dedicated thread while there is work, sleeping otherwise.
+    Implements `openinfer_core.handle.EngineHandle`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._snapshot = engine.snapshot()
+        self._thread = threading.Thread(target=self._run, name="openinfer-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self.engine.model_info
+
+    def load(self) -> LoadSnapshot:
+        return self._snapshot
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            if request.request_id in self._streams:
+                raise ValueError(f"request id {request.request_id!r} is already running")
+            self._streams[request.request_id] = stream
+        self.engine.add_request(request)
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                event = await stream.queue.get()
+                finished = is_terminal(event)
+                yield event
+        finally:
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stopped:
+            if not self.engine.has_work():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                events = self.engine.step()
+            except Exception:  # a bug in the loop itself: log it loudly and stop serving
+                log.exception("engine loop crashed")
+                raise
+            self._snapshot = self.engine.snapshot()
+            self._deliver(events)
+
+    def _deliver(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            with self._lock:
+                stream = self._streams.get(event.request_id)
+                if stream is not None and is_terminal(event):
+                    del self._streams[event.request_id]
+            if stream is not None:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, event)

@@ -1,0 +1,71 @@
+"""Engine settings, with vLLM's names and defaults where they exist."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from openinfer_core.errors import InvalidParameterError
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (fp32 on CPU, the checkpoint's dtype on GPU) | bfloat16 | ...
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: sized from memory
+    cpu_kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.90
+    scheduler: str = "fcfs"
+    attention_backend: str | None = None  # None: the best registered for the device
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("max_num_seqs", "max_num_batched_tokens", "block_size")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidParameterError(name, f"must be an integer >= 1, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise InvalidParameterError("max_model_len", f"must be >= 2, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise InvalidParameterError(
+                "num_kv_blocks", f"must be >= 2 (block 0 is padding), got {self.num_kv_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise InvalidParameterError(
+                "gpu_memory_utilization",
+                f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise InvalidParameterError(
+                "dtype", f"must be auto or one of {', '.join(sorted(_DTYPES))}, got {self.dtype!r}")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError as exc:
+            raise InvalidParameterError("device", f"{self.device!r} is not a device: {exc}") from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise InvalidParameterError("device", "cuda was asked for but no GPU is visible")
+        if device.type not in ("cpu", "cuda"):
+            raise InvalidParameterError("device", f"must be auto, cpu or cuda, got {self.device!r}")
+        return device
+
+    def torch_dtype(self, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        if device.type == "cpu":
+            return torch.float32  # exact tests, and CPUs are slow at bf16 matmuls anyway
+        return _DTYPES.get(str(checkpoint_dtype), torch.bfloat16)

@@ -1,0 +1,90 @@
+"""The engine: one thread owns the device and runs schedule -> execute -> update."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import traceback
+
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.loader import load_engine_parts
+from openinfer_core.engine.runner import ModelRunner
+from openinfer_core.events import TokenEvent
+from openinfer_core.handle import LoadSnapshot, ModelInfo
+from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
+from openinfer_core.plugins import PluginManager, get_plugin_manager
+from openinfer_core.request import GenerateRequest
+from openinfer_core.sampling.sampler import Sampler
+
+log = logging.getLogger("openinfer")
+
+
+class Engine:
+    """Synchronous core. `add_request` and `abort` may be called from any thread (they only
+    enqueue); `step` must always be called from the same thread."""
+
+    def __init__(self, config: EngineConfig, plugins: PluginManager | None = None) -> None:
+        self.config = config
+        plugins = plugins or get_plugin_manager()
+        parts = load_engine_parts(config, plugins)
+        self.model = parts.model
+        self.kv = parts.kv
+        self.eos_token_ids = parts.eos_token_ids
+        self.hf_config = parts.hf_config
+        scheduler_cls = plugins.registries.schedulers.resolve(config.scheduler)
+        self.scheduler: Scheduler = scheduler_cls(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.model.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+        ), self.kv)
+        sampler = Sampler(self.model.vocab_size, seed=config.seed)
+        self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids)
+        self.model_info = ModelInfo(
+            name=config.model, max_model_len=self.model.max_model_len,
+            kv_total_blocks=self.kv.num_total_blocks, kv_block_size=self.kv.block_size,
+            eos_token_ids=self.eos_token_ids)
+        self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
+
+    # -- any thread ----------------------------------------------------------------------
+    def add_request(self, request: GenerateRequest) -> None:
+        self._inbox.put(request)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(request_id)
+
+    # -- engine thread -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return not self._inbox.empty() or self.scheduler.has_work()
+
+    def snapshot(self) -> LoadSnapshot:
+        return self.scheduler.snapshot()
+
+    def step(self) -> list[TokenEvent]:
+        """One iteration of the loop; returns the events it produced, in order."""
+        events = self._drain_inbox()
+        batch = self.scheduler.schedule()
+        events.extend(batch.events)
+        if not batch.rows:
+            return events
+        try:
+            sampled = self.runner.execute(batch)
+        except Exception as exc:
+            # The batch fails, the engine lives: every request in it gets Error.
+            log.error("step failed: %s", traceback.format_exc())
+            events.extend(self.scheduler.fail(batch, f"engine error: {exc!r}"))
+            return events
+        events.extend(self.scheduler.update(batch, sampled))
+        return events
+
+    def _drain_inbox(self) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return events
+            if isinstance(item, str):
+                events.extend(self.scheduler.abort(item))
+            else:
+                self.scheduler.add(item)

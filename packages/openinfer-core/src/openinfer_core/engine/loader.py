@@ -1,0 +1,83 @@
+"""From a checkpoint folder to a running model: pick the model line, the attention backend,
+load weights, size and allocate the KV cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.model import LoadOptions, Model
+from openinfer_core.model_config import read_json_if_present, read_model_config
+from openinfer_core.plugins import PluginManager
+
+log = logging.getLogger("openinfer")
+
+
+@dataclass(slots=True)
+class LoadedEngineParts:
+    model: Model
+    kv: KVManager
+    model_line: str
+    eos_token_ids: tuple[int, ...]
+    hf_config: dict[str, Any]
+
+
+def eos_token_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (int or list), else config.json's."""
+    gen = read_json_if_present(model_dir / "generation_config.json")
+    raw = gen.get("eos_token_id", config.get("eos_token_id"))
+    ids = raw if isinstance(raw, list) else [raw] if raw is not None else []
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ModelConfigError(f"eos_token_id must be an int or a list of ints, got {raw!r}")
+    return tuple(ids)
+
+
+def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEngineParts:
+    model_dir = Path(config.model)
+    hf_config = read_model_config(model_dir)
+    entry = plugins.registries.models.match(hf_config)
+    device = config.torch_device()
+    dtype = config.torch_dtype(device, hf_config.get("torch_dtype") or hf_config.get("dtype"))
+    regs = plugins.registries
+    backend_name = config.attention_backend or regs.default_attention_backend(device.type)
+    attention = regs.attention_backends.resolve(backend_name)()
+    log.info("loading %s with model line %r (%s, %s, attention=%s)", model_dir, entry.name,
+             device, dtype, backend_name)
+    model: Model = entry.load().load(model_dir, hf_config, LoadOptions(
+        device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len))
+    num_blocks = kv_blocks(config, model, device)
+    kv = model.create_kv_cache(num_blocks, config.block_size)
+    log.info("KV cache: %d blocks of %d tokens (%d tokens)", kv.num_total_blocks,
+             config.block_size, kv.num_total_blocks * config.block_size)
+    return LoadedEngineParts(model, kv, entry.name, eos_token_ids(model_dir, hf_config),
+                             hf_config)
+
+
+def kv_blocks(config: EngineConfig, model: Model, device: torch.device) -> int:
+    """Blocks (padding included) that fit the memory budget, but no more than every sequence
+    at full length could use."""
+    per_block = model.kv_bytes_per_block(config.block_size)
+    useful = config.max_num_seqs * -(-model.max_model_len // config.block_size) + 1
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        # Keep (1 - utilization) of the card and a margin for activations untouched.
+        activations = 2 << 30
+        budget = free - (1.0 - config.gpu_memory_utilization) * total - activations
+    else:
+        budget = config.cpu_kv_cache_gib * (1 << 30)
+    blocks = min(int(budget // per_block), useful)
+    if blocks < 2:
+        raise ModelConfigError(
+            f"no memory left for the KV cache (one block needs {per_block} bytes); lower "
+            "max_model_len or raise gpu_memory_utilization / cpu_kv_cache_gib"
+        )
+    return blocks

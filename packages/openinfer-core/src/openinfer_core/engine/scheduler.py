@@ -1,0 +1,183 @@
+"""First-come-first-served scheduling by token budget (the built-in `fcfs` policy)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence as Seq
+
+from openinfer_core.engine.sequence import SeqStatus, Sequence
+from openinfer_core.events import (
+    Error,
+    Finished,
+    FinishReason,
+    Rejected,
+    Scheduled,
+    Token,
+    TokenEvent,
+)
+from openinfer_core.handle import LoadSnapshot
+from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.scheduler import ScheduledRow, SchedulerConfig, SchedulerOutput
+from openinfer_core.request import GenerateRequest
+from openinfer_core.sampling.sampler import SampledToken
+
+
+class FcfsScheduler:
+    """Running requests first (decodes and unfinished prefill chunks), then waiting ones in
+    arrival order, while the step's token budget and `max_num_seqs` allow. A request is admitted
+    only when its chunk's KV blocks can be had; when a running request cannot grow, the most
+    recently admitted one is preempted (its KV freed, recomputed later with its tokens kept)."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- queue ---------------------------------------------------------------------------
+    def add(self, request: GenerateRequest) -> None:
+        self.waiting.append(Sequence.from_request(request))
+
+    def abort(self, request_id: str) -> list[TokenEvent]:
+        for queue in (self.running, self.waiting):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    return [self._finish(seq, FinishReason.ABORT)]
+        return []
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def snapshot(self) -> LoadSnapshot:
+        return LoadSnapshot(len(self.running), len(self.waiting), self.kv.num_used_blocks,
+                            self.kv.num_total_blocks)
+
+    # -- schedule ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._grow(seq, n):
+                preempted = True
+                continue  # seq itself was preempted; running[i] is the next one now
+            out.rows.append(self._row(seq, n))
+            budget -= n
+            i += 1
+        # Admitting while requests are being preempted would only thrash.
+        while self.waiting and budget > 0 and not preempted \
+                and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            reason = self._never_fits(seq)
+            if reason:
+                self.waiting.popleft()
+                seq.status = SeqStatus.FINISHED
+                out.events.append(Rejected(seq.request_id, reason))
+                continue
+            if seq.num_computed_tokens == 0:
+                seq.num_computed_tokens = seq.num_cached_tokens = self.kv.computed_tokens(
+                    seq.request_id, seq.token_ids)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
+                break  # wait for blocks; later arrivals wait behind it (FCFS)
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            if not seq.announced:
+                seq.announced = True
+                out.events.append(Scheduled(seq.request_id, seq.num_prompt_tokens,
+                                            seq.num_cached_tokens))
+            out.rows.append(self._row(seq, n))
+            budget -= n
+        return out
+
+    def _row(self, seq: Sequence, n: int) -> ScheduledRow:
+        return ScheduledRow(seq, n, seq.num_computed_tokens + n == seq.num_tokens)
+
+    def _grow(self, seq: Sequence, n: int) -> bool:
+        """Allocate KV for `n` more tokens of running `seq`, preempting from the back of the
+        running list until it fits. False when `seq` itself had to be preempted."""
+        while not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq.request_id, seq.token_ids)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _never_fits(self, seq: Sequence) -> str | None:
+        prompt, max_tokens = seq.num_prompt_tokens, seq.request.max_tokens
+        limit = self.config.max_model_len
+        if prompt + max_tokens > limit:
+            return (f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) = "
+                    f"{prompt + max_tokens} exceeds the maximum model length of {limit} tokens")
+        block = self.kv.block_size
+        need = -(-(prompt + max_tokens) // block)
+        if need > self.kv.num_total_blocks:
+            return (f"request needs {need} KV blocks ({prompt + max_tokens} tokens) but the "
+                    f"whole KV cache holds {self.kv.num_total_blocks} blocks of {block} tokens")
+        return None
+
+    # -- update --------------------------------------------------------------------------
+    def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        samples = iter(sampled)
+        for row in output.rows:
+            seq = row.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue
+            seq.num_computed_tokens += row.num_new_tokens
+            if not row.samples:
+                continue
+            tok = next(samples)
+            events.extend(self._append(seq, tok))
+        return events
+
+    def _append(self, seq: Sequence, tok: SampledToken) -> list[TokenEvent]:
+        params = seq.request.params
+        token_id = tok.token_id
+        stops = token_id in params.stop_token_ids or (
+            not params.ignore_eos and token_id in self.config.eos_token_ids)
+        if stops and seq.num_output_tokens >= params.min_tokens:
+            self.running.remove(seq)
+            return [self._finish(seq, FinishReason.STOP, stop_token_id=token_id)]
+        seq.token_ids.append(token_id)
+        events: list[TokenEvent] = [
+            Token(seq.request_id, token_id, tok.logprob, tok.top_logprobs)]
+        if seq.num_output_tokens >= params.max_tokens \
+                or seq.num_tokens >= self.config.max_model_len:
+            self.running.remove(seq)
+            events.append(self._finish(seq, FinishReason.LENGTH))
+        return events
+
+    def _finish(self, seq: Sequence, reason: FinishReason,
+                stop_token_id: int | None = None) -> Finished:
+        self.kv.free(seq.request_id, seq.token_ids)
+        seq.status = SeqStatus.FINISHED
+        return Finished(seq.request_id, reason, seq.num_prompt_tokens, seq.num_output_tokens,
+                        stop_token_id)
+
+    def fail(self, output: SchedulerOutput, message: str) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        for row in output.rows:
+            seq = row.seq
+            if seq.status is SeqStatus.FINISHED:
+                continue
+            if seq in self.running:
+                self.running.remove(seq)
+            self.kv.free(seq.request_id)
+            seq.status = SeqStatus.FINISHED
+            events.append(Error(seq.request_id, message))
+        return events

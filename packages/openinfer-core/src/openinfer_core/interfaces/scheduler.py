@@ -1,0 +1,78 @@
+"""Scheduling policies: which requests run this step, with how many tokens each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from openinfer_core.events import TokenEvent
+from openinfer_core.handle import LoadSnapshot
+from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.request import GenerateRequest
+
+if TYPE_CHECKING:
+    from openinfer_core.engine.sequence import Sequence
+    from openinfer_core.sampling.sampler import SampledToken
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRow:
+    """`num_new_tokens` tokens of `seq` run this step; `samples` when they reach its end, so the
+    step yields its next token."""
+
+    seq: Sequence
+    num_new_tokens: int
+    samples: bool
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    rows: list[ScheduledRow] = field(default_factory=list)
+    events: list[TokenEvent] = field(default_factory=list)  # Scheduled / Rejected, in order
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_new_tokens for r in self.rows)
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    """Registered through `openinfer_register_schedulers`; built as `cls(config, kv)`.
+    All methods run on the engine thread and may mutate the scheduler and `kv`."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVManager) -> None: ...
+
+    def add(self, request: GenerateRequest) -> None:
+        """Queue a new request."""
+        ...
+
+    def abort(self, request_id: str) -> list[TokenEvent]:
+        """Drop a request wherever it is, free its KV; returns its terminal event (none for an
+        unknown or finished id)."""
+        ...
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's rows within the token budget, allocating their KV; may preempt."""
+        ...
+
+    def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
+        """Apply a step's results (`sampled` aligns with the rows that sample): append tokens,
+        finish requests and free their KV. Returns the events, in order."""
+        ...
+
+    def fail(self, output: SchedulerOutput, message: str) -> list[TokenEvent]:
+        """The step's execution raised: end every request in it with `Error`, free their KV."""
+        ...
+
+    def has_work(self) -> bool: ...
+
+    def snapshot(self) -> LoadSnapshot: ...

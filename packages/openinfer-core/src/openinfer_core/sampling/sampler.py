@@ -1,0 +1,186 @@
+"""The batched sampler: one step's logits in, one token per request out, with vLLM's semantics.
+
+One call handles every row of the batch with row-wise tensor ops, in this order:
+
+    raw logprobs (reported, never used to choose)
+    -> penalties -> banned ids                       (penalties.py, on a copy of the logits)
+    -> greedy rows: argmax
+    -> other rows: temperature -> min_p -> top_k -> top_p -> exponential race
+
+The exponential race picks argmax(prob / E) with E ~ Exp(1) drawn i.i.d. per token, which is an
+exact draw from `prob` and needs no cumulative sums or searches. The noise is where randomness
+lives: a row with `params.seed` draws it from a generator seeded by (seed, tokens generated so
+far), so its text depends on nothing else in the batch; other rows share the sampler's generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from openinfer_core.params import SamplingParams
+from openinfer_core.sampling.penalties import apply_banned, apply_penalties
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """What the sampler needs to know about one request for one step."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    banned_token_ids: Sequence[int] = ()  # set to -inf this step (e.g. EOS before min_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """The chosen token, and logprobs of the raw model distribution when the request asked."""
+
+    token_id: int
+    logprob: float | None  # set iff params.logprobs is not None
+    top_logprobs: tuple[tuple[int, float], ...]  # (id, logprob), best first, ties by lower id
+
+
+def mix_seed(seed: int, step: int) -> int:
+    """A 64-bit generator seed from a request seed and its output length (splitmix64 finaliser),
+    so that consecutive steps and neighbouring seeds get unrelated noise streams."""
+    z = (seed + (step + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _column(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Mask (to -inf) everything outside each row's top_k, then outside its top_p nucleus of the
+    renormalised survivors. One stable descending sort serves both; ties keep the lower id."""
+    device = x.device
+    vocab_size = x.shape[-1]
+    k = torch.tensor(
+        [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params],
+        dtype=torch.long, device=device,
+    ).unsqueeze(1)
+    top_p = _column([p.top_p for p in params], device)
+
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab_size, device=device).unsqueeze(0)
+    sorted_x = sorted_x.masked_fill(rank >= k, float("-inf"))
+    probs = sorted_x.softmax(dim=-1)
+    # A token stays if the mass strictly above it is still short of top_p: that is the smallest
+    # set reaching top_p, and the top token (nothing above it) always stays. Rows with
+    # top_p == 1 are exempt so fp32 rounding in the cumsum cannot clip their tail.
+    mass_above = probs.cumsum(dim=-1) - probs
+    outside = (mass_above >= top_p) & (top_p < 1.0)
+    sorted_x = sorted_x.masked_fill(outside, float("-inf"))
+    return torch.empty_like(x).scatter_(-1, order, sorted_x)
+
+
+class Sampler:
+    """Chooses the next token for every row of a batch.
+
+    `sample` advances the sampler's own generator (used by rows without a seed); it is not
+    thread-safe. It never mutates the caller's logits."""
+
+    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.seed = seed
+        # One generator per device, made on first use: the constructor does not know the device.
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
+        """Return one `SampledToken` per row, in row order. `logits` is fp32 [len(rows), V]."""
+        if logits.dim() != 2 or logits.shape != (len(rows), self.vocab_size):
+            raise ValueError(
+                f"logits shape {tuple(logits.shape)} does not match "
+                f"({len(rows)} rows, vocab_size {self.vocab_size})"
+            )
+        if not rows:
+            return []
+        work = logits.to(torch.float32, copy=True)
+        apply_penalties(work, rows)
+        apply_banned(work, rows)
+
+        # torch.argmax returns the first maximum, i.e. the lowest id on ties.
+        token_ids = work.argmax(dim=-1)
+        random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+        if len(random_rows) == len(rows):
+            token_ids = self._sample_random(work, rows)
+        elif random_rows:
+            picked = self._sample_random(work[random_rows], [rows[i] for i in random_rows])
+            token_ids[random_rows] = picked
+        return self._package(logits, token_ids, rows)
+
+    def _sample_random(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        device = x.device
+        params = [row.params for row in rows]
+        x = x / _column([p.temperature for p in params], device)
+        if any(p.min_p > 0.0 for p in params):
+            probs = x.softmax(dim=-1)
+            floor = probs.amax(dim=-1, keepdim=True) * _column([p.min_p for p in params], device)
+            x = x.masked_fill(probs < floor, float("-inf"))
+        if any(p.top_k_enabled or p.top_p < 1.0 for p in params):
+            x = _top_k_top_p(x, params)
+        probs = x.softmax(dim=-1)
+        return (probs * self._exponential_noise(rows, x.shape[-1], device)).argmax(dim=-1)
+
+    def _exponential_noise(
+        self, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device
+    ) -> torch.Tensor:
+        noise = torch.empty(len(rows), vocab_size, dtype=torch.float32, device=device)
+        unseeded = [i for i, row in enumerate(rows) if row.params.seed is None]
+        if len(unseeded) == len(rows):
+            noise.exponential_(generator=self._generator(device))
+        elif unseeded:
+            shared = torch.empty(len(unseeded), vocab_size, dtype=torch.float32, device=device)
+            noise[unseeded] = shared.exponential_(generator=self._generator(device))
+        for i, row in enumerate(rows):
+            seed = row.params.seed
+            if seed is not None:
+                gen = torch.Generator(device=device)
+                gen.manual_seed(mix_seed(seed, len(row.output_token_ids)))
+                noise[i].exponential_(generator=gen)
+        # A zero draw would make 0/0 = NaN for a masked token, and argmax favours NaN.
+        return noise.clamp_(min=torch.finfo(torch.float32).tiny)
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seed & _MASK64)
+            self._generators[device] = gen
+        return gen
+
+    def _package(
+        self, logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
+    ) -> list[SampledToken]:
+        ids: list[int] = token_ids.tolist()
+        wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
+        if not wanted:
+            return [SampledToken(t, None, ()) for t in ids]
+
+        raw = torch.log_softmax(logits[wanted].to(torch.float32), dim=-1)
+        chosen: list[float] = raw.gather(1, token_ids[wanted].unsqueeze(1)).squeeze(1).tolist()
+        n_max = min(max(rows[i].params.logprobs or 0 for i in wanted), self.vocab_size)
+        top_vals: list[list[float]] = [[] for _ in wanted]
+        top_ids: list[list[int]] = [[] for _ in wanted]
+        if n_max > 0:
+            # A stable full sort (not topk) so equal logprobs come out lowest id first.
+            vals, order = raw.sort(dim=-1, descending=True, stable=True)
+            top_vals = vals[:, :n_max].tolist()
+            top_ids = order[:, :n_max].tolist()
+
+        out = [SampledToken(t, None, ()) for t in ids]
+        for j, i in enumerate(wanted):
+            n = rows[i].params.logprobs or 0
+            top = tuple(zip(top_ids[j][:n], top_vals[j][:n], strict=True))
+            out[i] = SampledToken(ids[i], chosen[j], top)
+        return out

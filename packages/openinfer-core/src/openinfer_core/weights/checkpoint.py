@@ -1,0 +1,94 @@
+"""Safetensors checkpoints, single-file or sharded with an index, read memory-mapped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from openinfer_core.errors import WeightLoadError
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class Checkpoint:
+    """Tensor name -> shard file; tensors are read on demand from memory-mapped shards."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        self.folder = Path(model_dir)
+        self._shard_of = self._index()
+        self._handles: dict[str, Any] = {}
+
+    def _index(self) -> dict[str, str]:
+        index_path = self.folder / INDEX_FILE
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise WeightLoadError(
+                    f"{index_path} is malformed (need a JSON object with 'weight_map'): {exc}"
+                ) from exc
+            missing = sorted({f for f in weight_map.values() if not (self.folder / f).is_file()})
+            if missing:
+                raise WeightLoadError(
+                    f"{index_path} names shard files that are missing: {', '.join(missing)}"
+                )
+            return dict(weight_map)
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            raise WeightLoadError(
+                f"no *.safetensors files in {str(self.folder)!r}; openinfer loads safetensors "
+                "checkpoints (convert .bin/.pt weights with transformers' save_pretrained)"
+            )
+        shard_of: dict[str, str] = {}
+        for f in files:
+            with self._open(f.name) as handle:
+                for name in handle.keys():
+                    shard_of[name] = f.name
+        return shard_of
+
+    def _open(self, file_name: str) -> Any:
+        try:
+            return safe_open(str(self.folder / file_name), framework="pt", device="cpu")
+        except Exception as exc:
+            raise WeightLoadError(f"cannot read {self.folder / file_name}: {exc}") from exc
+
+    def _handle(self, name: str) -> Any:
+        try:
+            file_name = self._shard_of[name]
+        except KeyError:
+            raise WeightLoadError(
+                f"checkpoint {str(self.folder)!r} has no tensor {name!r}"
+            ) from None
+        if file_name not in self._handles:
+            self._handles[file_name] = self._open(file_name)
+        return self._handles[file_name]
+
+    def names(self) -> set[str]:
+        return set(self._shard_of)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._shard_of
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str, *, shape: tuple[int, ...] | None = None,
+            dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Tensor `name`, checked against `shape`, cast to `dtype`, on `device`."""
+        if shape is not None and self.shape(name) != tuple(shape):
+            raise WeightLoadError(
+                f"tensor {name!r} in {str(self.folder)!r} has shape {list(self.shape(name))}, "
+                f"expected {list(shape)} from config.json"
+            )
+        try:
+            tensor = self._handle(name).get_tensor(name)
+        except Exception as exc:
+            raise WeightLoadError(f"cannot read tensor {name!r}: {exc}") from exc
+        return tensor.to(device=device, dtype=dtype or tensor.dtype)
+
+    def close(self) -> None:
+        self._handles.clear()

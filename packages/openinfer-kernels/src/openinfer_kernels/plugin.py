@@ -1,0 +1,12 @@
+"""openinfer-kernels' contributions: the attention backends it ships."""
+
+from __future__ import annotations
+
+from openinfer_core.hookspecs import hookimpl
+from openinfer_core.registry import RegisterAttentionBackend
+
+
+@hookimpl
+def openinfer_register_attention_backends(register: RegisterAttentionBackend) -> None:
+    register("torch", "openinfer_kernels.attention.backend:TorchAttentionBackend",
+             devices=("cpu", "cuda"), priority=0)

@@ -1,0 +1,6 @@
+from openinfer_kernels.dispatch import by_device
+from openinfer_kernels.rotary.reference import rope_cos_sin, rotary_embedding_ref
+
+rotary_embedding = by_device(rotary_embedding_ref)
+
+__all__ = ["rope_cos_sin", "rotary_embedding", "rotary_embedding_ref"]

@@ -1,0 +1,88 @@
+"""The Qwen3 forward pass over a mixed batch of prefill chunks and decode tokens on paged KV."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_kernels import (
+    embedding,
+    fused_add_rms_norm,
+    qk_rms_norm,
+    rms_norm,
+    rope_cos_sin,
+    rotary_embedding,
+    silu_and_mul,
+)
+from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
+from openinfer_qwen3.config import Qwen3Config
+from openinfer_qwen3.weights import LayerWeights, Qwen3Weights
+
+
+class Qwen3Model:
+    """Weights, rotary table and KV buffer of one Qwen3 model on one device."""
+
+    def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, attention: AttentionBackend,
+                 *, max_model_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.attention = attention
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = max_model_len
+        self.device = device
+        self.dtype = dtype
+        self.cos_sin = rope_cos_sin(max_model_len, cfg.head_dim, cfg.rope_theta, device)
+        self.scale = cfg.head_dim ** -0.5
+        self.kv: KVBuffer | None = None
+
+    def kv_spec(self, block_size: int) -> KVCacheSpec:
+        return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,
+                           self.dtype, block_size)
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        return self.kv_spec(block_size).bytes_per_block
+
+    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
+        self.kv = KVBuffer(self.kv_spec(block_size), num_blocks, self.device)
+        return PagedKVManager(num_blocks, block_size)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.kv is None:
+            raise RuntimeError("create_kv_cache() must run before forward()")
+        hidden = embedding(batch.input_ids, self.w.embed)
+        residual: torch.Tensor | None = None
+        for n, layer in enumerate(self.w.layers):
+            if residual is None:
+                residual = hidden
+                x = rms_norm(hidden, layer.input_norm, self.cfg.rms_norm_eps)
+            else:
+                x, residual = fused_add_rms_norm(hidden, residual, layer.input_norm,
+                                                 self.cfg.rms_norm_eps)
+            hidden = self._attention(n, layer, x, batch)
+            x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm,
+                                             self.cfg.rms_norm_eps)
+            hidden = F.linear(silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+        assert residual is not None
+        # Only rows that sample need the final norm and the vocabulary projection.
+        rows = batch.logits_indices
+        last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm,
+                                     self.cfg.rms_norm_eps)
+        return F.linear(last, self.w.lm_head).float()
+
+    def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,
+                   batch: ForwardBatch) -> torch.Tensor:
+        assert self.kv is not None
+        cfg = self.cfg
+        t = x.shape[0]
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        q, k = qk_rms_norm(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps)
+        q, k = rotary_embedding(q, k, batch.positions, self.cos_sin)
+        out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
+        return F.linear(out.reshape(t, cfg.q_size), layer.o_proj)

@@ -1,0 +1,34 @@
+"""The Qwen3 model line: what the engine calls to load a Qwen3 checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.model import LoadOptions
+from openinfer_core.weights.checkpoint import Checkpoint
+from openinfer_qwen3.config import Qwen3Config
+from openinfer_qwen3.model import Qwen3Model
+from openinfer_qwen3.weights import load_weights
+
+
+class Qwen3ModelLine:
+    name: ClassVar[str] = "qwen3"
+
+    @classmethod
+    def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen3Model:
+        cfg = Qwen3Config.from_dict(config)
+        max_len = options.max_model_len or cfg.max_position_embeddings
+        if max_len > cfg.max_position_embeddings:
+            raise ModelConfigError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{cfg.max_position_embeddings}"
+            )
+        ckpt = Checkpoint(model_dir)
+        try:
+            weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device)
+        finally:
+            ckpt.close()
+        return Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,
+                          device=options.device, dtype=options.dtype)
