@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from qwen3_checkpoints import SPECS, write_checkpoint  # noqa: E402
+from qwen3_checkpoints import SPECS, write_checkpoint
 
 
 @pytest.fixture(scope="session")

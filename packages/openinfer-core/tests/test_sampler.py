@@ -12,7 +12,12 @@ import torch
 
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling.penalties import apply_banned, apply_penalties
-from openinfer_core.sampling.sampler import SampledToken, Sampler, SamplingRow
+from openinfer_core.sampling.sampler import (
+    SampledToken,
+    Sampler,
+    SamplingRow,
+    apply_top_k_top_p,
+)
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -130,6 +135,41 @@ def test_logprobs_are_of_the_raw_distribution() -> None:
         for t, lp in top:
             assert lp == pytest.approx(raw[i, t].item(), abs=1e-6)
     assert [t for t, _ in out[2].top_logprobs[:2]] == [3, 7]
+
+
+def test_top_logprob_ties_keep_id_order_in_a_large_vocab() -> None:
+    # torch.topk orders ties arbitrarily at this size; the contract says lower id first.
+    logits = torch.zeros(2, 1000)
+    logits[1, ::3] = 1.0
+    out = Sampler(1000).sample(logits, [row(SamplingParams(temperature=0.0, logprobs=20))] * 2)
+    assert [t for t, _ in out[0].top_logprobs] == list(range(20))
+    assert [t for t, _ in out[1].top_logprobs] == list(range(0, 60, 3))
+
+
+def test_top_k_top_p_keep_exactly_the_right_ids() -> None:
+    x = torch.tensor([[0.0, 3.0, 1.0, 2.0, -1.0, 2.5]]).expand(4, 6)
+    params = [
+        SamplingParams(top_k=3),
+        SamplingParams(top_p=0.5),    # probs by rank .46 .28 .17 .06: ids 1 and 5
+        SamplingParams(top_p=0.01),   # always keeps the top token
+        # renormalised over the top 4, the mass above id 2 is .936; before, .907
+        SamplingParams(top_k=4, top_p=0.92),
+    ]
+    kept = torch.isfinite(apply_top_k_top_p(x, params))
+    assert [torch.nonzero(r).flatten().tolist() for r in kept] == [
+        [1, 3, 5], [1, 5], [1], [1, 3, 5],
+    ]
+    # Survivors keep their values: filtering masks, it does not rescale.
+    assert apply_top_k_top_p(x, params)[0, 5].item() == 2.5
+
+
+def test_top_p_one_keeps_even_a_vanishing_tail() -> None:
+    # In fp32 the cumulative mass reaches exactly 1.0 after the first token here; a
+    # `mass_above >= top_p` test without the top_p < 1 exemption would drop the whole tail.
+    x = torch.full((1, 100), -30.0)
+    x[0, 0] = 0.0
+    out = apply_top_k_top_p(x, [SamplingParams(top_p=1.0, top_k=50)])
+    assert torch.isfinite(out).sum().item() == 50
 
 
 def _random_logits(step: int, vocab: int) -> torch.Tensor:

@@ -28,18 +28,26 @@ def test_renders_messages_and_generation_prompt() -> None:
 
 
 def test_blocks_are_trimmed_and_left_stripped() -> None:
-    source = "{% for m in messages %}\n    {% if m.content %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
-    assert _render(source, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == (
-        "[a]\n[b]\n"
+    source = (
+        "{% for m in messages %}\n    {% if m.content %}\n[{{ m.content }}]\n"
+        "    {% endif %}\n{% endfor %}"
     )
+    assert _render(
+        source, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    ) == ("[a]\n[b]\n")
 
 
 def test_text_parts_are_flattened() -> None:
     messages = [
-        {"role": "user", "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+        },
         {"role": "assistant", "content": None, "tool_calls": []},
     ]
-    assert _render("{{ messages[0].content }}|{{ messages[1].content }}", messages) == "one\ntwo|None"
+    assert (
+        _render("{{ messages[0].content }}|{{ messages[1].content }}", messages) == "one\ntwo|None"
+    )
 
 
 def test_input_messages_are_not_modified() -> None:
@@ -53,17 +61,26 @@ def test_tojson_keeps_non_ascii_and_extra_variables_reach_template() -> None:
     source = "{{ tools | tojson }} {{ custom }}"
     tools = [{"name": "天气", "emoji": "🎉"}]
     assert _render(source, [], tools=tools, custom=7) == '[{"name": "天气", "emoji": "🎉"}] 7'
-    assert _render("{{ {'a': [1, 2]} | tojson(indent=2) }}", []) == '{\n  "a": [\n    1,\n    2\n  ]\n}'
+    assert (
+        _render("{{ {'a': [1, 2]} | tojson(indent=2) }}", [])
+        == '{\n  "a": [\n    1,\n    2\n  ]\n}'
+    )
 
 
 def test_strftime_now_and_loop_controls() -> None:
     assert len(_render("{{ strftime_now('%Y-%m-%d') }}", [])) == 10
-    source = "{% for m in messages %}{% if loop.index0 == 1 %}{% break %}{% endif %}{{ m.role }}{% endfor %}"
+    source = (
+        "{% for m in messages %}{% if loop.index0 == 1 %}{% break %}{% endif %}"
+        "{{ m.role }}{% endfor %}"
+    )
     assert _render(source, [{"role": "a"}, {"role": "b"}]) == "a"
 
 
 def test_raise_exception_becomes_invalid_messages() -> None:
-    source = "{% if messages[0].role != 'user' %}{{ raise_exception('first turn must be user') }}{% endif %}"
+    source = (
+        "{% if messages[0].role != 'user' %}"
+        "{{ raise_exception('first turn must be user') }}{% endif %}"
+    )
     with pytest.raises(InvalidParameterError, match="first turn must be user") as info:
         _render(source, [{"role": "assistant", "content": "x"}])
     assert info.value.param == "messages"

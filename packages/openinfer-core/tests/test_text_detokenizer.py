@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -30,9 +29,7 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
 def _stream(
     tok: Tokenizer, prompt: str, ids: list[int], skip_special_tokens: bool = True
 ) -> tuple[list[str], str]:
-    detok = IncrementalDetokenizer(
-        tok, tok.encode(prompt), skip_special_tokens=skip_special_tokens
-    )
+    detok = IncrementalDetokenizer(tok, tok.encode(prompt), skip_special_tokens=skip_special_tokens)
     deltas = [detok.push(i) for i in ids]
     deltas.append(detok.flush())
     assert detok.text == "".join(deltas)
@@ -85,7 +82,9 @@ def test_work_per_token_stays_bounded(tok: Tokenizer) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from([*range(0x20, 0x7F), *range(0x80, 0x100), 256, 257, 258]), max_size=25))
+@given(
+    st.lists(st.sampled_from([*range(0x20, 0x7F), *range(0x80, 0x100), 256, 257, 258]), max_size=25)
+)
 def test_any_byte_sequence_streams_to_its_full_decode(tok: Tokenizer, ids: list[int]) -> None:
     # Even invalid UTF-8 (lone continuation bytes) ends up exactly as a one-shot decode.
     assert _stream(tok, "prompt", ids)[1] == tok.decode(ids, skip_special_tokens=True)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -95,7 +97,7 @@ def test_result_does_not_depend_on_how_text_is_chunked(
     text: str, cuts: list[int], stops: list[str], include: bool
 ) -> None:
     bounds = [0, *sorted(c for c in cuts if c <= len(text)), len(text)]
-    deltas = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    deltas = [text[a:b] for a, b in itertools.pairwise(bounds)]
     whole, whole_hit = _run(StopStringMatcher(stops, include_stop_str_in_output=include), [text])
     parts, parts_hit = _run(StopStringMatcher(stops, include_stop_str_in_output=include), deltas)
     assert "".join(parts) == "".join(whole)

@@ -29,7 +29,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def test_missing_tokenizer_json_names_folder_and_file(tmp_path: Path) -> None:
-    with pytest.raises(TokenizerError, match="tokenizer.json is missing") as info:
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json is missing") as info:
         Tokenizer.from_dir(tmp_path)
     assert str(tmp_path) in str(info.value)
 
@@ -47,7 +47,7 @@ def test_missing_folder(tmp_path: Path) -> None:
 
 def test_malformed_files_are_tokenizer_errors(model_dir: Path) -> None:
     _write(model_dir, "tokenizer_config.json", "{not json")
-    with pytest.raises(TokenizerError, match="tokenizer_config.json"):
+    with pytest.raises(TokenizerError, match=r"tokenizer_config\.json"):
         Tokenizer.from_dir(model_dir)
     _write(model_dir, "tokenizer.json", '{"model": 1}')
     with pytest.raises(TokenizerError, match="could not be loaded"):

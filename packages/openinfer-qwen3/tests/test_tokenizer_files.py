@@ -66,7 +66,8 @@ TEXTS = {
     "english": "Hello, world! The quick brown fox jumps over the lazy dog. It's I'M we'd.",
     "cjk": "你好，世界！今天天气很好。日本語のテキストも。한국어 텍스트입니다。",
     "emoji": "emoji 🎉🙂 family 👩‍👩‍👧‍👦 flag 🇫🇷 skin 👍🏽 keycap 1️⃣",
-    "code": "def f(x):\n\treturn x**2  # square\n\n\n\nclass A:\n    pass\n\nif a!=b: print(f'{a}')\n",
+    "code": "def f(x):\n\treturn x**2  # square\n\n\n\nclass A:\n    pass\n\n"
+    "if a!=b: print(f'{a}')\n",
     "whitespace": "a  b   c    d\t\te\n\n\n\n\nf \n \n g   \r\n\r\n  end   ",
     "only spaces": "        ",
     "numbers": "123456789 1,000,000 0.001 1e-9 -42 ٣٤٥ ½ 2024-05-01",
@@ -203,8 +204,14 @@ def test_chat_template_keeps_reasoning_after_last_query_and_tool_turns(qwen: Tok
             "content": "",
             "reasoning_content": "\nneed the tool\n",
             "tool_calls": [
-                {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
-                {"type": "function", "function": {"name": "weather", "arguments": {"city": "Nice"}}},
+                {
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                },
+                {
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": {"city": "Nice"}},
+                },
             ],
         },
         {"role": "tool", "content": "sunny"},
@@ -212,7 +219,9 @@ def test_chat_template_keeps_reasoning_after_last_query_and_tool_turns(qwen: Tok
     ]
     prompt = qwen.apply_chat_template(messages, tools=tools)
     assert prompt.startswith("<|im_start|>system\n# Tools\n\n")
-    assert '\n{"type": "function", "function": {"name": "weather", "description": "天气"}}\n' in prompt
+    assert (
+        '\n{"type": "function", "function": {"name": "weather", "description": "天气"}}\n' in prompt
+    )
     assert prompt.endswith(
         "<|im_start|>user\nParis?<|im_end|>\n"
         "<|im_start|>assistant\n<think>\nneed the tool\n</think>\n\n"

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-sequence or stop token id (not emitted as a Token)
     LENGTH = "length"  # max_tokens or the model's length reached (the last token is emitted)
     ABORT = "abort"  # the client cancelled (abort() or it went away)

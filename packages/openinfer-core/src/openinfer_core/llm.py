@@ -100,7 +100,8 @@ class LLM:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-            raise InvalidParameterError("prompt", "a dict prompt needs 'prompt' or 'prompt_token_ids'")
+            raise InvalidParameterError(
+                "prompt", "a dict prompt needs 'prompt' or 'prompt_token_ids'")
         return None, list(prompt)
 
     def _pending(self, request: GenerateRequest, text: str | None,
@@ -116,7 +117,8 @@ class LLM:
             detok = IncrementalDetokenizer(tokenizer, request.prompt_token_ids,
                                            skip_special_tokens=sp.skip_special_tokens)
         if sp.stop:
-            stop = StopStringMatcher(sp.stop, include_stop_str_in_output=sp.include_stop_str_in_output)
+            stop = StopStringMatcher(
+                sp.stop, include_stop_str_in_output=sp.include_stop_str_in_output)
         out = RequestOutput(request.request_id, text, list(request.prompt_token_ids),
                             [CompletionOutput(0, "", [], None,
                                               [] if sp.logprobs is not None else None)])
@@ -177,7 +179,7 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if not prompts:
         raise InvalidParameterError("prompts", "must not be empty")
     if all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt of token ids
+        return [prompts]  # type: ignore[list-item]  # one prompt of token ids
     return list(prompts)  # type: ignore[arg-type]
 
 

@@ -74,7 +74,7 @@ class Registry(Generic[T]):
 
     def resolve(self, name: str) -> T:
         entry = self.get(name)
-        return entry.load()  # type: ignore[no-any-return]
+        return entry.load()
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

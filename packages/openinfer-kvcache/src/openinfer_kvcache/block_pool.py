@@ -17,7 +17,8 @@ class BlockPool:
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
-            raise ValueError(f"a block pool needs at least 2 blocks (one is padding), got {num_blocks}")
+            raise ValueError(
+                f"a block pool needs at least 2 blocks (one is padding), got {num_blocks}")
         self.num_blocks = num_blocks
         self._free: deque[int] = deque(range(1, num_blocks))
         self._ref_count = [0] * num_blocks

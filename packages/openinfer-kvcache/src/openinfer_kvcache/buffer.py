@@ -13,7 +13,8 @@ class KVBuffer:
 
     def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device | str) -> None:
         if num_blocks < 2:
-            raise ValueError(f"a KV buffer needs at least 2 blocks (one is padding), got {num_blocks}")
+            raise ValueError(
+                f"a KV buffer needs at least 2 blocks (one is padding), got {num_blocks}")
         self.spec = spec
         self.num_blocks = num_blocks
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)

@@ -51,7 +51,8 @@ class Qwen3Config:
             )
         act = config.get("hidden_act", "silu")
         if act != "silu":
-            raise ModelConfigError(f"config.json: hidden_act {act!r} is not supported (Qwen3 uses 'silu')")
+            raise ModelConfigError(
+                f"config.json: hidden_act {act!r} is not supported (Qwen3 uses 'silu')")
         if r.bool("use_sliding_window", False):
             raise ModelConfigError("config.json: use_sliding_window=true is not supported yet")
         out = cls(
@@ -69,7 +70,8 @@ class Qwen3Config:
             attention_bias=r.bool("attention_bias", False),
         )
         if out.head_dim % 2:
-            raise ModelConfigError(f"config.json: head_dim must be even for rotary, got {out.head_dim}")
+            raise ModelConfigError(
+                f"config.json: head_dim must be even for rotary, got {out.head_dim}")
         return out
 
 

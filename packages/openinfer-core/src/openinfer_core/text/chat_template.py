@@ -149,7 +149,9 @@ def _normalize_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str
     if tools is None:
         return None
     if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
-        raise InvalidParameterError("tools", f"expected a list of tools, got {type(tools).__name__}")
+        raise InvalidParameterError(
+            "tools", f"expected a list of tools, got {type(tools).__name__}"
+        )
     for i, tool in enumerate(tools):
         if not isinstance(tool, Mapping):
             raise InvalidParameterError("tools", f"tools[{i}] must be an object")

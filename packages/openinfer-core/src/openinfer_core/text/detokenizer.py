@@ -17,9 +17,10 @@ _REPLACEMENT = "\ufffd"
 class IncrementalDetokenizer:
     """Per-request streaming decoder. Not thread-safe; one instance per sequence.
 
-    Two offsets into `self._ids` bound the work per token: text is decoded from
-    `prefix_offset`, and everything before `read_offset` has already been emitted. Each push
-    decodes only `ids[prefix_offset:]`, which stays a handful of tokens long.
+    `self._ids` is a small window: `ids[:read_offset]` (the prefix) was emitted already and is
+    kept only as left context, the rest is held back. Each push decodes the window with and
+    without the held tokens and emits the difference, then drops the old prefix, so the work
+    per token stays a few tokens' worth however long the output gets.
     """
 
     def __init__(
@@ -32,7 +33,6 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
         self._ids: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
-        self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._emitted: list[str] = []
 
@@ -44,8 +44,8 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one generated token; return the text it completes (may be "")."""
         self._ids.append(token_id)
-        prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        full_text = self._decode(self._prefix_offset, len(self._ids))
+        prefix_text = self._decode(self._ids[: self._read_offset])
+        full_text = self._decode(self._ids)
         # A trailing U+FFFD means the last tokens end inside a multi-byte character; wait
         # for the bytes that complete it.
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
@@ -56,18 +56,17 @@ class IncrementalDetokenizer:
         """Release whatever push() held back (at the end of generation), broken or not."""
         if self._read_offset == len(self._ids):
             return ""
-        prefix_text = self._decode(self._prefix_offset, self._read_offset)
-        full_text = self._decode(self._prefix_offset, len(self._ids))
+        prefix_text = self._decode(self._ids[: self._read_offset])
+        full_text = self._decode(self._ids)
         return self._emit(full_text[len(prefix_text) :])
 
     def _emit(self, delta: str) -> str:
-        # Ids before the new prefix offset are never decoded again; drop them.
+        # The tokens just emitted become the next prefix; older ones are never needed again.
         del self._ids[: self._read_offset]
-        self._prefix_offset = 0
         self._read_offset = len(self._ids)
         if delta:
             self._emitted.append(delta)
         return delta
 
-    def _decode(self, start: int, stop: int) -> str:
-        return self._tokenizer.decode(self._ids[start:stop], skip_special_tokens=self._skip_special)
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)

@@ -46,7 +46,7 @@ class Checkpoint:
         shard_of: dict[str, str] = {}
         for f in files:
             with self._open(f.name) as handle:
-                for name in handle.keys():
+                for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                     shard_of[name] = f.name
         return shard_of
 

@@ -1,0 +1,75 @@
+"""Driving the engine directly in tests: all-position logits, staggered arrivals."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import torch
+
+from openinfer_core.engine.engine import Engine
+from openinfer_core.engine.runner import build_batch
+from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.events import Finished, Token, TokenEvent
+from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.request import GenerateRequest
+
+
+@torch.inference_mode()
+def prompt_logits(engine: Engine, token_ids: Sequence[int]) -> torch.Tensor:
+    """fp32 logits at every prompt position, from one prefill through the engine's model and
+    KV cache (the blocks are freed afterwards)."""
+    seq = Seq.from_request(GenerateRequest("logits-probe", tuple(token_ids)))
+    assert engine.kv.allocate(seq.request_id, len(token_ids))
+    try:
+        batch = build_batch([ScheduledRow(seq, len(token_ids), True)], engine.kv,
+                            engine.model.device)
+        batch.logits_indices = torch.arange(len(token_ids), device=engine.model.device)
+        return engine.model.forward(batch)
+    finally:
+        engine.kv.free(seq.request_id)
+
+
+def run_staggered(engine: Engine, requests: Sequence[GenerateRequest],
+                  arrival_step: Callable[[int], int],
+                  max_steps: int = 10_000) -> dict[str, list[TokenEvent]]:
+    """Add request i at step arrival_step(i); step until every request has ended."""
+    events: dict[str, list[TokenEvent]] = defaultdict(list)
+    pending = sorted(range(len(requests)), key=arrival_step)
+    step = 0
+    while pending or engine.has_work():
+        while pending and arrival_step(pending[0]) <= step:
+            engine.add_request(requests[pending.pop(0)])
+        for ev in engine.step():
+            events[ev.request_id].append(ev)
+        step += 1
+        assert step < max_steps, "engine did not finish"
+    return dict(events)
+
+
+def tokens_of(events: Sequence[TokenEvent]) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, Token)]
+
+
+def finished_of(events: Sequence[TokenEvent]) -> Finished:
+    last = events[-1]
+    assert isinstance(last, Finished), f"expected Finished last, got {last!r}"
+    return last
+
+
+_greedy_cache: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
+
+
+@torch.inference_mode()
+def hf_greedy(hf_model: torch.nn.Module, token_ids: Sequence[int], n: int) -> list[int]:
+    """n greedy tokens from transformers (its own KV cache), memoized per model and prompt."""
+    key = (id(hf_model), tuple(token_ids), n)
+    if key not in _greedy_cache:
+        out = hf_model(torch.tensor([list(token_ids)]), use_cache=True, logits_to_keep=1)
+        tokens = [int(out.logits[0, -1].argmax())]
+        for _ in range(n - 1):
+            out = hf_model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values,
+                           use_cache=True)
+            tokens.append(int(out.logits[0, -1].argmax()))
+        _greedy_cache[key] = tokens
+    return list(_greedy_cache[key])
