@@ -162,8 +162,7 @@ class LLM:
         if hit:
             completion = p.output.outputs[0]
             completion.finish_reason = "stop"
-            completion.stop_reason = next(
-                (s for s in p.params.stop if s in "".join(p.text) + delta), None)
+            completion.stop_reason = p.stop.matched
             self.engine.abort(p.output.request_id)
             self._close(p)
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from openinfer_core.engine.engine import Engine
-from openinfer_core.events import TokenEvent, is_terminal
+from openinfer_core.events import Error, TokenEvent, is_terminal
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.request import GenerateRequest
 
@@ -32,6 +32,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = False
+        self._dead: str | None = None  # why the loop died, if it did
         self._snapshot = engine.snapshot()
         self._thread = threading.Thread(target=self._run, name="openinfer-engine", daemon=True)
         self._thread.start()
@@ -49,6 +50,11 @@ class AsyncEngine:
             if request.request_id in self._streams:
                 raise ValueError(f"request id {request.request_id!r} is already running")
             self._streams[request.request_id] = stream
+            dead = self._dead
+        if dead is not None:
+            self._streams.pop(request.request_id, None)
+            yield Error(request.request_id, dead)
+            return
         self.engine.add_request(request)
         self._wake.set()
         finished = False
@@ -78,11 +84,19 @@ class AsyncEngine:
                 continue
             try:
                 events = self.engine.step()
-            except Exception:  # a bug in the loop itself: log it loudly and stop serving
+            except Exception as exc:  # a bug in the loop itself: fail loudly, never hang
                 log.exception("engine loop crashed")
-                raise
+                self._die(f"engine loop crashed: {exc!r}")
+                return
             self._snapshot = self.engine.snapshot()
             self._deliver(events)
+
+    def _die(self, message: str) -> None:
+        with self._lock:
+            self._dead = message
+            streams, self._streams = self._streams, {}
+        for request_id, stream in streams.items():
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, Error(request_id, message))
 
     def _deliver(self, events: list[TokenEvent]) -> None:
         for event in events:

@@ -30,6 +30,7 @@ class StopStringMatcher:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self._stopped = False
+        self.matched: str | None = None  # the stop string that was hit
 
     @property
     def stopped(self) -> bool:
@@ -49,6 +50,7 @@ class StopStringMatcher:
         hit = self._first_match(text)
         if hit is not None:
             start, end = hit
+            self.matched = text[start:end]
             self._stopped = True
             self._held = ""
             return text[: end if self._include else start], True

@@ -1,0 +1,74 @@
+"""A test plugin using every hook: a scheduler, an offload tier and an attention backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from openinfer_core.engine.scheduler import FcfsScheduler
+from openinfer_core.hookspecs import hookimpl
+from openinfer_core.request import GenerateRequest
+from openinfer_kernels.attention.backend import TorchAttentionBackend
+
+
+class LifoScheduler(FcfsScheduler):
+    """Newest waiting request first."""
+
+    def add(self, request: GenerateRequest) -> None:
+        super().add(request)
+        self.waiting.rotate(1)
+
+
+class CountingAttention(TorchAttentionBackend):
+    name = "counting"
+    calls: ClassVar[int] = 0
+
+    def attend(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        type(self).calls += 1
+        return super().attend(*args, **kwargs)
+
+
+class _Done:
+    def poll(self) -> bool:
+        return True
+
+
+class MemoryTier:
+    """Blocks copied into a dict, keyed by hash."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.store: dict[int, torch.Tensor] = {}
+
+    def save(self, hashes: Sequence[int], blocks: Sequence[torch.Tensor]) -> None:
+        for h, b in zip(hashes, blocks, strict=True):
+            self.store[h] = b.detach().clone()
+
+    def query(self, hashes: Sequence[int]) -> int:
+        n = 0
+        while n < len(hashes) and hashes[n] in self.store:
+            n += 1
+        return n
+
+    def load(self, hashes: Sequence[int], into: Sequence[torch.Tensor]) -> _Done:
+        for h, dst in zip(hashes, into, strict=True):
+            dst.copy_(self.store[h])
+        return _Done()
+
+
+@hookimpl
+def openinfer_register_schedulers(register: Any) -> None:
+    register("lifo", "sample_plugin:LifoScheduler")
+
+
+@hookimpl
+def openinfer_register_offload_tiers(register: Any) -> None:
+    register("memory", "sample_plugin:MemoryTier")
+
+
+@hookimpl
+def openinfer_register_attention_backends(register: Any) -> None:
+    register("counting", "sample_plugin:CountingAttention", devices=("cpu",), priority=10)

@@ -1,0 +1,160 @@
+"""Plugins: entry-point discovery, the allowlist, every hook, and the toy third-party line."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+import sample_plugin
+import torch
+
+from openinfer_core import LLM, Engine, EngineConfig, GenerateRequest, SamplingParams, Scheduled
+from openinfer_core import hookspecs, plugins
+from openinfer_core.errors import PluginError, UnsupportedModelError
+from openinfer_core.interfaces.offload import OffloadTier
+from openinfer_core.plugins import PluginManager
+from openinfer_core.registry import Registry
+from openinfer_toy import plugin as toy_plugin
+from openinfer_toy.model import write_toy_checkpoint
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_installed_packages_are_discovered_through_entry_points() -> None:
+    pm = PluginManager(autoload=True)
+    assert {"core", "kernels", "qwen3", "toy"} <= set(pm.plugin_names())
+    regs = pm.registries
+    assert regs.models.get("qwen3").plugin == "qwen3"
+    assert regs.models.get("toy-counter").plugin == "toy"
+    assert regs.schedulers.get("fcfs").plugin == "core"
+    assert regs.attention_backends.get("torch").plugin == "kernels"
+
+
+def test_allowlist_limits_what_loads() -> None:
+    pm = PluginManager(autoload=True, allowlist={"core", "kernels", "toy"})
+    assert set(pm.plugin_names()) == {"core", "kernels", "toy"}
+    assert pm.registries.models.names() == ["toy-counter"]
+
+
+def test_allowlist_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENINFER_PLUGINS", "core, kernels")
+    plugins.reset_plugin_manager()
+    try:
+        pm = plugins.get_plugin_manager()
+        assert pm is plugins.get_plugin_manager()  # loaded once per process
+        assert set(pm.plugin_names()) == {"core", "kernels"}
+    finally:
+        plugins.reset_plugin_manager()
+
+
+def test_toy_plugin_model_line_is_served(tmp_path: Path) -> None:
+    path = write_toy_checkpoint(tmp_path / "toy", vocab_size=50, step=3, eos_token_id=15)
+    llm = LLM(path, device="cpu")
+    out = llm.generate([[1, 2, 3], [40]], SamplingParams(temperature=0.0, max_tokens=5))
+    assert out[0].outputs[0].token_ids == [6, 9, 12]  # 15 is the end-of-sequence id
+    assert out[0].outputs[0].finish_reason == "stop"
+    assert out[0].outputs[0].stop_reason == 15
+    assert out[1].outputs[0].token_ids == [43, 46, 49, 2, 5]
+    assert out[1].outputs[0].finish_reason == "length"
+
+
+def test_unknown_architecture_is_refused_listing_installed_lines(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"architectures": ["MysteryForCausalLM"], "model_type": "mystery"}))
+    with pytest.raises(UnsupportedModelError) as err:
+        Engine(EngineConfig(model=str(tmp_path), device="cpu"))
+    message = str(err.value)
+    assert "MysteryForCausalLM" in message
+    assert "qwen3 (Qwen3ForCausalLM)" in message
+    assert "toy-counter (ToyCounterForCausalLM)" in message
+
+
+def test_discovery_imports_neither_torch_nor_model_code() -> None:
+    code = (
+        "import sys\n"
+        "from openinfer_core.plugins import get_plugin_manager\n"
+        "regs = get_plugin_manager().registries\n"
+        "assert 'qwen3' in regs.models and 'torch' in regs.attention_backends\n"
+        "leaked = [m for m in ('torch', 'openinfer_qwen3.model', 'openinfer_toy.model')"
+        " if m in sys.modules]\n"
+        "assert not leaked, leaked\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_scheduler_hook_adds_a_policy(tmp_path: Path) -> None:
+    pm = PluginManager(autoload=True, plugins=[sample_plugin])
+    path = write_toy_checkpoint(tmp_path / "toy")
+    engine = Engine(EngineConfig(model=str(path), device="cpu", scheduler="lifo",
+                                 max_num_seqs=1), pm)
+    for i in range(3):
+        engine.add_request(GenerateRequest(f"r{i}", (i,), GREEDY))
+    order = []
+    while engine.has_work():
+        order += [e.request_id for e in engine.step() if isinstance(e, Scheduled)]
+    assert order == ["r2", "r1", "r0"]
+    with pytest.raises(PluginError, match="unknown scheduler 'nope'; known: fcfs, lifo"):
+        Engine(EngineConfig(model=str(path), device="cpu", scheduler="nope"), pm)
+
+
+def test_attention_backend_hook_is_used_by_default_when_preferred(qwen3_dir: Path) -> None:
+    pm = PluginManager(autoload=True, plugins=[sample_plugin])
+    assert pm.registries.default_attention_backend("cpu") == "counting"
+    assert pm.registries.default_attention_backend("cuda") == "torch"
+    sample_plugin.CountingAttention.calls = 0
+    ours = LLM(qwen3_dir, device="cpu", plugins=pm).generate([[5, 6, 7]], GREEDY)
+    base = LLM(qwen3_dir, device="cpu").generate([[5, 6, 7]], GREEDY)
+    assert sample_plugin.CountingAttention.calls > 0
+    assert ours[0].outputs[0].token_ids == base[0].outputs[0].token_ids
+
+
+def test_offload_tier_hook_registers_a_tier() -> None:
+    pm = PluginManager(autoload=False, plugins=[sample_plugin])
+    tier = pm.registries.offload_tiers.resolve("memory")()
+    assert isinstance(tier, OffloadTier)
+    blocks = [torch.full((2, 3), float(i)) for i in range(3)]
+    tier.save([11, 12, 13], blocks)
+    assert tier.query([11, 12, 99, 13]) == 2
+    into = [torch.zeros(2, 3) for _ in range(2)]
+    assert tier.load([12, 13], into).poll()
+    assert torch.equal(into[1], blocks[2])
+
+
+def test_every_hook_is_documented_and_tested() -> None:
+    hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
+             if n.startswith("openinfer_")]
+    assert len(hooks) == 4
+    test_plugins = [sample_plugin, toy_plugin]  # the toy plugin provides the model hook
+    test_source = "".join(Path(str(p.__file__)).read_text() for p in test_plugins)
+    core_readme = (ROOT / "packages/openinfer-core/README.md").read_text()
+    for name in hooks:
+        assert len(inspect.getdoc(getattr(hookspecs, name)) or "") > 80, f"{name} undocumented"
+        assert f"def {name}" in test_source, f"{name} has no test plugin"
+        assert name in core_readme, f"{name} missing from openinfer-core/README.md"
+
+
+def test_broken_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = EntryPoint("broken", "no_such_module_xyz", "openinfer")
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [broken])
+    with pytest.raises(PluginError, match="plugin 'broken'.*OPENINFER_PLUGINS"):
+        PluginManager(autoload=True)
+
+
+def test_registry_rejects_conflicts_and_bad_targets() -> None:
+    reg: Registry[object] = Registry("scheduler")
+    reg.add("a", "pkg.mod:A", plugin="one")
+    reg.add("a", "pkg.mod:A", plugin="one")  # same registration again is harmless
+    with pytest.raises(PluginError, match="registered twice"):
+        reg.add("a", "pkg.mod:B", plugin="two")
+    reg.add("bad", "no-colon-here")
+    with pytest.raises(PluginError, match="must look like"):
+        reg.resolve("bad")
+    reg.add("missing", "no_such_module_xyz:Thing")
+    with pytest.raises(PluginError, match="cannot import 'no_such_module_xyz'"):
+        reg.resolve("missing")
