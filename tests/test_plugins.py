@@ -13,8 +13,16 @@ import pytest
 import sample_plugin
 import torch
 
-from openinfer_core import LLM, Engine, EngineConfig, GenerateRequest, SamplingParams, Scheduled
-from openinfer_core import hookspecs, plugins
+from openinfer_core import (
+    LLM,
+    Engine,
+    EngineConfig,
+    GenerateRequest,
+    SamplingParams,
+    Scheduled,
+    hookspecs,
+    plugins,
+)
 from openinfer_core.errors import PluginError, UnsupportedModelError
 from openinfer_core.interfaces.offload import OffloadTier
 from openinfer_core.plugins import PluginManager

@@ -9,7 +9,7 @@ import traceback
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.loader import load_engine_parts
 from openinfer_core.engine.runner import ModelRunner
-from openinfer_core.events import TokenEvent
+from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
 from openinfer_core.plugins import PluginManager, get_plugin_manager
@@ -86,5 +86,9 @@ class Engine:
                 return events
             if isinstance(item, str):
                 events.extend(self.scheduler.abort(item))
+            elif (top := max(item.prompt_token_ids)) >= (vocab := self.model.vocab_size):
+                events.append(Rejected(item.request_id, (
+                    f"prompt token id {top} is out of range: the model's vocabulary has "
+                    f"{vocab} tokens (ids 0..{vocab - 1})")))
             else:
                 self.scheduler.add(item)
