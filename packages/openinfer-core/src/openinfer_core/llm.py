@@ -66,7 +66,9 @@ class LLM:
             request = GenerateRequest(f"llm-{next(self._ids)}", tuple(ids), sp)
             pending[request.request_id] = self._pending(request, text, sp)
             self.engine.add_request(request)
-        while any(not p.done for p in pending.values()):
+        # Keep stepping after the last output: requests ended by a stop string were aborted
+        # and give their KV back on the next step.
+        while any(not p.done for p in pending.values()) or self.engine.has_work():
             for event in self.engine.step():
                 if event.request_id in pending:
                     self._apply(pending[event.request_id], event)
