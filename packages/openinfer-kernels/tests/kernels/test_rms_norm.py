@@ -1,5 +1,7 @@
-"""rms_norm, fused_add_rms_norm and qk_rms_norm against a float64 oracle (a plain sum over the
-row, then a division, rather than mean + rsqrt) and against transformers' Qwen3RMSNorm."""
+"""rms_norm, fused_add_rms_norm and qk_rms_norm against a float64 oracle: a plain sum over the
+row and a division, rather than the reference's mean and rsqrt. (Agreement with transformers'
+Qwen3 is the golden gate's job, tests/test_golden_qwen3.py: importing transformers here would
+roughly double this suite's CPU runtime.)"""
 
 from __future__ import annotations
 
@@ -49,17 +51,6 @@ def test_eps_is_inside_the_square_root():
     c, eps = 0.01, 1e-4
     out = rms_norm_ref(torch.full((1, 4), c), weight, eps)
     torch.testing.assert_close(out, torch.full((1, 4), c / (c * c + eps) ** 0.5))
-
-
-def test_rms_norm_matches_transformers_qwen3():
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
-
-    x, weight = make((9, 60), torch.float32, 1.0, seed=3)
-    hf = Qwen3RMSNorm(60, eps=1e-6)
-    with torch.no_grad():
-        hf.weight.copy_(weight)
-        expected = hf(x)
-    torch.testing.assert_close(rms_norm_ref(x, weight, 1e-6), expected, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -47,7 +47,7 @@ class BlockPool:
         """Drop one reference to each block; blocks reaching zero join the free queue in the
         given order (callers pass a request's table tail first, so its prefix lasts longest)."""
         for b in blocks:
-            if b == PADDING_BLOCK or self._ref_count[b] <= 0:
+            if not PADDING_BLOCK < b < self.num_blocks or self._ref_count[b] <= 0:
                 raise RuntimeError(f"freeing KV block {b}, which is not allocated")
             self._ref_count[b] -= 1
             if self._ref_count[b] == 0:

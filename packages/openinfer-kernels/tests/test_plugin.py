@@ -1,0 +1,47 @@
+"""openinfer-kernels as a plugin: what it registers, that discovery stays torch-free, and the
+lazy public names of the package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+import openinfer_kernels
+from openinfer_core.plugins import PluginManager
+from openinfer_kernels import plugin
+
+
+def test_registers_the_torch_attention_backend():
+    regs = PluginManager(autoload=False, plugins=[plugin]).registries
+    assert regs.attention_backends.names() == ["torch"]
+    entry = regs.attention_backends.get("torch")
+    assert entry.target == "openinfer_kernels.attention.backend:TorchAttentionBackend"
+    assert entry.meta == {"devices": ("cpu", "cuda"), "priority": 0}
+    assert regs.default_attention_backend("cpu") == "torch"
+    assert regs.default_attention_backend("cuda") == "torch"
+    assert len(regs.models) == len(regs.schedulers) == len(regs.offload_tiers) == 0
+
+    from openinfer_kernels.attention.backend import TorchAttentionBackend
+
+    assert regs.attention_backends.resolve("torch") is TorchAttentionBackend
+
+
+def test_entry_point_names_the_plugin_module():
+    ours = [ep for ep in entry_points(group="openinfer") if ep.name == "kernels"]
+    assert [ep.value for ep in ours] == ["openinfer_kernels.plugin"]
+
+
+def test_discovery_does_not_import_torch():
+    code = ("import sys, openinfer_kernels, openinfer_kernels.plugin; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_public_names_resolve_lazily():
+    for name in openinfer_kernels.__all__:
+        assert callable(getattr(openinfer_kernels, name)), name
+    with pytest.raises(AttributeError, match="no_such_op"):
+        _ = openinfer_kernels.no_such_op
