@@ -30,7 +30,10 @@ def openinfer_register_models(register: RegisterModel) -> None:
     probe=None)`. `target` is `"module:Class"` of a class implementing
     `openinfer_core.interfaces.model.ModelLine`. A checkpoint is matched by its config.json
     `architectures`, then `model_type`, then `probe` (a `"module:function"` taking the parsed
-    config dict and returning bool)."""
+    config dict and returning bool). Optional extras a frontend may use: `demo="mod:fn"` (no
+    arguments; returns the folder of a small built-in checkpoint, served when no model is given)
+    and `dummy_weights="mod:fn"` (called as `(config_dir, dest)`; writes random weights with the
+    real names and shapes, for `--load-format dummy`)."""
 
 
 @hookspec

@@ -85,7 +85,8 @@ class Registry(Generic[T]):
 
 class RegisterModel(Protocol):
     def __call__(self, name: str, target: str, *, architectures: tuple[str, ...] = (),
-                 model_types: tuple[str, ...] = (), probe: str | None = None) -> None: ...
+                 model_types: tuple[str, ...] = (), probe: str | None = None,
+                 **meta: Any) -> None: ...
 
 
 class RegisterScheduler(Protocol):

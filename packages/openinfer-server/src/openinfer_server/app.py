@@ -1,0 +1,89 @@
+"""The FastAPI application: OpenAI-compatible routes over an `EngineHandle`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from typing import Any
+
+import fastapi
+from starlette.responses import Response
+
+from openinfer_core.handle import EngineHandle
+from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server import chat, completions
+from openinfer_server.auth import APIKeyMiddleware
+from openinfer_server.errors import install_error_handlers
+from openinfer_server.metrics import CONTENT_TYPE, ServerMetrics
+from openinfer_server.state import ServerState, StateDep
+
+DEMO_NOTE = ("openinfer's built-in demo model: a tiny Qwen3 with random weights and the real "
+             "Qwen tokenizer. Its output is meaningless; serve a real checkpoint for real text.")
+
+
+def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names: list[str],
+              api_key: str | None = None, is_demo: bool = False,
+              max_model_len: int | None = None) -> fastapi.FastAPI:
+    """An app serving `engine`. The first served name is the one responses report; a request
+    naming any model not in `served_model_names` gets 404. With `api_key`, /v1 routes need
+    `Authorization: Bearer <api_key>`."""
+    if not served_model_names:
+        raise ValueError("served_model_names must name at least one model")
+    limit = max_model_len if max_model_len is not None else engine.model_info.max_model_len
+    if limit > engine.model_info.max_model_len:
+        raise ValueError(f"max_model_len={limit} exceeds the engine's "
+                         f"{engine.model_info.max_model_len}")
+    app = fastapi.FastAPI(title="openinfer", version=_version(),
+                          summary="OpenAI-compatible LLM inference server")
+    app.state.openinfer = ServerState(
+        engine=engine, tokenizer=tokenizer, served_model_names=tuple(served_model_names),
+        max_model_len=limit, metrics=ServerMetrics(engine, served_model_names[0]),
+        is_demo=is_demo)
+    install_error_handlers(app)
+    if api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+    _add_info_routes(app)
+    return app
+
+
+def _add_info_routes(app: fastapi.FastAPI) -> None:
+    created = int(time.time())
+
+    @app.get("/v1/models")
+    async def list_models(state: StateDep) -> dict[str, Any]:
+        return {"object": "list", "data": [
+            _model_card(name, state, created) for name in state.served_model_names]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": _version()}
+
+    @app.get("/metrics")
+    async def metrics(state: StateDep) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _model_card(name: str, state: ServerState, created: int) -> dict[str, Any]:
+    card: dict[str, Any] = {
+        "id": name, "object": "model", "created": created,
+        "owned_by": "openinfer-demo" if state.is_demo else "openinfer",
+        "root": state.engine.model_info.name, "parent": None,
+        "max_model_len": state.max_model_len, "permission": [],
+    }
+    if state.is_demo:
+        card["root"] = "openinfer-demo (random weights)"
+        card["metadata"] = {"demo": True, "description": DEMO_NOTE}
+    return card
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("openinfer-server")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,123 @@
+"""POST /v1/chat/completions: messages rendered with the model's chat template."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import jinja2
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openinfer_core.errors import InvalidParameterError, TokenizerError
+from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.choice import ChoiceDelta
+from openinfer_server.errors import APIError
+from openinfer_server.generation import ChoiceResult, build_runs, respond
+from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs
+from openinfer_server.prompts import Prompt
+from openinfer_server.protocol import ChatCompletionRequest
+from openinfer_server.state import StateDep
+
+router = APIRouter()
+
+# Set by the server itself; a client passing them in chat_template_kwargs would clash.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools"})
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request,
+                                 state: StateDep) -> Response:
+    state.check_model(body.model)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    requested = body.requested_max_tokens
+    base = body.sampling_params(requested if requested is not None else state.max_model_len,
+                                body.logprobs_count, logprobs_field="top_logprobs")
+    prompt = chat_prompt(body, state.tokenizer)
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    runs = build_runs(state, request_id, [prompt], base, n=body.n,
+                      requested_max_tokens=requested, default_max_tokens=None,
+                      max_tokens_param=param, where="messages", priority=body.priority)
+    names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
+    renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs)
+    return await respond(request, runs, renderer, n=body.n, stream=body.stream,
+                         include_usage=body.include_usage)
+
+
+def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:
+    kwargs = dict(body.chat_template_kwargs or {})
+    clash = _RESERVED_TEMPLATE_KWARGS & kwargs.keys()
+    if clash:
+        raise InvalidParameterError(
+            "chat_template_kwargs", f"must not set {', '.join(sorted(clash))}; use the "
+            "request fields instead")
+    if body.tools and body.tool_choice != "none":
+        kwargs["tools"] = body.tools
+    messages = [m.for_template() for m in body.messages]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt, **kwargs)
+    except InvalidParameterError:
+        raise
+    except TokenizerError as e:  # the model has no chat template
+        raise APIError(400, str(e), param="messages") from e
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
+            IndexError) as e:
+        # Templates index and compare message fields freely; odd shapes surface as these.
+        raise InvalidParameterError(
+            "messages", f"the model's chat template cannot format these messages: {e!r}"
+        ) from e
+    # The template placed every special token already; do not add a BOS again.
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if not ids:
+        raise InvalidParameterError("messages", "the rendered conversation is empty")
+    return Prompt(ids, text)
+
+
+class ChatRenderer:
+    """`chat.completion` objects and `chat.completion.chunk` deltas."""
+
+    def __init__(self, request_id: str, model: str, names: TokenText, *,
+                 logprobs: bool) -> None:
+        self._created = int(time.time())
+        self._id = request_id
+        self._model = model
+        self._names = names
+        self._logprobs = logprobs
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self._id, "object": kind, "created": self._created, "model": self._model}
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        return {**self._head("chat.completion.chunk"), "choices": [{
+            "index": index, "delta": {"role": "assistant", "content": ""},
+            "logprobs": None, "finish_reason": None}]}
+
+    def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None:
+        if not delta.text and not delta.logprobs and delta.finish_reason is None:
+            return None
+        choice: dict[str, Any] = {
+            "index": delta.index,
+            "delta": {"content": delta.text} if delta.text else {},
+            "logprobs": self._render_logprobs(delta.logprobs),
+            "finish_reason": delta.finish_reason,
+        }
+        if delta.finish_reason is not None:
+            choice["stop_reason"] = delta.stop_reason
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}
+
+    def response(self, choices: list[ChoiceResult], usage: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head("chat.completion"), "choices": [{
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text, "tool_calls": []},
+            "logprobs": self._render_logprobs(c.logprobs),
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        } for c in sorted(choices, key=lambda c: c.index)], "usage": usage}
+
+    def _render_logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        return chat_logprobs(entries, self._names) if self._logprobs else None

@@ -1,0 +1,191 @@
+"""The `openinfer` command: `serve`, `models`, `--version`.
+
+Parsing and `models` never import torch, so they answer at once; `serve` imports the engine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, entry_points, version
+
+from openinfer_core.errors import OpenInferError
+
+API_KEY_ENV = "OPENINFER_API_KEY"
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def package_version(dist: str = "openinfer-server") -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+# -- value checkers: a bad value is an argparse error (exit code 2), never a traceback --------
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 0..65535, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def _device(text: str) -> str:
+    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+
+
+def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    # Defaults mirror EngineConfig's (a test keeps them equal); flag names are vLLM's.
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="a local HuggingFace checkpoint folder or a hub id (e.g. "
+                        "Qwen/Qwen3-0.6B); leave out to serve the built-in demo model")
+    net = p.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (default %(default)s)")
+    net.add_argument("--port", type=_port, default=8000,
+                     help="port (default %(default)s; 0 picks a free one)")
+    net.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                     help="model name(s) clients may send; the first is reported "
+                          "(default: MODEL as given)")
+    net.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                     help="require 'Authorization: Bearer KEY' on /v1 requests "
+                          f"(default: ${API_KEY_ENV}, else none)")
+    net.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                     help="log verbosity (default %(default)s)")
+    model = p.add_argument_group("model")
+    model.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                       help="auto/safetensors: the checkpoint's weights; dummy: its real shapes "
+                            "with random weights (no weight download) (default %(default)s)")
+    model.add_argument("--dtype", choices=DTYPES, default="auto",
+                       help="weight and activation dtype; auto is float32 on CPU, the "
+                            "checkpoint's dtype on GPU (default %(default)s)")
+    model.add_argument("--max-model-len", type=_int_at_least(2), metavar="N",
+                       help="context length, prompt plus output (default: the model's)")
+    model.add_argument("--revision", help="hub revision (branch, tag or commit) to download")
+    model.add_argument("--download-dir", metavar="DIR",
+                       help="hub cache folder (default: huggingface_hub's, under HF_HOME)")
+    model.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--device", type=_device, default="auto",
+                        help="auto, cpu, cuda or cuda:N (default %(default)s)")
+    engine.add_argument("--max-num-seqs", type=_int_at_least(1), default=256, metavar="N",
+                        help="most requests running at once (default %(default)s)")
+    engine.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=8192,
+                        metavar="N", help="token budget of one step (default %(default)s)")
+    engine.add_argument("--gpu-memory-utilization", type=_fraction, default=0.90, metavar="F",
+                        help="share of GPU memory openinfer may use (default %(default)s)")
+    engine.add_argument("--block-size", type=_int_at_least(1), default=16, metavar="N",
+                        help="tokens per KV block (default %(default)s)")
+    engine.add_argument("--num-kv-blocks", type=_int_at_least(2), metavar="N",
+                        help="KV blocks to allocate, padding block included (default: sized "
+                             "from memory)")
+    engine.add_argument("--scheduler", default="fcfs",
+                        help="scheduling policy, from `openinfer models` (default %(default)s)")
+    engine.add_argument("--enforce-eager", action="store_true",
+                        help="never use CUDA graphs (accepted for vLLM compatibility)")
+    engine.add_argument("--tensor-parallel-size", "-tp", type=_int_at_least(1), default=1,
+                        metavar="N", help="GPUs to shard the model over; only 1 for now")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="openinfer", description="openinfer: an OpenAI-compatible LLM inference server.")
+    parser.add_argument("--version", action="version", version=f"openinfer {package_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = commands.add_parser(
+        "serve", help="serve a model over the OpenAI API",
+        description="Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions, "
+                    "/v1/chat/completions, /v1/models, /health, /metrics).")
+    _add_serve_arguments(serve)
+    commands.add_parser(
+        "models", help="list installed model lines, schedulers, attention backends and "
+                       "offload tiers", description="List what the installed plugins provide.")
+    return parser
+
+
+# -- openinfer models ---------------------------------------------------------------------
+def _table(title: str, rows: list[list[str]]) -> list[str]:
+    lines = [f"{title}:"]
+    if not rows:
+        return [*lines, "  (none installed)"]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    return lines
+
+
+def describe_plugins() -> str:
+    """What `openinfer models` prints: every registry, with the plugin behind each entry."""
+    from openinfer_core.plugins import get_plugin_manager
+
+    regs = get_plugin_manager().registries
+    models = [[e.name, ", ".join(e.meta.get("architectures", ())) or "(probe)",
+               f"plugin {e.plugin}", "demo model" if e.meta.get("demo") else ""]
+              for e in regs.models.entries()]
+    schedulers = [[e.name, f"plugin {e.plugin}"] for e in regs.schedulers.entries()]
+    backends = [[e.name, "devices " + ",".join(e.meta.get("devices", ())),
+                 f"priority {e.meta.get('priority', 0)}", f"plugin {e.plugin}"]
+                for e in regs.attention_backends.entries()]
+    tiers = [[e.name, f"plugin {e.plugin}"] for e in regs.offload_tiers.entries()]
+    plugins = []
+    for ep in sorted(entry_points(group="openinfer"), key=lambda ep: ep.name):
+        dist = ep.dist
+        plugins.append([ep.name, ep.value,
+                        f"{dist.name} {dist.version}" if dist is not None else ""])
+    sections = [
+        _table("model lines", models), _table("schedulers", schedulers),
+        _table("attention backends", backends), _table("offload tiers", tiers),
+        _table("plugins", plugins),
+    ]
+    return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "models":
+            sys.stdout.write(describe_plugins())
+            return 0
+        from openinfer_server.serve import serve
+
+        return serve(args, parser, started=started)
+    except OpenInferError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

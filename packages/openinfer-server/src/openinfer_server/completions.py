@@ -1,0 +1,82 @@
+"""POST /v1/completions: text in, text out, OpenAI's legacy completions format."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openinfer_server.choice import ChoiceDelta
+from openinfer_server.generation import ChoiceResult, build_runs, respond
+from openinfer_server.logprobs import TokenLogprob, TokenText, completion_logprobs
+from openinfer_server.prompts import completion_prompts
+from openinfer_server.protocol import CompletionRequest
+from openinfer_server.state import StateDep
+
+router = APIRouter()
+
+# OpenAI's default for the legacy completions endpoint.
+DEFAULT_MAX_TOKENS = 16
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request,
+                            state: StateDep) -> Response:
+    state.check_model(body.model)
+    request_id = f"cmpl-{uuid.uuid4().hex}"
+    requested = body.max_tokens
+    base = body.sampling_params(requested if requested is not None else state.max_model_len,
+                                body.logprobs)
+    prompts = completion_prompts(body.prompt, state.tokenizer,
+                                 add_special_tokens=body.add_special_tokens)
+    runs = build_runs(state, request_id, prompts, base, n=body.n,
+                      requested_max_tokens=requested,
+                      default_max_tokens=DEFAULT_MAX_TOKENS, max_tokens_param="max_tokens",
+                      where="prompt", priority=body.priority, echo=body.echo)
+    names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
+    renderer = CompletionRenderer(request_id, state.model_name, names,
+                                  logprobs=body.logprobs is not None)
+    return await respond(request, runs, renderer, n=body.n, stream=body.stream,
+                         include_usage=body.include_usage)
+
+
+class CompletionRenderer:
+    """`text_completion` objects, streamed or whole."""
+
+    def __init__(self, request_id: str, model: str, names: TokenText, *,
+                 logprobs: bool) -> None:
+        self._head = {"id": request_id, "object": "text_completion",
+                      "created": int(time.time()), "model": model}
+        self._names = names
+        self._logprobs = logprobs
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        return None
+
+    def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None:
+        if not delta.text and not delta.logprobs and delta.finish_reason is None:
+            return None
+        return {**self._head, "choices": [self._choice(
+            delta.index, delta.text, delta.logprobs, delta.finish_reason, delta.stop_reason)]}
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head, "choices": [], "usage": usage}
+
+    def response(self, choices: list[ChoiceResult], usage: dict[str, Any]) -> dict[str, Any]:
+        return {**self._head, "choices": [
+            self._choice(c.index, c.text, c.logprobs, c.finish_reason, c.stop_reason)
+            for c in sorted(choices, key=lambda c: c.index)
+        ], "usage": usage}
+
+    def _choice(self, index: int, text: str, logprobs: list[TokenLogprob],
+                finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": completion_logprobs(logprobs, self._names) if self._logprobs else None,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+        }

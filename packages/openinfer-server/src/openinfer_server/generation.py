@@ -1,0 +1,214 @@
+"""One HTTP generation request: prompts x n engine requests, streamed or collected.
+
+Completions and chat differ only in how a choice is rendered; they hand a `Renderer` to
+`respond()`, which owns the engine requests from submission to abort or completion."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from fastapi import Request
+from starlette.responses import JSONResponse, Response
+
+from openinfer_core.params import SamplingParams
+from openinfer_core.request import GenerateRequest
+from openinfer_server.choice import ChoiceDelta, ChoiceRun
+from openinfer_server.errors import APIError
+from openinfer_server.logprobs import TokenLogprob
+from openinfer_server.prompts import Prompt, max_tokens_for
+from openinfer_server.state import ServerState
+from openinfer_server.streaming import (
+    DONE,
+    ClientGone,
+    EventStreamResponse,
+    sse,
+    until_disconnected,
+)
+
+log = logging.getLogger("openinfer.server")
+
+_END = object()
+
+
+@dataclass(slots=True)
+class ChoiceResult:
+    """A whole choice, for non-streamed responses."""
+
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class Renderer(Protocol):
+    """The wire format of one endpoint."""
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """A chunk sent for each choice before its first delta, or None."""
+
+    def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None:
+        """The streamed chunk for `delta`, or None to send nothing."""
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]: ...
+
+    def response(self, choices: list[ChoiceResult], usage: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def usage(runs: Sequence[ChoiceRun], n: int) -> dict[str, Any]:
+    """OpenAI counts each prompt once however many choices it has."""
+    firsts = [r for r in runs if r.index % n == 0]
+    prompt = sum(r.prompt_tokens for r in firsts)
+    completion = sum(r.completion_tokens for r in runs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in firsts)}}
+
+
+def build_runs(state: ServerState, request_id: str, prompts: list[Prompt], base: SamplingParams,
+               *, n: int, requested_max_tokens: int | None, default_max_tokens: int | None,
+               max_tokens_param: str, where: str, priority: int = 0,
+               echo: bool = False) -> list[ChoiceRun]:
+    """n engine requests per prompt, prompt-major; choice i of a seeded request gets seed + i
+    so the choices differ. Nothing is submitted yet."""
+    runs: list[ChoiceRun] = []
+    for prompt in prompts:
+        max_tokens = max_tokens_for(
+            len(prompt.token_ids), requested_max_tokens, max_model_len=state.max_model_len,
+            default=default_max_tokens, param=max_tokens_param, where=where)
+        prefix = ""
+        if echo:
+            prefix = prompt.text if prompt.text is not None else state.tokenizer.decode(
+                prompt.token_ids, skip_special_tokens=base.skip_special_tokens)
+        for i in range(n):
+            seed = None if base.seed is None else base.seed + i
+            params = replace(base, max_tokens=max_tokens, seed=seed)
+            index = len(runs)
+            engine_request = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids),
+                                             params, priority=priority)
+            runs.append(ChoiceRun(state.engine, engine_request, index, state.tokenizer,
+                                  state.metrics, prefix=prefix))
+    return runs
+
+
+async def respond(request: Request, runs: list[ChoiceRun], renderer: Renderer, *, n: int,
+                  stream: bool, include_usage: bool) -> Response:
+    """Submit every run, then answer: JSON once all are done, or an event stream.
+    Whatever happens (errors, the client leaving), no engine request outlives this."""
+    handed_off = False
+    try:
+        try:
+            await until_disconnected(request, _start_all(runs))
+            if not stream:
+                choices = await until_disconnected(request, _collect(runs))
+                return JSONResponse(renderer.response(choices, usage(runs, n)))
+        except ClientGone:
+            return Response(status_code=499)
+        handed_off = True
+        # on_close: the stream may be closed before it ever started (client already gone).
+        return EventStreamResponse(_event_stream(runs, renderer, n, include_usage),
+                                   on_close=lambda: _close_all(runs))
+    finally:
+        if not handed_off:
+            await _close_all(runs)
+
+
+async def _start_all(runs: list[ChoiceRun]) -> None:
+    await _all(run.start() for run in runs)
+
+
+async def _all(coros: Any) -> list[Any]:
+    """Run concurrently; on the first failure cancel the rest and raise that failure."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+async def _collect(runs: list[ChoiceRun]) -> list[ChoiceResult]:
+    async def one(run: ChoiceRun) -> ChoiceResult:
+        result = ChoiceResult(run.index)
+        parts: list[str] = []
+        async for delta in run.deltas():
+            parts.append(delta.text)
+            result.logprobs.extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                result.finish_reason, result.stop_reason = delta.finish_reason, delta.stop_reason
+        result.text = "".join(parts)
+        return result
+
+    return await _all(one(run) for run in runs)
+
+
+async def _merged(runs: list[ChoiceRun]) -> AsyncGenerator[ChoiceDelta, None]:
+    """Every run's deltas, interleaved as they arrive."""
+    if len(runs) == 1:
+        async for delta in runs[0].deltas():
+            yield delta
+        return
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump(run: ChoiceRun) -> None:
+        try:
+            async for delta in run.deltas():
+                queue.put_nowait(delta)
+        except Exception as exc:
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(_END)
+
+    tasks = [asyncio.ensure_future(pump(run)) for run in runs]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is _END:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks)
+
+
+async def _event_stream(runs: list[ChoiceRun], renderer: Renderer, n: int,
+                        include_usage: bool) -> AsyncGenerator[str, None]:
+    try:
+        for run in runs:
+            opening = renderer.opening(run.index)
+            if opening is not None:
+                yield sse(opening)
+        deltas = _merged(runs)
+        try:
+            async for delta in deltas:
+                chunk = renderer.chunk(delta)
+                if chunk is not None:
+                    yield sse(chunk)
+        finally:
+            await deltas.aclose()
+        if include_usage:
+            yield sse(renderer.usage_chunk(usage(runs, n)))
+    except APIError as err:
+        yield sse(err.body())
+    except Exception as exc:  # headers are sent: the stream is the only way to say it
+        log.exception("stream failed")
+        yield sse(APIError(500, f"internal server error: {exc!r}").body())
+    finally:
+        await _close_all(runs)
+    yield DONE
+
+
+async def _close_all(runs: list[ChoiceRun]) -> None:
+    for run in runs:
+        await run.aclose()

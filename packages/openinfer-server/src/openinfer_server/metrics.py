@@ -1,0 +1,95 @@
+"""Prometheus metrics with vLLM's meanings under the `openinfer:` prefix.
+
+Each app owns its registry, so several servers in one process (tests) never share counters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from openinfer_core.handle import EngineHandle
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                      0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+class ServerMetrics:
+    """Counters and histograms fed by the request handlers (on the event loop), plus gauges
+    read from `engine.load()` at scrape time."""
+
+    def __init__(self, engine: EngineHandle, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._model = model_name
+        model = ["model_name"]
+        reg = self.registry
+        self._success = Counter(
+            "openinfer:request_success", "Finished requests, by finish reason.",
+            [*model, "finished_reason"], registry=reg)
+        self._prompt_tokens = Counter(
+            "openinfer:prompt_tokens", "Prompt tokens of scheduled requests.", model,
+            registry=reg)
+        self._generation_tokens = Counter(
+            "openinfer:generation_tokens", "Generated tokens.", model, registry=reg)
+        self._cache_queries = Counter(
+            "openinfer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            model, registry=reg)
+        self._cache_hits = Counter(
+            "openinfer:prefix_cache_hits", "Prompt tokens found in the prefix cache.", model,
+            registry=reg)
+        self._ttft = Histogram(
+            "openinfer:time_to_first_token_seconds", "Arrival to first generated token.",
+            model, buckets=_LATENCY_BUCKETS, registry=reg)
+        self._itl = Histogram(
+            "openinfer:inter_token_latency_seconds", "Time between consecutive tokens.",
+            model, buckets=_TOKEN_GAP_BUCKETS, registry=reg)
+        self._e2e = Histogram(
+            "openinfer:e2e_request_latency_seconds", "Arrival to the request's end.", model,
+            buckets=_LATENCY_BUCKETS, registry=reg)
+        reg.register(_EngineLoadCollector(engine, model_name))
+
+    def scheduled(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._prompt_tokens.labels(self._model).inc(prompt_tokens)
+        self._cache_queries.labels(self._model).inc(prompt_tokens)
+        self._cache_hits.labels(self._model).inc(cached_tokens)
+
+    def token(self, since_previous: float | None, since_arrival: float) -> None:
+        """One generated token; `since_previous` is None for the first one."""
+        self._generation_tokens.labels(self._model).inc()
+        if since_previous is None:
+            self._ttft.labels(self._model).observe(since_arrival)
+        else:
+            self._itl.labels(self._model).observe(since_previous)
+
+    def finished(self, reason: str, e2e_seconds: float) -> None:
+        self._success.labels(self._model, reason).inc()
+        self._e2e.labels(self._model).observe(e2e_seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineLoadCollector(Collector):
+    def __init__(self, engine: EngineHandle, model_name: str) -> None:
+        self._engine = engine
+        self._model = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        load = self._engine.load()
+        gauges = [
+            ("openinfer:num_requests_running", "Requests in the running batch.", load.running),
+            ("openinfer:num_requests_waiting", "Requests waiting to be scheduled.",
+             load.waiting),
+            ("openinfer:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = 100%).",
+             load.kv_used_blocks / load.kv_total_blocks if load.kv_total_blocks else 0.0),
+        ]
+        for name, doc, value in gauges:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self._model], float(value))
+            yield family

@@ -1,0 +1,181 @@
+"""Request bodies of the OpenAI-compatible endpoints, with vLLM's sampling extras.
+
+Fields are typed loosely on purpose: ranges are checked by `SamplingParams`, so a bad value
+gets the same message whether it came through HTTP or the offline API. Unknown fields are
+ignored, as OpenAI-style servers do; known fields we cannot honour are refused."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from openinfer_core.errors import InvalidParameterError
+from openinfer_core.params import SamplingParams
+
+MAX_N = 128  # choices per prompt; beyond this a request is more likely a mistake than a need
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    priority: int = 0
+    use_beam_search: bool = False
+    prompt_logprobs: int | None = None
+    return_tokens_as_token_ids: bool = False
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        logprobs_field: str = "logprobs") -> SamplingParams:
+        """The sampler's view of this request; raises InvalidParameterError naming a field."""
+        self.refuse_unsupported()
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        try:
+            return SamplingParams(
+                temperature=_or(self.temperature, 1.0), top_k=_or(self.top_k, -1),
+                top_p=_or(self.top_p, 1.0), min_p=_or(self.min_p, 0.0), seed=self.seed,
+                repetition_penalty=_or(self.repetition_penalty, 1.0),
+                frequency_penalty=_or(self.frequency_penalty, 0.0),
+                presence_penalty=_or(self.presence_penalty, 0.0),
+                max_tokens=max_tokens, min_tokens=self.min_tokens,
+                stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+                logprobs=logprobs, stop=stop,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens)
+        except InvalidParameterError as e:
+            if e.param == "logprobs" and logprobs_field != "logprobs":
+                raise InvalidParameterError(logprobs_field, str(e).split(": ", 1)[1]) from e
+            raise
+
+    def refuse_unsupported(self) -> None:
+        if self.logit_bias:
+            raise InvalidParameterError("logit_bias", "is not supported by openinfer; omit it")
+        if self.use_beam_search:
+            raise InvalidParameterError("use_beam_search", "beam search is not supported")
+        if self.prompt_logprobs is not None:
+            raise InvalidParameterError("prompt_logprobs", "prompt logprobs are not supported")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidParameterError("stream_options", "is only allowed with stream=true")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidParameterError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.suffix:
+            raise InvalidParameterError("suffix", "is not supported by openinfer; omit it")
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidParameterError("best_of", "is not supported unless equal to n")
+        if self.echo and self.logprobs is not None:
+            raise InvalidParameterError(
+                "echo", "echo with logprobs needs prompt logprobs, which are not supported")
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """Extra fields (tool_calls, tool_call_id, reasoning_content, ...) reach the template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        message = self.model_dump(exclude_none=True)
+        message.setdefault("content", None)
+        if message["role"] == "developer":  # OpenAI's newer name for the system role
+            message["role"] = "system"
+        return message
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens is OpenAI's newer name; it wins when both are given."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
+            raise InvalidParameterError(
+                "max_completion_tokens", f"must be >= 1, got {self.max_completion_tokens}")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidParameterError("top_logprobs", "needs logprobs=true")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise InvalidParameterError(
+                "tool_choice", "only 'none' and 'auto' are supported (no forced tool calls)")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise InvalidParameterError(
+                "response_format", "structured output is not supported; use type 'text'")
+        if self.continue_final_message:
+            raise InvalidParameterError("continue_final_message", "is not supported")
+
+    @property
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value

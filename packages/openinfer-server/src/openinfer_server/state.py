@@ -1,0 +1,45 @@
+"""What every handler of one app shares: the engine, the tokenizer and the served names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from openinfer_core.handle import EngineHandle
+from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.errors import APIError
+from openinfer_server.metrics import ServerMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    engine: EngineHandle
+    tokenizer: Tokenizer
+    served_model_names: tuple[str, ...]
+    max_model_len: int
+    metrics: ServerMetrics
+    is_demo: bool = False
+
+    @property
+    def model_name(self) -> str:
+        """The name responses report (the first served name)."""
+        return self.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        """404 unless `model` is one of our names; an omitted model means ours."""
+        if model is not None and model not in self.served_model_names:
+            raise APIError(
+                404, f"The model `{model}` does not exist. This server serves "
+                f"{', '.join(repr(n) for n in self.served_model_names)}.",
+                param="model", code="model_not_found")
+
+
+def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: this app's state."""
+    state: ServerState = request.app.state.openinfer
+    return state
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]

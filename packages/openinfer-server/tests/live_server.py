@@ -1,0 +1,67 @@
+"""A live uvicorn server in a background thread, and what tests share about it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import openai
+import uvicorn
+from fastapi import FastAPI
+
+from openinfer_core.engine.async_engine import AsyncEngine
+from openinfer_core.text.tokenizer import Tokenizer
+
+MODEL = "tiny-qwen3"
+ALIAS = "tiny-alias"
+API_KEY = "sk-test-key"
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: FastAPI
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                             timeout=60, **kwargs)  # type: ignore[arg-type]
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                                  timeout=60)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until the engine has no request and no KV block in use (aborts land a step late)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            load = self.engine.load()
+            if load.running == load.waiting == load.kv_used_blocks == 0:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"engine still busy after {timeout}s: {self.engine.load()}")
+
+
+def serve_in_thread(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return url, server, thread
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("the test server did not come up within 30 s")

@@ -1,0 +1,255 @@
+"""The `openinfer` command line: parsing, `models`, error exits, and `serve` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from openinfer_core.plugins import get_plugin_manager
+from openinfer_server.cli import build_parser, main, package_version
+
+VLLM_FLAGS = [
+    "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
+    "--max-num-batched-tokens", "--gpu-memory-utilization", "--dtype", "--device", "--api-key",
+    "--enforce-eager", "--seed", "--load-format", "--block-size", "--tensor-parallel-size",
+]
+OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--download-dir"]
+
+
+def _openinfer() -> list[str]:
+    """The installed console script, as a user runs it."""
+    script = Path(sys.executable).parent / "openinfer"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
+
+
+def _run_cli(*args: str, env: dict[str, str] | None = None,
+             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_openinfer(), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"openinfer {package_version()}"
+    assert package_version() == "0.1.0"
+
+
+def test_models_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    sections = dict(re.findall(r"(?ms)^(\w[\w ]*):\n(.*?)(?=^\w|\Z)", out))
+    assert set(sections) == {"model lines", "schedulers", "attention backends",
+                             "offload tiers", "plugins"}
+    assert re.search(r"qwen3\s+Qwen3ForCausalLM\s+plugin qwen3\s+demo model",
+                     sections["model lines"])
+    assert re.search(r"toy-counter\s+ToyCounterForCausalLM\s+plugin toy", sections["model lines"])
+    assert re.search(r"fcfs\s+plugin core", sections["schedulers"])
+    assert re.search(r"torch\s+devices cpu,cuda\s+priority 0\s+plugin kernels",
+                     sections["attention backends"])
+    assert re.search(r"qwen3\s+openinfer_qwen3.plugin\s+openinfer-qwen3 0.1.0",
+                     sections["plugins"])
+
+
+def test_serve_help_shows_the_vllm_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in VLLM_FLAGS + OWN_FLAGS:
+        assert flag in out, flag
+    assert "MODEL" in out and "demo" in out
+
+
+def test_serve_defaults_are_the_engines() -> None:
+    from openinfer_core.engine.config import EngineConfig
+
+    args = build_parser().parse_args(["serve"])
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    for name in ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                 "block_size", "num_kv_blocks", "gpu_memory_utilization", "scheduler", "seed"):
+        assert getattr(args, name) == defaults[name], name
+    assert (args.host, args.port, args.model) == ("127.0.0.1", 8000, None)
+
+
+def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENINFER_API_KEY", "sk-from-env")
+    assert build_parser().parse_args(["serve"]).api_key == "sk-from-env"
+    assert build_parser().parse_args(["serve", "--api-key", "k"]).api_key == "k"
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "required: COMMAND"),
+    (["launch"], "invalid choice: 'launch'"),
+    (["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["serve", "--port", "http"], "--port: must be an integer, got 'http'"),
+    (["serve", "--port", "70000"], "--port: must be a TCP port in 0..65535, got 70000"),
+    (["serve", "--max-num-seqs", "0"], "--max-num-seqs: must be >= 1, got 0"),
+    (["serve", "--max-model-len", "1"], "--max-model-len: must be >= 2, got 1"),
+    (["serve", "--gpu-memory-utilization", "1.5"], "must be in (0, 1], got 1.5"),
+    (["serve", "--dtype", "int3"], "--dtype: invalid choice: 'int3'"),
+    (["serve", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    (["serve", "--load-format", "pt"], "--load-format: invalid choice: 'pt'"),
+    (["serve", "--num-kv-blocks", "1"], "--num-kv-blocks: must be >= 2, got 1"),
+])
+def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: openinfer")
+    assert message in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--scheduler", "lifo"], "--scheduler: unknown scheduler 'lifo' (installed: fcfs"),
+    (["--tensor-parallel-size", "2"], "--tensor-parallel-size: only 1 is supported"),
+])
+def test_values_the_engine_refuses_exit_2(argv: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--device", "cpu", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--device", "cuda"])
+    assert exit_info.value.code == 2
+    assert "argument --device: cuda was asked for but no GPU is visible" in capsys.readouterr().err
+
+
+def test_missing_local_folder_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "/nonexistent/checkpoint", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        "error: model folder '/nonexistent/checkpoint' does not exist; pass a local "
+        "HuggingFace checkpoint folder or a hub id such as Qwen/Qwen3-0.6B")
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(tmp_path), "--device", "cpu"]) == 1
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_unreachable_hub_is_a_clear_error(tmp_path: Path) -> None:
+    # Port 9 (discard) refuses connections at once: the hub is unreachable, no cache exists.
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_OFFLINE": "0"}
+    result = _run_cli("serve", "Qwen/Qwen3-0.6B", "--device", "cpu", env=env)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 'Qwen/Qwen3-0.6B' is not a local folder")
+    assert "the hub cannot be reached and no copy is cached" in last
+    assert "pass its local folder" in last
+
+
+def test_dummy_load_format_writes_random_weights_once(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from openinfer_server.dummy_weights import dummy_checkpoint
+
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "weightless"
+    src.mkdir()
+    config = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 32,
+              "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 300,
+              "torch_dtype": "bfloat16"}
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "tokenizer.json").write_text("{}")
+    regs = get_plugin_manager().registries
+    first = dummy_checkpoint(src, regs)
+    assert sorted(p.name for p in first.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json"]
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert dummy_checkpoint(src, regs) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_dummy_load_format_needs_a_writer(tmp_path: Path) -> None:
+    from openinfer_core.errors import ModelConfigError
+    from openinfer_server.dummy_weights import dummy_checkpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["ToyCounterForCausalLM"]}))
+    with pytest.raises(ModelConfigError, match="model line 'toy-counter' .* cannot write random"):
+        dummy_checkpoint(tmp_path, get_plugin_manager().registries)
+
+
+def _wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            raise AssertionError(f"openinfer serve exited early:\n{log.read_text()}")
+        time.sleep(0.2)
+    raise AssertionError(f"openinfer serve not ready after {timeout}s:\n{log.read_text()}")
+
+
+@pytest.mark.slow
+def test_serve_demo_end_to_end(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "OPENINFER_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("OPENINFER_API_KEY", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen([*_openinfer(), "serve", "--port", "0", "--device", "cpu"],
+                                stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url = _wait_for_ready(proc, log, timeout=240)
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        models = httpx.get(f"{url}/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["openinfer-demo"]
+        reply = httpx.post(f"{url}/v1/completions", timeout=60, json={
+            "model": "openinfer-demo", "prompt": "Hello", "max_tokens": 5, "temperature": 0})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["usage"]["completion_tokens"] >= 1
+        assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    text = log.read_text()
+    assert code == 0, text
+    assert "Traceback" not in text
+    assert ("serving the built-in demo model: random weights, for trying the API, "
+            "not for real answers") in text
+    assert re.search(r"KV cache capacity: \d+ tokens", text)
+    assert re.search(r"ready in \d+\.\d\d s", text)
+    for stage in range(1, 5):
+        assert f"[{stage}/4]" in text
+    assert text.rstrip().endswith("stopped")
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("demo-")]
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(blocker / "cache"))
+    assert main(["serve", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: could not write the demo model (")
+    assert "set OPENINFER_CACHE_DIR to a writable folder" in err
