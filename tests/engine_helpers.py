@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.runner import build_batch
 from openinfer_core.engine.sequence import Sequence as Seq
 from openinfer_core.events import Finished, Token, TokenEvent
 from openinfer_core.interfaces.scheduler import ScheduledRow
@@ -22,8 +22,8 @@ def prompt_logits(engine: Engine, token_ids: Sequence[int]) -> torch.Tensor:
     seq = Seq.from_request(GenerateRequest("logits-probe", tuple(token_ids)))
     assert engine.kv.allocate(seq.request_id, len(token_ids))
     try:
-        batch = build_batch([ScheduledRow(seq, len(token_ids), True)], engine.kv,
-                            engine.model.device)
+        batch = plan_batch([ScheduledRow(seq, len(token_ids), True)],
+                           engine.kv).to_device(engine.model.device)
         batch.logits_indices = torch.arange(len(token_ids), device=engine.model.device)
         return engine.model.forward(batch)
     finally:

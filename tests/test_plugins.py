@@ -114,7 +114,7 @@ def test_scheduler_hook_adds_a_policy(tmp_path: Path) -> None:
 def test_attention_backend_hook_is_used_by_default_when_preferred(qwen3_dir: Path) -> None:
     pm = PluginManager(autoload=True, plugins=[sample_plugin])
     assert pm.registries.default_attention_backend("cpu") == "counting"
-    assert pm.registries.default_attention_backend("cuda") == "torch"
+    assert pm.registries.default_attention_backend("cuda") == "triton"
     sample_plugin.CountingAttention.calls = 0
     ours = LLM(qwen3_dir, device="cpu", plugins=pm).generate([[5, 6, 7]], GREEDY)
     base = LLM(qwen3_dir, device="cpu").generate([[5, 6, 7]], GREEDY)

@@ -94,11 +94,10 @@ def test_demo_checkpoint_is_written_once_and_cached(cache: Path) -> None:
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temp folders left
 
 
-def test_plugin_registers_the_demo_and_the_dummy_writer() -> None:
+def test_plugin_registers_the_demo() -> None:
     pm = PluginManager(autoload=False, plugins=[plugin])
     entry = pm.registries.models.get("qwen3")
     assert import_target(entry.meta["demo"]) is demo.demo_checkpoint
-    assert import_target(entry.meta["dummy_weights"]) is demo.write_random_weights
 
 
 def test_demo_generates_text_that_depends_on_the_prompt(demo_dir: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -16,7 +15,6 @@ import httpx
 import pytest
 import torch
 
-from openinfer_core.plugins import get_plugin_manager
 from openinfer_server.cli import build_parser, main, package_version
 
 VLLM_FLAGS = [
@@ -58,6 +56,8 @@ def test_models_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None
     assert re.search(r"toy-counter\s+ToyCounterForCausalLM\s+plugin toy", sections["model lines"])
     assert re.search(r"fcfs\s+plugin core", sections["schedulers"])
     assert re.search(r"torch\s+devices cpu,cuda\s+priority 0\s+plugin kernels",
+                     sections["attention backends"])
+    assert re.search(r"triton\s+devices cuda\s+priority 10\s+plugin kernels",
                      sections["attention backends"])
     assert re.search(r"qwen3\s+openinfer_qwen3.plugin\s+openinfer-qwen3 0.1.0",
                      sections["plugins"])
@@ -159,37 +159,6 @@ def test_unreachable_hub_is_a_clear_error(tmp_path: Path) -> None:
     assert last.startswith("error: 'Qwen/Qwen3-0.6B' is not a local folder")
     assert "the hub cannot be reached and no copy is cached" in last
     assert "pass its local folder" in last
-
-
-def test_dummy_load_format_writes_random_weights_once(tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from openinfer_server.dummy_weights import dummy_checkpoint
-
-    monkeypatch.setenv("OPENINFER_CACHE_DIR", str(tmp_path / "cache"))
-    src = tmp_path / "weightless"
-    src.mkdir()
-    config = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 32,
-              "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 300,
-              "torch_dtype": "bfloat16"}
-    (src / "config.json").write_text(json.dumps(config))
-    (src / "tokenizer.json").write_text("{}")
-    regs = get_plugin_manager().registries
-    first = dummy_checkpoint(src, regs)
-    assert sorted(p.name for p in first.iterdir()) == [
-        "config.json", "model.safetensors", "tokenizer.json"]
-    stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert dummy_checkpoint(src, regs) == first
-    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
-
-
-def test_dummy_load_format_needs_a_writer(tmp_path: Path) -> None:
-    from openinfer_core.errors import ModelConfigError
-    from openinfer_server.dummy_weights import dummy_checkpoint
-
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["ToyCounterForCausalLM"]}))
-    with pytest.raises(ModelConfigError, match="model line 'toy-counter' .* cannot write random"):
-        dummy_checkpoint(tmp_path, get_plugin_manager().registries)
 
 
 def _wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:

@@ -32,8 +32,9 @@ def openinfer_register_models(register: RegisterModel) -> None:
     `architectures`, then `model_type`, then `probe` (a `"module:function"` taking the parsed
     config dict and returning bool). Optional extras a frontend may use: `demo="mod:fn"` (no
     arguments; returns the folder of a small built-in checkpoint, served when no model is given)
-    and `dummy_weights="mod:fn"` (called as `(config_dir, dest)`; writes random weights with the
-    real names and shapes, for `--load-format dummy`)."""
+    (`--load-format dummy` needs nothing from the line: its `load` reads tensors through
+    `openinfer_core.weights.checkpoint.open_checkpoint`, which makes them up at the asked
+    shapes)."""
 
 
 @hookspec

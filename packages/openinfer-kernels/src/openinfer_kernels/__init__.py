@@ -1,7 +1,7 @@
 """openinfer-kernels: device ops, each a Triton kernel beside its plain-torch reference.
 
 Every public op dispatches on its input's device: the reference (fp32 math) on CPU; on CUDA the
-Triton kernel where one exists (the GPU issue adds them), else the reference. Names are imported
+Triton kernel where one exists (and triton is installed), else the reference. Names are imported
 on first use so that plugin discovery (which imports this package) never pulls in torch."""
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ _EXPORTS = {
     "rms_norm": "openinfer_kernels.norm",
     "fused_add_rms_norm": "openinfer_kernels.norm",
     "qk_rms_norm": "openinfer_kernels.norm",
+    # Not a folder `qk_norm_rope/`: importing a subpackage sets the package attribute of its
+    # name, which would shadow the op.
+    "qk_norm_rope": "openinfer_kernels.norm_rope",
     "rope_cos_sin": "openinfer_kernels.rotary",
     "rotary_embedding": "openinfer_kernels.rotary",
     "silu_and_mul": "openinfer_kernels.activation",
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from openinfer_kernels.embed import embedding
     from openinfer_kernels.kv_store import kv_append
     from openinfer_kernels.norm import fused_add_rms_norm, qk_rms_norm, rms_norm
+    from openinfer_kernels.norm_rope import qk_norm_rope
     from openinfer_kernels.rotary import rope_cos_sin, rotary_embedding
 
 

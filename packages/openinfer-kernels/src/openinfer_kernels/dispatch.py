@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, TypeVar
 
 import torch
@@ -25,3 +27,15 @@ def by_device(reference: F, triton: F | None = None) -> F:
     op.__doc__ = reference.__doc__
     op.__name__ = reference.__name__.removesuffix("_ref")
     return op  # type: ignore[return-value]
+
+
+def triton_kernels(module: str) -> ModuleType | None:
+    """Import an op folder's `triton.py`; None where triton is not installed, so that the package
+    still imports there and every op runs its reference. Any other import error is a bug in the
+    kernel module and propagates."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        return None

@@ -10,3 +10,5 @@ from openinfer_core.registry import RegisterAttentionBackend
 def openinfer_register_attention_backends(register: RegisterAttentionBackend) -> None:
     register("torch", "openinfer_kernels.attention.backend:TorchAttentionBackend",
              devices=("cpu", "cuda"), priority=0)
+    register("triton", "openinfer_kernels.attention.triton_backend:TritonAttentionBackend",
+             devices=("cuda",), priority=10)

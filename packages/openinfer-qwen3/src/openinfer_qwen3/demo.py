@@ -1,9 +1,9 @@
 """Random-weight Qwen3 checkpoints, written without transformers.
 
-Two users: `openinfer serve` with no MODEL serves `demo_checkpoint()` (a tiny Qwen3 with the
-real tokenizer, made on first use and cached), and `--load-format dummy` fills a copy of a real
-checkpoint's folder with `write_random_weights` (real shapes, random values). Both are reached
-through the model registry's metadata, never by importing this package by name.
+`openinfer serve` with no MODEL serves `demo_checkpoint()` (a tiny Qwen3 with the real
+tokenizer, made on first use and cached), reached through the model registry's metadata, never by
+importing this package by name. `write_random_weights` writes a full-size checkpoint at a
+config's real shapes, for the GPU golden gate (transformers and openinfer read the same files).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def demo_checkpoint() -> Path:
 
 
 def write_random_weights(config_dir: Path, dest: Path) -> None:
-    """`--load-format dummy`: random safetensors in `dest` with exactly the tensor names,
+    """Random safetensors in `dest` (for tests and GPU checks) with exactly the tensor names,
     shapes and dtype that the config.json in `config_dir` calls for (std from its
     `initializer_range`, as transformers initialises)."""
     config = read_model_config(config_dir)

@@ -11,12 +11,12 @@ from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
-    qk_rms_norm,
+    qk_norm_rope,
     rms_norm,
     rope_cos_sin,
-    rotary_embedding,
     silu_and_mul,
 )
+from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.weights import LayerWeights, Qwen3Weights
@@ -37,6 +37,9 @@ class Qwen3Model:
         self.cos_sin = rope_cos_sin(max_model_len, cfg.head_dim, cfg.rope_theta, device)
         self.scale = cfg.head_dim ** -0.5
         self.kv: KVBuffer | None = None
+        self.cuda_graph_safe = bool(getattr(attention, "cuda_graph_safe", False))
+        self.sampling_kernels = SAMPLING_KERNELS
+        self.weight_bytes = weights.decode_bytes()
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:
         return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,
@@ -82,7 +85,7 @@ class Qwen3Model:
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        q, k = qk_rms_norm(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps)
-        q, k = rotary_embedding(q, k, batch.positions, self.cos_sin)
+        q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
+                            batch.positions, self.cos_sin)
         out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
         return F.linear(out.reshape(t, cfg.q_size), layer.o_proj)

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
-from openinfer_core.weights.checkpoint import Checkpoint
+from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import load_weights
@@ -25,7 +25,8 @@ class Qwen3ModelLine:
                 f"max_model_len {max_len} exceeds the model's max_position_embeddings "
                 f"{cfg.max_position_embeddings}"
             )
-        ckpt = Checkpoint(model_dir)
+        ckpt = open_checkpoint(model_dir, options.load_format,
+                               std=float(config.get("initializer_range", 0.02)))
         try:
             weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device)
         finally:

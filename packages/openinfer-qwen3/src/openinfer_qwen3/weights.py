@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from openinfer_core.weights.checkpoint import Checkpoint
+from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint
 from openinfer_qwen3.config import Qwen3Config
 
 
@@ -30,8 +30,18 @@ class Qwen3Weights:
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
 
+    def decode_bytes(self) -> int:
+        """Bytes one decode step reads: every weight once, except an untied embedding table,
+        of which only the looked-up rows are read."""
+        tensors = [self.final_norm, self.lm_head]
+        for layer in self.layers:
+            tensors += [t for t in (layer.input_norm, layer.qkv, layer.qkv_bias, layer.q_norm,
+                                    layer.k_norm, layer.o_proj, layer.post_norm, layer.gate_up,
+                                    layer.down) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
-def load_weights(ckpt: Checkpoint, cfg: Qwen3Config, *, dtype: torch.dtype,
+
+def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype: torch.dtype,
                  device: torch.device) -> Qwen3Weights:
     """Read every tensor Qwen3 needs, checking shapes against `cfg` (errors name the tensor)."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim

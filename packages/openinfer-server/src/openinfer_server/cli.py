@@ -1,6 +1,7 @@
-"""The `openinfer` command: `serve`, `models`, `--version`.
+"""The `openinfer` command: `serve`, `bench`, `models`, `--version`.
 
-Parsing and `models` never import torch, so they answer at once; `serve` imports the engine."""
+Parsing and `models` never import torch, so they answer at once; `serve` and `bench` import
+the engine."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def package_version(dist: str = "openinfer-server") -> str:
 
 
 # -- value checkers: a bad value is an argparse error (exit code 2), never a traceback --------
-def _int_at_least(low: int) -> Callable[[str], int]:
+def int_at_least(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -42,7 +43,7 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
 
 def _port(text: str) -> int:
-    value = _int_at_least(0)(text)
+    value = int_at_least(0)(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be a TCP port in 0..65535, got {value}")
     return value
@@ -64,11 +65,48 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
 
 
-def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """MODEL and the flags that build an engine: shared by `serve` and the in-process benches."""
     # Defaults mirror EngineConfig's (a test keeps them equal); flag names are vLLM's.
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="a local HuggingFace checkpoint folder or a hub id (e.g. "
-                        "Qwen/Qwen3-0.6B); leave out to serve the built-in demo model")
+                        "Qwen/Qwen3-0.6B); leave out for the built-in demo model")
+    model = p.add_argument_group("model")
+    model.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                       help="auto/safetensors: the checkpoint's weights; dummy: its real shapes "
+                            "with random weights (no weight download) (default %(default)s)")
+    model.add_argument("--dtype", choices=DTYPES, default="auto",
+                       help="weight and activation dtype; auto is float32 on CPU, the "
+                            "checkpoint's dtype on GPU (default %(default)s)")
+    model.add_argument("--max-model-len", type=int_at_least(2), metavar="N",
+                       help="context length, prompt plus output (default: the model's)")
+    model.add_argument("--revision", help="hub revision (branch, tag or commit) to download")
+    model.add_argument("--download-dir", metavar="DIR",
+                       help="hub cache folder (default: huggingface_hub's, under HF_HOME)")
+    model.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--device", type=_device, default="auto",
+                        help="auto, cpu, cuda or cuda:N (default %(default)s)")
+    engine.add_argument("--max-num-seqs", type=int_at_least(1), default=256, metavar="N",
+                        help="most requests running at once (default %(default)s)")
+    engine.add_argument("--max-num-batched-tokens", type=int_at_least(1), default=8192,
+                        metavar="N", help="token budget of one step (default %(default)s)")
+    engine.add_argument("--gpu-memory-utilization", type=_fraction, default=0.90, metavar="F",
+                        help="share of GPU memory openinfer may use (default %(default)s)")
+    engine.add_argument("--block-size", type=int_at_least(1), default=16, metavar="N",
+                        help="tokens per KV block (default %(default)s)")
+    engine.add_argument("--num-kv-blocks", type=int_at_least(2), metavar="N",
+                        help="KV blocks to allocate, padding block included (default: sized "
+                             "from memory)")
+    engine.add_argument("--scheduler", default="fcfs",
+                        help="scheduling policy, from `openinfer models` (default %(default)s)")
+    engine.add_argument("--enforce-eager", action="store_true",
+                        help="never use CUDA graphs for decode")
+    engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
+                        metavar="N", help="GPUs to shard the model over; only 1 for now")
+
+
+def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     net = p.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1",
                      help="address to listen on (default %(default)s)")
@@ -82,39 +120,26 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                           f"(default: ${API_KEY_ENV}, else none)")
     net.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                      help="log verbosity (default %(default)s)")
-    model = p.add_argument_group("model")
-    model.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
-                       help="auto/safetensors: the checkpoint's weights; dummy: its real shapes "
-                            "with random weights (no weight download) (default %(default)s)")
-    model.add_argument("--dtype", choices=DTYPES, default="auto",
-                       help="weight and activation dtype; auto is float32 on CPU, the "
-                            "checkpoint's dtype on GPU (default %(default)s)")
-    model.add_argument("--max-model-len", type=_int_at_least(2), metavar="N",
-                       help="context length, prompt plus output (default: the model's)")
-    model.add_argument("--revision", help="hub revision (branch, tag or commit) to download")
-    model.add_argument("--download-dir", metavar="DIR",
-                       help="hub cache folder (default: huggingface_hub's, under HF_HOME)")
-    model.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
-    engine = p.add_argument_group("engine")
-    engine.add_argument("--device", type=_device, default="auto",
-                        help="auto, cpu, cuda or cuda:N (default %(default)s)")
-    engine.add_argument("--max-num-seqs", type=_int_at_least(1), default=256, metavar="N",
-                        help="most requests running at once (default %(default)s)")
-    engine.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=8192,
-                        metavar="N", help="token budget of one step (default %(default)s)")
-    engine.add_argument("--gpu-memory-utilization", type=_fraction, default=0.90, metavar="F",
-                        help="share of GPU memory openinfer may use (default %(default)s)")
-    engine.add_argument("--block-size", type=_int_at_least(1), default=16, metavar="N",
-                        help="tokens per KV block (default %(default)s)")
-    engine.add_argument("--num-kv-blocks", type=_int_at_least(2), metavar="N",
-                        help="KV blocks to allocate, padding block included (default: sized "
-                             "from memory)")
-    engine.add_argument("--scheduler", default="fcfs",
-                        help="scheduling policy, from `openinfer models` (default %(default)s)")
-    engine.add_argument("--enforce-eager", action="store_true",
-                        help="never use CUDA graphs (accepted for vLLM compatibility)")
-    engine.add_argument("--tensor-parallel-size", "-tp", type=_int_at_least(1), default=1,
-                        metavar="N", help="GPUs to shard the model over; only 1 for now")
+
+
+def _add_bench_parser(
+        commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Only argparse is imported here: `openinfer bench --help` stays quick.
+    from openinfer_server.bench import options
+
+    bench = commands.add_parser(
+        "bench", help="benchmark: batch-1 latency, offline throughput, or a running server",
+        description="Benchmark openinfer the way `vllm bench` does; every run also measures "
+                    "the device's ceilings (memory read bandwidth, bf16 matmul rate).")
+    modes = bench.add_subparsers(dest="bench_mode", metavar="MODE", required=True)
+    for name, help_text, add_mode_arguments in options.MODES:
+        mode = modes.add_parser(name, help=help_text, description=help_text)
+        if name != "serve":
+            add_engine_arguments(mode)
+            mode.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
+                              help="log verbosity (default %(default)s)")
+        add_mode_arguments(mode)
+        mode.set_defaults(mode_parser=mode)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve a model over the OpenAI API",
         description="Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions, "
                     "/v1/chat/completions, /v1/models, /health, /metrics).")
-    _add_serve_arguments(serve)
+    add_engine_arguments(serve)
+    _add_server_arguments(serve)
+    _add_bench_parser(commands)
     commands.add_parser(
         "models", help="list installed model lines, schedulers, attention backends and "
                        "offload tiers", description="List what the installed plugins provide.")
@@ -179,6 +206,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "models":
             sys.stdout.write(describe_plugins())
             return 0
+        if args.command == "bench":
+            from openinfer_server.bench import run_bench
+
+            args.argv = ["openinfer", *(sys.argv[1:] if argv is None else argv)]
+            return run_bench(args, args.mode_parser)
         from openinfer_server.serve import serve
 
         return serve(args, parser, started=started)

@@ -26,7 +26,6 @@ from openinfer_core.plugins import get_plugin_manager
 from openinfer_core.registry import Registries
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.demo import DEMO_NOTICE, DEMO_SERVED_NAME, demo_checkpoint
-from openinfer_server.dummy_weights import dummy_checkpoint
 from openinfer_server.model_source import resolve_model
 
 log = logging.getLogger("openinfer.server")
@@ -72,7 +71,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
             gpu_memory_utilization=args.gpu_memory_utilization, scheduler=args.scheduler,
-            seed=args.seed)
+            seed=args.seed, enforce_eager=args.enforce_eager, load_format=args.load_format)
         config.torch_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")
@@ -92,7 +91,6 @@ def choose_model(args: argparse.Namespace, registries: Registries) -> ModelChoic
                                download_dir=args.download_dir)
         default_names, is_demo = [args.model], False
     if dummy:
-        folder = dummy_checkpoint(folder, registries)
         log.warning("--load-format dummy: random weights with the checkpoint's real shapes; "
                     "outputs are meaningless (for benchmarks and smoke tests)")
     return ModelChoice(folder, list(args.served_model_name or default_names), is_demo)

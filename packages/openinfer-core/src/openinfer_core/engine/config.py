@@ -14,6 +14,8 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
 
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -30,6 +32,8 @@ class EngineConfig:
     scheduler: str = "fcfs"
     attention_backend: str | None = None  # None: the best registered for the device
     seed: int = 0
+    enforce_eager: bool = False  # True: no CUDA graphs for decode
+    load_format: str = "auto"  # auto | safetensors | dummy (random weights, real shapes, no files)
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size")
@@ -46,6 +50,10 @@ class EngineConfig:
             raise InvalidParameterError(
                 "gpu_memory_utilization",
                 f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.load_format not in LOAD_FORMATS:
+            raise InvalidParameterError(
+                "load_format",
+                f"must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise InvalidParameterError(
                 "dtype", f"must be auto or one of {', '.join(sorted(_DTYPES))}, got {self.dtype!r}")

@@ -7,6 +7,7 @@ import queue
 import traceback
 
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.loader import load_engine_parts
 from openinfer_core.engine.runner import ModelRunner
 from openinfer_core.events import Rejected, TokenEvent
@@ -38,13 +39,28 @@ class Engine:
             max_model_len=self.model.max_model_len,
             eos_token_ids=self.eos_token_ids,
         ), self.kv)
-        sampler = Sampler(self.model.vocab_size, seed=config.seed)
-        self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids)
+        sampler = Sampler(self.model.vocab_size, seed=config.seed,
+                          kernels=getattr(self.model, "sampling_kernels", None))
+        self.graphs = self._capture_graphs(config)
+        self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,
             kv_total_blocks=self.kv.num_total_blocks, kv_block_size=self.kv.block_size,
             eos_token_ids=self.eos_token_ids)
         self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
+
+    def _capture_graphs(self, config: EngineConfig) -> CudaGraphRunner | None:
+        model = self.model
+        if model.device.type != "cuda" or config.enforce_eager:
+            return None
+        if not getattr(model, "cuda_graph_safe", False):
+            log.info("decode runs eagerly: the model or its attention backend cannot be "
+                     "captured in a CUDA graph")
+            return None
+        max_blocks = -(-model.max_model_len // self.kv.block_size)
+        graphs = CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks)
+        graphs.capture()
+        return graphs
 
     # -- any thread ----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.memory import step_memory_bytes
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import LoadOptions, Model
@@ -51,7 +52,8 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     log.info("loading %s with model line %r (%s, %s, attention=%s)", model_dir, entry.name,
              device, dtype, backend_name)
     model: Model = entry.load().load(model_dir, hf_config, LoadOptions(
-        device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len))
+        device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
+        load_format="dummy" if config.load_format == "dummy" else "safetensors"))
     num_blocks = kv_blocks(config, model, device)
     kv = model.create_kv_cache(num_blocks, config.block_size)
     log.info("KV cache: %d blocks of %d tokens (%d tokens)", kv.num_total_blocks,
@@ -68,10 +70,10 @@ def kv_blocks(config: EngineConfig, model: Model, device: torch.device) -> int:
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if device.type == "cuda":
+        step = step_memory_bytes(config, model)
         free, total = torch.cuda.mem_get_info(device)
-        # Keep (1 - utilization) of the card and a margin for activations untouched.
-        activations = 2 << 30
-        budget = free - (1.0 - config.gpu_memory_utilization) * total - activations
+        # Keep (1 - utilization) of the card untouched, and room for the largest step.
+        budget = free - (1.0 - config.gpu_memory_utilization) * total - step
     else:
         budget = config.cpu_kv_cache_gib * (1 << 30)
     blocks = min(int(budget // per_block), useful)

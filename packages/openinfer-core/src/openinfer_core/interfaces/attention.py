@@ -12,7 +12,11 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class AttentionBackend(Protocol):
-    """Registered through `openinfer_register_attention_backends`. Stateless between steps."""
+    """Registered through `openinfer_register_attention_backends`. Stateless between steps.
+
+    A backend may set `cuda_graph_safe = True` when `attend` on a decode batch (one query per
+    request) makes no host synchronisation and launches the same kernels whatever the context
+    lengths; model lines then let the engine capture decode in CUDA graphs."""
 
     name: str
 

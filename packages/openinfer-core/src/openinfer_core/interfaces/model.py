@@ -41,7 +41,14 @@ class ForwardBatch:
 
 @runtime_checkable
 class Model(Protocol):
-    """A loaded model: owns its weights and its KV device buffer."""
+    """A loaded model: owns its weights and its KV device buffer.
+
+    Optional attributes the engine looks for: `cuda_graph_safe: bool` (True when `forward`
+    on a decode batch makes no host synchronisation and launches the same kernels whatever
+    the lengths, so the engine may capture it in CUDA graphs; absent means False) and
+    `weight_bytes: int` (bytes of weights one decode step reads, for benchmark floors) and
+    `sampling_kernels` (an `interfaces.sampling.SamplingKernels` the sampler uses on the
+    device; absent means the plain-torch sampler)."""
 
     vocab_size: int
     max_model_len: int
@@ -68,6 +75,7 @@ class LoadOptions:
     dtype: torch.dtype
     attention: AttentionBackend
     max_model_len: int | None = None
+    load_format: str = "safetensors"  # or "dummy": random weights at the config's shapes
 
 
 @runtime_checkable

@@ -9,19 +9,27 @@ One call handles every row of the batch with row-wise tensor ops, in this order:
 
 The exponential race picks argmax(prob / E) with E ~ Exp(1) drawn i.i.d. per token, which is an
 exact draw from `prob` and needs no cumulative sums or searches. The noise is where randomness
-lives: a row with `params.seed` draws it from a generator seeded by (seed, tokens generated so
-far), so its text depends on nothing else in the batch; other rows share the sampler's generator.
+lives: a row with `params.seed` draws it from a stream keyed by (seed, tokens generated so far),
+so its text depends on nothing else in the batch; other rows draw from the sampler's own stream.
+
+Given `SamplingKernels` that support the logits' device (openinfer-kernels' Triton kernels on
+CUDA), the race, the temperature and min_p run in one kernel; only top_k / top_p rows are
+filtered here first. Otherwise the torch code below is the path, and the spec: it is what runs on
+CPU. The two draw different noise for the same seed, from the same distribution.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from openinfer_core.interfaces.sampling import SamplingKernels
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling.penalties import apply_banned, apply_penalties
+from openinfer_core.sampling.row_params import RowParamUpload
 
 _MASK64 = (1 << 64) - 1
 
@@ -82,19 +90,30 @@ def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     return torch.empty_like(x).scatter_(-1, order, sorted_x)
 
 
+def _signed64(value: int) -> int:
+    """A 64-bit pattern as the int64 that holds the same bits."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
 class Sampler:
     """Chooses the next token for every row of a batch.
 
-    `sample` advances the sampler's own generator (used by rows without a seed); it is not
+    `sample` advances the sampler's own random streams (used by rows without a seed); it is not
     thread-safe. It never mutates the caller's logits."""
 
-    def __init__(self, vocab_size: int, seed: int = 0) -> None:
+    def __init__(self, vocab_size: int, seed: int = 0,
+                 kernels: SamplingKernels | None = None) -> None:
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
         self.vocab_size = vocab_size
         self.seed = seed
-        # One generator per device, made on first use: the constructor does not know the device.
+        self.kernels = kernels
+        # Torch path: one generator per device, made on first use (the device is not known yet).
         self._generators: dict[torch.device, torch.Generator] = {}
+        # Kernel path: unseeded rows get a fresh 63-bit seed per step from this host stream.
+        self._host_rng = random.Random(seed)
+        self._row_params = RowParamUpload()
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
         """Return one `SampledToken` per row, in row order. `logits` is fp32 [len(rows), V]."""
@@ -105,32 +124,79 @@ class Sampler:
             )
         if not rows:
             return []
-        work = logits.to(torch.float32, copy=True)
+        edits = any(row.params.has_penalties or row.banned_token_ids for row in rows)
+        random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
+        if not edits and not random_rows:
+            # The common decode step: no copy, one argmax (first maximum = lowest id on ties).
+            return self._package(logits, logits.argmax(dim=-1), rows)
+
+        work = logits.to(torch.float32, copy=edits)
         apply_penalties(work, rows)
         apply_banned(work, rows)
-
-        # torch.argmax returns the first maximum, i.e. the lowest id on ties.
-        token_ids = work.argmax(dim=-1)
-        random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
-        if len(random_rows) == len(rows):
-            token_ids = self._sample_random(work, rows)
-        elif random_rows:
-            picked = self._sample_random(work[random_rows], [rows[i] for i in random_rows])
-            token_ids[random_rows] = picked
+        if not random_rows:
+            token_ids = work.argmax(dim=-1)
+        elif self.kernels is not None and self.kernels.supports(work.device):
+            token_ids = self._sample_with_kernels(work, rows, owned=work is not logits)
+        else:
+            token_ids = self._sample_with_torch(work, rows, random_rows)
         return self._package(logits, token_ids, rows)
 
-    def _sample_random(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        device = x.device
-        params = [row.params for row in rows]
-        x = x / _column([p.temperature for p in params], device)
-        if any(p.min_p > 0.0 for p in params):
-            probs = x.softmax(dim=-1)
-            floor = probs.amax(dim=-1, keepdim=True) * _column([p.min_p for p in params], device)
-            x = x.masked_fill(probs < floor, float("-inf"))
-        if any(p.top_k_enabled or p.top_p < 1.0 for p in params):
-            x = apply_top_k_top_p(x, params)
-        probs = x.softmax(dim=-1)
-        return (probs / self._exponential_noise(rows, x.shape[-1], device)).argmax(dim=-1)
+    # -- kernel path -----------------------------------------------------------------------
+    def _sample_with_kernels(self, work: torch.Tensor, rows: Sequence[SamplingRow],
+                             owned: bool) -> torch.Tensor:
+        """Every row in one `race_sample` launch; greedy rows go in with temperature 0.
+        `owned`: `work` is the sampler's copy, so top_k / top_p rows may be written into it."""
+        assert self.kernels is not None
+        temperature: list[float] = []
+        min_p: list[float] = []
+        seeds: list[int] = []
+        sorted_rows: list[int] = []
+        for i, row in enumerate(rows):
+            p = row.params
+            if p.is_greedy:
+                temperature.append(0.0)
+                min_p.append(0.0)
+                seeds.append(0)
+                continue
+            seeds.append(self._row_seed(row))
+            if p.top_k_enabled or p.top_p < 1.0:
+                # Filtered below, already divided by T: the kernel only races them.
+                sorted_rows.append(i)
+                temperature.append(1.0)
+                min_p.append(0.0)
+            else:
+                temperature.append(p.temperature)
+                min_p.append(p.min_p)
+        t_dev, min_p_dev, seeds_dev = self._row_params.upload(temperature, min_p, seeds,
+                                                              work.device)
+        if len(sorted_rows) == len(rows):
+            work = _filter(work, [row.params for row in rows])  # a new tensor: no gather/scatter
+        elif sorted_rows:
+            filtered = _filter(work[sorted_rows], [rows[i].params for i in sorted_rows])
+            if not owned:
+                work = work.clone()
+            work[sorted_rows] = filtered
+        has_min_p = any(m > 0.0 for m in min_p)
+        return self.kernels.race_sample(work, t_dev, min_p_dev if has_min_p else None, seeds_dev)
+
+    def _row_seed(self, row: SamplingRow) -> int:
+        if row.params.seed is None:
+            return self._host_rng.getrandbits(63)
+        return _signed64(mix_seed(row.params.seed, len(row.output_token_ids)))
+
+    # -- torch path ------------------------------------------------------------------------
+    def _sample_with_torch(self, work: torch.Tensor, rows: Sequence[SamplingRow],
+                           random_rows: list[int]) -> torch.Tensor:
+        if len(random_rows) == len(rows):
+            return self._race(work, rows)
+        # torch.argmax returns the first maximum, i.e. the lowest id on ties.
+        token_ids = work.argmax(dim=-1)
+        token_ids[random_rows] = self._race(work[random_rows], [rows[i] for i in random_rows])
+        return token_ids
+
+    def _race(self, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        probs = _filter(x, [row.params for row in rows]).softmax(dim=-1)
+        return (probs / self._exponential_noise(rows, x.shape[-1], x.device)).argmax(dim=-1)
 
     def _exponential_noise(
         self, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device
@@ -159,28 +225,55 @@ class Sampler:
             self._generators[device] = gen
         return gen
 
+    # -- results ---------------------------------------------------------------------------
     def _package(
         self, logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
     ) -> list[SampledToken]:
-        ids: list[int] = token_ids.tolist()
         wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         if not wanted:
+            ids: list[int] = token_ids.tolist()
             return [SampledToken(t, None, ()) for t in ids]
 
-        raw = torch.log_softmax(logits[wanted].to(torch.float32), dim=-1)
-        chosen: list[float] = raw.gather(1, token_ids[wanted].unsqueeze(1)).squeeze(1).tolist()
+        sub_logits, sub_ids = logits, token_ids
+        if len(wanted) < len(rows):
+            index = torch.tensor(wanted).to(logits.device, non_blocking=True)
+            sub_logits, sub_ids = logits[index], token_ids[index]
+        raw = torch.log_softmax(sub_logits.to(torch.float32), dim=-1)
+        chosen = raw.gather(1, sub_ids.unsqueeze(1)).squeeze(1)
         n_max = min(max(rows[i].params.logprobs or 0 for i in wanted), self.vocab_size)
-        top_vals: list[list[float]] = [[] for _ in wanted]
-        top_ids: list[list[int]] = [[] for _ in wanted]
+        # One device -> host copy for everything: float64 holds the ids and fp32 values exactly.
+        parts = [token_ids.double(), chosen.double()]
         if n_max > 0:
             # A stable full sort (not topk) so equal logprobs come out lowest id first.
             vals, order = raw.sort(dim=-1, descending=True, stable=True)
-            top_vals = vals[:, :n_max].tolist()
-            top_ids = order[:, :n_max].tolist()
+            parts += [vals[:, :n_max].double().flatten(), order[:, :n_max].double().flatten()]
+        host: list[float] = torch.cat(parts).tolist()
 
+        n, w = len(rows), len(wanted)
+        ids = [int(t) for t in host[:n]]
+        chosen_lp = host[n:n + w]
+        top_vals = host[n + w:n + w + w * n_max]
+        top_ids = host[n + w + w * n_max:]
         out = [SampledToken(t, None, ()) for t in ids]
         for j, i in enumerate(wanted):
-            n = rows[i].params.logprobs or 0
-            top = tuple(zip(top_ids[j][:n], top_vals[j][:n], strict=True))
-            out[i] = SampledToken(ids[i], chosen[j], top)
+            k = rows[i].params.logprobs or 0
+            first = j * n_max
+            top = tuple(
+                (int(top_ids[first + r]), top_vals[first + r]) for r in range(min(k, n_max))
+            )
+            out[i] = SampledToken(ids[i], chosen_lp[j], top)
         return out
+
+
+def _filter(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """temperature -> min_p -> top_k -> top_p, as a new tensor with the dropped ids at -inf."""
+    device = x.device
+    x = x / _column([p.temperature for p in params], device)
+    if any(p.min_p > 0.0 for p in params):
+        probs = x.softmax(dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * _column([p.min_p for p in params], device)
+        x = x.masked_fill(probs < floor, float("-inf"))
+    if any(p.top_k_enabled or p.top_p < 1.0 for p in params):
+        x = apply_top_k_top_p(x, params)
+    return x
+

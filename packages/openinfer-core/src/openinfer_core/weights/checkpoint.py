@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from openinfer_core.errors import WeightLoadError
+from openinfer_core.weights.random_checkpoint import RandomCheckpoint
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -92,3 +93,12 @@ class Checkpoint:
 
     def close(self) -> None:
         self._handles.clear()
+
+
+def open_checkpoint(model_dir: str | Path, load_format: str = "safetensors", *,
+                    std: float = 0.02) -> Checkpoint | RandomCheckpoint:
+    """The checkpoint a model line reads from: the safetensors files, or for `dummy` random
+    tensors made on the device (`std` is the config's initializer_range)."""
+    if load_format == "dummy":
+        return RandomCheckpoint(model_dir, std=std)
+    return Checkpoint(model_dir)

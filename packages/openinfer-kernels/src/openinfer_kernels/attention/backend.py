@@ -1,4 +1,5 @@
-"""The `torch` attention backend: the reference ops, on any device."""
+"""The `torch` attention backend: the reference ops, on any device (on CUDA too, where the
+public ops would run Triton kernels: the baseline to compare the `triton` backend with)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,21 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from openinfer_kernels.attention import paged_attention
-from openinfer_kernels.kv_store import kv_append
+from openinfer_kernels.attention.reference import paged_attention_ref
+from openinfer_kernels.kv_store.reference import kv_append_ref
 
 if TYPE_CHECKING:
     from openinfer_core.interfaces.model import ForwardBatch
 
 
 class TorchAttentionBackend:
-    """Appends K/V with `kv_append`, then runs `paged_attention` over the whole batch."""
+    """Appends K/V with `kv_append_ref`, then runs `paged_attention_ref` over the whole batch."""
 
     name = "torch"
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                scale: float) -> torch.Tensor:
-        kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
-                               batch.query_start_loc, scale)
+        kv_append_ref(k, v, k_cache, v_cache, batch.slot_mapping)
+        return paged_attention_ref(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                                   batch.query_start_loc, scale)

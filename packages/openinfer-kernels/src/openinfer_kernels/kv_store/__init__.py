@@ -1,6 +1,8 @@
-from openinfer_kernels.dispatch import by_device
+from openinfer_kernels.dispatch import by_device, triton_kernels
 from openinfer_kernels.kv_store.reference import kv_append_ref
 
-kv_append = by_device(kv_append_ref)
+_kernels = triton_kernels("openinfer_kernels.kv_store.triton")
+
+kv_append = by_device(kv_append_ref, _kernels.kv_append_triton if _kernels else None)
 
 __all__ = ["kv_append", "kv_append_ref"]

@@ -9,7 +9,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     """x * rsqrt(mean(x^2) + eps) * weight over the last dimension."""
     xf = x.float()
     inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (xf * inv_rms * weight.float()).to(x.dtype)
+    # The normalised value is rounded to x's dtype before the weight (transformers' order).
+    return ((xf * inv_rms).to(x.dtype).float() * weight.float()).to(x.dtype)
 
 
 def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -28,7 +28,8 @@ def rotary_embedding_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tens
                          cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q ([T, Hq, D]) and k ([T, Hk, D]) by their tokens' `positions` ([T])."""
     half = q.shape[-1] // 2
-    table = cos_sin.index_select(0, positions)
+    # cos and sin in q's dtype, as transformers applies them.
+    table = cos_sin.index_select(0, positions).to(q.dtype).float()
     cos = table[:, None, :half]
     sin = table[:, None, half:]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

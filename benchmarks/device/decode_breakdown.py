@@ -1,0 +1,87 @@
+"""Where a batch-1 decode step's time goes: GPU kernel time by op (torch profiler over CUDA-graph
+replays), against the weight-read floor. Usage: python decode_breakdown.py MODEL_DIR [--steps N]
+(MODEL_DIR: a config folder; weights are made up with --load-format dummy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.engine import Engine
+from openinfer_core.params import SamplingParams
+from openinfer_core.request import GenerateRequest
+
+CATEGORIES = [  # first match wins
+    ("attention", r"attn|attention|decode_kernel|flash"),
+    ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv"),
+    ("norm", r"rms|norm"),
+    ("rope", r"rope|rotary"),
+    ("silu_mul", r"silu|act"),
+    ("kv_append", r"kv_append|store|reshape_and_cache"),
+    ("sampling", r"argmax|race|sample|softmax|topk|sort|max"),
+    ("embedding", r"embed|index_select|gather"),
+]
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    return next((c for c, pat in CATEGORIES if re.search(pat, low)), "other")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--json", help="write the breakdown here")
+    args = ap.parse_args()
+    engine = Engine(EngineConfig(model=args.model, load_format="dummy", max_model_len=4096,
+                                 max_num_seqs=8, enforce_eager=args.eager,
+                                 num_kv_blocks=1024))
+    params = SamplingParams(temperature=0.0, max_tokens=args.steps * 3 + 20, ignore_eos=True)
+    engine.add_request(GenerateRequest("probe", tuple(range(1000, 1000 + args.prompt_len)),
+                                       params))
+    for _ in range(10):
+        engine.step()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        engine.step()
+    step_ms = (time.perf_counter() - started) / args.steps * 1e3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+    by_cat: dict[str, float] = defaultdict(float)
+    by_kernel: dict[str, float] = defaultdict(float)
+    for evt in prof.key_averages():
+        dev_us = getattr(evt, "self_device_time_total", None)
+        if dev_us is None:
+            dev_us = evt.self_cuda_time_total
+        if dev_us <= 0:
+            continue
+        by_cat[category(evt.key)] += dev_us / args.steps / 1e3
+        by_kernel[evt.key] += dev_us / args.steps / 1e3
+    gpu_ms = sum(by_cat.values())
+    weight_bytes = getattr(engine.model, "weight_bytes", 0)
+    report = {"step_ms": step_ms, "gpu_busy_ms": gpu_ms, "host_gap_ms": step_ms - gpu_ms,
+              "weight_bytes": weight_bytes, "by_op_ms": dict(sorted(by_cat.items(),
+                                                                     key=lambda kv: -kv[1])),
+              "top_kernels_ms": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]),
+              "eager": args.eager}
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

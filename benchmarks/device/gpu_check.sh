@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
+# ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [throughput] [serve]
+# [startup] (default: all). Logs and JSON results go to $OUT; a short table prints last.
+set -uo pipefail
+OUT=${OUT:-/tmp/openinfer-out}
+mkdir -p "$OUT"
+stages=${*:-tests latency throughput serve startup}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT
+export OPENINFER_CACHE_DIR=/tmp/openinfer-cache
+oi() { python3 -m openinfer_server.cli "$@"; }
+M4=/tmp/qwen3-4b M8=/tmp/qwen3-8b
+python3 - <<'PY'
+from openinfer_qwen3.shapes import write_config_folder
+write_config_folder("Qwen3-4B", "/tmp/qwen3-4b")
+write_config_folder("Qwen3-8B", "/tmp/qwen3-8b")
+PY
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+stage() { echo "=== $1 ($(date +%T))"; }
+has() { [[ " $stages " == *" $1 "* ]]; }
+
+if has tests; then
+  stage "kernel tests, compiled, every size"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
+  stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
+  timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu 2>&1 \
+    | tail -40 | tee "$OUT/golden_tests.log"
+fi
+if has latency; then
+  stage "batch-1 latency, Qwen3-4B"
+  timeout 180 python3 -m openinfer_server.cli bench latency $M4 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
+    --input-len 128 --output-len 256 --num-iters 5 --result-file "$OUT/latency-qwen3-4b.json"
+  stage "decode breakdown, Qwen3-4B"
+  timeout 120 python3 benchmarks/device/decode_breakdown.py $M4 --json "$OUT/breakdown-qwen3-4b.json"
+  stage "TTFT 128 / 2048 and TPOT, Qwen3-8B"
+  timeout 180 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
+    --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"
+fi
+if has throughput; then
+  stage "offline throughput, Qwen3-8B, 128/128 x 512"
+  timeout 200 python3 -m openinfer_server.cli bench throughput $M8 --load-format dummy --max-num-seqs 512 --max-model-len 4608 \
+    --num-prompts 512 --input-len 128 --output-len 128 --result-file "$OUT/throughput-8b-128.json"
+  stage "offline throughput, Qwen3-8B, 2048/2048 x 128"
+  timeout 300 python3 -m openinfer_server.cli bench throughput $M8 --load-format dummy --max-num-seqs 128 --max-model-len 4608 \
+    --num-prompts 128 --input-len 2048 --output-len 2048 --result-file "$OUT/throughput-8b-2048.json"
+fi
+if has serve; then
+  stage "served throughput, Qwen3-8B"
+  oi serve $M8 --load-format dummy --max-num-seqs 512 --max-model-len 4608 --port 8000 \
+    > "$OUT/serve.log" 2>&1 &
+  server=$!
+  python3 -c "import time,urllib.request as u
+for _ in range(900):
+    try: u.urlopen('http://127.0.0.1:8000/health'); break
+    except OSError: time.sleep(0.2)"
+  timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
+    --max-concurrency 512 --request-rate inf --ignore-eos --tokenizer $M8 \
+    --result-file "$OUT/serve-8b-128.json"
+  timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 --random-output-len 2048 --num-prompts 128 \
+    --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
+    --result-file "$OUT/serve-8b-2048.json"
+  kill -TERM $server; wait $server
+fi
+if has startup; then
+  stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
+  timeout 240 python3 benchmarks/device/startup.py $M4 --json "$OUT/startup-qwen3-4b.json"
+fi
+stage "summary"
+python3 benchmarks/device/summary.py "$OUT"

@@ -1,0 +1,84 @@
+"""The short table gpu_check.sh prints last, from the JSON and logs it wrote.
+Usage: python summary.py OUT_DIR."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load(out: Path, name: str) -> Any:
+    path = out / name
+    if not path.is_file():
+        return None
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
+
+
+def lines(out: Path) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    gpu = out / "gpu.txt"
+    if gpu.is_file():
+        rows.append(("GPU", gpu.read_text().strip()))
+    log = out / "kernel_tests.log"
+    if log.is_file():
+        rows.append(("kernel tests (compiled)", log.read_text().strip().splitlines()[-1]))
+    for row in load(out, "golden_gpu.jsonl") or []:
+        rows.append((f"golden {row['case']}",
+                     f"regret max {row['regret_max']:.3f} (<=0.20)  |dlp| mean "
+                     f"{row['dlogprob_mean']:.4f} (<=0.06)  p99 {row['dlogprob_p99']:.3f} "
+                     f"(<=0.20)  n={row['positions']}"))
+    for name in ("latency-qwen3-4b.json", "latency-qwen3-8b.json"):
+        lat = load(out, name)
+        if not lat:
+            continue
+        c = lat["ceiling"] or {}
+        rows.append((f"ceiling ({name[8:-5]} run)", f"read {c.get('read_gbps', 0):.0f} GB/s, "
+                     f"bf16 matmul {c.get('matmul_tflops', 0):.0f} TFLOP/s"))
+        for run in lat["runs"]:
+            rows.append((f"{name[8:-5]} in {run['input_len']}",
+                         f"TTFT p50 {run['median_ttft_ms']:.2f} p99 {run['p99_ttft_ms']:.2f} ms;"
+                         f" TPOT p50 {run['median_tpot_ms']:.3f} ms = "
+                         f"{run.get('tpot_over_floor') or float('nan'):.3f}x floor "
+                         f"({lat.get('decode_floor_ms') or float('nan'):.3f} ms)"))
+    bd = load(out, "breakdown-qwen3-4b.json")
+    if bd:
+        ops = ", ".join(f"{k} {v:.3f}" for k, v in bd["by_op_ms"].items())
+        rows.append(("4B decode step (ms)", f"wall {bd['step_ms']:.3f}, GPU busy "
+                     f"{bd['gpu_busy_ms']:.3f}: {ops}"))
+    for name in ("throughput-8b-128.json", "throughput-8b-2048.json"):
+        t = load(out, name)
+        if t:
+            rows.append((f"offline {name[11:-5]}", f"{t['output_tokens_per_second']:.0f} output "
+                         f"tok/s, {t['tokens_per_second']:.0f} total tok/s, "
+                         f"{t['elapsed_time']:.1f} s"))
+    for name in ("serve-8b-128.json", "serve-8b-2048.json"):
+        s = load(out, name)
+        if s:
+            rows.append((f"served {name[6:-5]}", f"{s['output_throughput']:.0f} output tok/s; "
+                         f"TTFT p50 {s['median_ttft_ms']:.1f} p99 {s['p99_ttft_ms']:.1f}; TPOT "
+                         f"p50 {s['median_tpot_ms']:.2f}; ITL p99 {s['p99_itl_ms']:.2f} ms; "
+                         f"{s['completed']}/{s['num_prompts']} ok"))
+    st = load(out, "startup-qwen3-4b.json")
+    if st:
+        for key in ("cold", "warm"):
+            r = st[key]
+            rows.append((f"serve->ready, {key} Triton cache", f"{r['ready_s']:.2f} s; idle RSS "
+                         f"{r['idle_rss_mb']:.0f} MB; GPU {r['gpu_mb']} MB"))
+    return rows
+
+
+def main() -> None:
+    rows = lines(Path(sys.argv[1]))
+    width = max((len(k) for k, _ in rows), default=0)
+    print("-" * 100)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    print("-" * 100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Sampling kernels: a device implementation of the sampler's random draw.
+
+Core never imports a kernel package: a model line hands an object of this shape to the engine,
+which gives it to `Sampler(..., kernels=...)`. openinfer-kernels provides
+`openinfer_kernels.sampling.SAMPLING_KERNELS`."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class SamplingKernels(Protocol):
+    """Stateless; both methods are pure (they mutate nothing, the inputs included) and may be
+    called from any thread."""
+
+    def supports(self, device: torch.device) -> bool:
+        """Whether the sampler should use these kernels for logits on `device`."""
+        ...
+
+    def race_sample(self, logits: torch.Tensor, temperature: torch.Tensor,
+                    min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
+        """One token id per row, [B] int64 on the logits' device, from logits [B, V] (fp32, or
+        any float dtype read as fp32) and per-row tensors on the same device:
+
+        temperature [B] fp32: a row with temperature <= 0 is greedy (argmax, lowest id on ties);
+        otherwise the id is drawn from softmax(x / T), x the row's logits, by an exponential
+        race argmax_v (x_v / T - log E_v), E_v ~ Exp(1) i.i.d. per token.
+        min_p [B] fp32 or None (no row filters): a sampled row keeps only ids with
+        x_v / T >= max(x / T) + log(min_p); 0 keeps all. A -inf logit is never chosen unless the
+        whole row is -inf (then id 0).
+        seeds [B] int64: E_v is a function of (seeds[row], v) alone, so a row's draw does not
+        depend on its batch. Different devices may map a seed to different noise (same law).
+
+        Launches device work only: no host synchronisation, no device RNG state."""
+        ...

@@ -1,0 +1,331 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Triton paged attention, two kernels and their launchers.
+
+- `_prefill_kernel`, any batch: varlen causal attention of prefill chunks over their cached
+  prefix (decode rows among them are chunks of one). Program = (BLOCK_M queries, request, head).
+- `_decode_split_kernel` + `_decode_merge_kernel`, every request one query: the context is split
+  (flash-decoding); program = (request, kv head, split) attends all query heads of one KV group,
+  and the merge weighs the splits by their log-sum-exp. The launch depends on the batch size and
+  head counts only: each split finds its share from `seq_lens` on the device, so one captured
+  CUDA graph replays correctly for any lengths.
+
+Both read K/V through the block table one tile at a time and keep an online softmax
+(FlashAttention-2: running max and sum, fp32 accumulator, exp2 with log2(e) in the scale).
+
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask, offs_d, d_mask,
+                  stride_kb, stride_ks, stride_vb, stride_vs, PAGE: tl.constexpr):
+    """Keys of positions `offs_n` transposed, [BLOCK_D, BLOCK_N], and their values,
+    [BLOCK_N, BLOCK_D]. Position p lives in block `table[p // PAGE]` at offset `p % PAGE`;
+    masked positions (past the context) and head-dim padding load as 0 and are never read."""
+    blocks = tl.load(table_ptr + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+    offsets = offs_n % PAGE
+    k_ptrs = (k_head_ptr + blocks[None, :] * stride_kb + offsets[None, :] * stride_ks
+              + offs_d[:, None])
+    v_ptrs = (v_head_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vs
+              + offs_d[None, :])
+    k = tl.load(k_ptrs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
+    v = tl.load(v_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return k, v
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot, except under the interpreter (UPCAST), whose tl.dot multiplies bf16 bit patterns
+    as integers (triton 3.9): there the operands go to fp32 first, which is exact, so the
+    result matches the tensor cores' bf16 x bf16 -> fp32 product."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION: tl.constexpr,
+                         UPCAST: tl.constexpr):
+    """Fold `scores` ([R, BLOCK_N], log2 units, -inf where hidden) and their values into the
+    running (acc, max, sum). Every row must see at least one key in its first tile, so the
+    running max is finite from then on and exp2(-inf - max) is a clean 0."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # bf16 probabilities for the PV product, as FlashAttention does: the tensor cores' input.
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    m_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    num_queries = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if m_block * BLOCK_M >= num_queries:  # the grid is sized for the longest request
+        return
+    length = tl.load(seq_lens_ptr + seq)
+    kv_head = head // GROUP
+
+    # Query i of n sits at position length - n + i and sees keys 0..that position.
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < num_queries
+    d_mask = offs_d < HEAD_DIM
+    q_ptrs = (q_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_qt + head * stride_qh
+              + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = length - num_queries + offs_m
+    first_pos = length - num_queries + m_block * BLOCK_M
+    # Keys before `full_end` are seen by every row of the tile: no causal mask there. Keys up
+    # to `kv_end` are seen by some row; later tiles are hidden from all of them and skipped.
+    full_end = (first_pos + 1) // BLOCK_N * BLOCK_N
+    kv_end = tl.minimum(first_pos + BLOCK_M, length)
+
+    table_ptr = block_tables_ptr + seq * stride_bt
+    k_head_ptr = k_cache_ptr + kv_head * stride_kh
+    v_head_ptr = v_cache_ptr + kv_head * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, full_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, offs_n < full_end,
+                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
+        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+    for start in range(full_end, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_end
+        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
+                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+
+    out = acc / l_i[:, None]
+    out_ptrs = (out_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot
+                + head * stride_oh + offs_d[None, :])
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def _dot_options(q: torch.Tensor) -> dict[str, object]:
+    """fp32 inputs multiply in full fp32 ("ieee"; tf32 would cost ~1e-3 relative), other dtypes
+    ignore the setting. CPU tensors mean the interpreter: see `_dot`."""
+    return {"PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+            "UPCAST": q.device.type != "cuda"}
+
+
+def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                  query_start_loc: torch.Tensor, scale: float,
+                  max_query_len: int) -> torch.Tensor:
+    """`paged_attention_ref` for any batch; `max_query_len` (the longest request's query count,
+    a host int) sizes the grid."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, page, kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    if num_tokens == 0 or max_query_len == 0:
+        return out
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("paged_prefill needs q and the caches contiguous in the head dim")
+    # Short queries (decode rows, small chunks) need not pay for 64-row tiles.
+    block_m = min(64, max(16, triton.next_power_of_2(max_query_len)))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE=page,
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=block_d, **_dot_options(q),
+        num_warps=4, num_stages=2,
+    )
+    return out
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_row = tl.load(query_start_loc_ptr + seq)
+    if tl.load(query_start_loc_ptr + seq + 1) == q_row:  # a request with no query this step
+        return
+    length = tl.load(seq_lens_ptr + seq)
+    # Whole pages per split; the last splits may get fewer tokens or none.
+    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), PAGE) * PAGE
+    start = split * chunk
+    end = tl.minimum(start + chunk, length)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_g
+    q_ptrs = q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    table_ptr = block_tables_ptr + seq * stride_bt
+    k_head_ptr = k_cache_ptr + kv_head * stride_kh
+    v_head_ptr = v_cache_ptr + kv_head * stride_vh
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        offs_n = tile + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
+                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+
+    # An empty split leaves (0, -inf): it adds nothing when merged.
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    mask = g_mask[:, None] & d_mask[None, :]
+    if NUM_SPLITS == 1:
+        out_ptrs = (out_ptr + q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh
+                    + offs_d[None, :])
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Scratch is [B, Hq, NUM_SPLITS, BLOCK_D] and [B, Hq, NUM_SPLITS], contiguous.
+        part = (seq * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split
+        tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask)
+        tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_row = tl.load(query_start_loc_ptr + seq)
+    if tl.load(query_start_loc_ptr + seq + 1) == q_row:
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    d_mask = offs_d < HEAD_DIM
+    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + offs_s
+    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+    # All splits empty (a zero-length context): weights 0 everywhere, output 0, not NaN.
+    lse_max = tl.maximum(tl.max(lse, 0), -1e30)
+    weight = tl.exp2(lse - lse_max)
+    parts = tl.load(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    total = tl.sum(weight, 0)
+    out = tl.sum(weight[:, None] * parts, 0) / tl.where(total == 0.0, 1.0, total)
+    out_ptrs = out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number keeps a few splits in play
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_splits_for(batch: int, kv_heads: int, device: torch.device) -> int:
+    """Enough (request, kv head, split) programs to fill every SM about twice. Never from the
+    context lengths: those change between replays of a captured graph."""
+    wanted = triton.cdiv(2 * _sm_count(device), max(1, batch * kv_heads))
+    return max(1, min(MAX_SPLITS, wanted))
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 query_start_loc: torch.Tensor, scale: float,
+                 num_splits: int | None = None) -> torch.Tensor:
+    """`paged_attention_ref` when every request has at most one query. No host sync, scratch
+    from `torch.empty`: safe to capture in a CUDA graph."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, page, kv_heads, _ = k_cache.shape
+    batch = seq_lens.shape[0]
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("paged_decode needs q and the caches contiguous in the head dim")
+    splits = num_splits or num_splits_for(batch, kv_heads, q.device)
+    group = num_heads // kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    part_out = part_lse = out  # unused when there is one split
+    if splits > 1:
+        part_out = torch.empty(batch, num_heads, splits, block_d, dtype=torch.float32,
+                               device=q.device)
+        part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(batch, kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=splits,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=64, BLOCK_D=block_d,
+        **_dot_options(q), num_warps=4, num_stages=2,
+    )
+    if splits > 1:
+        _decode_merge_kernel[(batch, num_heads)](
+            query_start_loc, part_out, part_lse, out, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_D=block_d, num_warps=1,
+        )
+    return out
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           query_start_loc: torch.Tensor, scale: float, *,
+                           max_query_len: int | None = None,
+                           max_seq_len: int | None = None) -> torch.Tensor:
+    """`paged_attention_ref`'s contract. `max_query_len` is the longest request's query count
+    (`ForwardBatch.max_query_len`); left out, it is read back from `query_start_loc`, a host
+    sync that a CUDA graph cannot hold. `max_seq_len` is accepted for symmetry with the batch
+    and not needed: the kernels read each context length on the device."""
+    del max_seq_len
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) \
+            if seq_lens.numel() else 0
+    if max_query_len <= 1:
+        return paged_decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                         max_query_len)

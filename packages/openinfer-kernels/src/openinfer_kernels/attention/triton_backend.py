@@ -1,0 +1,30 @@
+"""The `triton` attention backend: the default on CUDA."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from openinfer_kernels.attention.triton import paged_attention_triton
+from openinfer_kernels.kv_store import kv_append
+
+if TYPE_CHECKING:
+    from openinfer_core.interfaces.model import ForwardBatch
+
+
+class TritonAttentionBackend:
+    """Appends K/V with `kv_append`, then runs the Triton paged attention kernels, sized by the
+    batch's host-side `max_query_len` so that decode steps never sync (CUDA-graph safe)."""
+
+    name = "triton"
+    cuda_graph_safe = True  # decode launches depend on shapes only, never on lengths
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
+               scale: float) -> torch.Tensor:
+        kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
+        return paged_attention_triton(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
+                                      batch.query_start_loc, scale,
+                                      max_query_len=batch.max_query_len,
+                                      max_seq_len=batch.max_seq_len)

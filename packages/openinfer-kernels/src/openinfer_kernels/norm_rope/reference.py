@@ -1,0 +1,19 @@
+"""Qwen3's per-head q/k RMSNorm followed by rotary embedding, as one op (the kernel fuses them)."""
+
+from __future__ import annotations
+
+import torch
+
+from openinfer_kernels.norm.reference import qk_rms_norm_ref
+from openinfer_kernels.rotary.reference import rotary_embedding_ref
+
+
+def qk_norm_rope_ref(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float, positions: torch.Tensor,
+                     cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary_embedding(qk_rms_norm(q, k, ...), positions, cos_sin): q ([T, Hq, D]) and k
+    ([T, Hk, D]) normed per head over D, then rotated by their tokens' `positions` ([T]) with
+    `cos_sin` ([max_pos, D] fp32, GPT-NeoX halves). The normed values are rounded to the input
+    dtype between the two steps, as the unfused model does."""
+    return rotary_embedding_ref(*qk_rms_norm_ref(q, k, q_weight, k_weight, eps), positions,
+                                cos_sin)

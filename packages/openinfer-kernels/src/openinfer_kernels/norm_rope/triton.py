@@ -1,0 +1,79 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Per-head q/k RMSNorm then rotary, in one launch: program (t, h) reads head h of token t (q heads
+first, then k heads) straight from the strided q/k views, normalises it in fp32, rotates it and
+writes it once. Unlike the reference, the normed values stay in fp32 between norm and rotation
+instead of being rounded to the input dtype, so in bf16 the two differ by up to about one ulp of
+the normed values (fp32 results agree to rounding).
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # GPT-NeoX halves: element i pairs with i + D/2, so work on the two halves side by side.
+    half: tl.constexpr = D // 2
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < half
+    x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+    out_ty = dst.dtype.element_ty
+    # Rounded where transformers rounds: the normalised value, the normed head, cos and sin.
+    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+    n1 = ((x1 * inv_rms).to(out_ty).to(tl.float32) * w1).to(out_ty).to(tl.float32)
+    n2 = ((x2 * inv_rms).to(out_ty).to(tl.float32) * w2).to(out_ty).to(tl.float32)
+    cos = tl.load(cos_ptr + offs, mask=mask, other=0.0).to(out_ty).to(tl.float32)
+    sin = tl.load(cos_ptr + half + offs, mask=mask, other=0.0).to(out_ty).to(tl.float32)
+    tl.store(dst + offs, (n1 * cos - n2 * sin).to(out_ty), mask=mask)
+    tl.store(dst + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=mask)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_sin_ptr,
+                         q_stride_t, q_stride_h, k_stride_t, k_stride_h, cos_sin_stride, eps,
+                         HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                         BLOCK_HALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
+    if h < HQ:
+        _norm_rope_head(q_ptr + t * q_stride_t + h * q_stride_h, qw_ptr,
+                        q_out_ptr + (t * HQ + h) * D, cos_ptr, eps, D, BLOCK_HALF)
+    else:
+        kh = h - HQ
+        _norm_rope_head(k_ptr + t * k_stride_t + kh * k_stride_h, kw_ptr,
+                        k_out_ptr + (t * HK + kh) * D, cos_ptr, eps, D, BLOCK_HALF)
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                        k_weight: torch.Tensor, eps: float, positions: torch.Tensor,
+                        cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary_embedding(qk_rms_norm(q, k, ...), positions, cos_sin) for q ([T, Hq, D]) and k
+    ([T, Hk, D]), which may be strided views (e.g. column slices of a fused qkv output); returns
+    new contiguous tensors in q's dtype."""
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    if d % 2 or k.shape != (t, hk, d) or cos_sin.shape[-1] != d:
+        raise ValueError(f"qk_norm_rope: need q [T, Hq, D], k [T, Hk, D], cos_sin [*, D] with D "
+                         f"even; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(cos_sin.shape)}")
+    q, k, cos_sin = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(cos_sin)
+    q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, hk, d), dtype=q.dtype, device=q.device)
+    if t:
+        block_half = triton.next_power_of_2(d // 2)
+        # A head is small (64 + 64 elements for Qwen3): one warp per 32 pairs, at most four.
+        _qk_norm_rope_kernel[(t, hq + hk)](
+            q, k, q_weight, k_weight, q_out, k_out, positions, cos_sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0), eps,
+            HQ=hq, HK=hk, D=d, BLOCK_HALF=block_half, num_warps=max(1, min(4, block_half // 32)))
+    return q_out, k_out

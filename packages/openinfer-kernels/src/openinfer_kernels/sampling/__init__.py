@@ -1,0 +1,29 @@
+"""Sampling on the device: `race_sample`, and `SAMPLING_KERNELS`, the object that implements
+core's `openinfer_core.interfaces.sampling.SamplingKernels` for the Sampler."""
+
+from __future__ import annotations
+
+import torch
+
+from openinfer_kernels.dispatch import by_device, triton_kernels
+from openinfer_kernels.sampling.reference import race_sample_ref
+
+_kernels = triton_kernels("openinfer_kernels.sampling.triton")
+
+race_sample = by_device(race_sample_ref, _kernels.race_sample_triton if _kernels else None)
+
+
+class TritonSamplingKernels:
+    """Core's `SamplingKernels`: the Sampler sends its random rows here for CUDA logits."""
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def race_sample(self, logits: torch.Tensor, temperature: torch.Tensor,
+                    min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
+        return race_sample(logits, temperature, min_p, seeds)
+
+
+SAMPLING_KERNELS = TritonSamplingKernels()
+
+__all__ = ["SAMPLING_KERNELS", "TritonSamplingKernels", "race_sample", "race_sample_ref"]

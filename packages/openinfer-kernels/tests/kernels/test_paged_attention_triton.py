@@ -1,0 +1,282 @@
+"""The Triton paged attention kernels against `paged_attention_ref`: the split-context decode
+kernel, the varlen prefill kernel (with a cached prefix, and decode rows among prefill rows), and
+the `triton` backend. On CPU they run under the Triton interpreter with few heads and short
+contexts; `-m gpu` adds Qwen3-4B shapes (Hq=32, Hk=8, D=128) and a CUDA-graph replay.
+
+Caches are built as the engine builds them: shuffled block ids, tables padded with block 0, and
+NaN in every slot outside a request's context, so any stray read poisons the output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import openinfer_kernels
+from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_kernels.attention import paged_attention_ref
+from openinfer_kernels.attention.triton import (
+    paged_attention_triton,
+    paged_decode,
+    paged_prefill,
+)
+from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+
+# Kernel against reference, both computing in fp32 and rounding once to the output dtype:
+# fp32 differs only by summation order and exp2 vs exp (seen: ~5e-7).
+# bf16 the two roundings can land one bf16 ulp apart (2^-8 relative), and the kernel also
+# rounds the softmax probabilities to bf16 before the PV product, as FlashAttention does
+# (up to 2^-9 of max|v| absolute): torch's bf16 rtol, and an atol for outputs near zero.
+TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+
+
+@dataclass(frozen=True)
+class Req:
+    context: int  # seq_len after this step
+    queries: int  # this step's tokens, the last `queries` of the context
+
+
+def decodes(*contexts: int) -> list[Req]:
+    return [Req(context=c, queries=1) for c in contexts]
+
+
+@dataclass
+class Case:
+    q: torch.Tensor  # [T, Hq, D]
+    k_cache: torch.Tensor  # [num_blocks, page, Hk, D]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [B, width] int32, padded with 0
+    seq_lens: torch.Tensor  # [B] int32
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    slots: list[torch.Tensor]  # per request, the flat cache slot of each context position
+    keys: list[torch.Tensor]  # per request, contiguous [L, Hk, D]
+    values: list[torch.Tensor]
+
+    def args(self, scale: float) -> tuple:
+        return (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc, scale)
+
+    @property
+    def max_query_len(self) -> int:
+        return int((self.query_start_loc[1:] - self.query_start_loc[:-1]).max())
+
+
+def build(reqs: list[Req], hq: int, hk: int, d: int, dtype: torch.dtype, *, page: int = 16,
+          seed: int = 0, cached_upto: list[int] | None = None, num_blocks: int | None = None,
+          width: int | None = None) -> Case:
+    """Random q/K/V on DEVICE; the cache holds positions [0, cached_upto[b]) of request b
+    (default: its whole context), NaN elsewhere."""
+    g = torch.Generator().manual_seed(seed)
+    needed = [-(-r.context // page) for r in reqs]
+    num_blocks = num_blocks or sum(needed) + 3  # the padding block and two nobody owns
+    ids = torch.randperm(num_blocks - 1, generator=g) + 1
+    tables, used = [], 0
+    for n in needed:
+        tables.append(ids[used:used + n])
+        used += n
+    width = width or max(needed)
+    block_tables = torch.zeros(len(reqs), width, dtype=torch.int32)
+    for b, table in enumerate(tables):
+        block_tables[b, :len(table)] = table
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype).to(DEVICE)
+
+    k_cache = torch.full((num_blocks, page, hk, d), float("nan"), dtype=dtype, device=DEVICE)
+    v_cache = k_cache.clone()
+    slots, keys, values = [], [], []
+    for b, r in enumerate(reqs):
+        pos = torch.arange(r.context)
+        slots.append((tables[b][pos // page] * page + pos % page).to(DEVICE))
+        keys.append(randn(r.context, hk, d))
+        values.append(randn(r.context, hk, d))
+        upto = r.context if cached_upto is None else cached_upto[b]
+        k_cache.view(-1, hk, d)[slots[b][:upto]] = keys[b][:upto]
+        v_cache.view(-1, hk, d)[slots[b][:upto]] = values[b][:upto]
+    starts = torch.tensor([0] + [r.queries for r in reqs]).cumsum(0)
+    return Case(randn(int(starts[-1]), hq, d), k_cache, v_cache, block_tables.to(DEVICE),
+                torch.tensor([r.context for r in reqs], dtype=torch.int32, device=DEVICE),
+                starts.to(torch.int32).to(DEVICE), slots, keys, values)
+
+
+def check(out: torch.Tensor, case: Case, scale: float) -> None:
+    assert out.shape == case.q.shape and out.dtype == case.q.dtype
+    assert torch.isfinite(out).all(), "read a slot outside some request's context"
+    want = paged_attention_ref(*case.args(scale))
+    torch.testing.assert_close(out, want, **TOL[case.q.dtype])
+
+
+HEADS = pytest.mark.parametrize(("hq", "hk", "d"), [(5, 1, 60), (4, 2, 24), (2, 2, 64)],
+                                ids=["gqa5-1-d60", "gqa4-2-d24", "mha2-d64"])
+DECODES = {
+    "b1-first-token": decodes(1),
+    "b3-around-a-page": decodes(15, 16, 17),
+    "b7-mixed-lengths": decodes(1, 15, 16, 17, 100, 300, 33),
+}
+PREFILLS = {
+    "prompt-80": [Req(context=80, queries=80)],  # a full 64-row tile, then a partial one
+    "prompts-17-1-40": [Req(context=17, queries=17), Req(context=1, queries=1),
+                        Req(context=40, queries=40)],
+    "chunk-63-after-62": [Req(context=125, queries=63)],  # the first row must not see key 63
+    "mixed": [Req(context=9, queries=1), Req(context=7, queries=7), Req(context=45, queries=29),
+              Req(context=16, queries=1), Req(context=100, queries=3)],
+}
+
+
+@DTYPES
+@HEADS
+@pytest.mark.parametrize("batch", list(DECODES))
+def test_decode_matches_reference(batch, hq, hk, d, dtype):
+    case = build(DECODES[batch], hq, hk, d, dtype)
+    check(paged_decode(*case.args(d**-0.5)), case, d**-0.5)
+
+
+@DTYPES
+@HEADS
+@pytest.mark.parametrize("batch", list(PREFILLS))
+def test_prefill_matches_reference(batch, hq, hk, d, dtype):
+    case = build(PREFILLS[batch], hq, hk, d, dtype)
+    check(paged_prefill(*case.args(d**-0.5), case.max_query_len), case, d**-0.5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 16])
+def test_decode_splits_the_context_any_number_of_ways(num_splits):
+    # 16 splits of a 17-token context: one page each, so most splits are empty.
+    case = build(decodes(17, 300, 1, 64), 4, 2, 24, torch.float32, seed=1)
+    check(paged_decode(*case.args(0.2), num_splits=num_splits), case, 0.2)
+
+
+@pytest.mark.parametrize("page", [16, 32])
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_page_sizes(kernel, page):
+    reqs = decodes(31, 33, 64, 97) if kernel == "decode" else PREFILLS["mixed"]
+    case = build(reqs, 4, 2, 24, torch.float32, page=page, seed=2)
+    out = paged_attention_triton(*case.args(0.2), max_query_len=case.max_query_len)
+    check(out, case, 0.2)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_a_request_without_queries_is_skipped(kernel):
+    reqs = decodes(9, 30) if kernel == "decode" else PREFILLS["mixed"][:2]
+    case = build([reqs[0], Req(context=6, queries=0), reqs[1]], 4, 2, 24, torch.float32, seed=3)
+    out = paged_attention_triton(*case.args(0.2), max_query_len=case.max_query_len)
+    check(out, case, 0.2)
+
+
+def test_head_dim_128_and_gqa_8_8():
+    case = build(PREFILLS["mixed"], 8, 8, 128, torch.bfloat16, seed=4)
+    check(paged_attention_triton(*case.args(0.1)), case, 0.1)
+
+
+def test_wrapper_reads_max_query_len_when_not_given():
+    for reqs in (decodes(5, 40), PREFILLS["mixed"]):
+        case = build(reqs, 4, 2, 24, torch.float32, seed=5)
+        check(paged_attention_triton(*case.args(0.3)), case, 0.3)
+
+
+def test_an_empty_batch_returns_an_empty_output():
+    case = build(decodes(5), 4, 2, 24, torch.float32)
+    empty = case.q[:0]
+    for max_query_len in (0, 1, 7):
+        out = paged_attention_triton(empty, case.k_cache, case.v_cache, case.block_tables[:0],
+                                     case.seq_lens[:0], case.query_start_loc[:1], 0.3,
+                                     max_query_len=max_query_len)
+        assert out.shape == (0, 4, 24)
+
+
+@DTYPES
+def test_triton_backend_appends_then_attends(dtype):
+    reqs, hk, d = PREFILLS["mixed"], 2, 24
+    prefixes = [r.context - r.queries for r in reqs]
+    case = build(reqs, 4, hk, d, dtype, seed=6, cached_upto=prefixes)
+    step = [torch.arange(p, r.context) for p, r in zip(prefixes, reqs, strict=True)]
+    k_step = torch.cat([k[s] for k, s in zip(case.keys, step, strict=True)])
+    v_step = torch.cat([v[s] for v, s in zip(case.values, step, strict=True)])
+    batch = ForwardBatch(
+        input_ids=torch.zeros(k_step.shape[0], dtype=torch.int64, device=DEVICE),
+        positions=torch.cat(step).to(DEVICE),
+        slot_mapping=torch.cat([sl[s] for sl, s in zip(case.slots, step, strict=True)]),
+        query_start_loc=case.query_start_loc,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        logits_indices=case.query_start_loc[1:].long() - 1,
+        max_query_len=case.max_query_len,
+        max_seq_len=max(r.context for r in reqs),
+    )
+    backend = TritonAttentionBackend()
+    assert isinstance(backend, AttentionBackend) and backend.name == "triton"
+    out = backend.attend(case.q, k_step, v_step, case.k_cache, case.v_cache, batch, 0.2)
+    for b, slots in enumerate(case.slots):  # the whole context is in the cache now
+        assert torch.equal(case.k_cache.view(-1, hk, d)[slots], case.keys[b])
+        assert torch.equal(case.v_cache.view(-1, hk, d)[slots], case.values[b])
+    check(out, case, 0.2)
+
+
+# --- full size, on the GPU only -------------------------------------------------------------
+
+QWEN3_4B = dict(hq=32, hk=8, d=128)
+LARGE = {
+    "decode-b1-4k": decodes(4096),
+    "decode-b1-32k": decodes(32768),
+    "decode-b64-1k-2k": decodes(*torch.randint(1000, 2001, (64,),
+                                               generator=torch.Generator().manual_seed(0))
+                                .tolist()),
+    "prefill-2048": [Req(context=2048, queries=2048)],
+    "prefills-500-700-848": [Req(500, 500), Req(700, 700), Req(848, 848)],
+    "chunk-512-after-4096": [Req(context=4608, queries=512)],
+    "mixed-chunk-and-decodes": [Req(4608, 512), *decodes(1, 17, 3000, 200), Req(300, 300)],
+}
+
+
+@gpu
+@pytest.mark.parametrize("batch", list(LARGE))
+def test_qwen3_4b_shapes(batch):
+    case = build(LARGE[batch], **QWEN3_4B, dtype=torch.bfloat16)
+    out = paged_attention_triton(*case.args(128**-0.5), max_query_len=case.max_query_len)
+    check(out, case, 128**-0.5)
+
+
+@gpu
+@pytest.mark.parametrize("batch", ["decode-b64-1k-2k", "mixed-chunk-and-decodes"])
+def test_qwen3_4b_shapes_fp32(batch):
+    case = build(LARGE[batch], **QWEN3_4B, dtype=torch.float32)
+    out = paged_attention_triton(*case.args(128**-0.5), max_query_len=case.max_query_len)
+    check(out, case, 128**-0.5)
+
+
+@gpu
+def test_public_op_on_cuda_is_the_kernel():
+    case = build(PREFILLS["mixed"], **QWEN3_4B, dtype=torch.bfloat16)
+    assert torch.equal(openinfer_kernels.paged_attention(*case.args(0.1)),
+                       paged_attention_triton(*case.args(0.1)))
+
+
+@gpu
+def test_decode_replays_in_a_cuda_graph_with_new_lengths():
+    # Same shapes, new contents: lengths across split boundaries, other blocks, other queries.
+    shapes = dict(**QWEN3_4B, dtype=torch.bfloat16, num_blocks=600, width=200)
+    first = build(decodes(1, 40, 300, 17, 3000), seed=7, **shapes)
+    second = build(decodes(3100, 1, 16, 1000, 33), seed=8, **shapes)
+    static = first.args(0.1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile outside the capture
+        paged_attention_triton(*static, max_query_len=1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention_triton(*static, max_query_len=1, max_seq_len=300)
+
+    graph.replay()
+    check(out.clone(), first, 0.1)
+    for dst, src in zip(static[:-1], second.args(0.1)[:-1], strict=True):
+        dst.copy_(src)
+    graph.replay()
+    check(out.clone(), second, 0.1)

@@ -1,0 +1,43 @@
+"""The published Qwen3 configs (shapes only), for `--load-format dummy` benchmarks and GPU
+checks on machines without the hub: `write_config_folder("Qwen3-8B", dest)` writes a folder
+that `openinfer serve dest --load-format dummy` serves at the real model's shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from openinfer_qwen3.demo import GENERATION_CONFIG
+from openinfer_qwen3.tokenizer_files import write_qwen3_tokenizer
+
+_COMMON: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "initializer_range": 0.02, "max_position_embeddings": 40960,
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-6, "rope_scaling": None, "rope_theta": 1000000, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 151936,
+}
+
+QWEN3_SHAPES: dict[str, dict[str, Any]] = {
+    "Qwen3-0.6B": {**_COMMON, "hidden_size": 1024, "intermediate_size": 3072,
+                   "num_attention_heads": 16, "num_hidden_layers": 28,
+                   "tie_word_embeddings": True},
+    "Qwen3-4B": {**_COMMON, "hidden_size": 2560, "intermediate_size": 9728,
+                 "tie_word_embeddings": True},
+    "Qwen3-8B": {**_COMMON, "hidden_size": 4096, "intermediate_size": 12288,
+                 "tie_word_embeddings": False},
+}
+
+
+def write_config_folder(name: str, dest: Path) -> Path:
+    """config.json, generation_config.json and the real Qwen3 tokenizer for model `name`."""
+    if name not in QWEN3_SHAPES:
+        raise KeyError(f"unknown Qwen3 size {name!r}; known: {', '.join(QWEN3_SHAPES)}")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").write_text(json.dumps(QWEN3_SHAPES[name], indent=2) + "\n")
+    (dest / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
+    write_qwen3_tokenizer(dest)
+    return dest

@@ -1,0 +1,92 @@
+"""Teacher forcing through the engine's own model, KV cache and CUDA graphs: sequences advance
+by a planned number of tokens per step (prefill chunks and decodes mixed in one forward), and
+the next-token logits at every chunk's end are kept for comparison with transformers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from openinfer_core.engine.batch import plan_batch
+from openinfer_core.engine.engine import Engine
+from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.request import GenerateRequest
+
+TOP = 8
+
+
+@dataclass
+class Picks:
+    """Per compared position of one sequence: our top-8 ids and logprobs (best first)."""
+
+    positions: list[int]  # the position whose next token the logits predict
+    top_ids: torch.Tensor  # [P, 8] int64, CPU
+    top_logprobs: torch.Tensor  # [P, 8] fp32, CPU
+
+
+# plan(step, seq index, tokens computed so far) -> tokens to run this step (0 = idle)
+Plan = Callable[[int, int, int], int]
+
+
+@torch.inference_mode()
+def run_forced(engine: Engine, sequences: Sequence[Sequence[int]], plan: Plan, *,
+               use_graphs: bool, all_positions: bool = False) -> list[Picks]:
+    seqs = [Seq.from_request(GenerateRequest(f"forced-{i}", tuple(t)))
+            for i, t in enumerate(sequences)]
+    found: list[list[tuple[int, torch.Tensor]]] = [[] for _ in seqs]
+    step = 0
+    try:
+        while any(s.num_computed_tokens < s.num_tokens - 1 for s in seqs):
+            rows, owners = [], []
+            for i, s in enumerate(seqs):
+                left = s.num_tokens - 1 - s.num_computed_tokens  # the last token has no target
+                k = min(plan(step, i, s.num_computed_tokens), left)
+                if k > 0:
+                    assert engine.kv.allocate(s.request_id, s.num_computed_tokens + k)
+                    rows.append(ScheduledRow(s, k, True))
+                    owners.append(i)
+            step += 1
+            if not rows:
+                continue
+            host = plan_batch(rows, engine.kv)
+            if all_positions:
+                host.logits_indices = np.arange(len(host.input_ids), dtype=np.int64)
+            if use_graphs and engine.graphs is not None and engine.graphs.can_run(host):
+                logits = engine.graphs.run(host)
+            else:
+                assert not (use_graphs and host.is_decode), "expected a CUDA graph to run"
+                logits = engine.model.forward(host.to_device(engine.model.device))
+            _collect(logits, rows, owners, host.query_start_loc.tolist(), all_positions, found)
+            for row in rows:
+                row.seq.num_computed_tokens += row.num_new_tokens
+    finally:
+        for s in seqs:
+            engine.kv.free(s.request_id)
+    return [_picks(f) for f in found]
+
+
+def _collect(logits: torch.Tensor, rows: list[ScheduledRow], owners: list[int],
+             starts: list[int], all_positions: bool,
+             found: list[list[tuple[int, torch.Tensor]]]) -> None:
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    vals, ids = logprobs.topk(TOP, dim=-1)
+    packed = torch.cat([ids.double(), vals.double()], dim=-1).cpu()
+    r = 0
+    for b, row in enumerate(rows):
+        first = row.seq.num_computed_tokens
+        count = row.num_new_tokens if all_positions else 1
+        for j in range(count):
+            pos = first + row.num_new_tokens - count + j
+            found[owners[b]].append((pos, packed[r]))
+            r += 1
+    assert r == logits.shape[0], (r, logits.shape, starts[-1])
+
+
+def _picks(found: list[tuple[int, torch.Tensor]]) -> Picks:
+    found.sort(key=lambda item: item[0])
+    rows = torch.stack([p for _, p in found])
+    return Picks([pos for pos, _ in found], rows[:, :TOP].long(), rows[:, TOP:].float())
