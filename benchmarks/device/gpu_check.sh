@@ -10,7 +10,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT
 export OPENINFER_CACHE_DIR=/tmp/openinfer-cache
-oi() { python3 -m openinfer_server.cli "$@"; }
 M4=/tmp/qwen3-4b M8=/tmp/qwen3-8b
 python3 - <<'PY'
 from openinfer_qwen3.shapes import write_config_folder
@@ -49,7 +48,8 @@ if has throughput; then
 fi
 if has serve; then
   stage "served throughput, Qwen3-8B"
-  oi serve $M8 --load-format dummy --max-num-seqs 512 --max-model-len 4608 --port 8000 \
+  python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+    --max-model-len 4608 --port 8000 \
     > "$OUT/serve.log" 2>&1 &
   server=$!
   python3 -c "import time,urllib.request as u

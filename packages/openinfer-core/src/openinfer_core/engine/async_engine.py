@@ -99,10 +99,21 @@ class AsyncEngine:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, Error(request_id, message))
 
     def _deliver(self, events: list[TokenEvent]) -> None:
-        for event in events:
-            with self._lock:
+        # One wake-up per event loop per step, not one per event: each call_soon_threadsafe
+        # writes to the loop's self-pipe, and a step at batch 512 has 512 events.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, TokenEvent]]] = {}
+        with self._lock:
+            for event in events:
                 stream = self._streams.get(event.request_id)
-                if stream is not None and is_terminal(event):
+                if stream is None:
+                    continue
+                if is_terminal(event):
                     del self._streams[event.request_id]
-            if stream is not None:
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, event)
+                by_loop.setdefault(stream.loop, []).append((stream, event))
+        for loop, batch in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, batch)
+
+
+def _put_all(batch: list[tuple[_Stream, TokenEvent]]) -> None:
+    for stream, event in batch:
+        stream.queue.put_nowait(event)
