@@ -38,6 +38,10 @@ if has latency; then
   timeout 180 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
     --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"
 fi
+if has attention; then
+  stage "decode attention tile settings"
+  timeout 240 python3 benchmarks/device/decode_attention.py --json "$OUT/decode-attention.json"
+fi
 if has throughput; then
   stage "offline throughput, Qwen3-8B, 128/128 x 512"
   timeout 200 python3 -m openinfer_server.cli bench throughput $M8 --load-format dummy --max-num-seqs 512 --max-model-len 4608 \

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 16
+MAX_SPLITS = 32
 
 
 @triton.jit
@@ -274,9 +274,11 @@ def num_splits_for(batch: int, kv_heads: int, device: torch.device) -> int:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float,
-                 num_splits: int | None = None) -> torch.Tensor:
+                 num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
+                 num_stages: int = 3) -> torch.Tensor:
     """`paged_attention_ref` when every request has at most one query. No host sync, scratch
-    from `torch.empty`: safe to capture in a CUDA graph."""
+    from `torch.empty`: safe to capture in a CUDA graph. `block_n`, `num_warps` and
+    `num_stages` are the launch's tile settings (benchmarks/device/decode_attention.py)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -300,8 +302,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=splits,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=64, BLOCK_D=block_d,
-        **_dot_options(q), num_warps=4, num_stages=2,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:
         _decode_merge_kernel[(batch, num_heads)](

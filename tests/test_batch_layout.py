@@ -1,0 +1,83 @@
+"""The host layout of a step (`plan_batch`), the CUDA-graph buckets, and dummy weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openinfer_core.engine.batch import plan_batch
+from openinfer_core.engine.cuda_graphs import graph_buckets
+from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.request import GenerateRequest
+from openinfer_kvcache import PagedKVManager
+
+
+def _seq(rid: str, tokens: list[int], computed: int) -> Seq:
+    seq = Seq.from_request(GenerateRequest(rid, tuple(tokens)))
+    seq.num_computed_tokens = computed
+    return seq
+
+
+def test_plan_batch_lays_out_a_mixed_step_exactly() -> None:
+    kv = PagedKVManager(num_blocks=16, block_size=4)
+    a = _seq("a", list(range(100, 106)), computed=5)  # decode: token 5 of 6
+    b = _seq("b", list(range(200, 210)), computed=4)  # chunk: tokens 4..8 of 10
+    c = _seq("c", [7, 8, 9], computed=0)  # a whole 3-token prompt
+    assert kv.allocate("a", 6) and kv.allocate("b", 9) and kv.allocate("c", 3)
+    assert list(kv.block_ids("a")) == [1, 2]
+    assert list(kv.block_ids("b")) == [3, 4, 5]
+    assert list(kv.block_ids("c")) == [6]
+    host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 5, False),
+                       ScheduledRow(c, 3, True)], kv)
+    assert host.input_ids.tolist() == [105, 204, 205, 206, 207, 208, 7, 8, 9]
+    assert host.positions.tolist() == [5, 4, 5, 6, 7, 8, 0, 1, 2]
+    # slot = block * 4 + offset: a's position 5 is block 2 offset 1; b's 4..8 run over blocks
+    # 4 and 5; c sits at the start of block 6.
+    assert host.slot_mapping.tolist() == [9, 16, 17, 18, 19, 20, 24, 25, 26]
+    assert host.query_start_loc.tolist() == [0, 1, 6, 9]
+    assert host.seq_lens.tolist() == [6, 9, 3]
+    assert host.block_tables.tolist() == [[1, 2, 0], [3, 4, 5], [6, 0, 0]]
+    assert host.logits_indices.tolist() == [0, 8]  # b's chunk does not sample
+    assert (host.max_query_len, host.max_seq_len) == (5, 9)
+    assert not host.is_decode
+    assert host.input_ids.dtype == np.int64 and host.block_tables.dtype == np.int32
+
+
+def test_a_decode_step_is_what_graphs_replay() -> None:
+    kv = PagedKVManager(num_blocks=8, block_size=4)
+    seqs = [_seq(f"r{i}", [1, 2, 3, 4, 5], computed=4) for i in range(3)]
+    for s in seqs:
+        assert kv.allocate(s.request_id, 5)
+    host = plan_batch([ScheduledRow(s, 1, True) for s in seqs], kv)
+    assert host.is_decode and host.num_seqs == 3
+    assert host.slot_mapping.tolist() == [2 * 4 + 0, 4 * 4 + 0, 6 * 4 + 0]
+
+
+@pytest.mark.parametrize(("max_batch", "expected"), [
+    (1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (16, [1, 2, 4, 8, 16]),
+    (40, [1, 2, 4, 8, 16, 32, 40]),
+    (256, [1, 2, 4, 8, *range(16, 257, 16)]),
+])
+def test_graph_buckets(max_batch: int, expected: list[int]) -> None:
+    assert graph_buckets(max_batch) == expected
+
+
+def test_dummy_weights_need_no_files_and_depend_only_on_the_config(tmp_path: Path,
+                                                                   qwen3_dir: Path) -> None:
+    from openinfer_core import LLM, SamplingParams
+
+    (tmp_path / "config.json").write_text((qwen3_dir / "config.json").read_text())
+    assert not list(tmp_path.glob("*.safetensors"))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = []
+    for _ in range(2):
+        llm = LLM(tmp_path, tokenizer=qwen3_dir, device="cpu", load_format="dummy",
+                  num_kv_blocks=32)
+        outs.append(llm.generate(["hello"], params)[0].outputs[0].token_ids)
+    assert len(outs[0]) == 6 and outs[0] == outs[1]
+    vocab = json.loads((qwen3_dir / "config.json").read_text())["vocab_size"]
+    assert all(0 <= t < vocab for t in outs[0])
