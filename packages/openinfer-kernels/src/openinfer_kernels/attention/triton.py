@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-MAX_SPLITS = 32
+MAX_SPLITS = 16
 
 
 @triton.jit
@@ -275,7 +275,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float,
                  num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                 num_stages: int = 3) -> torch.Tensor:
+                 num_stages: int = 2) -> torch.Tensor:
     """`paged_attention_ref` when every request has at most one query. No host sync, scratch
     from `torch.empty`: safe to capture in a CUDA graph. `block_n`, `num_warps` and
     `num_stages` are the launch's tile settings (benchmarks/device/decode_attention.py)."""
