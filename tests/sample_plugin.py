@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence as Seq
 from typing import Any, ClassVar
 
 import torch
 
 from openinfer_core.engine.scheduler import FcfsScheduler
+from openinfer_core.engine.sequence import Sequence
 from openinfer_core.hookspecs import hookimpl
-from openinfer_core.request import GenerateRequest
 from openinfer_kernels.attention.backend import TorchAttentionBackend
 
 
 class LifoScheduler(FcfsScheduler):
     """Newest waiting request first."""
 
-    def add(self, request: GenerateRequest) -> None:
-        super().add(request)
-        self.waiting.rotate(1)
+    def _enqueue(self, seq: Sequence) -> None:
+        self.waiting.appendleft(seq)
 
 
 class CountingAttention(TorchAttentionBackend):
@@ -43,17 +42,17 @@ class MemoryTier:
     def __init__(self) -> None:
         self.store: dict[int, torch.Tensor] = {}
 
-    def save(self, hashes: Sequence[int], blocks: Sequence[torch.Tensor]) -> None:
+    def save(self, hashes: Seq[int], blocks: Seq[torch.Tensor]) -> None:
         for h, b in zip(hashes, blocks, strict=True):
             self.store[h] = b.detach().clone()
 
-    def query(self, hashes: Sequence[int]) -> int:
+    def query(self, hashes: Seq[int]) -> int:
         n = 0
         while n < len(hashes) and hashes[n] in self.store:
             n += 1
         return n
 
-    def load(self, hashes: Sequence[int], into: Sequence[torch.Tensor]) -> _Done:
+    def load(self, hashes: Seq[int], into: Seq[torch.Tensor]) -> _Done:
         for h, dst in zip(hashes, into, strict=True):
             dst.copy_(self.store[h])
         return _Done()

@@ -107,7 +107,7 @@ def test_scheduler_hook_adds_a_policy(tmp_path: Path) -> None:
     while engine.has_work():
         order += [e.request_id for e in engine.step() if isinstance(e, Scheduled)]
     assert order == ["r2", "r1", "r0"]
-    with pytest.raises(PluginError, match="unknown scheduler 'nope'; known: fcfs, lifo"):
+    with pytest.raises(PluginError, match="unknown scheduler 'nope'; known: fcfs, lifo, priority"):
         Engine(EngineConfig(model=str(path), device="cpu", scheduler="nope"), pm)
 
 

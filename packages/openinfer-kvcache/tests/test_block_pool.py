@@ -101,3 +101,46 @@ def test_freeing_a_negative_id_fails_loudly():
 def test_needs_a_usable_block_besides_padding(num_blocks):
     with pytest.raises(ValueError, match="at least 2 blocks"):
         BlockPool(num_blocks)
+
+
+def test_cached_block_is_findable_until_handed_out_again():
+    pool = BlockPool(4)
+    assert pool.allocate(2) == [1, 2]
+    assert pool.cache(1, 111) and pool.lookup(111) == 1 and pool.block_hash(1) == 111
+    assert pool.cache(1, 111)  # again, same hash: nothing changes
+    pool.free([2, 1])
+    assert pool.free_queue() == [3, 2, 1] and pool.lookup(111) == 1
+    assert pool.allocate(2) == [3, 2]
+    assert pool.lookup(111) == 1 and pool.num_evictions == 0
+    assert pool.allocate(1) == [1]
+    assert pool.lookup(111) is None and pool.block_hash(1) is None
+    assert pool.num_evictions == 1 and pool.num_cached == 0
+
+
+def test_a_hash_stays_with_its_first_block():
+    pool = BlockPool(4)
+    pool.allocate(2)
+    assert pool.cache(1, 7)
+    assert not pool.cache(2, 7)
+    assert pool.lookup(7) == 1 and pool.block_hash(2) is None
+    with pytest.raises(RuntimeError, match="another hash"):
+        pool.cache(1, 8)
+
+
+def test_touch_revives_a_free_cached_block_and_shares_a_held_one():
+    pool = BlockPool(5)
+    pool.allocate(2)
+    pool.cache(1, 11)
+    pool.cache(2, 22)
+    pool.free([1])
+    assert pool.free_queue() == [3, 4, 1]
+    pool.touch([1, 2])
+    assert pool.free_queue() == [3, 4]
+    assert (pool.ref_count(1), pool.ref_count(2)) == (1, 2)
+
+
+@pytest.mark.parametrize("op", ["touch", "cache"])
+def test_touching_an_uncached_or_caching_a_free_block_raises(op):
+    pool = BlockPool(4)
+    with pytest.raises(RuntimeError, match="block 1"):
+        pool.touch([1]) if op == "touch" else pool.cache(1, 5)

@@ -76,7 +76,7 @@ def test_free_returns_a_table_tail_first():
 
 
 def test_free_with_token_ids_releases_the_same_blocks():
-    # Without a prefix cache the token ids change nothing.
+    # Only cache_blocks caches: the token ids given to free change nothing.
     kv = manager(num_blocks=4)
     assert kv.allocate("a", 8)  # [1, 2]
     kv.free("a", token_ids=list(range(8)))

@@ -21,8 +21,10 @@ VLLM_FLAGS = [
     "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
     "--max-num-batched-tokens", "--gpu-memory-utilization", "--dtype", "--device", "--api-key",
     "--enforce-eager", "--seed", "--load-format", "--block-size", "--tensor-parallel-size",
+    "--enable-prefix-caching", "--no-enable-prefix-caching",
 ]
-OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--download-dir"]
+OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--download-dir",
+             "--no-prefix-cache"]
 
 
 def _openinfer() -> list[str]:
@@ -79,9 +81,29 @@ def test_serve_defaults_are_the_engines() -> None:
     args = build_parser().parse_args(["serve"])
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     for name in ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                 "block_size", "num_kv_blocks", "gpu_memory_utilization", "scheduler", "seed"):
+                 "block_size", "num_kv_blocks", "gpu_memory_utilization", "scheduler", "seed",
+                 "enable_prefix_caching"):
         assert getattr(args, name) == defaults[name], name
     assert (args.host, args.port, args.model) == ("127.0.0.1", 8000, None)
+
+
+@pytest.mark.parametrize(("flags", "enabled"), [
+    ([], True),
+    (["--enable-prefix-caching"], True),
+    (["--no-enable-prefix-caching"], False),  # vLLM's spelling
+    (["--no-prefix-cache"], False),
+    (["--no-prefix-cache", "--enable-prefix-caching"], True),  # the last one wins
+])
+@pytest.mark.parametrize("command", [["serve"], ["bench", "throughput"]])
+def test_prefix_cache_flags_reach_the_engine_config(command: list[str], flags: list[str],
+                                                    enabled: bool) -> None:
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    args = parser.parse_args([*command, "--device", "cpu", *flags])
+    config = engine_config(args, parser, get_plugin_manager().registries)
+    assert config.enable_prefix_caching is enabled
 
 
 def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

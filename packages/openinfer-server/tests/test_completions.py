@@ -155,7 +155,7 @@ def test_echo_prepends_prompt(client: openai.OpenAI, tokenizer: Tokenizer) -> No
 
 @pytest.mark.parametrize("extra", [
     {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2},
-    {"min_tokens": 4, "stop_token_ids": [0], "skip_special_tokens": False, "priority": 1},
+    {"min_tokens": 4, "stop_token_ids": [0], "skip_special_tokens": False, "priority": 0},
 ])
 def test_vllm_extras_accepted(client: openai.OpenAI, extra: dict) -> None:
     out = complete(client, max_tokens=4, temperature=0.8, seed=0, presence_penalty=0.5,

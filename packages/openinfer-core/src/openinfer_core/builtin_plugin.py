@@ -9,3 +9,4 @@ from openinfer_core.registry import RegisterScheduler
 @hookimpl
 def openinfer_register_schedulers(register: RegisterScheduler) -> None:
     register("fcfs", "openinfer_core.engine.scheduler:FcfsScheduler")
+    register("priority", "openinfer_core.engine.priority_scheduler:PriorityScheduler")

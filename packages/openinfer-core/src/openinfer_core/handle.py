@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from openinfer_core.events import TokenEvent
+from openinfer_core.interfaces.kv import PrefixCacheStats
 from openinfer_core.request import GenerateRequest
 
 
@@ -29,6 +30,8 @@ class LoadSnapshot:
     waiting: int
     kv_used_blocks: int
     kv_total_blocks: int
+    prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)  # engine totals
+    num_preemptions: int = 0  # total since the engine started
 
 
 @runtime_checkable

@@ -1,9 +1,12 @@
-"""Per-request block tables over a `BlockPool`: the `KVManager` protocol of openinfer-core."""
+"""Per-request block tables over a `BlockPool`, with a prefix cache: the `KVManager` protocol of
+openinfer-core."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from openinfer_core.interfaces.kv import PrefixCacheStats
+from openinfer_kvcache.block_hash import ROOT_PARENT_HASH, hash_block
 from openinfer_kvcache.block_pool import BlockPool
 
 
@@ -12,14 +15,25 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class PagedKVManager:
-    """Each request owns a list of blocks covering its tokens. Engine thread only."""
+    """Each request owns a list of blocks covering its tokens; blocks found in the prefix cache
+    are shared (reference counted) with the requests that computed them. Engine thread only."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int,
+                 enable_prefix_caching: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._tables: dict[str, list[int]] = {}
+        # Hashes of each request's computed full blocks, in table order: the chain goes on
+        # from the last one as more blocks fill up.
+        self._hashes: dict[str, list[int]] = {}
+        # A lookup counts once its request is admitted (its first successful `allocate`), so
+        # a request retried while it waits for blocks is not counted every step.
+        self._pending_stats: dict[str, tuple[int, int]] = {}
+        self._queries = 0
+        self._hits = 0
 
     @property
     def num_total_blocks(self) -> int:
@@ -33,24 +47,69 @@ class PagedKVManager:
     def num_used_blocks(self) -> int:
         return self.pool.num_usable - self.pool.num_free
 
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        return PrefixCacheStats(self._queries, self._hits)
+
     def computed_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
-        self._tables.setdefault(request_id, [])
-        return 0
+        table = self._tables.setdefault(request_id, [])
+        if table:
+            raise RuntimeError(f"prefix lookup for request {request_id!r}, which already "
+                               f"holds KV blocks {table}")
+        if not self.enable_prefix_caching:
+            return 0
+        size = self.block_size
+        hashes: list[int] = []
+        parent = ROOT_PARENT_HASH
+        # At least one token must be computed: the step needs its logits to sample.
+        for begin in range(0, len(token_ids) - size, size):
+            parent = hash_block(parent, token_ids[begin:begin + size])
+            block = self.pool.lookup(parent)
+            if block is None:
+                break
+            hashes.append(parent)
+            table.append(block)
+        self.pool.touch(table)
+        self._hashes[request_id] = hashes
+        self._pending_stats[request_id] = (len(token_ids), len(table) * size)
+        return len(table) * size
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         table = self._tables.setdefault(request_id, [])
         missing = blocks_for(num_tokens, self.block_size) - len(table)
-        if missing <= 0:
-            return True
         if missing > self.pool.num_free:
             return False
-        table.extend(self.pool.allocate(missing))
+        if missing > 0:
+            table.extend(self.pool.allocate(missing))
+        if (stats := self._pending_stats.pop(request_id, None)) is not None:
+            self._queries += stats[0]
+            self._hits += stats[1]
         return True
+
+    def cache_blocks(self, request_id: str, token_ids: Sequence[int],
+                     num_computed_tokens: int) -> None:
+        if not self.enable_prefix_caching:
+            return
+        table = self._tables.get(request_id)
+        num_full = min(num_computed_tokens, len(token_ids)) // self.block_size
+        if table is None or num_full > len(table):
+            raise RuntimeError(f"request {request_id!r} has {num_full} computed full blocks "
+                               f"but holds {len(table or ())} KV blocks")
+        hashes = self._hashes.setdefault(request_id, [])
+        size = self.block_size
+        parent = hashes[-1] if hashes else ROOT_PARENT_HASH
+        for i in range(len(hashes), num_full):
+            parent = hash_block(parent, token_ids[i * size:(i + 1) * size])
+            hashes.append(parent)
+            # False when another request cached the same KV first; this copy stays private.
+            self.pool.cache(table[i], parent)
 
     def block_ids(self, request_id: str) -> Sequence[int]:
         return self._tables.get(request_id, ())
 
     def free(self, request_id: str, token_ids: Sequence[int] | None = None) -> None:
+        self._hashes.pop(request_id, None)
+        self._pending_stats.pop(request_id, None)
         table = self._tables.pop(request_id, None)
         if table:
             self.pool.free(reversed(table))

@@ -76,7 +76,7 @@ class ChoiceRun:
         if not isinstance(event, Scheduled):
             self._fail(event)
         self.cached_tokens = event.cached_tokens
-        self._metrics.scheduled(self.prompt_tokens, event.cached_tokens)
+        self._metrics.scheduled(self.prompt_tokens)
 
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         """The choice's output after `start()`: deltas with text or tokens, the last one

@@ -98,10 +98,17 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--num-kv-blocks", type=int_at_least(2), metavar="N",
                         help="KV blocks to allocate, padding block included (default: sized "
                              "from memory)")
-    engine.add_argument("--scheduler", default="fcfs",
-                        help="scheduling policy, from `openinfer models` (default %(default)s)")
+    engine.add_argument("--scheduler", "--scheduling-policy", default="fcfs",
+                        help="scheduling policy: fcfs, priority (honours each request's "
+                             "`priority`, lower first) or a plugin's from `openinfer models` "
+                             "(default %(default)s)")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="never use CUDA graphs for decode")
+    engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="reuse the KV of prompt prefixes already computed (default on)")
+    engine.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false",
+                        help="same as --no-enable-prefix-caching")
     engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
                         metavar="N", help="GPUs to shard the model over; only 1 for now")
 

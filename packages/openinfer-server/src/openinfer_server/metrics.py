@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from openinfer_core.handle import EngineHandle
@@ -22,7 +22,8 @@ _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04
 
 class ServerMetrics:
     """Counters and histograms fed by the request handlers (on the event loop), plus gauges
-    read from `engine.load()` at scrape time."""
+    and engine-wide counters (prefix cache, preemptions) read from `engine.load()` at scrape
+    time."""
 
     def __init__(self, engine: EngineHandle, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -37,12 +38,6 @@ class ServerMetrics:
             registry=reg)
         self._generation_tokens = Counter(
             "openinfer:generation_tokens", "Generated tokens.", model, registry=reg)
-        self._cache_queries = Counter(
-            "openinfer:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-            model, registry=reg)
-        self._cache_hits = Counter(
-            "openinfer:prefix_cache_hits", "Prompt tokens found in the prefix cache.", model,
-            registry=reg)
         self._ttft = Histogram(
             "openinfer:time_to_first_token_seconds", "Arrival to first generated token.",
             model, buckets=_LATENCY_BUCKETS, registry=reg)
@@ -54,10 +49,8 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS, registry=reg)
         reg.register(_EngineLoadCollector(engine, model_name))
 
-    def scheduled(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def scheduled(self, prompt_tokens: int) -> None:
         self._prompt_tokens.labels(self._model).inc(prompt_tokens)
-        self._cache_queries.labels(self._model).inc(prompt_tokens)
-        self._cache_hits.labels(self._model).inc(cached_tokens)
 
     def token(self, since_previous: float | None, since_arrival: float) -> None:
         """One generated token; `since_previous` is None for the first one."""
@@ -93,3 +86,17 @@ class _EngineLoadCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([self._model], float(value))
             yield family
+        # Engine totals (exposed with a `_total` suffix), counted where the engine decides:
+        # a preempted request looked up again on re-admission counts again, as in vLLM.
+        counters = [
+            ("openinfer:prefix_cache_queries", "Tokens looked up in the prefix cache.",
+             load.prefix_cache.queries),
+            ("openinfer:prefix_cache_hits", "Tokens found in the prefix cache.",
+             load.prefix_cache.hits),
+            ("openinfer:num_preemptions", "Preempted requests (their KV freed, recomputed "
+             "later).", load.num_preemptions),
+        ]
+        for name, doc, value in counters:
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([self._model], float(value))
+            yield counter

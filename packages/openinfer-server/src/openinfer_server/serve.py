@@ -71,7 +71,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
             gpu_memory_utilization=args.gpu_memory_utilization, scheduler=args.scheduler,
-            seed=args.seed, enforce_eager=args.enforce_eager, load_format=args.load_format)
+            seed=args.seed, enforce_eager=args.enforce_eager, load_format=args.load_format,
+            enable_prefix_caching=args.enable_prefix_caching)
         config.torch_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")

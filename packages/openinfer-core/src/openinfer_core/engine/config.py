@@ -34,6 +34,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs for decode
     load_format: str = "auto"  # auto | safetensors | dummy (random weights, real shapes, no files)
+    enable_prefix_caching: bool = True  # reuse cached KV of shared prompt prefixes
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size")

@@ -56,8 +56,10 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
         load_format="dummy" if config.load_format == "dummy" else "safetensors"))
     num_blocks = kv_blocks(config, model, device)
     kv = model.create_kv_cache(num_blocks, config.block_size)
-    log.info("KV cache: %d blocks of %d tokens (%d tokens)", kv.num_total_blocks,
-             config.block_size, kv.num_total_blocks * config.block_size)
+    kv.enable_prefix_caching = config.enable_prefix_caching
+    log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
+             kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
+             "on" if config.enable_prefix_caching else "off")
     return LoadedEngineParts(model, kv, entry.name, eos_token_ids(model_dir, hf_config),
                              hf_config)
 

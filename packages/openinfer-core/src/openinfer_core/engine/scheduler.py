@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence as Seq
+from typing import ClassVar
 
 from openinfer_core.engine.sequence import SeqStatus, Sequence
 from openinfer_core.events import (
@@ -26,7 +27,14 @@ class FcfsScheduler:
     """Running requests first (decodes and unfinished prefill chunks), then waiting ones in
     arrival order, while the step's token budget and `max_num_seqs` allow. A request is admitted
     only when its chunk's KV blocks can be had; when a running request cannot grow, the most
-    recently admitted one is preempted (its KV freed, recomputed later with its tokens kept)."""
+    recently admitted one is preempted (its KV freed, recomputed later with its tokens kept).
+
+    Subclasses change the policy, not the loop: `_enqueue` (where a new request waits),
+    `_requeue` (where a preempted one waits) and `_victim` (whom growth preempts)."""
+
+    # Whether `GenerateRequest.priority` means anything here; when not, a non-zero priority is
+    # refused rather than silently ignored (vLLM does the same).
+    honours_priority: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
         self.config = config
@@ -34,10 +42,27 @@ class FcfsScheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._refused: list[TokenEvent] = []  # Rejected at add(), emitted by the next schedule()
+
+    # -- policy ----------------------------------------------------------------------------
+    def _enqueue(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        self.waiting.appendleft(seq)
+
+    def _victim(self) -> Sequence:
+        return self.running[-1]
 
     # -- queue ---------------------------------------------------------------------------
     def add(self, request: GenerateRequest) -> None:
-        self.waiting.append(Sequence.from_request(request))
+        seq = Sequence.from_request(request)
+        reason = self._refusal(seq)
+        if reason:
+            seq.status = SeqStatus.FINISHED
+            self._refused.append(Rejected(seq.request_id, reason))
+        else:
+            self._enqueue(seq)
 
     def abort(self, request_id: str) -> list[TokenEvent]:
         for queue in (self.running, self.waiting):
@@ -48,43 +73,58 @@ class FcfsScheduler:
         return []
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._refused)
 
     def snapshot(self) -> LoadSnapshot:
         return LoadSnapshot(len(self.running), len(self.waiting), self.kv.num_used_blocks,
-                            self.kv.num_total_blocks)
+                            self.kv.num_total_blocks, self.kv.prefix_cache_stats,
+                            self.num_preemptions)
 
     # -- schedule ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(events=self._refused)
+        self._refused = []
+        budget, preempted = self._schedule_running(out)
+        if not preempted:  # admitting while requests are being preempted would only thrash
+            self._admit_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> tuple[int, bool]:
+        """Rows for running requests; returns the budget left and whether any was preempted."""
         budget = self.config.max_num_batched_tokens
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._grow(seq, n):
-                preempted = True
-                continue  # seq itself was preempted; running[i] is the next one now
-            out.rows.append(self._row(seq, n))
-            budget -= n
-            i += 1
-        # Admitting while requests are being preempted would only thrash.
-        while self.waiting and budget > 0 and not preempted \
-                and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            reason = self._never_fits(seq)
-            if reason:
-                self.waiting.popleft()
-                seq.status = SeqStatus.FINISHED
-                out.events.append(Rejected(seq.request_id, reason))
+            if self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
+                out.rows.append(self._row(seq, n))
+                budget -= n
+                i += 1
                 continue
-            if seq.num_computed_tokens == 0:
-                seq.num_computed_tokens = seq.num_cached_tokens = self.kv.computed_tokens(
-                    seq.request_id, seq.token_ids)
+            preempted = True
+            victim = self._victim()
+            j = self.running.index(victim)
+            del self.running[j]
+            self._preempt(victim)
+            if j < i:  # it already has a row this step: take the row and its tokens back
+                budget += self._unschedule(out, victim)
+                i -= 1
+            # j == i: seq itself went; running[i] is the next one now
+        return budget, preempted
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            seq.num_computed_tokens = seq.num_cached_tokens = self.kv.computed_tokens(
+                seq.request_id, seq.token_ids)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
-                break  # wait for blocks; later arrivals wait behind it (FCFS)
+                # A waiting request holds no KV (not even prefix-cache hits), so no request can
+                # ever wait on blocks held by one that waits.
+                self.kv.free(seq.request_id)
+                seq.num_computed_tokens = 0
+                break  # wait for blocks; the rest of the queue waits behind it
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -94,20 +134,16 @@ class FcfsScheduler:
                                             seq.num_cached_tokens))
             out.rows.append(self._row(seq, n))
             budget -= n
-        return out
+
+    @staticmethod
+    def _unschedule(out: SchedulerOutput, seq: Sequence) -> int:
+        """Drop `seq`'s row from this step; returns its tokens to the budget."""
+        row = next(r for r in out.rows if r.seq is seq)
+        out.rows.remove(row)
+        return row.num_new_tokens
 
     def _row(self, seq: Sequence, n: int) -> ScheduledRow:
         return ScheduledRow(seq, n, seq.num_computed_tokens + n == seq.num_tokens)
-
-    def _grow(self, seq: Sequence, n: int) -> bool:
-        """Allocate KV for `n` more tokens of running `seq`, preempting from the back of the
-        running list until it fits. False when `seq` itself had to be preempted."""
-        while not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
-            victim = self.running.pop()
-            self._preempt(victim)
-            if victim is seq:
-                return False
-        return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq.request_id, seq.token_ids)
@@ -115,9 +151,14 @@ class FcfsScheduler:
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._requeue(seq)
 
-    def _never_fits(self, seq: Sequence) -> str | None:
+    def _refusal(self, seq: Sequence) -> str | None:
+        priority = seq.request.priority
+        if priority != 0 and not self.honours_priority:
+            return (f"priority {priority} needs priority scheduling, which is not enabled: "
+                    f"start the server with --scheduler priority "
+                    f"(EngineConfig(scheduler='priority'))")
         prompt, max_tokens = seq.num_prompt_tokens, seq.request.max_tokens
         limit = self.config.max_model_len
         if prompt + max_tokens > limit:
@@ -139,6 +180,7 @@ class FcfsScheduler:
             if seq.status is not SeqStatus.RUNNING:
                 continue
             seq.num_computed_tokens += row.num_new_tokens
+            self.kv.cache_blocks(seq.request_id, seq.token_ids, seq.num_computed_tokens)
             if not row.samples:
                 continue
             tok = next(samples)

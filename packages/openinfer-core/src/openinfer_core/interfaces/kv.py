@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """Running totals since the manager was made, in tokens: `queries` were looked up in the
+    prefix cache (a request's tokens at each admission, re-admissions after preemption
+    included), `hits` of them were reused."""
+
+    queries: int = 0
+    hits: int = 0
 
 
 @runtime_checkable
@@ -11,9 +22,15 @@ class KVManager(Protocol):
     """Logical bookkeeping of a paged KV cache. Block 0 is reserved (padding) and never handed
     out. Called only from the engine thread; every method may mutate state unless it says not.
 
-    The prefix cache plugs in behind `computed_tokens` and `free` without changing callers."""
+    Prefix cache: `cache_blocks` makes a request's computed full blocks findable, `computed_tokens`
+    attaches the longest run of them a new request can reuse, and `free` leaves them findable
+    (evictable, least recently freed first) until their memory is handed out again. A manager
+    without one answers 0 hits and ignores `cache_blocks`."""
 
     block_size: int
+    # Set by the engine from `EngineConfig.enable_prefix_caching` right after
+    # `Model.create_kv_cache`, before any request; False: `computed_tokens` always answers 0.
+    enable_prefix_caching: bool
 
     @property
     def num_total_blocks(self) -> int:
@@ -22,22 +39,37 @@ class KVManager(Protocol):
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks that can be handed out now. Pure."""
+        """Blocks that can be handed out now, cached blocks no request holds included. Pure."""
         ...
 
     @property
     def num_used_blocks(self) -> int:
-        """Blocks held by requests. Pure."""
+        """Blocks held by at least one request (0 when the engine is idle, whatever is
+        cached). Pure."""
+        ...
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Lookup and hit totals, for metrics. Pure."""
         ...
 
     def computed_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
-        """Tokens of `token_ids` whose KV this request can reuse from the cache (0 without a
-        prefix cache). Attaches the reused blocks to the request."""
+        """Tokens of `token_ids` whose KV this request can reuse: the longest run of cached
+        full blocks from position 0, capped so at least one token is left to compute (0 without
+        a prefix cache). Attaches those blocks to the request, which must hold none yet."""
         ...
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         """Grow the request's blocks to cover `num_tokens` tokens. All or nothing: returns False
-        and changes nothing when not enough blocks are free."""
+        and changes nothing when not enough blocks are free (cached free blocks count as free;
+        taking one evicts it from the prefix cache)."""
+        ...
+
+    def cache_blocks(self, request_id: str, token_ids: Sequence[int],
+                     num_computed_tokens: int) -> None:
+        """The first `num_computed_tokens` of `token_ids` now have KV in the request's blocks:
+        every full block among them becomes findable by later `computed_tokens` calls, even
+        while this request still runs. Called after each step that computed tokens."""
         ...
 
     def block_ids(self, request_id: str) -> Sequence[int]:
@@ -45,6 +77,7 @@ class KVManager(Protocol):
         ...
 
     def free(self, request_id: str, token_ids: Sequence[int] | None = None) -> None:
-        """Release every block of the request (unknown ids are ignored). `token_ids`, when
-        given, lets a prefix cache keep full blocks reusable."""
+        """Release every block of the request (unknown ids are ignored). Cached blocks stay
+        findable until reused. `token_ids` is unused: only `cache_blocks` caches, since only
+        the scheduler knows which tokens have KV (the last sampled token has none yet)."""
         ...

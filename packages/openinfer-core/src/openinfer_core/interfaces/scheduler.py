@@ -52,7 +52,8 @@ class Scheduler(Protocol):
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None: ...
 
     def add(self, request: GenerateRequest) -> None:
-        """Queue a new request."""
+        """Queue a new request, or refuse it (one it can never run): its `Rejected` then comes
+        out with the next `schedule()`'s events."""
         ...
 
     def abort(self, request_id: str) -> list[TokenEvent]:
