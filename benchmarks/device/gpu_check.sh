@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
-# ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [throughput] [serve]
-# [startup] (default: all). Logs and JSON results go to $OUT; a short table prints last.
+# ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
+# [serve] [prefix] [qps] [interference] [startup] (default: all but attention). Logs and JSON
+# results go to $OUT; a short table prints last.
 set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
-stages=${*:-tests latency throughput serve startup}
+stages=${*:-tests latency throughput serve prefix qps interference startup}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT
@@ -19,6 +20,24 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 stage() { echo "=== $1 ($(date +%T))"; }
 has() { [[ " $stages " == *" $1 "* ]]; }
+# A server runs as a background python (not a subshell) so `kill $server` reaches it.
+wait_ready() {  # $1: the server's pid; until /health answers, it exits, or 180 s pass
+  python3 - "$1" <<'PY'
+import os, sys, time, urllib.request as u
+for _ in range(900):
+    try:
+        u.urlopen("http://127.0.0.1:8000/health"); sys.exit(0)
+    except OSError:
+        pass
+    try:
+        os.kill(int(sys.argv[1]), 0)
+    except OSError:
+        sys.exit("the server exited before it was ready; see its log")
+    time.sleep(0.2)
+sys.exit("the server was not ready after 180 s")
+PY
+}
+stop() { kill -TERM "$1"; wait "$1"; }
 
 if has tests; then
   stage "kernel tests, compiled, every size"
@@ -56,17 +75,50 @@ if has serve; then
     --max-model-len 4608 --port 8000 \
     > "$OUT/serve.log" 2>&1 &
   server=$!
-  python3 -c "import time,urllib.request as u
-for _ in range(900):
-    try: u.urlopen('http://127.0.0.1:8000/health'); break
-    except OSError: time.sleep(0.2)"
+  wait_ready $server
   timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
     --max-concurrency 512 --request-rate inf --ignore-eos --tokenizer $M8 \
     --result-file "$OUT/serve-8b-128.json"
   timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 --random-output-len 2048 --num-prompts 128 \
     --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
     --result-file "$OUT/serve-8b-2048.json"
-  kill -TERM $server; wait $server
+  stop $server
+fi
+if has prefix; then
+  stage "prefix cache: TTFT cold vs warm by prompt length, Qwen3-4B"
+  timeout 300 python3 -m openinfer_server.cli bench prefix $M4 --load-format dummy --max-num-seqs 4 --max-model-len 17408 \
+    --input-len 256 1024 4096 16384 --num-iters 10 --result-file "$OUT/prefix-qwen3-4b.json"
+fi
+if has qps; then
+  # About 40 s of arrivals per rate up to 8/s; past that 480 prompts (the rates beyond
+  # saturation then take as long as the server needs for them). The file is rewritten after
+  # each rate, so a timeout keeps the rates done.
+  stage "Poisson QPS sweep, 1024/128, Qwen3-4B"
+  python3 -m openinfer_server.cli serve $M4 --load-format dummy --max-num-seqs 256 \
+    --max-model-len 2048 --port 8000 > "$OUT/serve-qps.log" 2>&1 &
+  server=$!
+  wait_ready $server && timeout 330 python3 -m openinfer_server.cli bench serve \
+    --random-input-len 1024 --random-output-len 128 --ignore-eos --tokenizer $M4 \
+    --request-rate 2 4 8 16 32 64 --num-prompts 80 160 320 480 480 480 \
+    --result-file "$OUT/qps-qwen3-4b.json"
+  stop $server
+fi
+if has interference; then
+  # 32 short requests (128 in, 256 out) stream while an 8192-token prompt arrives every 2 s:
+  # with a 2048-token step budget the long prefills are chunked, with 16384 they are not.
+  for run in chunked:2048 unchunked:16384; do
+    label=${run%%:*} budget=${run#*:}
+    echo "=== server for the $label run" >> "$OUT/serve-interference.log"
+    stage "short-request ITL while 8k prompts arrive, $label (--max-num-batched-tokens $budget), Qwen3-4B"
+    python3 -m openinfer_server.cli serve $M4 --load-format dummy --max-num-seqs 64 \
+      --max-model-len 9216 --max-num-batched-tokens $budget --port 8000 \
+      >> "$OUT/serve-interference.log" 2>&1 &
+    server=$!
+    wait_ready $server && timeout 120 python3 -m openinfer_server.cli bench interference \
+      --tokenizer $M4 --duration 40 --long-interval 2 --label $label \
+      --result-file "$OUT/interference-$label.json"
+    stop $server
+  done
 fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"

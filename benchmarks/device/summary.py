@@ -62,6 +62,10 @@ def lines(out: Path) -> list[tuple[str, str]]:
                          f"TTFT p50 {s['median_ttft_ms']:.1f} p99 {s['p99_ttft_ms']:.1f}; TPOT "
                          f"p50 {s['median_tpot_ms']:.2f}; ITL p99 {s['p99_itl_ms']:.2f} ms; "
                          f"{s['completed']}/{s['num_prompts']} ok"))
+    rows += prefix_rows(load(out, "prefix-qwen3-4b.json"))
+    rows += qps_rows(load(out, "qps-qwen3-4b.json"))
+    for label in ("chunked", "unchunked"):
+        rows += interference_rows(label, load(out, f"interference-{label}.json"))
     st = load(out, "startup-qwen3-4b.json")
     if st:
         for key in ("cold", "warm"):
@@ -69,6 +73,49 @@ def lines(out: Path) -> list[tuple[str, str]]:
             rows.append((f"serve->ready, {key} Triton cache", f"{r['ready_s']:.2f} s; idle RSS "
                          f"{r['idle_rss_mb']:.0f} MB; GPU {r['gpu_mb']} MB"))
     return rows
+
+
+PREFIX_GOAL = (16384, 20.0)  # issue 5: warm TTFT of a cached 16k prompt, ms
+
+
+def prefix_rows(p: Any) -> list[tuple[str, str]]:
+    rows = []
+    for run in (p or {}).get("runs", []):
+        n = run["input_len"]
+        goal = f" (goal <= {PREFIX_GOAL[1]:g})" if n == PREFIX_GOAL[0] else ""
+        rows.append((f"prefix in {n}", f"cold TTFT p50 {run['median_cold_ttft_ms']:.2f} p99 "
+                     f"{run['p99_cold_ttft_ms']:.2f}; warm p50 {run['median_warm_ttft_ms']:.2f}"
+                     f" p99 {run['p99_warm_ttft_ms']:.2f} ms{goal}; "
+                     f"{run['cached_fraction']:.1%} cached"))
+    return rows
+
+
+def qps_rows(s: Any) -> list[tuple[str, str]]:
+    # A sweep holds one entry per rate in `runs`; a single rate is the flat result.
+    runs = [] if not s else s.get("runs") or [s]
+    return [(f"qps {_rate(run['request_rate'])}",
+             f"{run['output_throughput']:.0f} out tok/s; TTFT p50 {run['median_ttft_ms']:.1f} "
+             f"p99 {run['p99_ttft_ms']:.1f}; TPOT p50 {run['median_tpot_ms']:.2f} p99 "
+             f"{run['p99_tpot_ms']:.2f}; ITL p50 {run['median_itl_ms']:.2f} p99 "
+             f"{run['p99_itl_ms']:.2f} ms; {run['completed']}/{run['num_prompts']} ok")
+            for run in runs]
+
+
+def _rate(rate: float | str) -> str:
+    return rate if isinstance(rate, str) else f"{rate:g}"
+
+
+def interference_rows(label: str, r: Any) -> list[tuple[str, str]]:
+    if not r:
+        return []
+    short, long = r["short"], r["long"]
+    return [(f"interference {label}",
+             f"short ITL p50 {short['median_itl_ms']:.2f} p99 {short['p99_itl_ms']:.2f} max "
+             f"{short['max_itl_ms']:.1f}; during long prefill p99 "
+             f"{short['p99_itl_during_long_ms']:.2f}; TPOT p50 {short['median_tpot_ms']:.2f} "
+             f"p99 {short['p99_tpot_ms']:.2f}; long TTFT p50 {long['median_ttft_ms']:.1f} p99 "
+             f"{long['p99_ttft_ms']:.1f} ms; {short['completed']} short, "
+             f"{long['completed']}/{long['num_sent']} long ok")]
 
 
 def main() -> None:

@@ -33,11 +33,12 @@ def test_bench_help_lists_the_modes(capsys: pytest.CaptureFixture[str]) -> None:
         main(["bench", "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for mode in ("latency", "throughput", "serve"):
+    for mode in ("latency", "throughput", "prefix", "serve", "interference"):
         assert re.search(rf"^\s+{mode}\b", out, re.MULTILINE), mode
 
 
-@pytest.mark.parametrize("mode", ["serve", "bench latency", "bench throughput"])
+@pytest.mark.parametrize("mode", ["serve", "bench latency", "bench throughput",
+                                  "bench prefix"])
 def test_engine_flags_are_shared(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main([*mode.split(), "--help"])
@@ -51,7 +52,7 @@ def test_bench_engine_defaults_are_the_engines() -> None:
     from openinfer_core.engine.config import EngineConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-    for mode in ("latency", "throughput"):
+    for mode in ("latency", "throughput", "prefix"):
         args = build_parser().parse_args(["bench", mode])
         for name in ("device", "dtype", "max_model_len", "max_num_seqs", "block_size",
                      "max_num_batched_tokens", "num_kv_blocks", "gpu_memory_utilization",
@@ -62,6 +63,10 @@ def test_bench_engine_defaults_are_the_engines() -> None:
             latency.num_iters_warmup) == ([128], 128, 10, 2)
     assert build_parser().parse_args(["bench", "latency", "--input-len", "128", "2048"]
                                      ).input_len == [128, 2048]
+    prefix = build_parser().parse_args(["bench", "prefix"])
+    assert (prefix.input_len, prefix.output_len, prefix.num_iters,
+            prefix.num_iters_warmup) == ([256, 1024, 4096, 16384], 1, 10, 1)
+    assert prefix.enable_prefix_caching
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -79,6 +84,14 @@ def test_bench_engine_defaults_are_the_engines() -> None:
     (["bench", "serve", "--result-file", "a.json", "--result-dir", "d"],
      "not allowed with argument --result-file"),
     (["bench", "serve", "--device", "cpu"], "unrecognized arguments: --device"),
+    (["bench", "prefix", "--num-iters", "0"], "--num-iters: must be >= 1, got 0"),
+    (["bench", "interference", "--device", "cpu"], "unrecognized arguments: --device"),
+    (["bench", "interference", "--duration", "0"], "--duration: must be > 0 and finite"),
+    (["bench", "interference", "--long-arrival", "burst"], "--long-arrival: invalid choice"),
+    (["bench", "interference", "--duration", "5", "--long-interval", "5"],
+     "--long-interval 5 sends no long prompt within --duration 5"),
+    (["bench", "serve", "--request-rate", "1", "2", "--num-prompts", "1", "2", "3"],
+     "--num-prompts: give one count, or one per --request-rate value (2), not 3"),
 ])
 def test_bad_bench_arguments_exit_2(argv: list[str], message: str,
                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,6 +145,50 @@ def test_latency(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture
         assert run["tpot_over_floor"] == pytest.approx(run["median_tpot_ms"] / floor_ms)
     assert "Latency Benchmark Result" in out and "Median TPOT / decode floor:" in out
     assert re.search(r"Read bandwidth on cpu \(GB/s\):\s+\d", out)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_prefix(caching: bool, checkpoint: Path, tmp_path: Path,
+                capsys: pytest.CaptureFixture[str]) -> None:
+    flags = [] if caching else ["--no-prefix-cache"]
+    result, out = _bench(capsys, [
+        "prefix", str(checkpoint), *SMALL_ENGINE, *flags, "--input-len", "8", "40", "100",
+        "--num-iters", "3", "--num-iters-warmup", "1"], tmp_path / "prefix.json")
+    assert result["mode"] == "prefix" and result["command"][:3] == ["openinfer", "bench",
+                                                                   "prefix"]
+    assert result["ceiling"]["device"] == "cpu" and "commit" in result
+    assert (result["block_size"], result["enable_prefix_caching"]) == (16, caching)
+    assert [(r["input_len"], r["output_len"], r["num_iters"]) for r in result["runs"]] == [
+        (8, 1, 3), (40, 1, 3), (100, 1, 3)]
+    # Warm: every full block of the prompt, short of the one token always computed; the
+    # shorter-than-a-block prompt and a cache that is off reuse nothing.
+    expected = {8: 0, 40: 32, 100: 96} if caching else {8: 0, 40: 0, 100: 0}
+    for run in result["runs"]:
+        n = run["input_len"]
+        assert run["warm_cached_tokens"] == [expected[n]] * 3
+        assert run["min_warm_cached_tokens"] == expected[n] >= (n - 16 if caching else 0)
+        assert run["cached_fraction"] == pytest.approx(expected[n] / n)
+        assert len(run["cold_ttfts"]) == len(run["warm_ttfts"]) == 3
+        for kind in ("cold", "warm"):
+            assert 0 < run[f"median_{kind}_ttft_ms"] <= run[f"p99_{kind}_ttft_ms"]
+        assert run["warm_speedup"] == pytest.approx(
+            run["median_cold_ttft_ms"] / run["median_warm_ttft_ms"])
+    assert "Prefix Cache Benchmark Result" in out
+    assert ("Warm prompt tokens from the cache:       96.0% (least 96)" in out) == caching
+
+
+def test_prefix_refuses_a_warm_request_that_missed(checkpoint: Path, monkeypatch:
+                                                   pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from openinfer_server.bench import prefix
+
+    monkeypatch.setattr(prefix, "least_warm_hit", lambda n, block, caching: n)
+    assert main(["bench", "prefix", str(checkpoint), *SMALL_ENGINE, "--input-len", "40",
+                 "--num-iters", "1", "--num-iters-warmup", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("error: the warm request of prompt 0 (40 tokens) reused only 32 cached "
+                   "tokens, not the 40 expected; was its KV evicted? (raise --num-kv-blocks "
+                   "or --gpu-memory-utilization)")
 
 
 def test_throughput(checkpoint: Path, tmp_path: Path,

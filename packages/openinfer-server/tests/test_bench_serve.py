@@ -90,6 +90,34 @@ def test_serve_poisson_rate_with_tokenizer(server: LiveServer, tmp_path: Path,
     assert re.search(r"^Request rate configured \(RPS\): +40.00$", out, re.MULTILINE)
 
 
+def test_serve_rate_sweep(server: LiveServer, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "sweep.json"
+    code = main(["bench", "serve", "--base-url", server.url, "--request-rate", "50", "inf",
+                 "--num-prompts", "6", "9", "--random-input-len", "16", "--random-output-len",
+                 "5", "--ignore-eos", "--metric-percentiles", "50", "--result-file", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    server.wait_idle()
+    result = json.loads(path.read_text())
+    # The shared fields once, then one entry per rate with what differs.
+    assert set(result) >= OURS | {"request_rates", "runs", "random_input_len", "max_concurrency"}
+    assert "completed" not in result and result["request_rates"] == [50.0, "inf"]
+    first, second = result["runs"]
+    assert (first["request_rate"], first["num_prompts"], first["seed"]) == (50.0, 6, 0)
+    assert (second["request_rate"], second["num_prompts"], second["seed"]) == ("inf", 9, 1)
+    for run, n in ((first, 6), (second, 9)):
+        assert (run["completed"], run["failed"]) == (n, 0)
+        assert run["total_input_tokens"] == n * 16 and run["output_lens"] == [5] * n
+        # p99 is added for the sweep's table whatever --metric-percentiles says.
+        for m in METRICS:
+            assert 0 < run[f"median_{m}_ms"] <= run[f"p99_{m}_ms"], m
+        assert run["p50_ttft_ms"] == pytest.approx(run["median_ttft_ms"])
+    assert "Serving Benchmark Sweep" in out
+    assert re.search(r"^ +50 +6/6 ", out, re.MULTILINE)
+    assert re.search(r"^ +inf +9/9 ", out, re.MULTILINE)
+
+
 def test_unreachable_server_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 9 (discard) refuses connections at once.
     assert main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts",

@@ -135,13 +135,14 @@ def _add_bench_parser(
     from openinfer_server.bench import options
 
     bench = commands.add_parser(
-        "bench", help="benchmark: batch-1 latency, offline throughput, or a running server",
+        "bench", help="benchmark: batch-1 latency, offline throughput, prefix-cache TTFT, or a "
+                      "running server",
         description="Benchmark openinfer the way `vllm bench` does; every run also measures "
                     "the device's ceilings (memory read bandwidth, bf16 matmul rate).")
     modes = bench.add_subparsers(dest="bench_mode", metavar="MODE", required=True)
     for name, help_text, add_mode_arguments in options.MODES:
         mode = modes.add_parser(name, help=help_text, description=help_text)
-        if name != "serve":
+        if name in options.ENGINE_MODES:
             add_engine_arguments(mode)
             mode.add_argument("--log-level", choices=LOG_LEVELS, default="warning",
                               help="log verbosity (default %(default)s)")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openinfer_core.engine.engine import Engine
-from openinfer_core.events import Error, Finished, Rejected, Token
+from openinfer_core.events import Error, Finished, Rejected, Scheduled, Token
 from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 from openinfer_server.bench import BenchError
@@ -34,6 +34,7 @@ class RequestTiming:
     ttft: float  # seconds
     e2e: float
     output_tokens: int
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied (from Scheduled)
 
     @property
     def tpot(self) -> float | None:
@@ -47,7 +48,7 @@ def time_request(engine: Engine, request: GenerateRequest) -> RequestTiming:
     start = time.perf_counter()
     engine.add_request(request)
     first: float | None = None
-    tokens = 0
+    tokens = cached = 0
     while True:
         events = engine.step()
         now = time.perf_counter()
@@ -57,10 +58,12 @@ def time_request(engine: Engine, request: GenerateRequest) -> RequestTiming:
             if isinstance(event, Token):
                 tokens += 1
                 first = now if first is None else first
+            elif isinstance(event, Scheduled):
+                cached = event.cached_tokens
             elif isinstance(event, Finished):
                 if first is None:
                     raise BenchError(f"request {request.request_id} finished without a token")
-                return RequestTiming(first - start, now - start, tokens)
+                return RequestTiming(first - start, now - start, tokens, cached)
             elif isinstance(event, Error | Rejected):
                 raise BenchError(f"the engine failed request {request.request_id}: "
                                  f"{event.message}")
@@ -68,7 +71,7 @@ def time_request(engine: Engine, request: GenerateRequest) -> RequestTiming:
             raise BenchError(f"the engine went idle before request {request.request_id} ended")
 
 
-def _drain(engine: Engine) -> None:
+def drain(engine: Engine) -> None:
     # Finished requests give their KV back on the next step; do it outside the timed part.
     while engine.has_work():
         engine.step()
@@ -86,7 +89,7 @@ def measure_input_len(engine: Engine, input_len: int, output_len: int, *, iters:
         request = GenerateRequest(f"bench-latency-{input_len}-{i}", prompt.prompt_token_ids,
                                   params)
         timing = time_request(engine, request)
-        _drain(engine)
+        drain(engine)
         if timing.output_tokens != output_len:
             raise BenchError(f"request {request.request_id} made {timing.output_tokens} "
                              f"tokens, not {output_len}")

@@ -73,12 +73,15 @@ def result_path(result_file: str | None, result_dir: str | None, name_parts: Seq
     return Path(result_dir).expanduser() / f"{name}.json"
 
 
-def write_result(result: dict[str, Any], path: Path | None) -> None:
+def write_result(result: dict[str, Any], path: Path | None, *, quiet: bool = False) -> None:
+    """Write `result` to `path` (nothing when None); `quiet` for the partial results a sweep
+    rewrites after each step, so a run cut short still leaves what it measured."""
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"results written to {path}")
+    if not quiet:
+        print(f"results written to {path}")
 
 
 # -- tables -----------------------------------------------------------------------------
@@ -165,4 +168,72 @@ def throughput_table(result: dict[str, Any]) -> str:
             row("Request throughput (req/s):", result["requests_per_second"], ".2f"),
             row("Output token throughput (tok/s):", result["output_tokens_per_second"], ".2f"),
             row("Total token throughput (tok/s):", result["tokens_per_second"], ".2f")]
+    return "\n".join([*rows, "=" * WIDTH])
+
+
+def prefix_table(result: dict[str, Any]) -> str:
+    caching = "on" if result["enable_prefix_caching"] else "off"
+    rows = [title(" Prefix Cache Benchmark Result "), *ceiling_rows(result),
+            row("Prefix cache:", f"{caching}, blocks of {result['block_size']} tokens")]
+    for run in result["runs"]:
+        rows.append(title(f" input {run['input_len']}, output {run['output_len']}, "
+                          f"{run['num_iters']} pairs ", "-"))
+        for kind in ("cold", "warm"):
+            name = f"{kind}_ttft"
+            rows += [row(f"Mean {kind} TTFT (ms):", run[f"mean_{name}_ms"], ".2f"),
+                     row(f"Median {kind} TTFT (ms):", run[f"median_{name}_ms"], ".2f"),
+                     row(f"P99 {kind} TTFT (ms):", run[f"p99_{name}_ms"], ".2f")]
+        rows += [row("Median cold / median warm TTFT:", f"{run['warm_speedup']:.1f}x"),
+                 row("Warm prompt tokens from the cache:",
+                     f"{run['cached_fraction']:.1%} (least {run['min_warm_cached_tokens']})")]
+    return "\n".join([*rows, "=" * WIDTH])
+
+
+SWEEP_COLUMNS = [("RPS", 6), ("ok/sent", 9), ("s", 7), ("out tok/s", 10),
+                 ("TTFT p50", 9), ("p99", 9), ("TPOT p50", 9), ("p99", 8), ("ITL p50", 8),
+                 ("p99", 8)]
+
+
+def sweep_row(run: dict[str, Any]) -> str:
+    """One rate of a `bench serve` sweep, laid out under SWEEP_COLUMNS (times in ms)."""
+    rate = run["request_rate"]
+    cells = [rate if rate == "inf" else f"{rate:g}", f"{run['completed']}/{run['num_prompts']}",
+             f"{run['duration']:.1f}", f"{run['output_throughput']:.0f}",
+             *(f"{run[f'{stat}_{name}_ms']:.2f}" for name in ("ttft", "tpot", "itl")
+               for stat in ("median", "p99"))]
+    return " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, SWEEP_COLUMNS, strict=True))
+
+
+def sweep_table(result: dict[str, Any]) -> str:
+    rows = [title(" Serving Benchmark Sweep "), *ceiling_rows(result)]
+    if result["max_concurrency"] is not None:
+        rows.append(row("Maximum request concurrency:", result["max_concurrency"]))
+    rows += [row("Input / output tokens:",
+                 f"{result['random_input_len']} / {result['random_output_len']}"),
+             title(" latencies in ms ", "-"),
+             " ".join(f"{name:>{w}}" for name, w in SWEEP_COLUMNS),
+             *(sweep_row(run) for run in result["runs"])]
+    return "\n".join([*rows, "=" * WIDTH])
+
+
+def interference_table(result: dict[str, Any], percentiles: Sequence[float]) -> str:
+    short, long = result["short"], result["long"]
+    rows = [title(" Interference Benchmark Result "), *ceiling_rows(result)]
+    if result["label"]:
+        rows.append(row("Label:", result["label"]))
+    rows += [row("Benchmark duration (s):", result["duration"], ".2f"),
+             row("Short requests ok / failed:", f"{short['completed']} / {short['failed']}"),
+             row("Short output throughput (tok/s):", short["output_throughput"], ".2f"),
+             row("Long prompts ok / failed:", f"{long['completed']} / {long['failed']}")]
+    rows += metric_rows(short, "itl", "short ITL", "Short requests' inter-token latency",
+                        percentiles)
+    rows.append(row("Max short ITL (ms):", short["max_itl_ms"], ".2f"))
+    rows += metric_rows(short, "itl_during_long", "ITL", "Short ITL while a long prefills",
+                        percentiles)
+    rows.append(row("Gaps overlapping a long prefill:", short["num_itl_during_long"]))
+    rows += metric_rows(short, "tpot", "short TPOT", "Short requests' time per output token",
+                        percentiles)
+    rows += metric_rows(long, "ttft", "long TTFT", "Long prompts' time to first token",
+                        percentiles)
+    rows.append(row("Max long TTFT (ms):", long["max_ttft_ms"], ".2f"))
     return "\n".join([*rows, "=" * WIDTH])

@@ -1,4 +1,5 @@
-"""`openinfer bench serve`: the client side of `vllm bench serve`, against a running server.
+"""`openinfer bench serve`: the client side of `vllm bench serve`, against a running server;
+several `--request-rate` values run a sweep, one rate after another.
 
 Random token-id prompts go to /v1/completions as streamed requests (greedy, usage included),
 sent at Poisson arrival times or all at once, at most `--max-concurrency` in flight. Metrics
@@ -15,8 +16,9 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -28,7 +30,15 @@ from openinfer_server.bench.dataset import (
     random_requests,
     tokenizer_vocab_size,
 )
-from openinfer_server.bench.report import result_path, run_header, serve_table, write_result
+from openinfer_server.bench.report import (
+    SWEEP_COLUMNS,
+    result_path,
+    run_header,
+    serve_table,
+    sweep_row,
+    sweep_table,
+    write_result,
+)
 from openinfer_server.bench.stats import summarize_ms
 
 if TYPE_CHECKING:
@@ -174,61 +184,125 @@ async def served_model(client: httpx.AsyncClient, base_url: str) -> str:
     return str(models[0]["id"])
 
 
-async def benchmark(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """(model, metrics) of one run: a warmup request, then the measured requests."""
+def sweep_plan(args: argparse.Namespace, parser: argparse.ArgumentParser,
+               ) -> list[tuple[float, int]]:
+    """(request rate, number of prompts) of each run: `--num-prompts` gives one count for every
+    rate or one per rate."""
+    rates, counts = args.request_rate, args.num_prompts
+    if len(counts) == 1:
+        counts = counts * len(rates)
+    elif len(counts) != len(rates):
+        parser.error(f"--num-prompts: give one count, or one per --request-rate value "
+                     f"({len(rates)}), not {len(counts)}")
+    return list(zip(rates, counts, strict=True))
+
+
+def rate_value(rate: float) -> float | str:
+    """A rate as the JSON spells it (vLLM's): a number, or "inf"."""
+    return "inf" if math.isinf(rate) else rate
+
+
+def client_for(args: argparse.Namespace, max_connections: int | None) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=None)
+    return httpx.AsyncClient(headers=headers, timeout=REQUEST_TIMEOUT_S, limits=limits)
+
+
+async def warm_up(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> None:
+    outcome = await send_request(client, url, payload)
+    if not outcome.success:
+        raise BenchError(f"the warmup request failed: {outcome.error}")
+
+
+async def benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]],
+                    percentiles: Sequence[float],
+                    on_run: Callable[[str, dict[str, Any]], None]) -> str:
+    """A warmup request, then one run per (rate, prompts) of `plan`, each handed to `on_run`
+    with the model name as it ends; returns the model name. Run i draws its prompts and
+    arrival times from seed + i, so no run gets prefix-cache hits from an earlier one."""
     base_url = args.base_url.rstrip("/")
     url = f"{base_url}{args.endpoint}"
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     vocab = tokenizer_vocab_size(args.tokenizer) if args.tokenizer else FALLBACK_VOCAB_SIZE
-    requests = random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
-                               vocab_size=vocab, range_ratio=args.random_range_ratio,
-                               seed=args.seed)
     # The warmup's prompt is its own, so request 0 gets no prefix-cache hit from it.
     warmup = random_requests(1, args.random_input_len, args.random_output_len,
                              vocab_size=vocab, seed=args.seed + 1_000_003)[0]
-    limits = httpx.Limits(max_connections=args.max_concurrency, max_keepalive_connections=None)
-    async with httpx.AsyncClient(headers=headers, timeout=REQUEST_TIMEOUT_S,
-                                 limits=limits) as client:
+    async with client_for(args, args.max_concurrency) as client:
         model = args.model or await served_model(client, base_url)
         print(f"warmup request to {url} (model {model})")
-        outcome = await send_request(
-            client, url, completion_payload(model, warmup, ignore_eos=args.ignore_eos))
-        if not outcome.success:
-            raise BenchError(f"the warmup request failed: {outcome.error}")
-        rate = "inf" if math.isinf(args.request_rate) else f"{args.request_rate:g}"
-        print(f"sending {len(requests)} requests, rate {rate}/s, max concurrency "
-              f"{args.max_concurrency or 'unlimited'}")
-        payloads = [completion_payload(model, r, ignore_eos=args.ignore_eos) for r in requests]
-        outcomes, duration = await run_requests(
-            client, url, payloads, rate=args.request_rate,
-            max_concurrency=args.max_concurrency, seed=args.seed)
-    return model, compute_metrics(outcomes, duration, args.metric_percentiles)
+        await warm_up(client, url, completion_payload(model, warmup, ignore_eos=args.ignore_eos))
+        for i, (rate, num_prompts) in enumerate(plan):
+            seed = args.seed + i
+            requests = random_requests(num_prompts, args.random_input_len,
+                                       args.random_output_len, vocab_size=vocab,
+                                       range_ratio=args.random_range_ratio, seed=seed)
+            print(f"sending {num_prompts} requests, rate {rate:g}/s, max concurrency "
+                  f"{args.max_concurrency or 'unlimited'}")
+            payloads = [completion_payload(model, r, ignore_eos=args.ignore_eos)
+                        for r in requests]
+            outcomes, duration = await run_requests(
+                client, url, payloads, rate=rate, max_concurrency=args.max_concurrency,
+                seed=seed)
+            on_run(model, {"num_prompts": num_prompts, "request_rate": rate_value(rate),
+                           "seed": seed, **compute_metrics(outcomes, duration, percentiles)})
+    return model
 
 
-def _ceiling() -> Ceiling | None:
+def client_ceiling() -> Ceiling | None:
+    """The ceilings of this machine's GPU, if any: a client runs beside the server."""
     from openinfer_server.bench.ceiling import local_ceiling
 
     return local_ceiling()
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    ceiling = _ceiling()  # before any request, while the GPU is idle
-    model, metrics = asyncio.run(benchmark(args))
-    rate: float | str = "inf" if math.isinf(args.request_rate) else args.request_rate
-    result = {**run_header("serve", ceiling, model=model, command=args.argv),
-              "base_url": args.base_url, "endpoint": args.endpoint,
-              "tokenizer_id": args.tokenizer, "num_prompts": args.num_prompts,
-              "request_rate": rate, "burstiness": 1.0, "max_concurrency": args.max_concurrency,
-              "random_input_len": args.random_input_len,
-              "random_output_len": args.random_output_len,
-              "random_range_ratio": args.random_range_ratio, "ignore_eos": args.ignore_eos,
-              "seed": args.seed, **metrics}
-    print(serve_table(result, args.metric_percentiles))
-    errors = sorted({e for e in metrics["errors"] if e})
+def _print_errors(runs: Sequence[dict[str, Any]]) -> None:
+    errors = sorted({e for run in runs for e in run["errors"] if e})
     for error in errors[:5]:
         print(f"failed request: {error}", file=sys.stderr)
-    concurrency = f"concurrency{args.max_concurrency}" if args.max_concurrency else ""
-    write_result(result, result_path(
-        args.result_file, args.result_dir,
-        [p for p in ["serve", model, f"{rate}qps", concurrency] if p]))
-    return 0 if metrics["completed"] else 1
+
+
+def run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """One rate gives vLLM's flat result; several give the shared fields once and `runs`, one
+    entry per rate with the fields that differ (`request_rate`, `num_prompts`, `seed`, the
+    metrics), rewritten after each rate so a sweep cut short keeps what it measured."""
+    plan = sweep_plan(args, parser)
+    sweep = len(plan) > 1
+    # A sweep's table shows p50 and p99 whatever --metric-percentiles asks.
+    percentiles = args.metric_percentiles
+    if sweep and 99.0 not in percentiles:
+        percentiles = (*percentiles, 99.0)
+    ceiling = client_ceiling()  # before any request, while the GPU is idle
+    common = {"base_url": args.base_url, "endpoint": args.endpoint,
+              "tokenizer_id": args.tokenizer, "burstiness": 1.0,
+              "max_concurrency": args.max_concurrency,
+              "random_input_len": args.random_input_len,
+              "random_output_len": args.random_output_len,
+              "random_range_ratio": args.random_range_ratio, "ignore_eos": args.ignore_eos}
+    rates = [rate_value(rate) for rate, _ in plan]
+    runs: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
+    out: list[Path | None] = []  # the result path, named once the model is known
+
+    def on_run(model: str, run: dict[str, Any]) -> None:
+        nonlocal result
+        if not out:
+            concurrency = f"concurrency{args.max_concurrency}" if args.max_concurrency else ""
+            rate_part = "_".join(str(r) for r in rates)
+            out.append(result_path(args.result_file, args.result_dir, [
+                p for p in ["serve", model, f"{rate_part}qps", concurrency] if p]))
+            result = {**run_header("serve", ceiling, model=model, command=args.argv),
+                      **common}
+        runs.append(run)
+        if not sweep:
+            result |= run
+            return
+        result |= {"request_rates": rates, "runs": runs}
+        if len(runs) == 1:
+            print(" ".join(f"{name:>{width}}" for name, width in SWEEP_COLUMNS))
+        print(sweep_row(run))
+        write_result(result, out[0], quiet=True)
+
+    asyncio.run(benchmark(args, plan, percentiles, on_run))
+    print(sweep_table(result) if sweep else serve_table(result, percentiles))
+    _print_errors(runs)
+    write_result(result, out[0])
+    return 0 if all(run["completed"] for run in runs) else 1
