@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from openinfer_core.engine.batch import plan_batch
-from openinfer_core.engine.cuda_graphs import graph_buckets
+from openinfer_core.engine.cuda_graphs import graph_buckets, mixed_buckets, stage_mixed
 from openinfer_core.engine.sequence import Sequence as Seq
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
@@ -64,6 +64,33 @@ def test_a_decode_step_is_what_graphs_replay() -> None:
 ])
 def test_graph_buckets(max_batch: int, expected: list[int]) -> None:
     assert graph_buckets(max_batch) == expected
+
+
+@pytest.mark.parametrize(("max_tokens", "expected"), [
+    (0, []), (8, []), (16, [16]), (40, [16, 32, 40]), (64, [16, 32, 64]),
+    (512, [16, 32, 64, 128, 192, 256, 320, 384, 448, 512]), (100, [16, 32, 64, 100]),
+])
+def test_mixed_buckets(max_tokens: int, expected: list[int]) -> None:
+    assert mixed_buckets(max_tokens) == expected
+
+
+def test_a_mixed_step_is_staged_with_padding_tokens_and_requests() -> None:
+    kv = PagedKVManager(num_blocks=8, block_size=4)
+    a = _seq("a", [1, 2, 3, 4, 5], computed=4)  # decode
+    b = _seq("b", [6, 7, 8, 9, 10, 11], computed=0)  # a chunk of 5 that does not sample
+    for s, n in ((a, 5), (b, 6)):
+        assert kv.allocate(s.request_id, n)
+    host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 5, False)], kv)
+    staging = np.full((6, 20), -7, dtype=np.int64)
+    stage_mixed(staging, host, bucket=16, slots=4)
+    assert staging[0, :16].tolist() == [5, 6, 7, 8, 9, 10] + [0] * 10
+    assert staging[1, :16].tolist() == [4, 0, 1, 2, 3, 4] + [0] * 10
+    assert staging[2, :6].tolist() == host.slot_mapping.tolist()
+    assert staging[2, 6:16].tolist() == [0] * 10  # into the padding block 0
+    assert staging[3, :4].tolist() == [5, 5, 1, 1]
+    assert staging[4, :5].tolist() == [0, 1, 6, 6, 6]  # padding requests own no token
+    assert staging[5, :4].tolist() == [0, 0, 0, 0]  # a's row 0, then padding
+    assert (staging[:, 16:] == -7).all() and (staging[3:, 5:] == -7).all()
 
 
 def test_dummy_weights_need_no_files_and_depend_only_on_the_config(tmp_path: Path,

@@ -19,7 +19,7 @@ from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
 CATEGORIES = [  # first match wins
-    ("attention", r"attn|attention|decode_split|decode_merge|prefill_kernel|flash"),
+    ("attention", r"attn|attention|split_kernel|merge_kernel|prefill_kernel|flash"),
     ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv"),
     ("norm", r"rms|norm"),
     ("rope", r"rope|rotary"),

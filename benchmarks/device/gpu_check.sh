@@ -88,6 +88,9 @@ if has prefix; then
   stage "prefix cache: TTFT cold vs warm by prompt length, Qwen3-4B"
   timeout 300 python3 -m openinfer_server.cli bench prefix $M4 --load-format dummy --max-num-seqs 4 --max-model-len 17408 \
     --input-len 256 1024 4096 16384 --num-iters 10 --result-file "$OUT/prefix-qwen3-4b.json"
+  stage "first-token step, cold and warm: wall, GPU time by op, host profile"
+  timeout 150 python3 benchmarks/device/prefill_breakdown.py $M4 --prompt-len 256 4096 16384 \
+    --json "$OUT/prefill-breakdown-qwen3-4b.json" > "$OUT/prefill-breakdown.log" 2>&1
 fi
 if has qps; then
   # About 40 s of arrivals per rate up to 8/s; past that 480 prompts (the rates beyond

@@ -63,6 +63,11 @@ def lines(out: Path) -> list[tuple[str, str]]:
                          f"p50 {s['median_tpot_ms']:.2f}; ITL p99 {s['p99_itl_ms']:.2f} ms; "
                          f"{s['completed']}/{s['num_prompts']} ok"))
     rows += prefix_rows(load(out, "prefix-qwen3-4b.json"))
+    for r in load(out, "prefill-breakdown-qwen3-4b.json") or []:
+        ops = ", ".join(f"{k} {v:.2f}" for k, v in r["by_op_ms"].items())
+        rows.append((f"4B first token {r['prompt_len']} {'warm' if r['warm'] else 'cold'}",
+                     f"wall p50 {r['ttft_ms_p50']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f}: "
+                     f"{ops}"))
     rows += qps_rows(load(out, "qps-qwen3-4b.json"))
     for label in ("chunked", "unchunked"):
         rows += interference_rows(label, load(out, f"interference-{label}.json"))

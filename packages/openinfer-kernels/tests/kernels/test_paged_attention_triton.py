@@ -21,6 +21,8 @@ from openinfer_kernels.attention.triton import (
     paged_attention_triton,
     paged_decode,
     paged_prefill,
+    paged_split,
+    split_tiles,
 )
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 
@@ -218,6 +220,57 @@ def test_triton_backend_appends_then_attends(dtype):
     check(out, case, 0.2)
 
 
+SHORT_QUERIES = {
+    "prefix-hit-16-of-300": [Req(context=300, queries=16)],  # a warm prefix: 284 cached
+    "hit-5-of-130": [Req(context=130, queries=5)],  # fewer queries than a query block
+    "chunk-40-after-60": [Req(context=100, queries=40)],  # several query blocks
+    "hits-and-decodes": [Req(57, 1), Req(200, 16), Req(33, 33), Req(17, 1), Req(90, 9)],
+}
+
+
+@DTYPES
+@HEADS
+@pytest.mark.parametrize("batch", list(SHORT_QUERIES))
+def test_split_kernel_with_several_queries_matches_reference(batch, hq, hk, d, dtype):
+    case = build(SHORT_QUERIES[batch], hq, hk, d, dtype, seed=9)
+    check(paged_split(*case.args(d**-0.5), case.max_query_len), case, d**-0.5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 16])
+@pytest.mark.parametrize("max_query_len", [16, 64])
+def test_split_kernel_any_splits_and_query_blocks(num_splits, max_query_len):
+    # Splits past a row's position see nothing (an all-hidden split must merge as nothing);
+    # max_query_len above the real one (as in a CUDA graph) gives larger query blocks.
+    case = build(SHORT_QUERIES["hits-and-decodes"], 8, 2, 24, torch.float32, seed=10)
+    out = paged_split(*case.args(0.2), max_query_len, num_splits)
+    check(out, case, 0.2)
+
+
+def test_split_tiles():
+    assert split_tiles(1, 4) == (1, 16)  # decode: one query, the group padded to 16 rows
+    assert split_tiles(2, 4) == (16, 4)  # 64 rows for any query count: one compiled variant
+    assert split_tiles(16, 4) == (16, 4)
+    assert split_tiles(512, 4) == (16, 4)  # 64 rows at most
+    assert split_tiles(512, 5) == (8, 8)
+    assert split_tiles(512, 1) == (64, 1)
+    assert split_tiles(512, 128) == (1, 128)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_split_kernel_leaves_padding_tokens_and_requests_alone(num_splits):
+    # A CUDA graph bucket: 7 tokens more than the requests own, and 3 requests of no query.
+    reqs = SHORT_QUERIES["hits-and-decodes"]
+    case = build([*reqs, Req(context=1, queries=0), Req(context=1, queries=0),
+                  Req(context=1, queries=0)], 4, 2, 24, torch.float32, seed=11)
+    real = case.q.shape[0]
+    q = torch.cat([case.q, torch.randn(7, 4, 24, device=DEVICE)])
+    out = paged_split(q, *case.args(0.2)[1:], max_query_len=q.shape[0],
+                      num_splits=num_splits)
+    check(out[:real], case, 0.2)
+    if num_splits > 1:  # the merge zeroes rows that no request owns
+        assert torch.equal(out[real:], torch.zeros_like(out[real:]))
+
+
 # --- full size, on the GPU only -------------------------------------------------------------
 
 QWEN3_4B = dict(hq=32, hk=8, d=128)
@@ -231,6 +284,8 @@ LARGE = {
     "prefills-500-700-848": [Req(500, 500), Req(700, 700), Req(848, 848)],
     "chunk-512-after-4096": [Req(context=4608, queries=512)],
     "mixed-chunk-and-decodes": [Req(4608, 512), *decodes(1, 17, 3000, 200), Req(300, 300)],
+    "prefix-hit-16-of-16384": [Req(context=16384, queries=16)],
+    "hits-and-decodes-4k": [Req(4096, 16), *decodes(1, 2000, 700), Req(900, 64), Req(64, 64)],
 }
 
 
@@ -280,3 +335,33 @@ def test_decode_replays_in_a_cuda_graph_with_new_lengths():
         dst.copy_(src)
     graph.replay()
     check(out.clone(), second, 0.1)
+
+
+@gpu
+def test_short_queries_replay_in_a_cuda_graph_with_a_new_spread():
+    # One 64-token bucket over 8 requests: captured with one spread of tokens, replayed with
+    # another (other requests own the query blocks, two own none, 3 tokens are padding).
+    shapes = dict(**QWEN3_4B, dtype=torch.bfloat16, num_blocks=700, width=300)
+    first = build([Req(4096, 16), *decodes(1, 2000, 700), Req(900, 28), Req(64, 15), Req(5, 1),
+                   Req(9, 1)], seed=12, **shapes)
+    second = build([Req(30, 1), Req(3000, 40), Req(1, 0), Req(4100, 16), Req(2, 2),
+                    Req(1, 0), Req(70, 1), Req(16, 1)], seed=13, **shapes)
+    assert first.q.shape[0] == 64 and second.q.shape[0] == 61
+    static = first.args(0.1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        paged_attention_triton(*static, max_query_len=64)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention_triton(*static, max_query_len=64)
+
+    graph.replay()
+    check(out.clone(), first, 0.1)
+    for dst, src in zip(static[1:-1], second.args(0.1)[1:-1], strict=True):
+        dst.copy_(src)
+    static[0][:61].copy_(second.q)
+    graph.replay()
+    check(out[:61].clone(), second, 0.1)

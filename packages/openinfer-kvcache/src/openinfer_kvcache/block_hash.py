@@ -3,28 +3,41 @@
 from __future__ import annotations
 
 import hashlib
-import sys
-from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import numpy as np
 
 ROOT_PARENT_HASH = 0  # the parent of a request's first block
+
+
+def _key(parent_hash: int, block: bytes) -> int:
+    """blake2b-64 of the parent hash (shifted into int64) and the block's int64 token ids, all
+    little-endian."""
+    head = (parent_hash - (1 << 63)).to_bytes(8, "little", signed=True)
+    return int.from_bytes(hashlib.blake2b(head + block, digest_size=8).digest(), "little")
 
 
 def hash_block(parent_hash: int, token_ids: Sequence[int]) -> int:
     """A 64-bit key for one full block. Stable across processes and runs (Python's `hash` is
     salted per process): the offload tiers store blocks under it."""
-    data = array("q", [parent_hash - (1 << 63), *token_ids])
-    if sys.byteorder == "big":
-        data.byteswap()
-    return int.from_bytes(hashlib.blake2b(data.tobytes(), digest_size=8).digest(), "little")
+    return _key(parent_hash, np.asarray(token_ids, dtype="<i8").tobytes())
+
+
+def iter_block_hashes(token_ids: Sequence[int], block_size: int, *, stop: int,
+                      parent_hash: int = ROOT_PARENT_HASH, start: int = 0) -> Iterator[int]:
+    """`hash_block` of blocks `start`, `start + 1`, ... of `token_ids` while the block ends by
+    token `stop`, chained from `parent_hash` (block `start - 1`'s). The ids are packed once, so
+    a 16k-token prompt's 1024 keys take about a millisecond."""
+    data = np.asarray(token_ids[start * block_size:stop], dtype="<i8").tobytes()
+    width = 8 * block_size
+    for offset in range(0, len(data) - width + 1, width):
+        parent_hash = _key(parent_hash, data[offset:offset + width])
+        yield parent_hash
 
 
 def hash_blocks(token_ids: Sequence[int], block_size: int, parent_hash: int = ROOT_PARENT_HASH,
                 start: int = 0) -> list[int]:
     """Hashes of the full blocks of `token_ids` from block index `start`, whose parent (block
     `start - 1`) hashes to `parent_hash`. A partial last block gets none."""
-    hashes = []
-    for begin in range(start * block_size, len(token_ids) - block_size + 1, block_size):
-        parent_hash = hash_block(parent_hash, token_ids[begin:begin + block_size])
-        hashes.append(parent_hash)
-    return hashes
+    return list(iter_block_hashes(token_ids, block_size, stop=len(token_ids),
+                                  parent_hash=parent_hash, start=start))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from openinfer_core.interfaces.kv import PrefixCacheStats
-from openinfer_kvcache.block_hash import ROOT_PARENT_HASH, hash_block
+from openinfer_kvcache.block_hash import ROOT_PARENT_HASH, iter_block_hashes
 from openinfer_kvcache.block_pool import BlockPool
 
 
@@ -60,14 +60,12 @@ class PagedKVManager:
             return 0
         size = self.block_size
         hashes: list[int] = []
-        parent = ROOT_PARENT_HASH
         # At least one token must be computed: the step needs its logits to sample.
-        for begin in range(0, len(token_ids) - size, size):
-            parent = hash_block(parent, token_ids[begin:begin + size])
-            block = self.pool.lookup(parent)
+        for key in iter_block_hashes(token_ids, size, stop=len(token_ids) - 1):
+            block = self.pool.lookup(key)
             if block is None:
                 break
-            hashes.append(parent)
+            hashes.append(key)
             table.append(block)
         self.pool.touch(table)
         self._hashes[request_id] = hashes
@@ -97,12 +95,13 @@ class PagedKVManager:
                                f"but holds {len(table or ())} KV blocks")
         hashes = self._hashes.setdefault(request_id, [])
         size = self.block_size
-        parent = hashes[-1] if hashes else ROOT_PARENT_HASH
-        for i in range(len(hashes), num_full):
-            parent = hash_block(parent, token_ids[i * size:(i + 1) * size])
-            hashes.append(parent)
+        start = len(hashes)
+        new = iter_block_hashes(token_ids, size, stop=num_full * size, start=start,
+                                parent_hash=hashes[-1] if hashes else ROOT_PARENT_HASH)
+        for i, key in enumerate(new, start):
+            hashes.append(key)
             # False when another request cached the same KV first; this copy stays private.
-            self.pool.cache(table[i], parent)
+            self.pool.cache(table[i], key)
 
     def block_ids(self, request_id: str) -> Sequence[int]:
         return self._tables.get(request_id, ())

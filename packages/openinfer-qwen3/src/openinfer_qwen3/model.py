@@ -11,6 +11,7 @@ from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
+    lm_head_logits,
     qk_norm_rope,
     rms_norm,
     rope_cos_sin,
@@ -38,6 +39,8 @@ class Qwen3Model:
         self.scale = cfg.head_dim ** -0.5
         self.kv: KVBuffer | None = None
         self.cuda_graph_safe = bool(getattr(attention, "cuda_graph_safe", False))
+        self.cuda_graph_max_tokens = (int(getattr(attention, "cuda_graph_max_tokens", 0))
+                                      if self.cuda_graph_safe else 0)
         self.sampling_kernels = SAMPLING_KERNELS
         self.weight_bytes = weights.decode_bytes()
 
@@ -73,7 +76,7 @@ class Qwen3Model:
         rows = batch.logits_indices
         last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm,
                                      self.cfg.rms_norm_eps)
-        return F.linear(last, self.w.lm_head).float()
+        return lm_head_logits(last, self.w.lm_head)
 
     def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,
                    batch: ForwardBatch) -> torch.Tensor:

@@ -1,16 +1,25 @@
-"""Decode steps replayed from CUDA graphs, one graph per batch-size bucket.
+"""Steps replayed from CUDA graphs: decode steps by batch size, small mixed steps by token count.
 
 A decode step (every row one token) has the same kernels at every step; only the contents of a
 few small tensors change. So each bucket's forward is captured once over fixed input buffers, and
 a step copies its rows into those buffers and replays the bucket just above its batch size. The
 rows past the batch are padding: token 0 at position 0, writing its KV into the padding block 0
-and reading one token from it; their logits are never looked at."""
+and reading one token from it; their logits are never looked at.
+
+When the model allows it (`cuda_graph_max_tokens`), steps of any other mix of up to that many
+tokens (prefill chunks, prefix-cache hits, decodes beside them) are captured too, one graph per
+token bucket T over min(T, max_batch) request slots. The attention kernels of such a graph find
+each request's tokens on the device, so any spread of T tokens replays correctly; tokens past
+the step's are padding (writing into block 0, owned by no request) and so are the request slots
+past its requests (no query). These steps are the ones whose eager launches cost more host time
+than the GPU spends on them: a warm prefix-cache hit is such a step."""
 
 from __future__ import annotations
 
 import logging
 import time
 
+import numpy as np
 import torch
 
 from openinfer_core.engine.batch import HostBatch
@@ -26,72 +35,154 @@ def graph_buckets(max_batch: int) -> list[int]:
     return [*sizes, max_batch]
 
 
+def mixed_buckets(max_tokens: int) -> list[int]:
+    """16, 32, then every 64 up to `max_tokens` (always a bucket); none below 16 tokens."""
+    if max_tokens < 16:
+        return []
+    sizes = [t for t in (16, 32) if t < max_tokens]
+    sizes += list(range(64, max_tokens, 64))
+    return [*sizes, max_tokens]
+
+
+def stage_mixed(staging: np.ndarray, batch: HostBatch, bucket: int, slots: int) -> None:
+    """Lay a mixed step out in the staging rows (ids, positions, slots, seq_lens,
+    query_start_loc, logits_indices) as a `bucket`-token graph over `slots` requests reads it:
+    padding tokens are token 0 at position 0 writing into block 0; padding requests see one
+    token and own none; padding sampled rows read row 0."""
+    t, b, k = len(batch.input_ids), batch.num_seqs, len(batch.logits_indices)
+    staging[:3, t:bucket] = 0
+    staging[0, :t] = batch.input_ids
+    staging[1, :t] = batch.positions
+    staging[2, :t] = batch.slot_mapping
+    staging[3, :b] = batch.seq_lens
+    staging[3, b:slots] = 1
+    staging[4, :b + 1] = batch.query_start_loc
+    staging[4, b + 1:slots + 1] = t
+    staging[5, :k] = batch.logits_indices
+    staging[5, k:slots] = 0
+
+
 class CudaGraphRunner:
     """Owns the fixed input buffers and one captured graph per bucket. Engine thread only."""
 
-    def __init__(self, model: Model, max_batch: int, max_blocks_per_seq: int) -> None:
+    def __init__(self, model: Model, max_batch: int, max_blocks_per_seq: int,
+                 mixed_max_tokens: int = 0) -> None:
         self.model = model
         self.device = model.device
+        self.max_batch = max_batch
         self.buckets = graph_buckets(max_batch)
-        n, dev = max_batch, self.device
+        self.mixed = mixed_buckets(mixed_max_tokens)
+        n = max(max_batch, self.mixed[-1] if self.mixed else 0)
+        dev = self.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.slot_mapping = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.logits_indices = torch.arange(n, dtype=torch.int64, device=dev)
-        # Host staging for the 1-D inputs (ids, positions, slots, seq_lens), pinned so the
-        # copy is asynchronous; rewritten only after the previous step's sampled ids came
-        # back, so the previous copy has landed.
-        self._staging = torch.zeros(4, n, dtype=torch.int64).pin_memory()
+        self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32,
+                                        device=dev)
+        # Decode graphs: request b owns token b and samples it, always.
+        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
+        self.logits_indices = torch.arange(max_batch, dtype=torch.int64, device=dev)
+        # Mixed graphs: both rewritten every step.
+        self.mixed_query_start_loc = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
+        self.mixed_logits_indices = torch.zeros(max_batch, dtype=torch.int64, device=dev)
+        # Host staging, pinned so the copies are asynchronous. Rows: ids, positions, slots,
+        # seq_lens, query_start_loc, logits_indices. Rewritten only once the previous step's
+        # copies landed (`_copied`): a step that samples nothing does not wait for the device.
+        self._staging = torch.zeros(6, max(n, max_batch + 1), dtype=torch.int64).pin_memory()
+        self._copied = torch.cuda.Event()
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
+        self._mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._mixed_logits: dict[int, torch.Tensor] = {}
         self.capture_seconds = 0.0
+        self.replays = {"decode": 0, "mixed": 0}
 
     def capture(self) -> None:
         """Warm every bucket up (compiling its kernels), then capture, largest first so the
         smaller graphs reuse the larger ones' memory pool."""
         started = time.perf_counter()
+        batches = {("decode", b): self._batch(b) for b in self.buckets}
+        batches |= {("mixed", t): self._mixed_batch(t) for t in self.mixed}
         with torch.inference_mode():
-            for b in self.buckets:
-                self.model.forward(self._batch(b))
+            for batch in batches.values():
+                self.model.forward(batch)
             torch.cuda.synchronize(self.device)
             pool = torch.cuda.graph_pool_handle()
-            for b in reversed(self.buckets):
+            for (kind, size), batch in sorted(batches.items(), key=lambda kv: -kv[0][1]):
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self._logits[b] = self.model.forward(self._batch(b))
-                self._graphs[b] = graph
+                    logits = self.model.forward(batch)
+                graphs, outputs = ((self._graphs, self._logits) if kind == "decode"
+                                   else (self._mixed_graphs, self._mixed_logits))
+                graphs[size], outputs[size] = graph, logits
             torch.cuda.synchronize(self.device)
         self.capture_seconds = time.perf_counter() - started
-        log.info("CUDA graphs: captured %d decode batch sizes (1..%d) in %.2f s",
-                 len(self.buckets), self.buckets[-1], self.capture_seconds)
+        mixed = (f" and {len(self.mixed)} mixed-step token counts "
+                 f"({self.mixed[0]}..{self.mixed[-1]})" if self.mixed else "")
+        log.info("CUDA graphs: captured %d decode batch sizes (1..%d)%s in %.2f s",
+                 len(self.buckets), self.buckets[-1], mixed, self.capture_seconds)
 
     def can_run(self, batch: HostBatch) -> bool:
-        return batch.is_decode and batch.num_seqs <= self.buckets[-1] and bool(self._graphs)
+        if batch.is_decode:
+            return batch.num_seqs <= self.buckets[-1] and bool(self._graphs)
+        num_tokens = len(batch.input_ids)
+        if not self._mixed_graphs or not 0 < num_tokens <= self.mixed[-1]:
+            return False
+        bucket = next(s for s in self.mixed if s >= num_tokens)
+        return (batch.num_seqs <= min(bucket, self.max_batch)
+                and batch.block_tables.shape[1] <= self.block_tables.shape[1])
 
     def run(self, batch: HostBatch) -> torch.Tensor:
-        """Copy `batch` into the buffers, replay its bucket; fp32 logits [B, V] (a view of
+        """Copy `batch` into the buffers, replay its bucket; fp32 logits [S, V] (a view of
         the graph's output, valid until the next replay)."""
+        self._copied.synchronize()
+        if batch.is_decode:
+            return self._run_decode(batch)
+        return self._run_mixed(batch)
+
+    def _run_decode(self, batch: HostBatch) -> torch.Tensor:
         b = batch.num_seqs
         bucket = next(s for s in self.buckets if s >= b)
         staging = self._staging.numpy()
-        staging[:, b:bucket] = 0
+        staging[:4, b:bucket] = 0
         staging[3, b:bucket] = 1  # padding rows see one token, in block 0
         staging[0, :b] = batch.input_ids
         staging[1, :b] = batch.positions
         staging[2, :b] = batch.slot_mapping
         staging[3, :b] = batch.seq_lens
-        self.input_ids[:bucket].copy_(self._staging[0, :bucket], non_blocking=True)
-        self.positions[:bucket].copy_(self._staging[1, :bucket], non_blocking=True)
-        self.slot_mapping[:bucket].copy_(self._staging[2, :bucket], non_blocking=True)
+        self._copy_tokens(bucket)
         self.seq_lens[:bucket].copy_(self._staging[3, :bucket], non_blocking=True)
-        width = batch.block_tables.shape[1]
+        self._copy_tables(batch)
+        self._graphs[bucket].replay()
+        self.replays["decode"] += 1
+        return self._logits[bucket][:b]
+
+    def _run_mixed(self, batch: HostBatch) -> torch.Tensor:
+        t, k = len(batch.input_ids), len(batch.logits_indices)
+        bucket = next(s for s in self.mixed if s >= t)
+        slots = min(bucket, self.max_batch)
+        stage_mixed(self._staging.numpy(), batch, bucket, slots)
+        self._copy_tokens(bucket)
+        self.seq_lens[:slots].copy_(self._staging[3, :slots], non_blocking=True)
+        self.mixed_query_start_loc[:slots + 1].copy_(self._staging[4, :slots + 1],
+                                                     non_blocking=True)
+        self.mixed_logits_indices[:slots].copy_(self._staging[5, :slots], non_blocking=True)
+        self._copy_tables(batch)
+        self._mixed_graphs[bucket].replay()
+        self.replays["mixed"] += 1
+        return self._mixed_logits[bucket][:k]
+
+    def _copy_tokens(self, n: int) -> None:
+        self.input_ids[:n].copy_(self._staging[0, :n], non_blocking=True)
+        self.positions[:n].copy_(self._staging[1, :n], non_blocking=True)
+        self.slot_mapping[:n].copy_(self._staging[2, :n], non_blocking=True)
+
+    def _copy_tables(self, batch: HostBatch) -> None:
+        b, width = batch.block_tables.shape
         self.block_tables[:b, :width].copy_(torch.from_numpy(batch.block_tables),
                                             non_blocking=True)
-        self._graphs[bucket].replay()
-        return self._logits[bucket][:b]
+        self._copied.record()
 
     def _batch(self, b: int) -> ForwardBatch:
         return ForwardBatch(
@@ -100,3 +191,14 @@ class CudaGraphRunner:
             seq_lens=self.seq_lens[:b], block_tables=self.block_tables[:b],
             logits_indices=self.logits_indices[:b], max_query_len=1,
             max_seq_len=self.model.max_model_len)
+
+    def _mixed_batch(self, t: int) -> ForwardBatch:
+        """T tokens over min(T, max_batch) request slots; `max_query_len` = T, the most any
+        request may have, so the attention picks kernels that handle every spread."""
+        s = min(t, self.max_batch)
+        return ForwardBatch(
+            input_ids=self.input_ids[:t], positions=self.positions[:t],
+            slot_mapping=self.slot_mapping[:t],
+            query_start_loc=self.mixed_query_start_loc[:s + 1], seq_lens=self.seq_lens[:s],
+            block_tables=self.block_tables[:s], logits_indices=self.mixed_logits_indices[:s],
+            max_query_len=t, max_seq_len=self.model.max_model_len)

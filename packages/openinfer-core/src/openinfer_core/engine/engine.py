@@ -58,7 +58,9 @@ class Engine:
                      "captured in a CUDA graph")
             return None
         max_blocks = -(-model.max_model_len // self.kv.block_size)
-        graphs = CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks)
+        mixed = min(int(getattr(model, "cuda_graph_max_tokens", 0)),
+                    config.max_num_batched_tokens)
+        graphs = CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks, mixed)
         graphs.capture()
         return graphs
 

@@ -16,7 +16,11 @@ class AttentionBackend(Protocol):
 
     A backend may set `cuda_graph_safe = True` when `attend` on a decode batch (one query per
     request) makes no host synchronisation and launches the same kernels whatever the context
-    lengths; model lines then let the engine capture decode in CUDA graphs."""
+    lengths; model lines then let the engine capture decode in CUDA graphs. It may also set
+    `cuda_graph_max_tokens = N` when, for any batch of at most N tokens given a `max_query_len`
+    of at least its real one, `attend` makes no host synchronisation and launches kernels that
+    depend only on T, B and `max_query_len`: the engine then captures mixed steps (prefill
+    chunks, prefix-cache hits, decodes) of up to N tokens too, passing `max_query_len` = T."""
 
     name: str
 

@@ -45,7 +45,9 @@ class Model(Protocol):
 
     Optional attributes the engine looks for: `cuda_graph_safe: bool` (True when `forward`
     on a decode batch makes no host synchronisation and launches the same kernels whatever
-    the lengths, so the engine may capture it in CUDA graphs; absent means False) and
+    the lengths, so the engine may capture it in CUDA graphs; absent means False),
+    `cuda_graph_max_tokens: int` (the same for batches of any mix of up to that many tokens,
+    run with `max_query_len` = T; absent or 0: decode steps only) and
     `weight_bytes: int` (bytes of weights one decode step reads, for benchmark floors) and
     `sampling_kernels` (an `interfaces.sampling.SamplingKernels` the sampler uses on the
     device; absent means the plain-torch sampler)."""

@@ -1,13 +1,14 @@
 # mypy: disable-error-code="no-untyped-def"
-"""Triton paged attention, two kernels and their launchers.
+"""Triton paged attention, two kernels (and a merge) and their launchers.
 
-- `_prefill_kernel`, any batch: varlen causal attention of prefill chunks over their cached
-  prefix (decode rows among them are chunks of one). Program = (BLOCK_M queries, request, head).
-- `_decode_split_kernel` + `_decode_merge_kernel`, every request one query: the context is split
-  (flash-decoding); program = (request, kv head, split) attends all query heads of one KV group,
-  and the merge weighs the splits by their log-sum-exp. The launch depends on the batch size and
-  head counts only: each split finds its share from `seq_lens` on the device, so one captured
-  CUDA graph replays correctly for any lengths.
+- `_split_kernel` + `_merge_kernel`, batches of short queries (decode rows, prefix-cache hits,
+  small chunks): the context is split (flash-decoding); program = (query block of one request,
+  kv head, split) attends BLOCK_Q queries x all query heads of one KV group, and the merge weighs
+  the splits by their log-sum-exp. The launch depends on T, B and the head counts only: each
+  program finds its request (binary search over `query_start_loc`) and its share of the
+  context on the device, so one captured CUDA graph replays correctly for any lengths.
+- `_prefill_kernel`, long prefill chunks: varlen causal attention over the cached prefix.
+  Program = (BLOCK_M queries, request, head).
 
 Both read K/V through the block table one tile at a time and keep an online softmax
 (FlashAttention-2: running max and sum, fp32 accumulator, exp2 with log2(e) in the scale).
@@ -24,6 +25,9 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
+# Batches whose requests have at most this many queries run `paged_split`; longer prefill
+# chunks have parallelism enough in their queries and run `paged_prefill`.
+SPLIT_MAX_QUERIES = 512
 
 
 @triton.jit
@@ -57,11 +61,12 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 def _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION: tl.constexpr,
                          UPCAST: tl.constexpr):
     """Fold `scores` ([R, BLOCK_N], log2 units, -inf where hidden) and their values into the
-    running (acc, max, sum). Every row must see at least one key in its first tile, so the
-    running max is finite from then on and exp2(-inf - max) is a clean 0."""
+    running (acc, max, sum). A row that has seen no key yet keeps max -inf; it is shifted by 0
+    instead, so its weights are a clean exp2(-inf) = 0 rather than NaN."""
     m_new = tl.maximum(m_i, tl.max(scores, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(scores - m_new[:, None])
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     # bf16 probabilities for the PV product, as FlashAttention does: the tensor cores' input.
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
@@ -169,82 +174,123 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 @triton.jit
-def _decode_split_kernel(
+def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2,
+    scale_log2, num_seqs,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    q_row = tl.load(query_start_loc_ptr + seq)
-    if tl.load(query_start_loc_ptr + seq + 1) == q_row:  # a request with no query this step
+    if DECODE:  # one program per request, which has at most one query
+        seq = pid
+        q_block = 0
+    else:
+        # Request b owns programs from qsl[b] // BLOCK_Q + b on: at least as many as its query
+        # blocks, so a grid of T // BLOCK_Q + B covers any split of T tokens over B requests.
+        # The owner of `pid` is the last b whose first program is <= pid (binary search).
+        lo = pid * 0
+        hi = lo + num_seqs
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            owns = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= pid
+            lo = tl.where(owns, mid, lo)
+            hi = tl.where(owns, hi, mid)
+        seq = lo
+        q_block = pid - (tl.load(query_start_loc_ptr + seq) // BLOCK_Q + seq)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    num_queries = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    first = q_block * BLOCK_Q
+    if first >= num_queries:  # past the request's queries (or it has none this step)
         return
     length = tl.load(seq_lens_ptr + seq)
-    # Whole pages per split; the last splits may get fewer tokens or none.
-    chunk = tl.cdiv(tl.cdiv(length, NUM_SPLITS), PAGE) * PAGE
-    start = split * chunk
-    end = tl.minimum(start + chunk, length)
 
-    offs_g = tl.arange(0, BLOCK_G)
+    # Row r is query first + r // BLOCK_G of the request, query head kv_head * GROUP + r % BLOCK_G.
+    offs_r = tl.arange(0, BLOCK_Q * BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
+    query = first + offs_r // BLOCK_G
+    g = offs_r % BLOCK_G
+    r_mask = (query < num_queries) & (g < GROUP)
     d_mask = offs_d < HEAD_DIM
-    heads = kv_head * GROUP + offs_g
-    q_ptrs = q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    tokens = (q_start + query).to(tl.int64)
+    heads = kv_head * GROUP + g
+    q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+    # Query i of n sits at position length - n + i and sees keys 0..that position: keys before
+    # `full_end` are seen by every row, keys up to `kv_end` by some.
+    q_pos = length - num_queries + query
+    full_end = length - num_queries + first + 1
+    kv_end = length - num_queries + tl.minimum(first + BLOCK_Q, num_queries)
+    # Whole pages per split; the last splits may get fewer keys or none.
+    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), PAGE) * PAGE
+    start = split * chunk
+    end = tl.minimum(start + chunk, kv_end)
+    mid_end = tl.maximum(start, tl.minimum(end, full_end))
 
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_kh
     v_head_ptr = v_cache_ptr + kv_head * stride_vh
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for tile in range(start, end, BLOCK_N):
+    m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
+    for tile in range(start, mid_end, BLOCK_N):
         offs_n = tile + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
+        n_mask = offs_n < mid_end
         k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
                              offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
         scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+    for tile in range(mid_end, end, BLOCK_N):
+        offs_n = tile + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
+                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
 
-    # An empty split leaves (0, -inf): it adds nothing when merged.
+    # A row that saw no key here (an empty split, or one past its position) leaves (0, -inf):
+    # it adds nothing when merged.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    mask = g_mask[:, None] & d_mask[None, :]
+    mask = r_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
-        out_ptrs = (out_ptr + q_row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh
-                    + offs_d[None, :])
+        out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
+            + offs_d[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        # Scratch is [B, Hq, NUM_SPLITS, BLOCK_D] and [B, Hq, NUM_SPLITS], contiguous.
-        part = (seq * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split
+        # Scratch is [T, Hq, NUM_SPLITS, BLOCK_D] and [T, Hq, NUM_SPLITS], contiguous.
+        part = (tokens * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask)
-        tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=g_mask)
+        tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
+def _merge_kernel(
+    query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, num_seqs, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    token = tl.program_id(0)
     head = tl.program_id(1)
-    q_row = tl.load(query_start_loc_ptr + seq)
-    if tl.load(query_start_loc_ptr + seq + 1) == q_row:
-        return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
     d_mask = offs_d < HEAD_DIM
-    part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + offs_s
+    out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
+        # Padding past the requests' tokens (a CUDA graph's bucket): no split wrote it.
+        tl.store(out_ptrs, tl.zeros([BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+                 mask=d_mask)
+        return
+    s_mask = offs_s < NUM_SPLITS
+    part = (token.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + offs_s
     lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
     # All splits empty (a zero-length context): weights 0 everywhere, output 0, not NaN.
     lse_max = tl.maximum(tl.max(lse, 0), -1e30)
@@ -253,7 +299,6 @@ def _decode_merge_kernel(
                     mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     total = tl.sum(weight, 0)
     out = tl.sum(weight[:, None] * parts, 0) / tl.where(total == 0.0, 1.0, total)
-    out_ptrs = out_ptr + q_row.to(tl.int64) * stride_ot + head * stride_oh + offs_d
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
@@ -264,54 +309,86 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def num_splits_for(batch: int, kv_heads: int, device: torch.device) -> int:
-    """Enough (request, kv head, split) programs to fill every SM about twice. Never from the
-    context lengths: those change between replays of a captured graph."""
-    wanted = triton.cdiv(2 * _sm_count(device), max(1, batch * kv_heads))
+def num_splits_for(programs: int, kv_heads: int, device: torch.device) -> int:
+    """Enough (query block, kv head, split) programs to fill every SM about twice, given
+    `programs` query blocks. Never from the context lengths: those change between replays of a
+    captured graph."""
+    wanted = triton.cdiv(2 * _sm_count(device), max(1, programs * kv_heads))
     return max(1, min(MAX_SPLITS, wanted))
+
+
+def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
+    """(BLOCK_Q, BLOCK_G): queries and query heads per program, all heads of one KV group. One
+    query: the group padded to 16 rows (the tensor cores' least). More: 64 rows whatever the
+    query count, so one compiled variant serves every step (a step never waits on the JIT for
+    a new tile size; short queries are memory bound, the idle rows cost no traffic)."""
+    if max_query_len <= 1:
+        return 1, max(16, triton.next_power_of_2(group))
+    block_g = triton.next_power_of_2(group)
+    return max(1, 64 // block_g), block_g
+
+
+def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                query_start_loc: torch.Tensor, scale: float, max_query_len: int,
+                num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
+                num_stages: int = 2) -> torch.Tensor:
+    """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
+    queries, with the context split among programs (flash-decoding) and each program holding
+    all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
+    depend only on the shapes and `max_query_len`: safe to capture in a CUDA graph, which then
+    replays correctly for any lengths and any spread of up to T tokens over the B requests.
+    `block_n`, `num_warps` and `num_stages` are the launch's tile settings
+    (benchmarks/device/decode_attention.py)."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, page, kv_heads, _ = k_cache.shape
+    batch = seq_lens.shape[0]
+    out = torch.empty_like(q)
+    if num_tokens == 0 or batch == 0:
+        return out
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
+        raise ValueError("paged attention needs q and the caches contiguous in the head dim")
+    group = num_heads // kv_heads
+    decode = max_query_len <= 1
+    block_q, block_g = split_tiles(max_query_len, group)
+    # Decode: one program per request. Otherwise T // BLOCK_Q + B covers every request's query
+    # blocks; splits are sized as if the tokens were in one request (the fewest programs).
+    programs = batch if decode else num_tokens // block_q + batch
+    splits = num_splits or num_splits_for(batch if decode else num_tokens // block_q + 1,
+                                          kv_heads, q.device)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    part_out = part_lse = out  # unused when there is one split
+    if splits > 1:
+        part_out = torch.empty(num_tokens, num_heads, splits, block_d, dtype=torch.float32,
+                               device=q.device)
+        part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
+                               device=q.device)
+    _split_kernel[(programs, kv_heads, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
+        scale * LOG2E, batch,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=splits, DECODE=decode,
+        BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
+    )
+    if splits > 1:
+        _merge_kernel[(num_tokens, num_heads)](
+            query_start_loc, part_out, part_lse, out, batch, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_D=block_d, num_warps=1,
+        )
+    return out
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float,
-                 num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                 num_stages: int = 2) -> torch.Tensor:
-    """`paged_attention_ref` when every request has at most one query. No host sync, scratch
-    from `torch.empty`: safe to capture in a CUDA graph. `block_n`, `num_warps` and
-    `num_stages` are the launch's tile settings (benchmarks/device/decode_attention.py)."""
-    num_tokens, num_heads, head_dim = q.shape
-    _, page, kv_heads, _ = k_cache.shape
-    batch = seq_lens.shape[0]
-    out = torch.empty_like(q)
-    if num_tokens == 0:
-        return out
-    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
-        raise ValueError("paged_decode needs q and the caches contiguous in the head dim")
-    splits = num_splits or num_splits_for(batch, kv_heads, q.device)
-    group = num_heads // kv_heads
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    part_out = part_lse = out  # unused when there is one split
-    if splits > 1:
-        part_out = torch.empty(batch, num_heads, splits, block_d, dtype=torch.float32,
-                               device=q.device)
-        part_lse = torch.empty(batch, num_heads, splits, dtype=torch.float32, device=q.device)
-    _decode_split_kernel[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=splits,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
-    )
-    if splits > 1:
-        _decode_merge_kernel[(batch, num_heads)](
-            query_start_loc, part_out, part_lse, out, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-            BLOCK_D=block_d, num_warps=1,
-        )
-    return out
+                 num_splits: int | None = None, **tiles: int) -> torch.Tensor:
+    """`paged_split` when every request has at most one query."""
+    return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
+                       num_splits, **tiles)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -327,7 +404,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) \
             if seq_lens.numel() else 0
-    if max_query_len <= 1:
-        return paged_decode(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    if max_query_len <= SPLIT_MAX_QUERIES:
+        return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                           max_query_len)
     return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                          max_query_len)

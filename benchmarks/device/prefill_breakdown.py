@@ -1,0 +1,126 @@
+"""Where a batch-1 request's time to first token goes, cold and warm (prefix cached): wall time
+of its steps, GPU kernel time by op (torch profiler), and the host functions that take the most
+time (cProfile). A cold prompt over `max_num_batched_tokens` takes one step per chunk.
+Usage: python prefill_breakdown.py MODEL_DIR [--prompt-len N ...] [--json F]
+(MODEL_DIR: a config folder; weights are made up with --load-format dummy)."""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+from decode_breakdown import category
+from torch.profiler import ProfilerActivity, profile
+
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.engine import Engine
+from openinfer_core.params import SamplingParams
+from openinfer_core.request import GenerateRequest
+
+
+def until_token(engine: Engine, request_id: str) -> None:
+    """Steps until `request_id` has its (only) token: one step, or one per prefill chunk."""
+    while not any(e.request_id == request_id for e in engine.step()):
+        pass
+
+
+def first_token_step(engine: Engine, request_id: str, prompt: tuple[int, ...]) -> float:
+    """Adds a one-token request; seconds from its first step to its token, then drains."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    engine.add_request(GenerateRequest(request_id, prompt, params))
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    until_token(engine, request_id)
+    took = time.perf_counter() - started
+    while engine.has_work():
+        engine.step()
+    return took
+
+
+def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[str, Any]:
+    rng = random.Random(prompt_len * 2 + warm)
+    prompts = [tuple(rng.randrange(100, 150_000) for _ in range(prompt_len))
+               for _ in range(3 * (iters + 2))]
+
+    def run(i: int, tag: str) -> float:
+        if warm:
+            first_token_step(engine, f"{tag}-{i}-seed", prompts[i])
+        return first_token_step(engine, f"{tag}-{i}", prompts[i])
+
+    for i in range(2):
+        run(i, "warmup")
+    walls = [run(i, "timed") * 1e3 for i in range(2, iters + 2)]
+    # GPU time of the measured step only: profile one step (a fresh prompt) at a time.
+    by_cat: dict[str, float] = defaultdict(float)
+    stats = io.StringIO()
+    prof_host = cProfile.Profile()
+    for i in range(2, iters + 2):
+        prompt = prompts[iters + 2 + i]
+        if warm:
+            first_token_step(engine, f"prof-{i}-seed", prompt)
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        engine.add_request(GenerateRequest(f"prof-{i}", prompt, params))
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            until_token(engine, f"prof-{i}")
+            torch.cuda.synchronize()
+        for evt in prof.key_averages():
+            dev_us = getattr(evt, "self_device_time_total", 0)
+            if dev_us > 0:
+                by_cat[category(evt.key)] += dev_us / iters / 1e3
+        while engine.has_work():
+            engine.step()
+        # Host profile of the same kind of step, without the CUDA profiler in the way.
+        prompt = prompts[2 * (iters + 2) + i]
+        if warm:
+            first_token_step(engine, f"host-{i}-seed", prompt)
+        engine.add_request(GenerateRequest(f"host-{i}", prompt, params))
+        torch.cuda.synchronize()
+        prof_host.enable()
+        until_token(engine, f"host-{i}")
+        prof_host.disable()
+        while engine.has_work():
+            engine.step()
+    pstats.Stats(prof_host, stream=stats).sort_stats("tottime").print_stats(18)
+    walls.sort()
+    gpu_ms = sum(by_cat.values())
+    return {"prompt_len": prompt_len, "warm": warm, "ttft_ms_p50": walls[len(walls) // 2],
+            "ttft_ms_min": walls[0], "ttft_ms_max": walls[-1], "gpu_busy_ms": gpu_ms,
+            "by_op_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
+            "host_top": stats.getvalue().splitlines()[-26:]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--prompt-len", type=int, nargs="+", default=[256, 4096, 16384])
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--json", help="write the breakdown here")
+    args = ap.parse_args()
+    engine = Engine(EngineConfig(model=args.model, load_format="dummy", max_model_len=17408,
+                                 max_num_seqs=4))
+    reports = []
+    for n in args.prompt_len:
+        for warm in (False, True):
+            r = breakdown(engine, n, warm, args.iters)
+            reports.append(r)
+            print(f"prompt {n} {'warm' if warm else 'cold'}: TTFT p50 {r['ttft_ms_p50']:.2f} ms "
+                  f"(min {r['ttft_ms_min']:.2f}, max {r['ttft_ms_max']:.2f}), GPU busy "
+                  f"{r['gpu_busy_ms']:.2f} ms: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["by_op_ms"].items()))
+            print("\n".join(r["host_top"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(reports, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

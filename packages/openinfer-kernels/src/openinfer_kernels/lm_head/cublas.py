@@ -1,0 +1,22 @@
+"""The vocabulary projection on CUDA: cuBLAS writes fp32 logits straight from its fp32
+accumulator (`torch.mm(..., out_dtype=torch.float32)`), so bf16 models get logits without a
+bf16 rounding (whose step is 0.25 at |logit| >= 32, enough to swap near-tied tokens) and without
+a separate conversion pass over [S, V]."""
+
+from __future__ import annotations
+
+import torch
+
+from openinfer_kernels.lm_head.reference import lm_head_logits_ref
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def lm_head_logits_cublas(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`lm_head_logits_ref`'s contract; fp32 accumulate-and-store for bf16/fp16 inputs."""
+    if hidden.dtype not in _HALF or weight.dtype != hidden.dtype:
+        return lm_head_logits_ref(hidden, weight)
+    try:
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+    except TypeError:  # torch before `out_dtype` (2.9): logits rounded to the dtype first
+        return lm_head_logits_ref(hidden, weight)
