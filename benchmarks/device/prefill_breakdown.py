@@ -22,13 +22,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
+from openinfer_core.events import Token
 from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
 
 def until_token(engine: Engine, request_id: str) -> None:
     """Steps until `request_id` has its (only) token: one step, or one per prefill chunk."""
-    while not any(e.request_id == request_id for e in engine.step()):
+    while not any(isinstance(e, Token) and e.request_id == request_id for e in engine.step()):
         pass
 
 
