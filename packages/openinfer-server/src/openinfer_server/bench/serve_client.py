@@ -204,7 +204,10 @@ def rate_value(rate: float) -> float | str:
 
 def client_for(args: argparse.Namespace, max_connections: int | None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=None)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive ends: otherwise a request
+    # may go out on a connection the server is closing (a ReadError that is nobody's failure).
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=None,
+                          keepalive_expiry=2.0)
     return httpx.AsyncClient(headers=headers, timeout=REQUEST_TIMEOUT_S, limits=limits)
 
 
