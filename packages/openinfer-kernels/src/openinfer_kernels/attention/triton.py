@@ -74,6 +74,25 @@ def _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION: tl.constexpr,
 
 
 @triton.jit
+def _attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr, v_head_ptr, table_ptr, offs_d,
+                 d_mask, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
+                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold keys `tile .. tile + BLOCK_N` (those before `end`) into the running softmax of the
+    rows of `q`; with CAUSAL, row r sees only keys up to its position `q_pos[r]`."""
+    offs_n = tile + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
+                         offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+    scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
+    visible = n_mask[None, :]
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= q_pos[:, None])
+    scores = tl.where(visible, scores, float("-inf"))
+    return _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2,
@@ -115,20 +134,15 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, full_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, offs_n < full_end,
-                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
-        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, start, full_end, q_pos, k_head_ptr,
+                                     v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
+                                     stride_kb, stride_ks, stride_vb, stride_vs,
+                                     PAGE, BLOCK_N, False, PRECISION, UPCAST)
     for start in range(full_end, kv_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
-                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, start, kv_end, q_pos, k_head_ptr,
+                                     v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
+                                     stride_kb, stride_ks, stride_vb, stride_vs,
+                                     PAGE, BLOCK_N, True, PRECISION, UPCAST)
 
     out = acc / l_i[:, None]
     out_ptrs = (out_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot
@@ -239,22 +253,15 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
     for tile in range(start, mid_end, BLOCK_N):
-        offs_n = tile + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < mid_end
-        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
-                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
-        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, tile, mid_end, q_pos, k_head_ptr,
+                                     v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
+                                     stride_kb, stride_ks, stride_vb, stride_vs,
+                                     PAGE, BLOCK_N, False, PRECISION, UPCAST)
     for tile in range(mid_end, end, BLOCK_N):
-        offs_n = tile + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
-                             offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-        scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        scores = tl.where(visible, scores, float("-inf"))
-        acc, m_i, l_i = _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr,
+                                     v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
+                                     stride_kb, stride_ks, stride_vb, stride_vs,
+                                     PAGE, BLOCK_N, True, PRECISION, UPCAST)
 
     # A row that saw no key here (an empty split, or one past its position) leaves (0, -inf):
     # it adds nothing when merged.
