@@ -94,8 +94,10 @@ class PagedKVManager:
             raise RuntimeError(f"request {request_id!r} has {num_full} computed full blocks "
                                f"but holds {len(table or ())} KV blocks")
         hashes = self._hashes.setdefault(request_id, [])
-        size = self.block_size
         start = len(hashes)
+        if num_full <= start:  # most steps: a decode token that fills no block
+            return
+        size = self.block_size
         new = iter_block_hashes(token_ids, size, stop=num_full * size, start=start,
                                 parent_hash=hashes[-1] if hashes else ROOT_PARENT_HASH)
         for i, key in enumerate(new, start):
