@@ -87,8 +87,9 @@ def test_arrival_time_not_submission_order_breaks_ties(toy: Path) -> None:
 
 
 def test_a_better_arrival_waits_for_a_slot_instead_of_preempting(toy: Path) -> None:
-    """vLLM v1: priority preempts only for the growth of running requests, never to admit."""
-    engine = toy_engine(toy, "priority", max_num_seqs=2)
+    """vLLM v1: priority preempts only for the growth of running requests, never to admit.
+    Step numbers are the plain loop's (overlapped, every event comes a step later)."""
+    engine = toy_engine(toy, "priority", max_num_seqs=2, async_scheduling=False)
     engine.add_request(req("low0", (1,), 4, 9, 0.0))
     engine.add_request(req("low1", (2,), 6, 9, 1.0))
     at: dict[tuple[str, str], int] = {}

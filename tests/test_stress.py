@@ -82,11 +82,14 @@ def live(engine: Engine) -> dict[str, list[Sequence]]:
     sched = engine.scheduler
     waiting: list[Sequence] = list(sched.waiting)  # type: ignore[attr-defined]
     running: list[Sequence] = list(sched.running)  # type: ignore[attr-defined]
+    # Overlapped steps: running requests whose last token is on the device.
+    finishing: list[Sequence] = list(sched.finishing)  # type: ignore[attr-defined]
     return {
         "waiting": [s for s in waiting if not s.num_preemptions],
         "preempted": [s for s in waiting if s.num_preemptions],
         "prefilling": [s for s in running if s.num_computed_tokens < s.num_tokens - 1],
-        "decoding": [s for s in running if s.num_computed_tokens == s.num_tokens - 1],
+        "decoding": [s for s in running if s.num_computed_tokens >= s.num_tokens - 1]
+        + finishing,
     }
 
 
@@ -166,13 +169,16 @@ def check_request(plan: Plan, got: list[TokenEvent]) -> None:
 
 @pytest.mark.parametrize("prefix_caching, seed", [(True, 1), (True, 2), (False, 3)])
 @pytest.mark.parametrize("scheduler", ["fcfs", "priority"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "plain"])
 def test_random_workload_ends_every_request_once_and_drains_kv(
-        tmp_path: Path, scheduler: str, prefix_caching: bool, seed: int) -> None:
+        tmp_path: Path, scheduler: str, prefix_caching: bool, seed: int, overlap: bool) -> None:
     toy = write_toy_checkpoint(tmp_path / "toy", vocab_size=1000, eos_token_id=EOS)
     engine = Engine(EngineConfig(
         model=str(toy), device="cpu", scheduler=scheduler, block_size=BLOCK_SIZE,
         num_kv_blocks=NUM_KV_BLOCKS, max_num_batched_tokens=16, max_num_seqs=8,
-        max_model_len=MAX_MODEL_LEN, enable_prefix_caching=prefix_caching))
+        max_model_len=MAX_MODEL_LEN, enable_prefix_caching=prefix_caching,
+        async_scheduling=overlap))
+    assert engine.overlapped is overlap
     rng = random.Random(seed)
     plans = make_plans(rng, with_priority=scheduler == "priority")
     events = run(engine, plans, rng)

@@ -31,6 +31,15 @@ class HostBatch:
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
+    def pending_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """PENDING token slots (negative ids): their positions in the step, and the row each
+        ends (a pending token is always the last token of its row). The slots are set to 0."""
+        where = np.flatnonzero(self.input_ids < 0)
+        if len(where):
+            self.input_ids[where] = 0
+        rows = np.searchsorted(self.query_start_loc, where, side="right") - 1
+        return where, rows
+
     @property
     def is_decode(self) -> bool:
         """Every row runs exactly one token and samples: the shape CUDA graphs replay."""
@@ -38,7 +47,12 @@ class HostBatch:
 
     def to_device(self, device: torch.device) -> ForwardBatch:
         def dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(device, non_blocking=True)
+            host = torch.from_numpy(a)
+            if device.type == "cuda":
+                # From pageable memory the copy would wait for the work already queued (the
+                # step in flight, with overlapped steps); from pinned memory it does not.
+                host = host.pin_memory()
+            return host.to(device, non_blocking=True)
 
         return ForwardBatch(
             input_ids=dev(self.input_ids), positions=dev(self.positions),

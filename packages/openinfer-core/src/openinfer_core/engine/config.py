@@ -35,6 +35,8 @@ class EngineConfig:
     enforce_eager: bool = False  # True: no CUDA graphs for decode
     load_format: str = "auto"  # auto | safetensors | dummy (random weights, real shapes, no files)
     enable_prefix_caching: bool = True  # reuse cached KV of shared prompt prefixes
+    # Overlapped steps: schedule step N+1 while the device runs step N (engine/overlap.py).
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size")

@@ -87,10 +87,16 @@ class CudaGraphRunner:
         self.mixed_query_start_loc = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
         self.mixed_logits_indices = torch.zeros(max_batch, dtype=torch.int64, device=dev)
         # Host staging, pinned so the copies are asynchronous. Rows: ids, positions, slots,
-        # seq_lens, query_start_loc, logits_indices. Rewritten only once the previous step's
-        # copies landed (`_copied`): a step that samples nothing does not wait for the device.
-        self._staging = torch.zeros(6, max(n, max_batch + 1), dtype=torch.int64).pin_memory()
-        self._copied = torch.cuda.Event()
+        # seq_lens, query_start_loc, logits_indices. Two of them, used in turn: one is rewritten
+        # only once its copies (two steps back) landed, so with overlapped steps the host never
+        # waits for the step in flight.
+        self._stagings = [torch.zeros(6, max(n, max_batch + 1), dtype=torch.int64).pin_memory()
+                          for _ in range(2)]
+        self._copies = [torch.cuda.Event() for _ in range(2)]
+        self._turn = 0
+        self._staging = self._stagings[0]
+        self._copied = self._copies[0]
+        self._fill: tuple[torch.Tensor, torch.Tensor] | None = None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -133,10 +139,15 @@ class CudaGraphRunner:
         return (batch.num_seqs <= min(bucket, self.max_batch)
                 and batch.block_tables.shape[1] <= self.block_tables.shape[1])
 
-    def run(self, batch: HostBatch) -> torch.Tensor:
-        """Copy `batch` into the buffers, replay its bucket; fp32 logits [S, V] (a view of
-        the graph's output, valid until the next replay)."""
+    def run(self, batch: HostBatch,
+            fill: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Copy `batch` into the buffers, write `fill`'s token ids (device values: positions,
+        ids) over its pending slots, replay its bucket; fp32 logits [S, V] (a view of the
+        graph's output, valid until the next replay)."""
+        self._turn ^= 1
+        self._staging, self._copied = self._stagings[self._turn], self._copies[self._turn]
         self._copied.synchronize()
+        self._fill = fill
         if batch.is_decode:
             return self._run_decode(batch)
         return self._run_mixed(batch)
@@ -175,13 +186,16 @@ class CudaGraphRunner:
 
     def _copy_tokens(self, n: int) -> None:
         self.input_ids[:n].copy_(self._staging[0, :n], non_blocking=True)
+        if self._fill is not None:
+            self.input_ids.index_copy_(0, *self._fill)
         self.positions[:n].copy_(self._staging[1, :n], non_blocking=True)
         self.slot_mapping[:n].copy_(self._staging[2, :n], non_blocking=True)
 
     def _copy_tables(self, batch: HostBatch) -> None:
         b, width = batch.block_tables.shape
-        self.block_tables[:b, :width].copy_(torch.from_numpy(batch.block_tables),
-                                            non_blocking=True)
+        # Pinned, or the copy could wait for the step in flight.
+        tables = torch.from_numpy(batch.block_tables).pin_memory()
+        self.block_tables[:b, :width].copy_(tables, non_blocking=True)
         self._copied.record()
 
     def _batch(self, b: int) -> ForwardBatch:

@@ -9,6 +9,7 @@ import traceback
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.loader import load_engine_parts
+from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
@@ -48,6 +49,18 @@ class Engine:
             kv_total_blocks=self.kv.num_total_blocks, kv_block_size=self.kv.block_size,
             eos_token_ids=self.eos_token_ids)
         self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
+        self._overlap: OverlappedLoop | None = None
+        if config.async_scheduling:
+            if hasattr(self.scheduler, "launched"):
+                self._overlap = OverlappedLoop(self)
+            else:
+                log.warning("scheduler %r has no launched(): steps run without overlap",
+                            config.scheduler)
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether steps overlap (`EngineConfig.async_scheduling`)."""
+        return self._overlap is not None
 
     def _capture_graphs(self, config: EngineConfig) -> CudaGraphRunner | None:
         model = self.model
@@ -73,14 +86,19 @@ class Engine:
 
     # -- engine thread -------------------------------------------------------------------
     def has_work(self) -> bool:
-        return not self._inbox.empty() or self.scheduler.has_work()
+        return (not self._inbox.empty() or self.scheduler.has_work()
+                or (self._overlap is not None and self._overlap.has_work()))
 
     def snapshot(self) -> LoadSnapshot:
         return self.scheduler.snapshot()
 
     def step(self) -> list[TokenEvent]:
-        """One iteration of the loop; returns the events it produced, in order."""
+        """One iteration of the loop; returns the events it produced, in order. With
+        overlapped steps (overlap.py) an iteration launches one step and finishes the one
+        before; otherwise it is the plain loop below."""
         events = self._drain_inbox()
+        if self._overlap is not None:
+            return self._overlap.step(events)
         batch = self.scheduler.schedule()
         events.extend(batch.events)
         if not batch.rows:

@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from typing import ClassVar
 
-from openinfer_core.engine.sequence import SeqStatus, Sequence
+from openinfer_core.engine.sequence import PENDING, SeqStatus, Sequence
 from openinfer_core.events import (
     Error,
     Finished,
@@ -41,6 +41,9 @@ class FcfsScheduler:
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Running requests whose last token is on the device and ends them (max_tokens or the
+        # model length): not scheduled again, finished by the update that sees the token.
+        self.finishing: list[Sequence] = []
         self.num_preemptions = 0
         self._refused: list[TokenEvent] = []  # Rejected at add(), emitted by the next schedule()
 
@@ -65,19 +68,20 @@ class FcfsScheduler:
             self._enqueue(seq)
 
     def abort(self, request_id: str) -> list[TokenEvent]:
-        for queue in (self.running, self.waiting):
+        for queue in (self.running, self.finishing, self.waiting):
             for seq in queue:
                 if seq.request_id == request_id:
                     queue.remove(seq)
+                    self._truncate(seq, seq.num_settled_tokens)
                     return [self._finish(seq, FinishReason.ABORT)]
         return []
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._refused)
+        return bool(self.waiting or self.running or self.finishing or self._refused)
 
     def snapshot(self) -> LoadSnapshot:
-        return LoadSnapshot(len(self.running), len(self.waiting), self.kv.num_used_blocks,
-                            self.kv.num_total_blocks, self.kv.prefix_cache_stats,
+        return LoadSnapshot(len(self.running) + len(self.finishing), len(self.waiting),
+                            self.kv.num_used_blocks, self.kv.num_total_blocks, self.kv.prefix_cache_stats,
                             self.num_preemptions)
 
     # -- schedule ------------------------------------------------------------------------
@@ -171,38 +175,86 @@ class FcfsScheduler:
                     f"whole KV cache holds {self.kv.num_total_blocks} blocks of {block} tokens")
         return None
 
-    # -- update --------------------------------------------------------------------------
-    def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
-        events: list[TokenEvent] = []
-        samples = iter(sampled)
+    # -- after launch --------------------------------------------------------------------
+    def launched(self, output: SchedulerOutput) -> None:
+        if output.launched:
+            return
+        output.launched = True
+        limit = self.config.max_model_len
+        ending: set[Sequence] = set()
         for row in output.rows:
             seq = row.seq
-            if seq.status is not SeqStatus.RUNNING:
-                continue
             seq.num_computed_tokens += row.num_new_tokens
-            self.kv.cache_blocks(seq.request_id, seq.token_ids, seq.num_computed_tokens)
+            # Blocks this step fills can serve prefix hits from the next step on: any reader
+            # runs after this step on the device. A block holding a PENDING token waits for
+            # `update`.
+            self.kv.cache_blocks(seq.request_id, seq.token_ids,
+                                 min(seq.num_computed_tokens, seq.num_settled_tokens))
             if not row.samples:
                 continue
-            tok = next(samples)
-            events.extend(self._append(seq, tok))
+            output.pending.append(len(seq.token_ids))
+            seq.token_ids.append(PENDING)
+            if seq.num_output_tokens >= seq.request.params.max_tokens or seq.num_tokens >= limit:
+                ending.add(seq)  # ends with this token, whichever it is: never scheduled again
+        if ending:
+            self.running = [s for s in self.running if s not in ending]
+            self.finishing.extend(ending)
+
+    # -- update --------------------------------------------------------------------------
+    def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
+        self.launched(output)
+        if len(sampled) != len(output.pending):
+            raise RuntimeError(f"{len(sampled)} sampled tokens for {len(output.pending)} "
+                               "sampling rows")
+        events: list[TokenEvent] = []
+        ended: set[Sequence] = set()
+        samples = iter(zip(output.pending, sampled, strict=True))
+        for row in output.rows:
+            seq = row.seq
+            if row.samples:
+                index, tok = next(samples)
+                if seq.status is not SeqStatus.FINISHED:
+                    events.extend(self._append(seq, index, tok, ended))
+            if seq.status is SeqStatus.RUNNING:
+                self.kv.cache_blocks(seq.request_id, seq.token_ids,
+                                     min(seq.num_computed_tokens, len(seq.token_ids)))
+        if ended:
+            self.running = [s for s in self.running if s not in ended]
+            self.finishing = [s for s in self.finishing if s not in ended]
         return events
 
-    def _append(self, seq: Sequence, tok: SampledToken) -> list[TokenEvent]:
+    def _append(self, seq: Sequence, index: int, tok: SampledToken,
+                ended: set[Sequence]) -> list[TokenEvent]:
+        """Put the token sampled for position `index` in place of its PENDING slot."""
         params = seq.request.params
         token_id = tok.token_id
         stops = token_id in params.stop_token_ids or (
             not params.ignore_eos and token_id in self.config.eos_token_ids)
-        if stops and seq.num_output_tokens >= params.min_tokens:
-            self.running.remove(seq)
-            return [self._finish(seq, FinishReason.STOP, stop_token_id=token_id)]
-        seq.token_ids.append(token_id)
+        if stops and index - seq.num_prompt_tokens >= params.min_tokens:
+            self._truncate(seq, index)
+            return [self._end(seq, FinishReason.STOP, ended, stop_token_id=token_id)]
+        seq.token_ids[index] = token_id
         events: list[TokenEvent] = [
             Token(seq.request_id, token_id, tok.logprob, tok.top_logprobs)]
-        if seq.num_output_tokens >= params.max_tokens \
-                or seq.num_tokens >= self.config.max_model_len:
-            self.running.remove(seq)
-            events.append(self._finish(seq, FinishReason.LENGTH))
+        if index + 1 - seq.num_prompt_tokens >= params.max_tokens \
+                or index + 1 >= self.config.max_model_len:
+            self._truncate(seq, index + 1)
+            events.append(self._end(seq, FinishReason.LENGTH, ended))
         return events
+
+    @staticmethod
+    def _truncate(seq: Sequence, length: int) -> None:
+        """Drop tokens from `length` on (a stop token, and any step scheduled past it)."""
+        del seq.token_ids[length:]
+        seq.num_computed_tokens = min(seq.num_computed_tokens, length)
+
+    def _end(self, seq: Sequence, reason: FinishReason, ended: set[Sequence],
+             stop_token_id: int | None = None) -> Finished:
+        if seq.status is SeqStatus.WAITING:  # preempted while its last step ran
+            self.waiting.remove(seq)
+        else:
+            ended.add(seq)
+        return self._finish(seq, reason, stop_token_id)
 
     def _finish(self, seq: Sequence, reason: FinishReason,
                 stop_token_id: int | None = None) -> Finished:
@@ -217,8 +269,9 @@ class FcfsScheduler:
             seq = row.seq
             if seq.status is SeqStatus.FINISHED:
                 continue
-            if seq in self.running:
-                self.running.remove(seq)
+            for queue in (self.running, self.finishing, self.waiting):
+                if seq in queue:
+                    queue.remove(seq)
             self.kv.free(seq.request_id)
             seq.status = SeqStatus.FINISHED
             events.append(Error(seq.request_id, message))

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 from openinfer_core.request import GenerateRequest
 
 
+# A slot in `Sequence.token_ids` for a token sampled by a step still running on the device
+# (overlapped steps): the next step is scheduled before its value is known.
+PENDING = -1
+
+
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -41,6 +46,14 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_settled_tokens(self) -> int:
+        """Tokens before the first PENDING slot (all of them, when none is pending)."""
+        n = len(self.token_ids)
+        while n and self.token_ids[n - 1] == PENDING:
+            n -= 1
+        return n
 
     @property
     def num_output_tokens(self) -> int:

@@ -38,6 +38,10 @@ class ScheduledRow:
 class SchedulerOutput:
     rows: list[ScheduledRow] = field(default_factory=list)
     events: list[TokenEvent] = field(default_factory=list)  # Scheduled / Rejected, in order
+    # Set by `Scheduler.launched`: where in its sequence's `token_ids` each sampling row's token
+    # goes (a PENDING slot until `update`), in row order.
+    launched: bool = False
+    pending: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -65,9 +69,18 @@ class Scheduler(Protocol):
         """Choose this step's rows within the token budget, allocating their KV; may preempt."""
         ...
 
+    def launched(self, output: SchedulerOutput) -> None:
+        """The step is on the device: count its tokens as computed and give each sampling row a
+        PENDING slot at the end of its tokens, so the next step can be scheduled before this
+        one's tokens are known (overlapped steps). A request whose pending token ends it
+        whatever it is (max_tokens, model length) is not scheduled again. Idempotent."""
+        ...
+
     def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
-        """Apply a step's results (`sampled` aligns with the rows that sample): append tokens,
-        finish requests and free their KV. Returns the events, in order."""
+        """Apply a step's results (`sampled` aligns with the rows that sample): fill the PENDING
+        slots (calling `launched` first if the loop did not), finish requests and free their KV.
+        Returns the events, in order. With overlapped steps the next step may already have
+        been scheduled; a request that stops here drops what was scheduled past its end."""
         ...
 
     def fail(self, output: SchedulerOutput, message: str) -> list[TokenEvent]:

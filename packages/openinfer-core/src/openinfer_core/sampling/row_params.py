@@ -12,9 +12,7 @@ import torch
 class _Views(NamedTuple):
     """Slices of the kept buffers for one batch size n."""
 
-    host_seeds: np.ndarray  # int64 [n]
-    host_floats: np.ndarray  # fp32 [2n]: temperatures, then min_p
-    host: torch.Tensor  # int64 [2n], pinned for a CUDA device
+    host: torch.Tensor  # int64 [2n]: n seeds, then 2n fp32 (temperatures, then min_p)
     device: torch.Tensor  # int64 [2n]
     temperature: torch.Tensor  # fp32 [n] on the device
     min_p: torch.Tensor  # fp32 [n] on the device
@@ -25,9 +23,11 @@ class RowParamUpload:
     """Writes temperature, min_p and seed of every row into one host buffer (pinned for a CUDA
     device) and sends it with one non-blocking copy into a device buffer.
 
-    Both buffers are kept and reused by the next call, so the tensors returned are valid until
-    then. That is safe for the Sampler, which waits for the step's token ids before returning:
-    by then the kernel that read this copy has run, and the copy has landed."""
+    The device buffer is kept and reused by the next call, so the tensors returned are valid
+    until then: the next step's copy into it is ordered after this step's kernels on the
+    stream. The pinned host side is taken fresh from torch's caching host allocator each call,
+    because with overlapped steps the next call comes before this copy has run, and the
+    allocator does not hand a block out again until the copy that read it has."""
 
     def __init__(self) -> None:
         self._host = torch.empty(0, dtype=torch.int64)
@@ -42,10 +42,15 @@ class RowParamUpload:
         views = self._views.get(n)
         if views is None or views.device.device != device:
             views = self._carve(n, device)
-        views.host_seeds[:] = seeds
-        views.host_floats[:n] = temperature
-        views.host_floats[n:] = min_p
-        views.device.copy_(views.host, non_blocking=True)
+        host = views.host
+        if device.type == "cuda":
+            host = torch.empty_like(host, pin_memory=True)
+        host_np = host.numpy()
+        host_np[:n] = seeds
+        floats = host_np[n:].view(np.float32)
+        floats[:n] = temperature
+        floats[n:] = min_p
+        views.device.copy_(host, non_blocking=True)
         return views.temperature, views.min_p, views.seeds
 
     def _carve(self, n: int, device: torch.device) -> _Views:
@@ -53,14 +58,12 @@ class RowParamUpload:
         if buf is None or buf.device != device or buf.numel() < 2 * n:
             grow = buf is not None and buf.device == device
             size = max(2 * n, 2 * buf.numel() if grow and buf is not None else 256)
-            self._host = torch.empty(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+            self._host = torch.empty(size, dtype=torch.int64)
             self._device_buf = buf = torch.empty(size, dtype=torch.int64, device=device)
             self._views.clear()
         # One int64 buffer: n seeds, then 2n fp32 values in the next n slots.
-        host_np = self._host.numpy()
         dev = buf[:2 * n]
         dev_floats = dev[n:].view(torch.float32)
-        views = _Views(host_np[:n], host_np[n:2 * n].view(np.float32), self._host[:2 * n], dev,
-                       dev_floats[:n], dev_floats[n:], dev[:n])
+        views = _Views(self._host[:2 * n], dev, dev_floats[:n], dev_floats[n:], dev[:n])
         self._views[n] = views
         return views

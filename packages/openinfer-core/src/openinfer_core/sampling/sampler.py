@@ -117,13 +117,16 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
         """Return one `SampledToken` per row, in row order. `logits` is fp32 [len(rows), V]."""
+        return self.sample_async(logits, rows).result()
+
+    def sample_async(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampledBatch:
+        """`sample`, with the host's wait left to `SampledBatch.result()`: the token ids stay on
+        the device for the next step, and their copy to the host is under way."""
         if logits.dim() != 2 or logits.shape != (len(rows), self.vocab_size):
             raise ValueError(
                 f"logits shape {tuple(logits.shape)} does not match "
                 f"({len(rows)} rows, vocab_size {self.vocab_size})"
             )
-        if not rows:
-            return []
         edits = any(row.params.has_penalties or row.banned_token_ids for row in rows)
         random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if not edits and not random_rows:
@@ -226,41 +229,85 @@ class Sampler:
         return gen
 
     # -- results ---------------------------------------------------------------------------
-    def _package(
-        self, logits: torch.Tensor, token_ids: torch.Tensor, rows: Sequence[SamplingRow]
-    ) -> list[SampledToken]:
+    def _package(self, logits: torch.Tensor, token_ids: torch.Tensor,
+                 rows: Sequence[SamplingRow]) -> SampledBatch:
+        """Everything the host needs, packed on the device into one tensor whose copy to the
+        host starts now: token ids, then (for rows that asked) logprobs and top logprobs."""
         wanted = [i for i, row in enumerate(rows) if row.params.logprobs is not None]
         if not wanted:
-            ids: list[int] = token_ids.tolist()
-            return [SampledToken(t, None, ()) for t in ids]
-
+            return SampledBatch(token_ids, _to_host(token_ids), len(rows), (), 0, ())
         sub_logits, sub_ids = logits, token_ids
         if len(wanted) < len(rows):
-            index = torch.tensor(wanted).to(logits.device, non_blocking=True)
+            index = _to_device(torch.tensor(wanted), logits.device)
             sub_logits, sub_ids = logits[index], token_ids[index]
         raw = torch.log_softmax(sub_logits.to(torch.float32), dim=-1)
         chosen = raw.gather(1, sub_ids.unsqueeze(1)).squeeze(1)
         n_max = min(max(rows[i].params.logprobs or 0 for i in wanted), self.vocab_size)
-        # One device -> host copy for everything: float64 holds the ids and fp32 values exactly.
+        # float64 holds the ids and fp32 values exactly.
         parts = [token_ids.double(), chosen.double()]
         if n_max > 0:
             # A stable full sort (not topk) so equal logprobs come out lowest id first.
             vals, order = raw.sort(dim=-1, descending=True, stable=True)
             parts += [vals[:, :n_max].double().flatten(), order[:, :n_max].double().flatten()]
-        host: list[float] = torch.cat(parts).tolist()
+        counts = tuple(rows[i].params.logprobs or 0 for i in wanted)
+        return SampledBatch(token_ids, _to_host(torch.cat(parts)), len(rows), tuple(wanted),
+                            n_max, counts)
 
-        n, w = len(rows), len(wanted)
-        ids = [int(t) for t in host[:n]]
-        chosen_lp = host[n:n + w]
-        top_vals = host[n + w:n + w + w * n_max]
-        top_ids = host[n + w + w * n_max:]
+
+def _to_host(x: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying `x` to the host: (host tensor, event to wait on before reading it)."""
+    if x.device.type != "cuda":
+        return x, None
+    host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    host.copy_(x, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device (pinned, then asynchronous)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass(slots=True)
+class SampledBatch:
+    """A step's sampled tokens: `token_ids` stays on the device (the next overlapped step
+    reads it there); `result()` waits for the copy to the host and unpacks it."""
+
+    token_ids: torch.Tensor  # [S] int64, on the logits' device
+    _host: tuple[torch.Tensor, torch.cuda.Event | None]
+    _num_rows: int
+    _wanted: tuple[int, ...]  # rows that asked for logprobs
+    _n_max: int  # top logprobs per wanted row in the packed copy
+    _counts: tuple[int, ...]  # top logprobs each wanted row asked for
+    _result: list[SampledToken] | None = None
+
+    def result(self) -> list[SampledToken]:
+        """One `SampledToken` per row, in row order; blocks until the step's copy lands."""
+        if self._result is None:
+            self._result = self._unpack()
+        return self._result
+
+    def _unpack(self) -> list[SampledToken]:
+        host, event = self._host
+        if event is not None:
+            event.synchronize()
+        values: list[float] = host.tolist()
+        n, w, n_max = self._num_rows, len(self._wanted), self._n_max
+        if not w:
+            return [SampledToken(int(t), None, ()) for t in values]
+        ids = [int(t) for t in values[:n]]
+        chosen_lp = values[n:n + w]
+        top_vals = values[n + w:n + w + w * n_max]
+        top_ids = values[n + w + w * n_max:]
         out = [SampledToken(t, None, ()) for t in ids]
-        for j, i in enumerate(wanted):
-            k = rows[i].params.logprobs or 0
+        for j, i in enumerate(self._wanted):
             first = j * n_max
-            top = tuple(
-                (int(top_ids[first + r]), top_vals[first + r]) for r in range(min(k, n_max))
-            )
+            top = tuple((int(top_ids[first + r]), top_vals[first + r])
+                        for r in range(min(self._counts[j], n_max)))
             out[i] = SampledToken(ids[i], chosen_lp[j], top)
         return out
 

@@ -1,0 +1,69 @@
+"""The overlapped step loop: the host schedules and lays out step N+1 while the device runs
+step N, so Python's share of a step hides behind the GPU's.
+
+    batch    = scheduler.schedule()              # step N+1, while step N runs
+    launched = runner.launch(batch, previous)    # queued; its pending tokens read N's ids
+    scheduler.launched(batch)                    # N+1's tokens count as computed
+    scheduler.update(previous.output, previous.result())   # wait for N, emit its events
+
+Step N's sampled ids never visit the host on their way into step N+1: `runner.launch` gathers
+them on the device. The host learns them one step later, for events and stop checks, so a
+request that stops at step N has had one more token computed in N+1 (thrown away), as in vLLM's
+async scheduling and SGLang's overlap scheduler. A request whose pending token ends it whatever
+it is (max_tokens, model length) is never scheduled past it. When a row of step N has sampling
+penalties, which read the tokens so far on the host, step N is finished before N+1 is
+scheduled."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import TYPE_CHECKING
+
+from openinfer_core.engine.runner import Launched
+from openinfer_core.events import TokenEvent
+
+if TYPE_CHECKING:
+    from openinfer_core.engine.engine import Engine
+
+log = logging.getLogger("openinfer")
+
+
+class OverlappedLoop:
+    """Holds the step in flight between calls. Engine thread only."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.scheduler = engine.scheduler
+        self.runner = engine.runner
+        self._in_flight: Launched | None = None
+
+    def has_work(self) -> bool:
+        return self._in_flight is not None
+
+    def step(self, events: list[TokenEvent]) -> list[TokenEvent]:
+        """Schedule and launch the next step, then finish the one in flight; appends to and
+        returns `events`."""
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and previous.needs_host_tokens:
+            events.extend(self._finish(previous))
+            previous = None
+        batch = self.scheduler.schedule()
+        events.extend(batch.events)
+        if batch.rows:
+            try:
+                self._in_flight = self.runner.launch(batch, previous)
+                self.scheduler.launched(batch)
+            except Exception as exc:
+                log.error("step failed: %s", traceback.format_exc())
+                events.extend(self.scheduler.fail(batch, f"engine error: {exc!r}"))
+        if previous is not None:
+            events.extend(self._finish(previous))
+        return events
+
+    def _finish(self, launched: Launched) -> list[TokenEvent]:
+        try:
+            sampled = launched.result()
+        except Exception as exc:
+            log.error("step failed: %s", traceback.format_exc())
+            return self.scheduler.fail(launched.output, f"engine error: {exc!r}")
+        return self.scheduler.update(launched.output, sampled)
