@@ -51,6 +51,12 @@ class EngineHandle(Protocol):
     @property
     def model_info(self) -> ModelInfo: ...
 
+    @property
+    def dead(self) -> str | None:
+        """Why the engine can no longer serve (its process or loop died), or None while it
+        can. Once set, every request ends with `Error`; the server answers /health with 503."""
+        ...
+
     def load(self) -> LoadSnapshot:
         """Running / waiting requests and KV use, for metrics. Never blocks on the engine."""
         ...

@@ -1,0 +1,8 @@
+"""The engine in its own process: the engine-core loop, its launcher, and the `EngineHandle`
+frontends use to reach it over ZeroMQ."""
+
+from openinfer_core.ipc.client import EngineClient
+from openinfer_core.ipc.engine_core import EngineAddresses
+from openinfer_core.ipc.process import EngineProcess, EngineStartError
+
+__all__ = ["EngineAddresses", "EngineClient", "EngineProcess", "EngineStartError"]

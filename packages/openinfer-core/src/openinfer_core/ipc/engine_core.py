@@ -1,0 +1,167 @@
+"""The engine-core process: owns the device, runs the engine loop, talks to its frontends over
+ZeroMQ. One `StepOutput` per step goes to each frontend with every event of its requests.
+
+    while alive:
+        read every message waiting (blocking only when idle)
+        events = engine.step()
+        send each frontend its events and the engine's load
+
+Sockets: a PULL for what frontends send (`Hello`, `Add`, `Abort`) and a ROUTER for what the
+engine sends back, addressed by each frontend's identity. The process stops on a word from its
+launcher (`stop`, over the pipe that also carried `ready`) or when the launcher dies; SIGINT
+and SIGTERM are left to the launcher, which drains its requests first."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import signal
+import sys
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.engine import Engine
+from openinfer_core.errors import OpenInferError
+from openinfer_core.events import Rejected, TokenEvent, is_terminal
+from openinfer_core.ipc.wire import (
+    Abort,
+    Add,
+    FromEngine,
+    Hello,
+    StepOutput,
+    ToEngine,
+    Welcome,
+    to_wire,
+)
+
+log = logging.getLogger("openinfer")
+
+IDLE_POLL_MS = 500  # how often an idle engine checks that its launcher is alive
+
+
+@dataclass(frozen=True, slots=True)
+class EngineAddresses:
+    """ZeroMQ endpoints of one engine-core process."""
+
+    inputs: str  # PULL: frontends -> engine
+    outputs: str  # ROUTER: engine -> frontends
+
+
+class EngineCore:
+    """The loop around an `Engine`, on the process's main thread."""
+
+    def __init__(self, engine: Engine, addresses: EngineAddresses,
+                 control: multiprocessing.connection.Connection | None = None) -> None:
+        self.engine = engine
+        self.control = control
+        self._context = zmq.Context()
+        self._inputs = self._context.socket(zmq.PULL)
+        self._inputs.bind(addresses.inputs)
+        self._inputs.setsockopt(zmq.RCVHWM, 0)
+        self._outputs = self._context.socket(zmq.ROUTER)
+        # Unbounded: at its high-water mark a ROUTER drops messages, and a dropped step would
+        # lose tokens. A frontend that is gone is skipped (not ROUTER_MANDATORY).
+        self._outputs.setsockopt(zmq.SNDHWM, 0)
+        self._outputs.setsockopt(zmq.LINGER, 0)
+        self._outputs.bind(addresses.outputs)
+        self._poller = zmq.Poller()
+        self._poller.register(self._inputs, zmq.POLLIN)
+        if control is not None:
+            self._poller.register(control.fileno(), zmq.POLLIN)
+        self._decoder = msgspec.msgpack.Decoder(ToEngine)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._owner: dict[str, bytes] = {}  # request id -> frontend
+        self._frontends: list[bytes] = []
+        self._parent = os.getppid()
+        self._stopping = False
+
+    def run(self) -> None:
+        try:
+            while not self._stopping:
+                busy = self.engine.has_work()
+                self._receive(0 if busy else IDLE_POLL_MS)
+                if self.engine.has_work():
+                    self._send(self.engine.step())
+                if os.getppid() != self._parent:
+                    log.error("the engine's launcher died: stopping")
+                    return
+        finally:
+            self._context.destroy(linger=0)
+
+    def _receive(self, timeout_ms: int) -> None:
+        """Apply every waiting message; wait up to `timeout_ms` for the first."""
+        ready = dict(self._poller.poll(timeout_ms))
+        if self.control is not None and self.control.fileno() in ready:
+            self._stopping = True
+        if self._inputs not in ready:
+            return
+        while True:
+            try:
+                frame = self._inputs.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            msg = self._decoder.decode(frame.buffer)
+            if isinstance(msg, Add):
+                if msg.request_id in self._owner:
+                    self._send_to(msg.frontend, [Rejected(
+                        msg.request_id, f"request id {msg.request_id!r} is already running")])
+                    continue
+                self._owner[msg.request_id] = msg.frontend
+                self.engine.add_request(msg.request())
+            elif isinstance(msg, Abort):
+                self.engine.abort(msg.request_id)
+            else:  # Hello, sent again until answered
+                if msg.frontend not in self._frontends:
+                    self._frontends.append(msg.frontend)
+                self._send_raw(msg.frontend, Welcome(self.engine.model_info,
+                                                     self.engine.snapshot()))
+
+    def _send(self, events: list[TokenEvent]) -> None:
+        by_frontend: dict[bytes, list[TokenEvent]] = defaultdict(list)
+        owner = self._owner
+        for event in events:
+            frontend = owner.get(event.request_id)
+            if frontend is None:
+                continue
+            if is_terminal(event):
+                del owner[event.request_id]
+            by_frontend[frontend].append(event)
+        for frontend in self._frontends:  # the load goes to every frontend, events or not
+            self._send_to(frontend, by_frontend.get(frontend, []))
+
+    def _send_to(self, frontend: bytes, events: list[TokenEvent]) -> None:
+        self._send_raw(frontend, StepOutput([to_wire(e) for e in events],
+                                            self.engine.snapshot()))
+
+    def _send_raw(self, frontend: bytes, message: FromEngine) -> None:
+        self._outputs.send_multipart([frontend, self._encoder.encode(message)], copy=False)
+
+
+def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
+                    control: multiprocessing.connection.Connection, log_level: str) -> None:
+    """The engine-core process's entry point: build the engine, say `ready` (or why not) on
+    `control`, then loop until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher drains first, then stops us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(levelname)s %(asctime)s [engine] %(message)s",
+                        datefmt="%m-%d %H:%M:%S")
+    logging.getLogger("openinfer").setLevel(log_level.upper())
+    try:
+        engine = Engine(config)
+        core = EngineCore(engine, addresses, control)
+    except OpenInferError as exc:  # the user's to fix: the message says how
+        control.send(("error", str(exc)))
+        sys.exit(1)
+    except Exception as exc:
+        log.error("engine start-up failed:\n%s", traceback.format_exc())
+        control.send(("error", f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)
+    control.send(("ready", engine.model_info))
+    core.run()

@@ -1,0 +1,98 @@
+"""Starting and stopping the engine-core process."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import shutil
+import tempfile
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.errors import OpenInferError
+from openinfer_core.handle import ModelInfo
+from openinfer_core.ipc.engine_core import EngineAddresses, run_engine_core
+
+
+class EngineStartError(OpenInferError):
+    """The engine process could not start (the message says why)."""
+
+
+class EngineProcess:
+    """A started engine-core process and how to reach it. `stop()` always, or the interpreter
+    waits for it at exit."""
+
+    def __init__(self, process: BaseProcess, control: multiprocessing.connection.Connection,
+                 addresses: EngineAddresses, model_info: ModelInfo, folder: Path) -> None:
+        self.process = process
+        self.addresses = addresses
+        self.model_info = model_info
+        self._control = control
+        self._folder = folder
+
+    @classmethod
+    def start(cls, config: EngineConfig, log_level: str = "info") -> EngineProcess:
+        """Spawn the engine and wait until it is ready (weights loaded, KV allocated)."""
+        folder = Path(tempfile.mkdtemp(prefix="openinfer-"))
+        addresses = EngineAddresses(f"ipc://{folder}/inputs", f"ipc://{folder}/outputs")
+        context = multiprocessing.get_context("spawn")
+        control, child_end = context.Pipe()
+        process = context.Process(target=run_engine_core, name="openinfer-engine",
+                                  args=(config, addresses, child_end, log_level))
+        try:
+            process.start()
+            child_end.close()
+            model_info = _wait_ready(process, control)
+        except BaseException:  # Ctrl-C while loading too: nothing may outlive us
+            _kill(process)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return cls(process, control, addresses, model_info, folder)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def sentinel(self) -> int:
+        return self.process.sentinel
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Ask the engine to stop, kill it after `timeout`; returns its exit code."""
+        try:
+            self._control.send("stop")
+        except OSError:  # it is gone already
+            pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            _kill(self.process)
+        self._control.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
+        return self.process.exitcode
+
+
+def _wait_ready(process: BaseProcess, control: multiprocessing.connection.Connection) -> ModelInfo:
+    while not control.poll(0.2):
+        if not process.is_alive():
+            raise EngineStartError(f"the engine process exited with code {process.exitcode} "
+                                   "while starting (its log is above)")
+    try:
+        message = control.recv()
+    except EOFError:
+        process.join(5)
+        raise EngineStartError(f"the engine process exited with code {process.exitcode} "
+                               "while starting (its log is above)") from None
+    if message[0] != "ready":
+        process.join(5)
+        raise EngineStartError(message[1])
+    info: ModelInfo = message[1]
+    return info
+
+
+def _kill(process: BaseProcess) -> None:
+    if process.pid is None:  # never started
+        return
+    if process.is_alive():
+        process.kill()
+    process.join(5)
