@@ -1,5 +1,6 @@
 """A real uvicorn server on loopback serving a tiny random Qwen3 with the real Qwen tokenizer,
-shared by the whole session (building the checkpoint is the slow part)."""
+shared by the whole session (building the checkpoint is the slow part). The engine runs in its
+own process, as under `openinfer serve`; each app holds its own `EngineClient` to it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import openai
 import pytest
 from fastapi import FastAPI
 
-from openinfer_core.engine.async_engine import AsyncEngine
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.engine.engine import Engine
+from openinfer_core.handle import EngineHandle
+from openinfer_core.ipc import EngineClient, EngineProcess
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.app import build_app
 
@@ -31,10 +32,21 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engine(checkpoint: Path) -> Iterator[AsyncEngine]:
-    async_engine = AsyncEngine(Engine(EngineConfig(model=str(checkpoint), device="cpu")))
-    yield async_engine
-    async_engine.shutdown()
+def engine_process(checkpoint: Path) -> Iterator[EngineProcess]:
+    process = EngineProcess.start(EngineConfig(model=str(checkpoint), device="cpu"), "warning")
+    yield process
+    process.stop()
+
+
+def _client(process: EngineProcess) -> Iterator[EngineClient]:
+    client = EngineClient(process.addresses, sentinel=process.sentinel)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def engine(engine_process: EngineProcess) -> Iterator[EngineClient]:
+    yield from _client(engine_process)
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +54,7 @@ def tokenizer(checkpoint: Path) -> Tokenizer:
     return Tokenizer.from_dir(checkpoint)
 
 
-def _live(app: FastAPI, engine: AsyncEngine, tokenizer: Tokenizer) -> Iterator[LiveServer]:
+def _live(app: FastAPI, engine: EngineHandle, tokenizer: Tokenizer) -> Iterator[LiveServer]:
     url, server, thread = serve_in_thread(app)
     yield LiveServer(url, app, engine, tokenizer)
     server.should_exit = True
@@ -50,18 +62,20 @@ def _live(app: FastAPI, engine: AsyncEngine, tokenizer: Tokenizer) -> Iterator[L
 
 
 @pytest.fixture(scope="session")
-def server(engine: AsyncEngine, tokenizer: Tokenizer) -> Iterator[LiveServer]:
+def server(engine: EngineClient, tokenizer: Tokenizer) -> Iterator[LiveServer]:
     """No API key; serves MODEL and ALIAS."""
     app = build_app(engine, tokenizer, served_model_names=[MODEL, ALIAS])
     yield from _live(app, engine, tokenizer)
 
 
 @pytest.fixture(scope="session")
-def keyed_server(engine: AsyncEngine, tokenizer: Tokenizer) -> Iterator[LiveServer]:
-    """The same engine behind a second app that wants API_KEY (and a shorter model length)."""
-    app = build_app(engine, tokenizer, served_model_names=[MODEL], api_key=API_KEY,
-                    max_model_len=128)
-    yield from _live(app, engine, tokenizer)
+def keyed_server(engine_process: EngineProcess, tokenizer: Tokenizer) -> Iterator[LiveServer]:
+    """The same engine behind a second app, a second frontend with its own client, that wants
+    API_KEY (and a shorter model length)."""
+    for client in _client(engine_process):
+        app = build_app(client, tokenizer, served_model_names=[MODEL], api_key=API_KEY,
+                        max_model_len=128)
+        yield from _live(app, client, tokenizer)
 
 
 @pytest.fixture

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
 import uvicorn
 from fastapi import FastAPI
 
-from openinfer_core.engine.async_engine import AsyncEngine
+from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
 
 MODEL = "tiny-qwen3"
@@ -24,7 +28,7 @@ API_KEY = "sk-test-key"
 class LiveServer:
     url: str
     app: FastAPI
-    engine: AsyncEngine
+    engine: EngineHandle
     tokenizer: Tokenizer
 
     def client(self, **kwargs: object) -> openai.OpenAI:
@@ -65,3 +69,22 @@ def serve_in_thread(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread
             pass
         time.sleep(0.05)
     raise RuntimeError("the test server did not come up within 30 s")
+
+
+def openinfer_command() -> list[str]:
+    """The installed console script, as a user runs it."""
+    script = Path(sys.executable).parent / "openinfer"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
+
+
+def wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
+    """The URL `openinfer serve` logs once ready (the first, with several frontends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            raise AssertionError(f"openinfer serve exited early:\n{log.read_text()}")
+        time.sleep(0.2)
+    raise AssertionError(f"openinfer serve not ready after {timeout}s:\n{log.read_text()}")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+from live_server import openinfer_command, wait_for_ready
 import pytest
 import torch
 
@@ -27,15 +28,9 @@ OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--d
              "--no-prefix-cache"]
 
 
-def _openinfer() -> list[str]:
-    """The installed console script, as a user runs it."""
-    script = Path(sys.executable).parent / "openinfer"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
-
-
 def _run_cli(*args: str, env: dict[str, str] | None = None,
              timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*_openinfer(), *args], capture_output=True, text=True,
+    return subprocess.run([*openinfer_command(), *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -183,28 +178,16 @@ def test_unreachable_hub_is_a_clear_error(tmp_path: Path) -> None:
     assert "pass its local folder" in last
 
 
-def _wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())
-        if match:
-            return match.group(1)
-        if proc.poll() is not None:
-            raise AssertionError(f"openinfer serve exited early:\n{log.read_text()}")
-        time.sleep(0.2)
-    raise AssertionError(f"openinfer serve not ready after {timeout}s:\n{log.read_text()}")
-
-
 @pytest.mark.slow
 def test_serve_demo_end_to_end(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     env = {**os.environ, "OPENINFER_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("OPENINFER_API_KEY", None)
     with log.open("w") as out:
-        proc = subprocess.Popen([*_openinfer(), "serve", "--port", "0", "--device", "cpu"],
+        proc = subprocess.Popen([*openinfer_command(), "serve", "--port", "0", "--device", "cpu"],
                                 stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        url = _wait_for_ready(proc, log, timeout=240)
+        url = wait_for_ready(proc, log, timeout=240)
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
         models = httpx.get(f"{url}/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["openinfer-demo"]

@@ -38,6 +38,10 @@ class ScriptedEngine:
     def model_info(self) -> ModelInfo:
         return ModelInfo("scripted", 64, 100, 16, (151645,))
 
+    @property
+    def dead(self) -> str | None:
+        return None
+
     def load(self) -> LoadSnapshot:
         return LoadSnapshot(0, 0, 0, 100)
 

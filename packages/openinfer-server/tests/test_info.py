@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from live_server import ALIAS, MODEL, LiveServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from openinfer_core.engine.async_engine import AsyncEngine
+from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.app import build_app
 
@@ -36,14 +36,14 @@ async def _asgi_get(app: FastAPI, path: str) -> httpx.Response:
         return await c.get(path)
 
 
-def test_demo_model_is_labelled(engine: AsyncEngine, tokenizer: Tokenizer) -> None:
+def test_demo_model_is_labelled(engine: EngineHandle, tokenizer: Tokenizer) -> None:
     app = build_app(engine, tokenizer, served_model_names=["openinfer-demo"], is_demo=True)
     card = asyncio.run(_asgi_get(app, "/v1/models")).json()["data"][0]
     assert card["id"] == "openinfer-demo" and card["owned_by"] == "openinfer-demo"
     assert card["metadata"]["demo"] is True and "random" in card["metadata"]["description"]
 
 
-def test_build_app_checks_its_arguments(engine: AsyncEngine, tokenizer: Tokenizer) -> None:
+def test_build_app_checks_its_arguments(engine: EngineHandle, tokenizer: Tokenizer) -> None:
     with pytest.raises(ValueError, match="served_model_names"):
         build_app(engine, tokenizer, served_model_names=[])
     with pytest.raises(ValueError, match="max_model_len"):

@@ -13,7 +13,7 @@ from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server import chat, completions
 from openinfer_server.auth import APIKeyMiddleware
-from openinfer_server.errors import install_error_handlers
+from openinfer_server.errors import APIError, install_error_handlers
 from openinfer_server.metrics import CONTENT_TYPE, ServerMetrics
 from openinfer_server.state import ServerState, StateDep
 
@@ -57,7 +57,11 @@ def _add_info_routes(app: fastapi.FastAPI) -> None:
             _model_card(name, state, created) for name in state.served_model_names]}
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(state: StateDep) -> Response:
+        dead = state.engine.dead
+        if dead is not None:
+            return APIError(503, f"the engine is not serving: {dead}",
+                            code="engine_dead").response()
         return Response(status_code=200)
 
     @app.get("/version")

@@ -109,6 +109,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         help="reuse the KV of prompt prefixes already computed (default on)")
     engine.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false",
                         help="same as --no-enable-prefix-caching")
+    engine.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="overlap steps: schedule the next step while the GPU runs this "
+                             "one (default on; --no-async-scheduling runs the plain loop)")
     engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
                         metavar="N", help="GPUs to shard the model over; only 1 for now")
 
@@ -127,6 +131,12 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                           f"(default: ${API_KEY_ENV}, else none)")
     net.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                      help="log verbosity (default %(default)s)")
+    net.add_argument("--api-server-count", type=int_at_least(1), default=1, metavar="N",
+                     help="HTTP frontend processes sharing the port, all in front of one "
+                          "engine process (default %(default)s)")
+    net.add_argument("--shutdown-timeout", type=int_at_least(0), default=30, metavar="S",
+                     help="on SIGTERM or Ctrl-C, how long in-flight requests may take to "
+                          "finish before the server stops (default %(default)s s)")
 
 
 def _add_bench_parser(

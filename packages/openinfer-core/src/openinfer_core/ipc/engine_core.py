@@ -147,6 +147,9 @@ def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
                     control: multiprocessing.connection.Connection, log_level: str) -> None:
     """The engine-core process's entry point: build the engine, say `ready` (or why not) on
     `control`, then loop until told to stop."""
+    from openinfer_core.ipc.process import set_process_name
+
+    set_process_name("openinfer-core")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher drains first, then stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,

@@ -72,6 +72,18 @@ class EngineProcess:
         return self.process.exitcode
 
 
+def set_process_name(name: str) -> None:
+    """What `ps -o comm` and `top` show for this process (Linux; 15 characters)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        pr_set_name = 15
+        libc.prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _wait_ready(process: BaseProcess, control: multiprocessing.connection.Connection) -> ModelInfo:
     while not control.poll(0.2):
         if not process.is_alive():

@@ -1,0 +1,213 @@
+"""The HTTP frontend processes of `openinfer serve`: uvicorn + the FastAPI app, holding an
+`EngineClient` to the engine process.
+
+With one frontend (the default) it runs in the launching process. With `--api-server-count N`
+the launcher binds the port once and supervises N frontend processes that share it; any of them
+may take a connection, and all talk to the one engine.
+
+Failure: if the engine dies, every open request ends with an error, /health answers 503, and
+the frontend stops after `DEATH_GRACE_S` with exit code 1. SIGTERM or Ctrl-C stop accepting
+connections and let in-flight requests finish for up to `--shutdown-timeout`, then exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+import uvicorn
+
+from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess
+from openinfer_core.text.tokenizer import Tokenizer
+
+log = logging.getLogger("openinfer.server")
+
+DEATH_GRACE_S = 3.0  # after the engine died: time for error responses and a 503 /health
+
+
+@dataclass(frozen=True, slots=True)
+class Frontend:
+    """What a frontend process needs to build its app (picklable: it crosses to children)."""
+
+    args: argparse.Namespace
+    folder: str  # the checkpoint folder: tokenizer and chat template
+    served_names: list[str]
+    is_demo: bool
+    started: float  # when `openinfer serve` started, for the ready log
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, reporting the URL it listens on once its socket is bound."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self._on_ready(_bound_url(self, self.config))
+
+
+def _bound_url(server: uvicorn.Server, config: uvicorn.Config) -> str:
+    port = config.port
+    for listener in getattr(server, "servers", []):
+        for sock in listener.sockets:
+            port = sock.getsockname()[1]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"http://{host}:{port}"
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def run_frontend(frontend: Frontend, addresses: EngineAddresses, *, sentinel: int | None = None,
+                 sock: socket.socket | None = None) -> int:
+    """Serve HTTP until stopped; returns the exit code. `sentinel`: the engine process's, when
+    this process started it; `sock`: a listening socket shared with other frontends."""
+    client = EngineClient(addresses, sentinel=sentinel)
+    code = 0
+    server: _Server | None = None
+    try:
+        server = _build_server(frontend, client)
+
+        def engine_died(message: str) -> None:
+            nonlocal code
+            code = 1
+            timer = threading.Timer(DEATH_GRACE_S, _stop, args=(server,))
+            timer.daemon = True
+            timer.start()
+
+        client.on_death(engine_died)
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM ends the server like Ctrl-C: uvicorn drains its connections first.
+            signal.signal(signal.SIGTERM, _interrupt)
+        server.run(sockets=None if sock is None else [sock])
+    except KeyboardInterrupt:
+        if server is None or not server.started:
+            log.info("interrupted before the server was ready")
+            return 130
+    finally:
+        client.close()
+    log.info("stopped" if code == 0 else "stopped: the engine died")
+    return code
+
+
+def _stop(server: uvicorn.Server) -> None:
+    server.should_exit = True
+
+
+def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
+    # Imported here: the app's modules are only needed once the engine is up.
+    from openinfer_server.app import build_app
+
+    args = frontend.args
+    log.info("[3/4] tokenizer: %s", frontend.folder)
+    tokenizer = Tokenizer.from_dir(frontend.folder)
+    log.info("[4/4] HTTP app: serving %s", ", ".join(repr(n) for n in frontend.served_names))
+    app = build_app(engine, tokenizer, served_model_names=frontend.served_names,
+                    api_key=args.api_key, is_demo=frontend.is_demo,
+                    max_model_len=engine.model_info.max_model_len)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                            log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+
+    def on_ready(url: str) -> None:
+        log.info("ready in %.2f s: %s (model %s)", time.perf_counter() - frontend.started, url,
+                 frontend.served_names[0])
+
+    return _Server(config, on_ready)
+
+
+# -- several frontends -----------------------------------------------------------------------
+def supervise(frontend: Frontend, engine: EngineProcess, count: int) -> int:
+    """Run `count` frontend processes on one port until one of them or the engine ends."""
+    args = frontend.args
+    sock = _listen(args.host, args.port)
+    context = multiprocessing.get_context("spawn")
+    children = [context.Process(target=_frontend_main, name=f"openinfer-api-{i}",
+                                args=(frontend, engine.addresses, sock, args.log_level))
+                for i in range(count)]
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        for child in children:
+            child.start()
+        sock.close()  # each child holds its own copy now
+        log.info("%d HTTP frontends on %s:%d", count, args.host, args.port)
+        ready = multiprocessing.connection.wait([engine.sentinel,
+                                                 *(c.sentinel for c in children)])
+    except KeyboardInterrupt:
+        _stop_children(children, args.shutdown_timeout + 5)
+        return 0
+    if engine.sentinel in ready:
+        log.error("the engine process died (exit code %s); frontends are failing their requests",
+                  engine.process.exitcode)
+        _stop_children(children, DEATH_GRACE_S + 10, signal_first=False)
+        return 1
+    dead = [c for c in children if c.sentinel in ready]
+    log.error("frontend %s exited with code %s: stopping the server", dead[0].name,
+              dead[0].exitcode)
+    _stop_children(children, args.shutdown_timeout + 5)
+    return 1
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _stop_children(children: list[BaseProcess], timeout: float,
+                   signal_first: bool = True) -> None:
+    """SIGTERM (they drain), wait up to `timeout`, then kill what is left."""
+    for child in children:
+        if signal_first and child.is_alive() and child.pid is not None:
+            os.kill(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for child in children:
+        if child.pid is not None:
+            child.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+
+
+def _frontend_main(frontend: Frontend, addresses: EngineAddresses, sock: socket.socket,
+                   log_level: str) -> None:
+    from openinfer_core.ipc.process import set_process_name
+    from openinfer_server.serve import setup_logging
+
+    set_process_name("openinfer-api")
+    setup_logging(log_level)
+    _exit_with_parent()
+    sys.exit(run_frontend(frontend, addresses, sock=sock))
+
+
+def _exit_with_parent() -> None:
+    """A frontend never outlives the process that started it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="openinfer-parent-watch", daemon=True).start()
