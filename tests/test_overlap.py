@@ -101,7 +101,7 @@ def test_overlapped_and_plain_loops_give_the_same_outputs(qwen3_dir: Path, case:
         assert overlapped.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
         assert plain.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
     hits = overlapped.snapshot().prefix_cache.hits
-    assert hits > 0 and hits == plain.snapshot().prefix_cache.hits or case == "preemption"
+    assert (hits > 0 and hits == plain.snapshot().prefix_cache.hits) or case == "preemption"
 
 
 def test_a_stopped_request_loses_only_its_extra_step(qwen3_dir: Path) -> None:
@@ -114,7 +114,7 @@ def test_a_stopped_request_loses_only_its_extra_step(qwen3_dir: Path) -> None:
     stop_at = tokens[3]
     req = GenerateRequest("a", (5, 6, 7), SamplingParams(temperature=0.0, max_tokens=6,
                                                          stop_token_ids=(stop_at,)))
-    engine, got = run(qwen3_dir, True, [req])
+    _, got = run(qwen3_dir, True, [req])
     assert [e.token_id for e in got["a"] if isinstance(e, Token)] == tokens[:tokens.index(
         stop_at)]
     end = got["a"][-1]

@@ -7,14 +7,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
-from live_server import openinfer_command, wait_for_ready
 import pytest
 import torch
+from live_server import openinfer_command, wait_for_ready
 
 from openinfer_server.cli import build_parser, main, package_version
 

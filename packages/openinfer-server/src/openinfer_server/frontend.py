@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -174,7 +174,7 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _stop_children(children: list[BaseProcess], timeout: float,
+def _stop_children(children: Sequence[BaseProcess], timeout: float,
                    signal_first: bool = True) -> None:
     """SIGTERM (they drain), wait up to `timeout`, then kill what is left."""
     for child in children:

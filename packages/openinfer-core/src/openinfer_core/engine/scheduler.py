@@ -81,8 +81,8 @@ class FcfsScheduler:
 
     def snapshot(self) -> LoadSnapshot:
         return LoadSnapshot(len(self.running) + len(self.finishing), len(self.waiting),
-                            self.kv.num_used_blocks, self.kv.num_total_blocks, self.kv.prefix_cache_stats,
-                            self.num_preemptions)
+                            self.kv.num_used_blocks, self.kv.num_total_blocks,
+                            self.kv.prefix_cache_stats, self.num_preemptions)
 
     # -- schedule ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from openinfer_core.request import GenerateRequest
 
-
 # A slot in `Sequence.token_ids` for a token sampled by a step still running on the device
 # (overlapped steps): the next step is scheduled before its value is known.
 PENDING = -1

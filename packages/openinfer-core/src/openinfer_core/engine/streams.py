@@ -4,6 +4,7 @@ reading the engine process's messages) delivered to the asyncio tasks that asked
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -81,10 +82,8 @@ class EventStreams:
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., object], *args: object) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
         loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # that loop is closed: nobody is listening any more
-        pass
 
 
 def _put_all(batch: list[tuple[_Stream, TokenEvent]]) -> None:

@@ -33,7 +33,6 @@ from openinfer_core.ipc.wire import (
     Abort,
     Add,
     FromEngine,
-    Hello,
     StepOutput,
     ToEngine,
     Welcome,

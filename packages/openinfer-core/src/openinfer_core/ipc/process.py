@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.connection
 import shutil
@@ -60,10 +61,8 @@ class EngineProcess:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Ask the engine to stop, kill it after `timeout`; returns its exit code."""
-        try:
+        with contextlib.suppress(OSError):  # it is gone already
             self._control.send("stop")
-        except OSError:  # it is gone already
-            pass
         self.process.join(timeout)
         if self.process.is_alive():
             _kill(self.process)
