@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
-# [serve] [prefix] [qps] [interference] [startup] (default: all but attention). Logs and JSON
-# results go to $OUT; a short table prints last.
+# [serve] [stream1] [timeline] [prefix] [qps] [interference] [startup] (default: all but
+# attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
+# a short table prints last.
 set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
-stages=${*:-tests latency throughput serve prefix qps interference startup}
+stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference startup}
+API_SERVERS=${API_SERVERS:-1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT
@@ -72,7 +74,7 @@ fi
 if has serve; then
   stage "served throughput, Qwen3-8B"
   python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
-    --max-model-len 4608 --port 8000 \
+    --max-model-len 4608 --port 8000 --api-server-count $API_SERVERS \
     > "$OUT/serve.log" 2>&1 &
   server=$!
   wait_ready $server
@@ -83,6 +85,26 @@ if has serve; then
     --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
     --result-file "$OUT/serve-8b-2048.json"
   stop $server
+fi
+if has stream1; then
+  # Batch-1 TPOT as a streaming HTTP client sees it, against `bench latency` (the engine's own).
+  for size in 4b 8b; do
+    model=$M4; [ $size = 8b ] && model=$M8
+    stage "batch-1 TPOT through the server, Qwen3-${size^^}"
+    python3 -m openinfer_server.cli serve $model --load-format dummy --max-num-seqs 4 \
+      --max-model-len 4096 --port 8000 >> "$OUT/serve-stream1.log" 2>&1 &
+    server=$!
+    wait_ready $server && timeout 120 python3 -m openinfer_server.cli bench serve \
+      --random-input-len 128 --random-output-len 256 --num-prompts 8 --max-concurrency 1 \
+      --request-rate inf --ignore-eos --tokenizer $model --result-file "$OUT/stream1-$size.json"
+    stop $server
+  done
+fi
+if has timeline; then
+  stage "host cost and GPU idle per decode step, batch 1/64/256/512, plain and overlapped, Qwen3-8B"
+  timeout 400 python3 benchmarks/device/step_timeline.py $M8 --batch 1 64 256 512 --steps 30 \
+    --profile-batch 256 512 --json "$OUT/timeline-8b.json" > "$OUT/timeline.log" 2>&1
+  tail -8 "$OUT/timeline.log"
 fi
 if has prefix; then
   stage "prefix cache: TTFT cold vs warm by prompt length, Qwen3-4B"
