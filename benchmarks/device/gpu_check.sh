@@ -72,19 +72,22 @@ if has throughput; then
     --num-prompts 128 --input-len 2048 --output-len 2048 --result-file "$OUT/throughput-8b-2048.json"
 fi
 if has serve; then
-  stage "served throughput, Qwen3-8B"
-  python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
-    --max-model-len 4608 --port 8000 --api-server-count $API_SERVERS \
-    > "$OUT/serve.log" 2>&1 &
-  server=$!
-  wait_ready $server
-  timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
-    --max-concurrency 512 --request-rate inf --ignore-eos --tokenizer $M8 \
-    --result-file "$OUT/serve-8b-128.json"
-  timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 --random-output-len 2048 --num-prompts 128 \
-    --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
-    --result-file "$OUT/serve-8b-2048.json"
-  stop $server
+  for servers in $API_SERVERS; do
+    tag=""; [ "$servers" != 1 ] && tag="-a$servers"
+    stage "served throughput, Qwen3-8B, --api-server-count $servers"
+    python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+      --max-model-len 4608 --port 8000 --api-server-count $servers \
+      >> "$OUT/serve.log" 2>&1 &
+    server=$!
+    wait_ready $server
+    timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
+      --max-concurrency 512 --request-rate inf --ignore-eos --tokenizer $M8 \
+      --result-file "$OUT/serve-8b-128$tag.json"
+    [ -z "$tag" ] && timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 --random-output-len 2048 --num-prompts 128 \
+      --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
+      --result-file "$OUT/serve-8b-2048.json"
+    stop $server
+  done
 fi
 if has stream1; then
   # Batch-1 TPOT as a streaming HTTP client sees it, against `bench latency` (the engine's own).
@@ -92,7 +95,7 @@ if has stream1; then
     model=$M4; [ $size = 8b ] && model=$M8
     stage "batch-1 TPOT through the server, Qwen3-${size^^}"
     python3 -m openinfer_server.cli serve $model --load-format dummy --max-num-seqs 4 \
-      --max-model-len 4096 --port 8000 >> "$OUT/serve-stream1.log" 2>&1 &
+      --max-model-len 4096 --port 8000 >> "$OUT/serve.log" 2>&1 &
     server=$!
     wait_ready $server && timeout 120 python3 -m openinfer_server.cli bench serve \
       --random-input-len 128 --random-output-len 256 --num-prompts 8 --max-concurrency 1 \

@@ -34,7 +34,6 @@ from openinfer_core.ipc.wire import FromEngine, StepOutput, from_wire, to_wire
 from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
-
 ORIGINAL_RESULT = Launched.result
 
 

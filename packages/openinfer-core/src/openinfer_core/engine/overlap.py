@@ -33,6 +33,7 @@ class OverlappedLoop:
     """Holds the step in flight between calls. Engine thread only."""
 
     def __init__(self, engine: Engine) -> None:
+        self.engine = engine
         self.scheduler = engine.scheduler
         self.runner = engine.runner
         self._in_flight: Launched | None = None
@@ -48,6 +49,7 @@ class OverlappedLoop:
             events.extend(self._finish(previous))
             previous = None
         batch = self.scheduler.schedule()
+        self.engine.last_step_tokens = batch.num_tokens
         events.extend(batch.events)
         if batch.rows:
             try:

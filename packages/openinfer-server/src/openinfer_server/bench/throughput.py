@@ -32,15 +32,21 @@ def engine_requests(prompts: list[RandomRequest], prefix: str) -> list[GenerateR
             for i, p in enumerate(prompts)]
 
 
-def run_batch(engine: Engine, requests: list[GenerateRequest]) -> tuple[float, int]:
-    """Submit every request, step until all have ended: (seconds, output tokens)."""
+def run_batch(engine: Engine, requests: list[GenerateRequest],
+              steps: list[tuple[float, int]] | None = None) -> tuple[float, int]:
+    """Submit every request, step until all have ended: (seconds, output tokens). `steps`, if
+    given, gets (seconds, tokens scheduled) for every step."""
     pending = {r.request_id for r in requests}
     tokens = 0
     start = time.perf_counter()
     for request in requests:
         engine.add_request(request)
     while pending:
-        for event in engine.step():
+        began = time.perf_counter()
+        events = engine.step()
+        if steps is not None:
+            steps.append((time.perf_counter() - began, engine.last_step_tokens))
+        for event in events:
             if isinstance(event, Token):
                 tokens += 1
             elif isinstance(event, Finished):
@@ -61,7 +67,9 @@ def measure(engine: Engine, prompts: list[RandomRequest], warmup: RandomRequest,
     # One short request first, so kernels compile and caches warm outside the timed part;
     # its prompt is its own, so no measured request gets a prefix-cache hit from it.
     run_batch(engine, engine_requests([warmup], "bench-warmup"))
-    elapsed, output_tokens = run_batch(engine, engine_requests(prompts, "bench-throughput"))
+    steps: list[tuple[float, int]] = []
+    elapsed, output_tokens = run_batch(engine, engine_requests(prompts, "bench-throughput"),
+                                       steps)
     expected = sum(p.output_len for p in prompts)
     if output_tokens != expected:
         raise BenchError(f"the engine made {output_tokens} tokens, not {expected}")
@@ -73,7 +81,22 @@ def measure(engine: Engine, prompts: list[RandomRequest], warmup: RandomRequest,
         "requests_per_second": len(prompts) / elapsed,
         "output_tokens_per_second": output_tokens / elapsed,
         "tokens_per_second": (input_tokens + output_tokens) / elapsed,
+        "step_breakdown": step_breakdown(steps),
     }
+
+
+def step_breakdown(steps: list[tuple[float, int]]) -> dict[str, Any]:
+    """Where the run's time went: steps that carried prompt tokens (more tokens than requests
+    can decode) against decode-only ones, and the slowest steps (a JIT compile shows here)."""
+    big = [(s, n) for s, n in steps if n > 512]
+    small = [(s, n) for s, n in steps if n <= 512]
+    slowest = sorted(steps, reverse=True)[:5]
+    return {"steps": len(steps),
+            "over_512_tokens": {"steps": len(big), "seconds": sum(s for s, _ in big),
+                                "tokens": sum(n for _, n in big)},
+            "up_to_512_tokens": {"steps": len(small), "seconds": sum(s for s, _ in small),
+                                 "tokens": sum(n for _, n in small)},
+            "slowest": [{"seconds": s, "tokens": n} for s, n in slowest]}
 
 
 def run_throughput(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
