@@ -187,7 +187,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out
 
 
-@triton.jit
+# Integer arguments that vary from step to step are not specialized on (Triton would compile a
+# variant for 1, for multiples of 16 and for the rest): a step must never wait on the JIT.
+@triton.jit(do_not_specialize=["num_seqs"])
 def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
@@ -279,7 +281,7 @@ def _split_kernel(
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])
 def _merge_kernel(
     query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, num_seqs, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,

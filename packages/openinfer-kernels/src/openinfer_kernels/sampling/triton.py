@@ -72,7 +72,8 @@ def _race_lane(best, best_id, row_base, row_ok, ids, hi, bits, noisy, scale, flo
     return _keep_better(best, best_id, score, ids)
 
 
-@triton.jit
+# B (rows) changes with the batch: not specialized on, so no batch size waits on the JIT.
+@triton.jit(do_not_specialize=["B"])
 def _row_max_kernel(logits_ptr, row_stride, part_max_ptr, B, V, CHUNK, num_splits,
                     ROWS: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -141,7 +142,7 @@ def _race_chunk(logits_ptr, row_stride, temperature_ptr, min_p_ptr, seeds_ptr, p
     return top, tl.min(tl.where(best == top[:, None], best_id, 2**31 - 1), axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _race_kernel(logits_ptr, row_stride, temperature_ptr, min_p_ptr, seeds_ptr, part_max_ptr,
                  part_score_ptr, part_id_ptr, arrivals_ptr, out_ptr, B, V, CHUNK, num_splits,
                  HAS_MIN_P: tl.constexpr, SPLITS: tl.constexpr, ROWS: tl.constexpr,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from openinfer_server.bench import BenchError
+from openinfer_server.bench.client_pool import ClientPool, client_processes
 from openinfer_server.bench.dataset import (
     FALLBACK_VOCAB_SIZE,
     RandomRequest,
@@ -129,8 +130,16 @@ async def run_requests(client: httpx.AsyncClient, url: str,
     """Send every payload on its arrival time, at most `max_concurrency` in flight (a request
     that arrives while the limit is reached waits for a slot); (outcomes, seconds)."""
     offsets = arrival_offsets(len(payloads), rate, seed)
-    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     start = time.perf_counter()
+    outcomes = await send_on_schedule(client, url, payloads, offsets, max_concurrency, start)
+    return outcomes, time.perf_counter() - start
+
+
+async def send_on_schedule(client: httpx.AsyncClient, url: str,
+                           payloads: Sequence[dict[str, Any]], offsets: Sequence[float],
+                           max_concurrency: int | None, start: float) -> list[RequestOutcome]:
+    """Payload i goes out at `start + offsets[i]` (perf_counter seconds)."""
+    gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
     async def one(payload: dict[str, Any], offset: float) -> RequestOutcome:
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
@@ -139,8 +148,8 @@ async def run_requests(client: httpx.AsyncClient, url: str,
         async with gate:
             return await send_request(client, url, payload)
 
-    outcomes = await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets, strict=True)))
-    return list(outcomes), time.perf_counter() - start
+    return list(await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets,
+                                                                   strict=True))))
 
 
 def compute_metrics(outcomes: Sequence[RequestOutcome], duration: float,
@@ -202,8 +211,15 @@ def rate_value(rate: float) -> float | str:
     return "inf" if math.isinf(rate) else rate
 
 
+def _headers(args: argparse.Namespace) -> dict[str, str]:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
 def client_for(args: argparse.Namespace, max_connections: int | None) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    return make_client(_headers(args), max_connections)
+
+
+def make_client(headers: dict[str, str], max_connections: int | None) -> httpx.AsyncClient:
     # Idle connections are dropped before uvicorn's 5 s keep-alive ends: otherwise a request
     # may go out on a connection the server is closing (a ReadError that is nobody's failure).
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=None,
@@ -223,6 +239,21 @@ async def benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]],
     """A warmup request, then one run per (rate, prompts) of `plan`, each handed to `on_run`
     with the model name as it ends; returns the model name. Run i draws its prompts and
     arrival times from seed + i, so no run gets prefix-cache hits from an earlier one."""
+    workers = client_processes(args, max(n for _, n in plan))
+    pool = ClientPool(workers, _headers(args)) if workers > 1 else None
+    if pool is not None:
+        print(f"{workers} client processes share the requests (--client-processes)")
+    try:
+        return await _benchmark(args, plan, percentiles, on_run, pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+async def _benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]],
+                     percentiles: Sequence[float],
+                     on_run: Callable[[str, dict[str, Any]], None],
+                     pool: ClientPool | None) -> str:
     base_url = args.base_url.rstrip("/")
     url = f"{base_url}{args.endpoint}"
     vocab = tokenizer_vocab_size(args.tokenizer) if args.tokenizer else FALLBACK_VOCAB_SIZE
@@ -242,9 +273,14 @@ async def benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]],
                   f"{args.max_concurrency or 'unlimited'}")
             payloads = [completion_payload(model, r, ignore_eos=args.ignore_eos)
                         for r in requests]
-            outcomes, duration = await run_requests(
-                client, url, payloads, rate=rate, max_concurrency=args.max_concurrency,
-                seed=seed)
+            if pool is None:
+                outcomes, duration = await run_requests(
+                    client, url, payloads, rate=rate, max_concurrency=args.max_concurrency,
+                    seed=seed)
+            else:
+                outcomes, duration = await pool.run(
+                    url, payloads, arrival_offsets(len(payloads), rate, seed),
+                    args.max_concurrency)
             on_run(model, {"num_prompts": num_prompts, "request_rate": rate_value(rate),
                            "seed": seed, **compute_metrics(outcomes, duration, percentiles)})
     return model
