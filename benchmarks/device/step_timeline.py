@@ -96,22 +96,22 @@ def ipc_cost(batch: int, repeats: int = 20) -> dict[str, float]:
             "ipc_bytes": len(data)}
 
 
-def make_engine(model: str, device: str, max_batch: int) -> Engine:
+def make_engine(model: str, device: str, max_batch: int, input_len: int) -> Engine:
     cuda = device == "cuda"
     return Engine(EngineConfig(
         model=model, device=device, load_format="dummy" if cuda else "auto",
-        max_model_len=1024 if cuda else 512, max_num_seqs=max_batch,
+        max_model_len=max(1024, input_len + 512) if cuda else 512, max_num_seqs=max_batch,
         max_num_batched_tokens=8192, async_scheduling=True))
 
 
 def measure(engine: Engine, overlapped: OverlappedLoop, batch: int, steps: int, overlap: bool,
-            profile_gpu: bool) -> dict[str, Any]:
+            profile_gpu: bool, input_len: int = 128) -> dict[str, Any]:
     cuda = engine.model.device.type == "cuda"
     engine._overlap = overlapped if overlap else None  # the same engine runs either loop
     params = SamplingParams(temperature=0.0, max_tokens=3 * steps + 40, ignore_eos=True)
     for i in range(batch):
         engine.add_request(GenerateRequest(f"b{batch}-{overlap}-{i}",
-                                           tuple(range(i, i + 128)), params))
+                                           tuple(range(i, i + input_len)), params))
     while engine.snapshot().waiting or any(  # until every request decodes
             s.num_computed_tokens < s.num_tokens - 1
             for s in engine.scheduler.running):  # type: ignore[attr-defined]
@@ -132,7 +132,8 @@ def measure(engine: Engine, overlapped: OverlappedLoop, batch: int, steps: int, 
     wall = time.perf_counter() - start
     Launched.result = ORIGINAL_RESULT  # type: ignore[method-assign]
     result: dict[str, Any] = {
-        "batch": batch, "loop": "overlapped" if overlap else "plain", "steps": steps,
+        "batch": batch, "input_len": input_len, "loop": "overlapped" if overlap else "plain",
+        "steps": steps,
         "step_ms": wall / steps * 1e3, "output_tok_s": batch * steps / wall,
         **{f"{k}_ms": v / steps * 1e3 for k, v in timers.seconds.items()},
     }
@@ -167,6 +168,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256, 512])
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     ap.add_argument("--loops", nargs="+", default=["overlapped", "plain"])
     ap.add_argument("--profile-batch", type=int, nargs="*", default=[256],
                     help="batch sizes whose GPU timeline is profiled")
@@ -174,13 +176,13 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    engine = make_engine(args.model, args.device, max(args.batch))
+    engine = make_engine(args.model, args.device, max(args.batch), args.input_len)
     overlapped = engine._overlap
     assert overlapped is not None
     for batch in args.batch:
         for loop in args.loops:
             row = measure(engine, overlapped, batch, args.steps, loop == "overlapped",
-                          batch in args.profile_batch)
+                          batch in args.profile_batch, args.input_len)
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                               for k, v in row.items()}), flush=True)

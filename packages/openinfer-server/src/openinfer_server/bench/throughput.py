@@ -32,20 +32,39 @@ def engine_requests(prompts: list[RandomRequest], prefix: str) -> list[GenerateR
             for i, p in enumerate(prompts)]
 
 
+def watch_compiles() -> list[str]:
+    """Kernels Triton compiles (or loads from its disk cache) from now on, by name, in order:
+    a step that waits on the JIT shows up in the step breakdown with what it compiled."""
+    compiled: list[str] = []
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton, or one without knobs: nothing to watch
+        return compiled
+
+    def hook(*args: Any, **kwargs: Any) -> bool:
+        compiled.append(str(kwargs.get("repr", "?")).split("(")[0])
+        return False
+
+    knobs.runtime.jit_post_compile_hook = hook
+    return compiled
+
+
 def run_batch(engine: Engine, requests: list[GenerateRequest],
-              steps: list[tuple[float, int]] | None = None) -> tuple[float, int]:
+              steps: list[tuple[float, int, list[str]]] | None = None,
+              compiled: list[str] | None = None) -> tuple[float, int]:
     """Submit every request, step until all have ended: (seconds, output tokens). `steps`, if
-    given, gets (seconds, tokens scheduled) for every step."""
+    given, gets (seconds, tokens scheduled, kernels compiled) for every step."""
     pending = {r.request_id for r in requests}
     tokens = 0
     start = time.perf_counter()
     for request in requests:
         engine.add_request(request)
     while pending:
-        began = time.perf_counter()
+        began, known = time.perf_counter(), len(compiled or ())
         events = engine.step()
         if steps is not None:
-            steps.append((time.perf_counter() - began, engine.last_step_tokens))
+            steps.append((time.perf_counter() - began, engine.last_step_tokens,
+                          (compiled or [])[known:]))
         for event in events:
             if isinstance(event, Token):
                 tokens += 1
@@ -67,9 +86,9 @@ def measure(engine: Engine, prompts: list[RandomRequest], warmup: RandomRequest,
     # One short request first, so kernels compile and caches warm outside the timed part;
     # its prompt is its own, so no measured request gets a prefix-cache hit from it.
     run_batch(engine, engine_requests([warmup], "bench-warmup"))
-    steps: list[tuple[float, int]] = []
+    steps: list[tuple[float, int, list[str]]] = []
     elapsed, output_tokens = run_batch(engine, engine_requests(prompts, "bench-throughput"),
-                                       steps)
+                                       steps, watch_compiles())
     expected = sum(p.output_len for p in prompts)
     if output_tokens != expected:
         raise BenchError(f"the engine made {output_tokens} tokens, not {expected}")
@@ -85,18 +104,18 @@ def measure(engine: Engine, prompts: list[RandomRequest], warmup: RandomRequest,
     }
 
 
-def step_breakdown(steps: list[tuple[float, int]]) -> dict[str, Any]:
-    """Where the run's time went: steps that carried prompt tokens (more tokens than requests
-    can decode) against decode-only ones, and the slowest steps (a JIT compile shows here)."""
-    big = [(s, n) for s, n in steps if n > 512]
-    small = [(s, n) for s, n in steps if n <= 512]
-    slowest = sorted(steps, reverse=True)[:5]
+def step_breakdown(steps: list[tuple[float, int, list[str]]]) -> dict[str, Any]:
+    """Where the run's time went: steps of over 512 tokens (they carry prompt chunks and run
+    eagerly) against the rest, and the slowest steps with the kernels compiled in them."""
+    big = [(s, n) for s, n, _ in steps if n > 512]
+    small = [(s, n) for s, n, _ in steps if n <= 512]
+    slowest = sorted(steps, key=lambda step: -step[0])[:5]
     return {"steps": len(steps),
             "over_512_tokens": {"steps": len(big), "seconds": sum(s for s, _ in big),
                                 "tokens": sum(n for _, n in big)},
             "up_to_512_tokens": {"steps": len(small), "seconds": sum(s for s, _ in small),
                                  "tokens": sum(n for _, n in small)},
-            "slowest": [{"seconds": s, "tokens": n} for s, n in slowest]}
+            "slowest": [{"seconds": s, "tokens": n, "compiled": c} for s, n, c in slowest]}
 
 
 def run_throughput(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
