@@ -11,6 +11,7 @@ from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.loader import load_engine_parts
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
+from openinfer_core.engine.warmup import warm_up_eager_steps
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
@@ -43,6 +44,8 @@ class Engine:
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=getattr(self.model, "sampling_kernels", None))
         self.graphs = self._capture_graphs(config)
+        warm_up_eager_steps(config, self.model, self.graphs.mixed[-1]
+                            if self.graphs is not None and self.graphs.mixed else 0)
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,

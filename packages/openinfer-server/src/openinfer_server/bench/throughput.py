@@ -101,6 +101,8 @@ def measure(engine: Engine, prompts: list[RandomRequest], warmup: RandomRequest,
         "output_tokens_per_second": output_tokens / elapsed,
         "tokens_per_second": (input_tokens + output_tokens) / elapsed,
         "step_breakdown": step_breakdown(steps),
+        "num_preemptions": engine.snapshot().num_preemptions,
+        "kv_capacity_tokens": engine.model_info.kv_capacity_tokens,
     }
 
 
