@@ -69,6 +69,8 @@ def test_graph_buckets(max_batch: int, expected: list[int]) -> None:
 @pytest.mark.parametrize(("max_tokens", "expected"), [
     (0, []), (8, []), (16, [16]), (40, [16, 32, 40]), (64, [16, 32, 64]),
     (512, [16, 32, 64, 128, 192, 256, 320, 384, 448, 512]), (100, [16, 32, 64, 100]),
+    (2048, [16, 32, *range(64, 513, 64), 768, 1024, 1280, 1536, 1792, 2048]),
+    (1000, [16, 32, *range(64, 513, 64), 768, 1000]),
 ])
 def test_mixed_buckets(max_tokens: int, expected: list[int]) -> None:
     assert mixed_buckets(max_tokens) == expected

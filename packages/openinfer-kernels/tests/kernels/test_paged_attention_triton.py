@@ -18,6 +18,8 @@ from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_kernels.attention import paged_attention_ref
 from openinfer_kernels.attention.triton import (
+    SPLIT_MAX_QUERIES,
+    SPLIT_MAX_TOKENS,
     paged_attention_triton,
     paged_decode,
     paged_prefill,
@@ -244,6 +246,16 @@ def test_split_kernel_any_splits_and_query_blocks(num_splits, max_query_len):
     case = build(SHORT_QUERIES["hits-and-decodes"], 8, 2, 24, torch.float32, seed=10)
     out = paged_split(*case.args(0.2), max_query_len, num_splits)
     check(out, case, 0.2)
+
+
+def test_a_step_of_few_tokens_runs_the_split_kernel_whatever_its_spread():
+    """Up to SPLIT_MAX_TOKENS tokens, requests of more than SPLIT_MAX_QUERIES queries run the
+    split kernel too (so such steps replay from CUDA graphs); it must be exact for them."""
+    reqs = [Req(context=600, queries=520), Req(40, 1), Req(90, 30)]
+    case = build(reqs, 4, 2, 24, torch.float32, seed=11)
+    assert case.q.shape[0] <= SPLIT_MAX_TOKENS and case.max_query_len > SPLIT_MAX_QUERIES
+    check(paged_split(*case.args(0.2), case.max_query_len), case, 0.2)
+    check(paged_attention_triton(*case.args(0.2), max_query_len=case.max_query_len), case, 0.2)
 
 
 def test_split_tiles():

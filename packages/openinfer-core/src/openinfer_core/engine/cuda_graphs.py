@@ -1,4 +1,4 @@
-"""Steps replayed from CUDA graphs: decode steps by batch size, small mixed steps by token count.
+"""Steps replayed from CUDA graphs: decode steps by batch size, mixed steps by token count.
 
 A decode step (every row one token) has the same kernels at every step; only the contents of a
 few small tensors change. So each bucket's forward is captured once over fixed input buffers, and
@@ -36,12 +36,15 @@ def graph_buckets(max_batch: int) -> list[int]:
 
 
 def mixed_buckets(max_tokens: int) -> list[int]:
-    """16, 32, then every 64 up to `max_tokens` (always a bucket); none below 16 tokens."""
+    """16, 32, every 64 up to 512, then every 256 up to `max_tokens` (always a bucket); none
+    below 16 tokens. Past 512 a step pads at most 255 tokens (under a third of it), and a few
+    graphs cover the steps where hundreds of decodes meet a burst of new prompts."""
     if max_tokens < 16:
         return []
     sizes = [t for t in (16, 32) if t < max_tokens]
-    sizes += list(range(64, max_tokens, 64))
-    return [*sizes, max_tokens]
+    sizes += list(range(64, min(max_tokens, 513), 64))
+    sizes += list(range(768, max_tokens, 256))
+    return sorted({*(s for s in sizes if s < max_tokens), max_tokens})
 
 
 def stage_mixed(staging: np.ndarray, batch: HostBatch, bucket: int, slots: int) -> None:

@@ -2,11 +2,12 @@
 engine waits on the JIT (Triton compiles a kernel variant per tile setting on first use, ~1 s
 each; CUDA loads cuBLAS kernels on first use too).
 
-Decode and small mixed steps are warmed by the CUDA-graph capture, long prompts by the memory
-profile. What is left are eager steps of many short requests (a burst of new prompts beside
-decodes): their attention takes the short-query kernel at token counts no graph has. One eager
-forward at the smallest and one at the largest such count compiles them; every token writes
-into the padding block 0 and the outputs are thrown away."""
+Decode and mixed steps up to the largest graph are warmed by the CUDA-graph capture. What is
+left are eager steps, larger than any graph: many short requests (a burst of new prompts
+beside decodes), whose attention takes the short-query kernel, and prompt chunks, which take
+the prefill kernel. Eager forwards of both kinds, at the smallest and the largest eager token
+count, compile them; every token writes into the padding block 0 and the outputs are thrown
+away."""
 
 from __future__ import annotations
 
@@ -22,35 +23,41 @@ from openinfer_core.interfaces.model import Model
 
 log = logging.getLogger("openinfer")
 
-SHORT_QUERY = 64  # tokens per request in the warm-up steps
+SHORT_QUERY = 64  # tokens per request in the short-request warm-up steps
+LONG_QUERY = 2048  # in the prompt-chunk ones
 
 
 def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: int) -> None:
     if model.device.type != "cuda":
         return  # no JIT on the CPU path
     started = time.perf_counter()
-    largest = min(config.max_num_batched_tokens, config.max_num_seqs * SHORT_QUERY)
-    counts = sorted({min(largest, graph_max_tokens + SHORT_QUERY), largest})
-    with torch.inference_mode():
-        for num_tokens in counts:
+    budget = config.max_num_batched_tokens
+    shapes = []
+    for query, rows in ((SHORT_QUERY, config.max_num_seqs),
+                        (min(LONG_QUERY, model.max_model_len), budget)):
+        largest = min(budget, rows * query)
+        for num_tokens in sorted({min(largest, graph_max_tokens + 64), largest}):
             if num_tokens > graph_max_tokens:
-                model.forward(short_requests(num_tokens, config.block_size)
-                              .to_device(model.device))
+                shapes.append((num_tokens, query))
+    with torch.inference_mode():
+        for num_tokens, query in shapes:
+            model.forward(padding_requests(num_tokens, query, config.block_size)
+                          .to_device(model.device))
     torch.cuda.synchronize(model.device)
-    log.info("warm-up: eager steps of %s tokens in %.2f s", " and ".join(map(str, counts)),
+    log.info("warm-up: %d eager step shapes in %.2f s", len(shapes),
              time.perf_counter() - started)
 
 
-def short_requests(num_tokens: int, block_size: int) -> HostBatch:
-    """`num_tokens` tokens as requests of `SHORT_QUERY` new tokens each (the last shorter),
-    every one in the padding block 0, each sampling its last token."""
-    lens = [SHORT_QUERY] * (num_tokens // SHORT_QUERY)
-    if num_tokens % SHORT_QUERY:
-        lens.append(num_tokens % SHORT_QUERY)
+def padding_requests(num_tokens: int, query: int, block_size: int) -> HostBatch:
+    """`num_tokens` tokens as requests of `query` new tokens each (the last shorter), every
+    one in the padding block 0, each sampling its last token."""
+    lens = [query] * (num_tokens // query)
+    if num_tokens % query:
+        lens.append(num_tokens % query)
     starts = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=starts[1:])
     positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
-    width = -(-SHORT_QUERY // block_size)
+    width = -(-query // block_size)
     return HostBatch(
         input_ids=np.zeros(num_tokens, dtype=np.int64), positions=positions,
         slot_mapping=positions % block_size,  # block 0

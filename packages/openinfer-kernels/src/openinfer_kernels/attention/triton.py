@@ -26,8 +26,13 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 # Batches whose requests have at most this many queries run `paged_split`; longer prefill
-# chunks have parallelism enough in their queries and run `paged_prefill`.
+# chunks have parallelism enough in their queries and run `paged_prefill`...
 SPLIT_MAX_QUERIES = 512
+# ...unless the whole step has at most this many tokens: such a step runs `paged_split`
+# whatever its spread, so its launches depend on the token count only and it can replay from a
+# CUDA graph (a burst of new prompts beside hundreds of decodes is such a step). The split
+# kernel holds all heads of a KV group per program, as good as the prefill kernel's tiles here.
+SPLIT_MAX_TOKENS = 2048
 
 
 @triton.jit
@@ -413,7 +418,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) \
             if seq_lens.numel() else 0
-    if max_query_len <= SPLIT_MAX_QUERIES:
+    if max_query_len <= SPLIT_MAX_QUERIES or q.shape[0] <= SPLIT_MAX_TOKENS:
         return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                            max_query_len)
     return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,

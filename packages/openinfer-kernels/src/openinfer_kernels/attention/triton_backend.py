@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from openinfer_kernels.attention.triton import SPLIT_MAX_QUERIES, paged_attention_triton
+from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS, paged_attention_triton
 from openinfer_kernels.kv_store import kv_append
 
 if TYPE_CHECKING:
@@ -19,9 +19,9 @@ class TritonAttentionBackend:
 
     name = "triton"
     cuda_graph_safe = True  # decode launches depend on shapes only, never on lengths
-    # Any batch given max_query_len <= this runs `paged_split`, whose launches depend on T and
+    # Any step of at most this many tokens runs `paged_split`, whose launches depend on T and
     # B only: steps of any mix up to this many tokens can be captured too.
-    cuda_graph_max_tokens = SPLIT_MAX_QUERIES
+    cuda_graph_max_tokens = SPLIT_MAX_TOKENS
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
