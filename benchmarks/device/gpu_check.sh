@@ -80,6 +80,8 @@ if has serve; then
       >> "$OUT/serve.log" 2>&1 &
     server=$!
     wait_ready $server
+    # Who uses the CPUs while the server is loaded: the engine, the frontends, the clients.
+    top -b -d 3 -n 8 -w 150 | grep -E "^ *PID|python|openinf" > "$OUT/top$tag.log" 2>&1 &
     timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
       --max-concurrency 512 --request-rate inf --ignore-eos --tokenizer $M8 \
       --result-file "$OUT/serve-8b-128$tag.json"

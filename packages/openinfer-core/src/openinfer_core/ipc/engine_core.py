@@ -18,6 +18,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import zmq
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
 from openinfer_core.errors import OpenInferError
-from openinfer_core.events import Rejected, TokenEvent, is_terminal
+from openinfer_core.events import Rejected, Token, TokenEvent, is_terminal
 from openinfer_core.ipc.wire import (
     Abort,
     Add,
@@ -81,12 +82,20 @@ class EngineCore:
         self._stopping = False
 
     def run(self) -> None:
+        stats = _LoopStats()
         try:
             while not self._stopping:
                 busy = self.engine.has_work()
+                t0 = time.perf_counter()
                 self._receive(0 if busy else IDLE_POLL_MS)
+                t1 = time.perf_counter()
                 if self.engine.has_work():
-                    self._send(self.engine.step())
+                    events = self.engine.step()
+                    t2 = time.perf_counter()
+                    self._send(events)
+                    stats.add(t1 - t0 if busy else 0.0, t2 - t1, time.perf_counter() - t2,
+                              events)
+                stats.maybe_log(self.engine)
                 if os.getppid() != self._parent:
                     log.error("the engine's launcher died: stopping")
                     return
@@ -140,6 +149,42 @@ class EngineCore:
 
     def _send_raw(self, frontend: bytes, message: FromEngine) -> None:
         self._outputs.send_multipart([frontend, self._encoder.encode(message)], copy=False)
+
+
+class _LoopStats:
+    """What the loop did since the last log line: logged every `LOG_EVERY_S` while busy."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._since = time.perf_counter()
+        self.steps = self.tokens = 0
+        self.receive_s = self.step_s = self.send_s = 0.0
+
+    def add(self, receive: float, step: float, send: float, events: list[TokenEvent]) -> None:
+        self.steps += 1
+        self.tokens += sum(1 for e in events if type(e) is Token)
+        self.receive_s += receive
+        self.step_s += step
+        self.send_s += send
+
+    def maybe_log(self, engine: Engine) -> None:
+        now = time.perf_counter()
+        elapsed = now - self._since
+        if elapsed < self.LOG_EVERY_S:
+            return
+        if self.steps:
+            load = engine.snapshot()
+            n = self.steps
+            log.info("engine: %.0f steps/s, %.0f tokens/s; per step %.1f ms in the engine, "
+                     "%.2f ms sending, %.2f ms receiving; running %d, waiting %d, KV %.0f%%",
+                     n / elapsed, self.tokens / elapsed, self.step_s / n * 1e3,
+                     self.send_s / n * 1e3, self.receive_s / n * 1e3, load.running,
+                     load.waiting, 100 * load.kv_used_blocks / max(1, load.kv_total_blocks))
+        self._reset()
 
 
 def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
