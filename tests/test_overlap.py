@@ -135,3 +135,22 @@ def test_abort_while_a_step_is_in_flight(qwen3_dir: Path) -> None:
     assert isinstance(end, Finished) and end.reason is FinishReason.ABORT
     assert end.completion_tokens == len(tokens) >= 1  # a pending slot is not a token
     assert engine.kv.num_used_blocks == 0
+
+
+def test_a_dropped_engine_is_freed_without_the_cycle_collector(qwen3_dir: Path) -> None:
+    """No reference cycle: on the GPU a dropped engine's CUDA graphs and events must go when
+    the last reference does, not whenever the collector runs (in another engine's graph
+    capture, it would invalidate the capture)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        engine = Engine(EngineConfig(model=str(qwen3_dir), device="cpu"))
+        engine.add_request(GenerateRequest("a", (1, 2, 3), SamplingParams(max_tokens=4)))
+        engine.step()  # a step in flight
+        ref = weakref.ref(engine)
+        del engine
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ than the GPU spends on them: a warm prefix-cache hit is such a step."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 
@@ -111,6 +112,21 @@ class CudaGraphRunner:
         """Warm every bucket up (compiling its kernels), then capture, largest first so the
         smaller graphs reuse the larger ones' memory pool."""
         started = time.perf_counter()
+        # No garbage collection while capturing: freeing some other engine's graphs or events
+        # in the middle of a capture invalidates it.
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture()
+        finally:
+            gc.enable()
+        self.capture_seconds = time.perf_counter() - started
+        mixed = (f" and {len(self.mixed)} mixed-step token counts "
+                 f"({self.mixed[0]}..{self.mixed[-1]})" if self.mixed else "")
+        log.info("CUDA graphs: captured %d decode batch sizes (1..%d)%s in %.2f s",
+                 len(self.buckets), self.buckets[-1], mixed, self.capture_seconds)
+
+    def _capture(self) -> None:
         batches = {("decode", b): self._batch(b) for b in self.buckets}
         batches |= {("mixed", t): self._mixed_batch(t) for t in self.mixed}
         with torch.inference_mode():
@@ -126,11 +142,6 @@ class CudaGraphRunner:
                                    else (self._mixed_graphs, self._mixed_logits))
                 graphs[size], outputs[size] = graph, logits
             torch.cuda.synchronize(self.device)
-        self.capture_seconds = time.perf_counter() - started
-        mixed = (f" and {len(self.mixed)} mixed-step token counts "
-                 f"({self.mixed[0]}..{self.mixed[-1]})" if self.mixed else "")
-        log.info("CUDA graphs: captured %d decode batch sizes (1..%d)%s in %.2f s",
-                 len(self.buckets), self.buckets[-1], mixed, self.capture_seconds)
 
     def can_run(self, batch: HostBatch) -> bool:
         if batch.is_decode:

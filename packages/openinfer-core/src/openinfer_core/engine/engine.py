@@ -52,14 +52,21 @@ class Engine:
             kv_total_blocks=self.kv.num_total_blocks, kv_block_size=self.kv.block_size,
             eos_token_ids=self.eos_token_ids)
         self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
-        self.last_step_tokens = 0  # tokens the last step scheduled (for benchmarks)
+        self._last_step_tokens = 0
         self._overlap: OverlappedLoop | None = None
         if config.async_scheduling:
             if hasattr(self.scheduler, "launched"):
-                self._overlap = OverlappedLoop(self)
+                self._overlap = OverlappedLoop(self.scheduler, self.runner)
             else:
                 log.warning("scheduler %r has no launched(): steps run without overlap",
                             config.scheduler)
+
+    @property
+    def last_step_tokens(self) -> int:
+        """Tokens the last step scheduled (for benchmarks)."""
+        if self._overlap is not None:
+            return self._overlap.last_step_tokens
+        return self._last_step_tokens
 
     @property
     def overlapped(self) -> bool:
@@ -104,7 +111,7 @@ class Engine:
         if self._overlap is not None:
             return self._overlap.step(events)
         batch = self.scheduler.schedule()
-        self.last_step_tokens = batch.num_tokens
+        self._last_step_tokens = batch.num_tokens
         events.extend(batch.events)
         if not batch.rows:
             return events

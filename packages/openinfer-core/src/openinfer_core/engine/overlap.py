@@ -18,24 +18,23 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import TYPE_CHECKING
 
-from openinfer_core.engine.runner import Launched
+from openinfer_core.engine.runner import Launched, ModelRunner
 from openinfer_core.events import TokenEvent
-
-if TYPE_CHECKING:
-    from openinfer_core.engine.engine import Engine
+from openinfer_core.interfaces.scheduler import Scheduler
 
 log = logging.getLogger("openinfer")
 
 
 class OverlappedLoop:
-    """Holds the step in flight between calls. Engine thread only."""
+    """Holds the step in flight between calls. Engine thread only. (No reference back to the
+    engine: a cycle would leave a dropped engine, CUDA graphs and all, to the cyclic garbage
+    collector, which may run in the middle of another engine's graph capture.)"""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.scheduler = engine.scheduler
-        self.runner = engine.runner
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.last_step_tokens = 0
         self._in_flight: Launched | None = None
 
     def has_work(self) -> bool:
@@ -49,7 +48,7 @@ class OverlappedLoop:
             events.extend(self._finish(previous))
             previous = None
         batch = self.scheduler.schedule()
-        self.engine.last_step_tokens = batch.num_tokens
+        self.last_step_tokens = batch.num_tokens
         events.extend(batch.events)
         if batch.rows:
             try:
