@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import msgspec
 from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -23,7 +23,14 @@ DONE = "data: [DONE]\n\n"
 
 
 def sse(payload: Mapping[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    # msgspec, not json: one of these per streamed token, and json.dumps was ~8% of a
+    # frontend's time at 10,000 tokens/s. Compact, UTF-8, keys in order, as json.dumps with
+    # separators=(",", ":") and ensure_ascii=False (but a non-finite float is null, not the
+    # -Infinity that strict JSON parsers refuse).
+    return f"data: {_ENCODER.encode(payload).decode()}\n\n"
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 class ClientGone(Exception):
