@@ -100,8 +100,9 @@ def test_overlapped_and_plain_loops_give_the_same_outputs(qwen3_dir: Path, case:
     if case == "preemption":
         assert overlapped.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
         assert plain.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
-    hits = overlapped.snapshot().prefix_cache.hits
-    assert (hits > 0 and hits == plain.snapshot().prefix_cache.hits) or case == "preemption"
+    if case != "preemption":  # preemption recomputes, so the lookups differ between loops
+        hits = overlapped.snapshot().prefix_cache.hits
+        assert hits > 0 and hits == plain.snapshot().prefix_cache.hits
 
 
 def test_a_stopped_request_loses_only_its_extra_step(qwen3_dir: Path) -> None:

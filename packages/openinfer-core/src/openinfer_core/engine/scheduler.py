@@ -181,7 +181,7 @@ class FcfsScheduler:
             return
         output.launched = True
         limit = self.config.max_model_len
-        ending: set[Sequence] = set()
+        ending: list[Sequence] = []
         for row in output.rows:
             seq = row.seq
             seq.num_computed_tokens += row.num_new_tokens
@@ -195,9 +195,10 @@ class FcfsScheduler:
             output.pending.append(len(seq.token_ids))
             seq.token_ids.append(PENDING)
             if seq.num_output_tokens >= seq.request.params.max_tokens or seq.num_tokens >= limit:
-                ending.add(seq)  # ends with this token, whichever it is: never scheduled again
+                ending.append(seq)  # ends with this token, whichever it is: not scheduled again
         if ending:
-            self.running = [s for s in self.running if s not in ending]
+            leaving = set(ending)
+            self.running = [s for s in self.running if s not in leaving]
             self.finishing.extend(ending)
 
     # -- update --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 import uuid
@@ -174,6 +175,4 @@ class EngineClient:
 
 
 def _readable(fd: int) -> bool:
-    import select
-
     return bool(select.select([fd], [], [], 0)[0])
