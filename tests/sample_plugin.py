@@ -1,7 +1,10 @@
-"""A test plugin using every hook: a scheduler, an offload tier and an attention backend."""
+"""A test plugin using every hook but the model one (the toy plugin's): a scheduler, an offload
+tier, an attention backend, a tool-call parser and a reasoning parser."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any, ClassVar
 
@@ -10,6 +13,7 @@ import torch
 from openinfer_core.engine.scheduler import FcfsScheduler
 from openinfer_core.engine.sequence import Sequence
 from openinfer_core.hookspecs import hookimpl
+from openinfer_core.interfaces.parsers import ReasoningParse, ToolCallDelta, ToolParse
 from openinfer_kernels.attention.backend import TorchAttentionBackend
 
 
@@ -58,6 +62,34 @@ class MemoryTier:
         return _Done()
 
 
+class EchoToolParser:
+    """The whole output is one call to `echo`, its text as the `text` argument."""
+
+    def __init__(self, *, tools: Seq[Mapping[str, Any]]) -> None:
+        self._parts: list[str] = []
+
+    def feed(self, text: str) -> ToolParse:
+        self._parts.append(text)
+        return ToolParse()
+
+    def finish(self) -> ToolParse:
+        arguments = json.dumps({"text": "".join(self._parts)})
+        return ToolParse(calls=(ToolCallDelta(0, "call_echo", "echo", arguments),))
+
+
+class AllReasoningParser:
+    """The whole output is reasoning."""
+
+    def __init__(self, *, prompt: str | None) -> None:
+        pass
+
+    def feed(self, text: str) -> ReasoningParse:
+        return ReasoningParse(reasoning=text)
+
+    def finish(self) -> ReasoningParse:
+        return ReasoningParse()
+
+
 @hookimpl
 def openinfer_register_schedulers(register: Any) -> None:
     register("lifo", "sample_plugin:LifoScheduler")
@@ -71,3 +103,13 @@ def openinfer_register_offload_tiers(register: Any) -> None:
 @hookimpl
 def openinfer_register_attention_backends(register: Any) -> None:
     register("counting", "sample_plugin:CountingAttention", devices=("cpu",), priority=10)
+
+
+@hookimpl
+def openinfer_register_tool_parsers(register: Any) -> None:
+    register("echo", "sample_plugin:EchoToolParser")
+
+
+@hookimpl
+def openinfer_register_reasoning_parsers(register: Any) -> None:
+    register("all-reasoning", "sample_plugin:AllReasoningParser")

@@ -28,6 +28,12 @@ def test_text_prompt_matches_transformers(llm: LLM, qwen3_dir: Path) -> None:
                                                        skip_special_tokens=True)
 
 
+def test_generation_config_gives_the_default_sampling_params(llm: LLM) -> None:
+    # The tiny checkpoint's generation_config.json recommends Qwen3's sampling settings.
+    assert llm.get_default_sampling_params() == SamplingParams(temperature=0.6, top_p=0.95,
+                                                               top_k=20)
+
+
 def test_stop_string_truncates_and_ends(llm: LLM) -> None:
     free = llm.generate([[9707, 11, 1879]], SamplingParams(temperature=0, max_tokens=16,
                                                           ignore_eos=True))[0].outputs[0]

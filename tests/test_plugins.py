@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import subprocess
 import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import sample_plugin
 import torch
@@ -23,10 +26,14 @@ from openinfer_core import (
     hookspecs,
     plugins,
 )
+from openinfer_core.engine.async_engine import AsyncEngine
 from openinfer_core.errors import PluginError, UnsupportedModelError
 from openinfer_core.interfaces.offload import OffloadTier
 from openinfer_core.plugins import PluginManager
 from openinfer_core.registry import Registry
+from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.app import build_app
+from openinfer_server.chat_output import ChatParsers
 from openinfer_toy import plugin as toy_plugin
 from openinfer_toy.model import write_toy_checkpoint
 
@@ -134,10 +141,55 @@ def test_offload_tier_hook_registers_a_tier() -> None:
     assert torch.equal(into[1], blocks[2])
 
 
+def test_parser_hooks_add_parsers_the_server_uses(qwen3_dir: Path) -> None:
+    pm = PluginManager(autoload=True, plugins=[sample_plugin])
+    regs = pm.registries
+    assert regs.tool_parsers.get("echo").plugin == "sample_plugin"
+    assert regs.tool_parsers.get("hermes").plugin == "core"
+    assert regs.reasoning_parsers.names() == ["all-reasoning", "deepseek_r1", "qwen3"]
+    engine = AsyncEngine(Engine(EngineConfig(model=str(qwen3_dir), device="cpu"), pm))
+    tokenizer = Tokenizer.from_dir(qwen3_dir)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "temperature": 0.0, "ignore_eos": True}
+    tools = [{"type": "function", "function": {"name": "echo"}}]
+
+    def post(path: str, json: dict[str, Any], tool: str | None = None,
+             reasoning: str | None = None) -> dict[str, Any]:
+        app = build_app(engine, tokenizer, served_model_names=["m"],
+                        parsers=ChatParsers.from_names(regs, tool, reasoning))
+
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+                return await client.post(path, json=json)
+
+        response = asyncio.run(go())
+        assert response.status_code == 200, response.text
+        choice: dict[str, Any] = response.json()["choices"][0]
+        return choice
+
+    def raw_text(**template: Any) -> str:  # the same prompt through /v1/completions
+        prompt = tokenizer.apply_chat_template(body["messages"], **template)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        text: str = post("/v1/completions", {**body, "prompt": ids})["text"]
+        return text
+
+    try:
+        called = post("/v1/chat/completions", {**body, "tools": tools}, tool="echo")["message"]
+        assert called["content"] is None
+        assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in called["tool_calls"]] == [
+                    ("call_echo", "echo", {"text": raw_text(tools=tools)})]
+        thought = post("/v1/chat/completions", body, reasoning="all-reasoning")["message"]
+        assert (thought["reasoning_content"], thought["content"]) == (raw_text(), None)
+    finally:
+        engine.shutdown()
+
+
 def test_every_hook_is_documented_and_tested() -> None:
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
              if n.startswith("openinfer_")]
-    assert len(hooks) == 4
+    assert len(hooks) == 6
     test_plugins = [sample_plugin, toy_plugin]  # the toy plugin provides the model hook
     test_source = "".join(Path(str(p.__file__)).read_text() for p in test_plugins)
     core_readme = (ROOT / "packages/openinfer-core/README.md").read_text()

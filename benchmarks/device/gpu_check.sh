@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
-# [serve] [stream1] [timeline] [prefix] [qps] [interference] [startup] (default: all but
-# attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
+# [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [startup] (default:
+# all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
-stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference startup}
+stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured startup}
 API_SERVERS=${API_SERVERS:-1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -149,6 +149,11 @@ if has interference; then
       --result-file "$OUT/interference-$label.json"
     stop $server
   done
+fi
+if has structured; then
+  stage "structured output: TPOT with a JSON schema on every request vs none, compile time"
+  timeout 420 python3 benchmarks/device/structured_tpot.py $M8 --batch 1 64 --steps 100 \
+    --json "$OUT/structured-qwen3-8b.json" 2>&1 | tail -30
 fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -88,3 +89,13 @@ def wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> st
             raise AssertionError(f"openinfer serve exited early:\n{log.read_text()}")
         time.sleep(0.2)
     raise AssertionError(f"openinfer serve not ready after {timeout}s:\n{log.read_text()}")
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The OpenAI error body of `response`, after checking its status and shape."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return dict(body["error"])

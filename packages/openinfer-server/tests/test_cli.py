@@ -20,7 +20,8 @@ VLLM_FLAGS = [
     "--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs",
     "--max-num-batched-tokens", "--gpu-memory-utilization", "--dtype", "--device", "--api-key",
     "--enforce-eager", "--seed", "--load-format", "--block-size", "--tensor-parallel-size",
-    "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--generation-config",
+    "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
 ]
 OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--download-dir",
              "--no-prefix-cache"]
@@ -45,7 +46,10 @@ def test_models_lists_every_registry(capsys: pytest.CaptureFixture[str]) -> None
     out = capsys.readouterr().out
     sections = dict(re.findall(r"(?ms)^(\w[\w ]*):\n(.*?)(?=^\w|\Z)", out))
     assert set(sections) == {"model lines", "schedulers", "attention backends",
-                             "offload tiers", "plugins"}
+                             "offload tiers", "tool parsers", "reasoning parsers", "plugins"}
+    assert re.search(r"hermes\s+plugin core", sections["tool parsers"])
+    assert re.search(r"deepseek_r1\s+plugin core\n\s+qwen3\s+plugin core",
+                     sections["reasoning parsers"])
     assert re.search(r"qwen3\s+Qwen3ForCausalLM\s+plugin qwen3\s+demo model",
                      sections["model lines"])
     assert re.search(r"toy-counter\s+ToyCounterForCausalLM\s+plugin toy", sections["model lines"])

@@ -7,20 +7,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import API_KEY, MODEL, LiveServer
+from live_server import API_KEY, MODEL, LiveServer, error_of
 
 
 def post(server: LiveServer, path: str, body: Any, **kwargs: Any) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", json=body, timeout=30, **kwargs)
-
-
-def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return dict(body["error"])
 
 
 COMPLETION = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
@@ -63,7 +54,14 @@ def test_invalid_completion_parameter_is_named(server: LiveServer, field: str, v
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "json_schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"structured_outputs": {"regex": "[a-"}}, "regex"),
+    ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
 ])
 def test_invalid_chat_parameter_is_named(server: LiveServer, body: dict[str, Any],

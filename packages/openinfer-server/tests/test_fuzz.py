@@ -55,8 +55,9 @@ def api_schema(server: LiveServer) -> Any:
 # Every operation the app declares (schemathesis' own pytest plugin does not run under the
 # pytest this workspace uses, so its strategies are driven by hypothesis directly).
 OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-              ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/version"),
-              ("GET", "/metrics")]
+              ("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("GET", "/health"),
+              ("GET", "/version"), ("GET", "/metrics"), ("POST", "/tokenize"),
+              ("POST", "/detokenize")]
 
 
 def test_schema_declares_these_operations(api_schema: Any) -> None:

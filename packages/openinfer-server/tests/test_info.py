@@ -24,6 +24,33 @@ def test_models_lists_served_names(client: openai.OpenAI) -> None:
     assert card["max_model_len"] == 512
 
 
+def test_retrieve_a_model(client: openai.OpenAI, server: LiveServer) -> None:
+    listed = {m["id"]: m for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
+    for name in (MODEL, ALIAS):
+        assert client.models.retrieve(name).id == name
+        assert httpx.get(f"{server.url}/v1/models/{name}").json() == listed[name]
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4")
+    assert info.value.status_code == 404
+    response = httpx.get(f"{server.url}/v1/models/gpt-4")
+    assert response.json() == {"error": {
+        "message": "The model `gpt-4` does not exist. This server serves 'tiny-qwen3', "
+                   "'tiny-alias'.",
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+
+
+def test_retrieve_a_model_whose_name_has_slashes(engine: EngineHandle,
+                                                 tokenizer: Tokenizer) -> None:
+    app = build_app(engine, tokenizer, served_model_names=["Qwen/Qwen3-8B", "org/team/m"])
+    for name in ("Qwen/Qwen3-8B", "org/team/m"):
+        response = asyncio.run(_asgi_get(app, f"/v1/models/{name}"))
+        assert response.status_code == 200 and response.json()["id"] == name
+    for path in ("/v1/models/Qwen", "/v1/models/Qwen/Qwen3-8B/extra", "/v1/models/"):
+        response = asyncio.run(_asgi_get(app, path))
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "model_not_found"
+
+
 def test_health_and_version(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/health").status_code == 200
     version = httpx.get(f"{server.url}/version").json()["version"]

@@ -151,6 +151,10 @@ def test_sigterm_drains_a_stream_then_exits_0(served: Served) -> None:
 
 
 def test_a_killed_server_leaves_no_process(served: Served) -> None:
+    # By the way: the checkpoint's sampling defaults are logged once, however many frontends.
+    text = served.log.read_text()
+    assert text.count("default sampling params from model: {'temperature': 0.6, 'top_k': 20, "
+                      "'top_p': 0.95}") == 1, text
     descendants = children(served.proc.pid)
     assert served.engine_pid() in descendants
     served.proc.kill()

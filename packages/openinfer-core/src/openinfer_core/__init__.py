@@ -16,6 +16,7 @@ _EXPORTS = {
     "EngineConfig": "openinfer_core.engine.config",
     "AsyncEngine": "openinfer_core.engine.async_engine",
     "SamplingParams": "openinfer_core.params",
+    "StructuredOutput": "openinfer_core.params",
     "GenerateRequest": "openinfer_core.request",
     "EngineHandle": "openinfer_core.handle",
     "ModelInfo": "openinfer_core.handle",
@@ -23,6 +24,7 @@ _EXPORTS = {
     "FinishReason": "openinfer_core.events",
     "Scheduled": "openinfer_core.events",
     "Token": "openinfer_core.events",
+    "PromptLogprobs": "openinfer_core.events",
     "Finished": "openinfer_core.events",
     "Error": "openinfer_core.events",
     "Rejected": "openinfer_core.events",
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
         Error,
         Finished,
         FinishReason,
+        PromptLogprobs,
         Rejected,
         Scheduled,
         Token,
@@ -51,7 +54,7 @@ if TYPE_CHECKING:
     from openinfer_core.hookspecs import hookimpl
     from openinfer_core.llm import LLM
     from openinfer_core.outputs import CompletionOutput, RequestOutput
-    from openinfer_core.params import SamplingParams
+    from openinfer_core.params import SamplingParams, StructuredOutput
     from openinfer_core.request import GenerateRequest
 
 

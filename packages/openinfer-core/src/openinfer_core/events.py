@@ -1,5 +1,6 @@
 """What an engine emits per request, in this order:
-`Scheduled` once, then `Token`*, then exactly one terminal (`Finished`, `Error`, `Rejected`)."""
+`Scheduled` once, then `PromptLogprobs` once if the request asked for them, then `Token`*, then
+exactly one terminal (`Finished`, `Error`, `Rejected`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,18 @@ class Scheduled:
     request_id: str
     prompt_tokens: int
     cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """Logprobs of prompt tokens 1..P-1, each given the tokens before it (token 0 has none):
+    `logprobs[i]` and `ranks[i]` (1 = the most likely) are prompt token i+1's, and `top[i]`
+    the best (token id, logprob) pairs at that position, best first, ties by lower id."""
+
+    request_id: str
+    logprobs: tuple[float, ...]
+    ranks: tuple[int, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +70,7 @@ class Rejected:
     message: str
 
 
-TokenEvent = Scheduled | Token | Finished | Error | Rejected
+TokenEvent = Scheduled | PromptLogprobs | Token | Finished | Error | Rejected
 TerminalEvent = Finished | Error | Rejected
 TERMINAL_TYPES = (Finished, Error, Rejected)
 

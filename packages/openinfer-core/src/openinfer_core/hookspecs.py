@@ -1,4 +1,4 @@
-"""The whole plugin contract of openinfer: four registration hooks, project name `openinfer`.
+"""The whole plugin contract of openinfer: six registration hooks, project name `openinfer`.
 
 A plugin is a module (or object) exposed under the `openinfer` entry-point group whose functions
 carry `@hookimpl`. Each hook receives a `register` callable and calls it once per thing it adds.
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         RegisterAttentionBackend,
         RegisterModel,
         RegisterOffloadTier,
+        RegisterParser,
         RegisterScheduler,
     )
 
@@ -31,7 +32,9 @@ def openinfer_register_models(register: RegisterModel) -> None:
     `openinfer_core.interfaces.model.ModelLine`. A checkpoint is matched by its config.json
     `architectures`, then `model_type`, then `probe` (a `"module:function"` taking the parsed
     config dict and returning bool). Optional extras a frontend may use: `demo="mod:fn"` (no
-    arguments; returns the folder of a small built-in checkpoint, served when no model is given)
+    arguments; returns the folder of a small built-in checkpoint, served when no model is given),
+    `tool_parser="name"` / `reasoning_parser="name"` (the parsers this line's output format
+    needs: the server uses the tool parser by default and suggests the reasoning parser)
     (`--load-format dummy` needs nothing from the line: its `load` reads tensors through
     `openinfer_core.weights.checkpoint.open_checkpoint`, which makes them up at the asked
     shapes)."""
@@ -55,3 +58,19 @@ def openinfer_register_attention_backends(register: RegisterAttentionBackend) ->
     where `target` names a class implementing
     `openinfer_core.interfaces.attention.AttentionBackend`. For a device, the available backend
     of highest priority is the default."""
+
+
+@hookspec
+def openinfer_register_tool_parsers(register: RegisterParser) -> None:
+    """Add tool-call parsers: `register(name, target)`, where `target` names a class
+    implementing `openinfer_core.interfaces.parsers.ToolParserFactory` (built per response
+    choice as `cls(tools=...)`, fed the output text). Chosen with `--tool-call-parser`, or by a
+    model line's `tool_parser=` default."""
+
+
+@hookspec
+def openinfer_register_reasoning_parsers(register: RegisterParser) -> None:
+    """Add reasoning parsers: `register(name, target)`, where `target` names a class
+    implementing `openinfer_core.interfaces.parsers.ReasoningParserFactory` (built per
+    response choice as `cls(prompt=...)`, fed the output text, splitting reasoning from
+    content). Chosen with `--reasoning-parser`."""

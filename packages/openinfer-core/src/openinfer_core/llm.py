@@ -11,7 +11,8 @@ from typing import Any
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
 from openinfer_core.errors import InvalidParameterError, TokenizerError
-from openinfer_core.events import Error, Finished, Rejected, Token, TokenEvent
+from openinfer_core.events import Error, Finished, PromptLogprobs, Rejected, Token, TokenEvent
+from openinfer_core.generation_config import sampling_defaults
 from openinfer_core.outputs import CompletionOutput, RequestOutput
 from openinfer_core.params import SamplingParams
 from openinfer_core.plugins import PluginManager
@@ -40,7 +41,12 @@ class LLM:
     """Load a checkpoint folder and generate from it, synchronously, on this thread."""
 
     def __init__(self, model: str | Path, *, tokenizer: str | Path | None = None,
-                 plugins: PluginManager | None = None, **engine_args: Any) -> None:
+                 plugins: PluginManager | None = None, generation_config: str = "auto",
+                 **engine_args: Any) -> None:
+        """`generation_config`, as vLLM's: "auto" takes the sampling defaults recommended in
+        the checkpoint's generation_config.json, "vllm" the built-in ones, a folder its own
+        generation_config.json's. They apply when `generate` gets no sampling params."""
+        self._default_params = SamplingParams(**sampling_defaults(generation_config, model))
         self.engine = Engine(EngineConfig(model=str(model), **engine_args), plugins)
         self._tokenizer_dir = Path(tokenizer or model)
         self._tokenizer: Tokenizer | None = None
@@ -53,12 +59,18 @@ class LLM:
             self._tokenizer = Tokenizer.from_dir(self._tokenizer_dir)
         return self._tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` uses when given no sampling params."""
+        return self._default_params
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
         """Run every prompt (text, token ids, or {"prompt_token_ids": [...]}) to completion;
         outputs come back in prompt order. All prompts are batched together."""
         batch = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self._default_params
         params = _as_params_list(sampling_params, len(batch))
         pending: dict[str, _Pending] = {}
         for prompt, sp in zip(batch, params, strict=True):
@@ -123,7 +135,8 @@ class LLM:
                 sp.stop, include_stop_str_in_output=sp.include_stop_str_in_output)
         out = RequestOutput(request.request_id, text, list(request.prompt_token_ids),
                             [CompletionOutput(0, "", [], None,
-                                              [] if sp.logprobs is not None else None)])
+                                              [] if sp.logprobs is not None else None)],
+                            prompt_logprobs=[None] if sp.prompt_logprobs is not None else None)
         return _Pending(out, sp, detok, stop)
 
     def _apply(self, p: _Pending, event: TokenEvent) -> None:
@@ -150,6 +163,11 @@ class LLM:
         elif isinstance(event, Error | Rejected):
             completion.error = event.message
             self._close(p)
+        elif isinstance(event, PromptLogprobs):
+            ids = p.output.prompt_token_ids
+            p.output.prompt_logprobs = [None] + [
+                {**dict(top), ids[i + 1]: lp}
+                for i, (lp, top) in enumerate(zip(event.logprobs, event.top, strict=True))]
         else:
             p.output.num_cached_tokens = event.cached_tokens
 

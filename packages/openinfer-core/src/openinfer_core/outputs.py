@@ -24,6 +24,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs, as vLLM: None for the first prompt token, then
+    # {token id: logprob} holding the prompt's token and its top alternatives.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -25,6 +25,30 @@ def _check_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool
         )
 
 
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the generated text, enforced token by token with a grammar.
+
+    `kind` says how to read `spec`: "json" a JSON schema (as JSON text), "json_object" any JSON
+    object (`spec` unused), "regex" a regular expression, "choice" a JSON list of the allowed
+    strings, "grammar" a Lark grammar (llguidance's dialect, which also reads GBNF-like
+    rules)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise InvalidParameterError(
+                "structured_outputs", f"kind must be one of {', '.join(STRUCTURED_KINDS)}, "
+                f"got {self.kind!r}")
+        if not isinstance(self.spec, str):
+            raise InvalidParameterError("structured_outputs", "spec must be a string")
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How the next token is chosen. Defaults are greedy-free sampling at temperature 1,
@@ -45,6 +69,10 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N alternatives; 0 = only the sampled token's logprob
+    # Logprobs of the prompt's tokens (each given the ones before it) with top-N alternatives,
+    # sent once, before the first token. Such a request takes no prefix-cache hit.
+    prompt_logprobs: int | None = None
+    structured: StructuredOutput | None = None
     # Text-side fields: the engine never sees text, so frontends (LLM, the server) honour these.
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
@@ -84,6 +112,12 @@ class SamplingParams:
             or not 0 <= self.logprobs <= 20
         ):
             raise InvalidParameterError("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+            isinstance(self.prompt_logprobs, bool) or not isinstance(self.prompt_logprobs, int)
+            or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise InvalidParameterError(
+                "prompt_logprobs", f"must be in [0, 20], got {self.prompt_logprobs!r}")
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError(

@@ -82,6 +82,8 @@ class PluginManager:
             ("openinfer_register_schedulers", regs.schedulers),
             ("openinfer_register_offload_tiers", regs.offload_tiers),
             ("openinfer_register_attention_backends", regs.attention_backends),
+            ("openinfer_register_tool_parsers", regs.tool_parsers),
+            ("openinfer_register_reasoning_parsers", regs.reasoning_parsers),
         )
         for hook_name, registry in hooks:
             # Each implementation is called on its own so its entries carry its plugin's name.

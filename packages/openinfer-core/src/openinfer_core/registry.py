@@ -86,6 +86,7 @@ class Registry(Generic[T]):
 class RegisterModel(Protocol):
     def __call__(self, name: str, target: str, *, architectures: tuple[str, ...] = (),
                  model_types: tuple[str, ...] = (), probe: str | None = None,
+                 tool_parser: str | None = None, reasoning_parser: str | None = None,
                  **meta: Any) -> None: ...
 
 
@@ -94,6 +95,10 @@ class RegisterScheduler(Protocol):
 
 
 class RegisterOffloadTier(Protocol):
+    def __call__(self, name: str, target: str) -> None: ...
+
+
+class RegisterParser(Protocol):
     def __call__(self, name: str, target: str) -> None: ...
 
 
@@ -147,6 +152,10 @@ class Registries:
     offload_tiers: Registry[Any] = field(default_factory=lambda: Registry("offload tier"))
     attention_backends: Registry[Any] = field(
         default_factory=lambda: Registry("attention backend")
+    )
+    tool_parsers: Registry[Any] = field(default_factory=lambda: Registry("tool-call parser"))
+    reasoning_parsers: Registry[Any] = field(
+        default_factory=lambda: Registry("reasoning parser")
     )
 
     def default_attention_backend(self, device: str) -> str:

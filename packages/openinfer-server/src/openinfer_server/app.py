@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import fastapi
@@ -11,10 +12,12 @@ from starlette.responses import Response
 
 from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
-from openinfer_server import chat, completions
+from openinfer_server import chat, completions, tokenization
 from openinfer_server.auth import APIKeyMiddleware
+from openinfer_server.chat_output import ChatParsers
 from openinfer_server.errors import APIError, install_error_handlers
 from openinfer_server.metrics import CONTENT_TYPE, ServerMetrics
+from openinfer_server.request_id import RequestIdMiddleware
 from openinfer_server.state import ServerState, StateDep
 
 DEMO_NOTE = ("openinfer's built-in demo model: a tiny Qwen3 with random weights and the real "
@@ -23,10 +26,14 @@ DEMO_NOTE = ("openinfer's built-in demo model: a tiny Qwen3 with random weights 
 
 def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names: list[str],
               api_key: str | None = None, is_demo: bool = False,
-              max_model_len: int | None = None) -> fastapi.FastAPI:
+              max_model_len: int | None = None,
+              sampling_defaults: Mapping[str, Any] | None = None,
+              parsers: ChatParsers | None = None) -> fastapi.FastAPI:
     """An app serving `engine`. The first served name is the one responses report; a request
     naming any model not in `served_model_names` gets 404. With `api_key`, /v1 routes need
-    `Authorization: Bearer <api_key>`."""
+    `Authorization: Bearer <api_key>`. `sampling_defaults` fill the sampling fields a request
+    leaves out (see `openinfer_core.generation_config`). `parsers`: the tool-call and
+    reasoning parsers chat responses go through (default: none)."""
     if not served_model_names:
         raise ValueError("served_model_names must name at least one model")
     limit = max_model_len if max_model_len is not None else engine.model_info.max_model_len
@@ -38,12 +45,15 @@ def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names:
     app.state.openinfer = ServerState(
         engine=engine, tokenizer=tokenizer, served_model_names=tuple(served_model_names),
         max_model_len=limit, metrics=ServerMetrics(engine, served_model_names[0]),
-        is_demo=is_demo)
+        is_demo=is_demo, sampling_defaults=dict(sampling_defaults or {}),
+        parsers=parsers or ChatParsers())
     install_error_handlers(app)
     if api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so 401s get one too
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(tokenization.router)
     _add_info_routes(app)
     return app
 
@@ -55,6 +65,12 @@ def _add_info_routes(app: fastapi.FastAPI) -> None:
     async def list_models(state: StateDep) -> dict[str, Any]:
         return {"object": "list", "data": [
             _model_card(name, state, created) for name in state.served_model_names]}
+
+    # `:path`: served names may hold slashes (Qwen/Qwen3-8B).
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str, state: StateDep) -> dict[str, Any]:
+        state.check_model(model_id)
+        return _model_card(model_id, state, created)
 
     @app.get("/health")
     async def health(state: StateDep) -> Response:

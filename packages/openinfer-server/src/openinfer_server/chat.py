@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import jinja2
@@ -12,6 +13,7 @@ from starlette.responses import Response
 
 from openinfer_core.errors import InvalidParameterError, TokenizerError
 from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.chat_output import ChatParsing, ChoiceOutput, OutputPiece
 from openinfer_server.choice import ChoiceDelta
 from openinfer_server.errors import APIError
 from openinfer_server.generation import ChoiceResult, build_runs, respond
@@ -19,6 +21,7 @@ from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs
 from openinfer_server.prompts import Prompt
 from openinfer_server.protocol import ChatCompletionRequest
 from openinfer_server.state import StateDep
+from openinfer_server.structured import chat_structured_output
 
 router = APIRouter()
 
@@ -33,14 +36,21 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     requested = body.requested_max_tokens
     base = body.sampling_params(requested if requested is not None else state.max_model_len,
-                                body.logprobs_count, logprobs_field="top_logprobs")
+                                body.logprobs_count, logprobs_field="top_logprobs",
+                                defaults=state.sampling_defaults)
+    base = replace(base, structured=chat_structured_output(body),
+                   prompt_logprobs=body.prompt_logprobs)
     prompt = chat_prompt(body, state.tokenizer)
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     runs = build_runs(state, request_id, [prompt], base, n=body.n,
-                      requested_max_tokens=requested, default_max_tokens=None,
-                      max_tokens_param=param, where="messages", priority=body.priority)
+                      requested_max_tokens=requested,
+                      default_max_tokens=state.sampling_defaults.get("max_tokens"),
+                      max_tokens_param=param, where="messages", priority=body.priority,
+                      prompt_scores=body.prompt_logprobs is not None)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
-    renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs)
+    renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,
+                            parsing=state.parsers.for_request(body.tools, body.tool_choice,
+                                                              prompt.text))
     return await respond(request, runs, renderer, n=body.n, stream=body.stream,
                          include_usage=body.include_usage)
 
@@ -76,32 +86,49 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:
 
 
 class ChatRenderer:
-    """`chat.completion` objects and `chat.completion.chunk` deltas."""
+    """`chat.completion` objects and `chat.completion.chunk` deltas. With `parsing` active
+    (tools in play or a reasoning parser on), each choice's text goes through its parsers into
+    `reasoning_content`, `content` and `tool_calls`; the streamed deltas of a choice add up to
+    its non-streamed message, and the opening chunk then leaves `content` out (it may be null)."""
 
     def __init__(self, request_id: str, model: str, names: TokenText, *,
-                 logprobs: bool) -> None:
+                 logprobs: bool, parsing: ChatParsing | None = None) -> None:
         self._created = int(time.time())
         self._id = request_id
         self._model = model
         self._names = names
         self._logprobs = logprobs
+        self._parsing = parsing if parsing is not None and parsing.active else None
+        self._outputs: dict[int, ChoiceOutput] = {}  # per streamed choice
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self._id, "object": kind, "created": self._created, "model": self._model}
 
     def opening(self, index: int) -> dict[str, Any] | None:
+        delta = {"role": "assistant"} if self._parsing else {"role": "assistant", "content": ""}
         return {**self._head("chat.completion.chunk"), "choices": [{
-            "index": index, "delta": {"role": "assistant", "content": ""},
-            "logprobs": None, "finish_reason": None}]}
+            "index": index, "delta": delta, "logprobs": None, "finish_reason": None}]}
 
     def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None:
-        if not delta.text and not delta.logprobs and delta.finish_reason is None:
+        finish_reason = delta.finish_reason
+        if self._parsing is None:
+            fields: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        else:
+            output = self._outputs.get(delta.index)
+            if output is None:
+                output = self._outputs[delta.index] = self._parsing.choice()
+            piece = output.feed(delta.text) if delta.text else OutputPiece()
+            if finish_reason is not None:
+                piece.extend(output.finish())
+                finish_reason = self._parsing.finish_reason(finish_reason, output.made_calls)
+            fields = piece.delta()
+        if not fields and not delta.logprobs and finish_reason is None:
             return None
         choice: dict[str, Any] = {
             "index": delta.index,
-            "delta": {"content": delta.text} if delta.text else {},
+            "delta": fields,
             "logprobs": self._render_logprobs(delta.logprobs),
-            "finish_reason": delta.finish_reason,
+            "finish_reason": finish_reason,
         }
         if delta.finish_reason is not None:
             choice["stop_reason"] = delta.stop_reason
@@ -111,13 +138,20 @@ class ChatRenderer:
         return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}
 
     def response(self, choices: list[ChoiceResult], usage: dict[str, Any]) -> dict[str, Any]:
-        return {**self._head("chat.completion"), "choices": [{
-            "index": c.index,
-            "message": {"role": "assistant", "content": c.text, "tool_calls": []},
-            "logprobs": self._render_logprobs(c.logprobs),
-            "finish_reason": c.finish_reason,
-            "stop_reason": c.stop_reason,
-        } for c in sorted(choices, key=lambda c: c.index)], "usage": usage}
+        return {**self._head("chat.completion"), "choices": [
+            self._choice(c) for c in sorted(choices, key=lambda c: c.index)], "usage": usage}
+
+    def _choice(self, c: ChoiceResult) -> dict[str, Any]:
+        finish_reason = c.finish_reason
+        if self._parsing is None:
+            message: dict[str, Any] = {"role": "assistant", "content": c.text, "refusal": None}
+        else:
+            message, made_calls = self._parsing.message(c.text)
+            if finish_reason is not None:
+                finish_reason = self._parsing.finish_reason(finish_reason, made_calls)
+        return {"index": c.index, "message": message,
+                "logprobs": self._render_logprobs(c.logprobs),
+                "finish_reason": finish_reason, "stop_reason": c.stop_reason}
 
     def _render_logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
         return chat_logprobs(entries, self._names) if self._logprobs else None

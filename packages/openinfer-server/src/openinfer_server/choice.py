@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from openinfer_core.events import Error, Finished, Rejected, Scheduled, Token, TokenEvent
+from openinfer_core.events import (
+    Error,
+    Finished,
+    PromptLogprobs,
+    Rejected,
+    Scheduled,
+    Token,
+    TokenEvent,
+)
 from openinfer_core.handle import EngineHandle
 from openinfer_core.request import GenerateRequest
 from openinfer_core.text.detokenizer import IncrementalDetokenizer
@@ -21,16 +29,39 @@ from openinfer_server.logprobs import TokenLogprob
 from openinfer_server.metrics import ServerMetrics
 
 
+@dataclass(frozen=True, slots=True)
+class PromptScores:
+    """vLLM's `prompt_logprobs` of a choice: the prompt and the engine's logprobs of it
+    (None for a one-token prompt, which has nothing to score)."""
+
+    token_ids: tuple[int, ...]
+    event: PromptLogprobs | None
+
+
 @dataclass(slots=True)
 class ChoiceDelta:
     """New text of one choice, the tokens that arrived with it (when logprobs were asked
-    for), and on the last delta the finish reason."""
+    for), and on the last delta the finish reason. The first delta of a choice that asked for
+    prompt logprobs carries them."""
 
     index: int
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt: PromptScores | None = None
+
+
+def prompt_offsets(tokenizer: Tokenizer, ids: tuple[int, ...],
+                   skip_special_tokens: bool) -> list[int]:
+    """Where each prompt token's text begins in the decoded prompt."""
+    detok = IncrementalDetokenizer(tokenizer, (), skip_special_tokens=skip_special_tokens)
+    offsets: list[int] = []
+    length = 0
+    for token_id in ids:
+        offsets.append(length)
+        length += len(detok.push(token_id))
+    return offsets
 
 
 class ChoiceRun:
@@ -39,7 +70,12 @@ class ChoiceRun:
     only; not thread-safe."""
 
     def __init__(self, engine: EngineHandle, request: GenerateRequest, index: int,
-                 tokenizer: Tokenizer, metrics: ServerMetrics, *, prefix: str = "") -> None:
+                 tokenizer: Tokenizer, metrics: ServerMetrics, *, prefix: str = "",
+                 echo_logprobs: bool = False, prompt_scores: bool = False,
+                 score_only: bool = False) -> None:
+        """`prefix` is the echoed prompt text; `echo_logprobs` puts the prompt's tokens first
+        in the logprobs (the first with none), `prompt_scores` sends vLLM's prompt_logprobs,
+        and `score_only` (max_tokens 0 with echo) drops the one token the engine makes."""
         params = request.params
         self.index = index
         self.request = request
@@ -57,6 +93,10 @@ class ChoiceRun:
             params.stop, include_stop_str_in_output=params.include_stop_str_in_output,
         ) if params.stop else None
         self._prefix = prefix
+        self._tokenizer = tokenizer
+        self._echo_logprobs = echo_logprobs
+        self._prompt_scores = prompt_scores
+        self._score_only = score_only
         self._chars = 0  # characters of text yielded so far
         self._submitted = False
         self._engine_done = False  # the engine sent a terminal event
@@ -81,10 +121,19 @@ class ChoiceRun:
     async def deltas(self) -> AsyncIterator[ChoiceDelta]:
         """The choice's output after `start()`: deltas with text or tokens, the last one
         with finish_reason. Raises APIError if the engine fails midway."""
-        if self._prefix:
+        opened = not (self._echo_logprobs or self._prompt_scores)
+        if self._prefix and opened:
             yield self._delta(self._prefix, [])
         async for event in self._events:
+            if not opened:  # the prompt's logprobs come first, when the prompt has any
+                opened = True
+                scored = event if isinstance(event, PromptLogprobs) else None
+                yield self._prompt_delta(scored)
+                if scored is not None:
+                    continue
             if isinstance(event, Token):
+                if self._score_only:
+                    continue
                 delta = self._on_token(event)
                 if delta is not None:
                     yield delta
@@ -133,10 +182,25 @@ class ChoiceRun:
                 self._finish("stop")
                 return self._delta(text, [], "stop", self._stop.matched)
             text += self._stop.flush()
-        self.completion_tokens = event.completion_tokens
+        self.completion_tokens = 0 if self._score_only else event.completion_tokens
         reason = event.reason.value
         self._finish(reason)
         return self._delta(text, [], reason, event.stop_token_id)
+
+    def _prompt_delta(self, event: PromptLogprobs | None) -> ChoiceDelta:
+        ids = self.request.prompt_token_ids
+        tokens: list[TokenLogprob] = []
+        if self._echo_logprobs:
+            offsets = prompt_offsets(self._tokenizer, ids, self.request.params.skip_special_tokens)
+            tokens.append(TokenLogprob(ids[0], None, None, offsets[0]))
+            for i in range(1, len(ids)):
+                assert event is not None
+                tokens.append(TokenLogprob(ids[i], event.logprobs[i - 1], event.top[i - 1],
+                                           offsets[i]))
+        delta = self._delta(self._prefix, tokens)
+        if self._prompt_scores:
+            delta.prompt = PromptScores(ids, event)
+        return delta
 
     def _entry(self, event: Token) -> TokenLogprob:
         logprob = event.logprob if event.logprob is not None else 0.0

@@ -65,6 +65,12 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
 
 
+def _generation_config(text: str) -> str:
+    if text in ("auto", "vllm") or os.path.isdir(text):
+        return text
+    raise argparse.ArgumentTypeError(f"must be auto, vllm or a folder, got {text!r}")
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """MODEL and the flags that build an engine: shared by `serve` and the in-process benches."""
     # Defaults mirror EngineConfig's (a test keeps them equal); flag names are vLLM's.
@@ -131,12 +137,35 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                           f"(default: ${API_KEY_ENV}, else none)")
     net.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                      help="log verbosity (default %(default)s)")
+    net.add_argument("--generation-config", type=_generation_config, default="auto",
+                     metavar="auto|vllm|DIR",
+                     help="sampling defaults for fields a request leaves out: auto takes "
+                          "temperature, top_p, top_k, min_p, repetition_penalty and "
+                          "max_new_tokens from the model's generation_config.json; vllm uses "
+                          "the built-in ones; DIR a folder's generation_config.json "
+                          "(default %(default)s)")
+    _add_parser_arguments(p)
     net.add_argument("--api-server-count", type=int_at_least(1), default=1, metavar="N",
                      help="HTTP frontend processes sharing the port, all in front of one "
                           "engine process (default %(default)s)")
     net.add_argument("--shutdown-timeout", type=int_at_least(0), default=30, metavar="S",
                      help="on SIGTERM or Ctrl-C, how long in-flight requests may take to "
                           "finish before the server stops (default %(default)s s)")
+
+
+def _add_parser_arguments(p: argparse.ArgumentParser) -> None:
+    # The policy is parser_choice.py's; names are checked against the plugins at start.
+    tools = p.add_argument_group("tool calling and reasoning")
+    tools.add_argument("--tool-call-parser", metavar="NAME",
+                       help="how tool calls are read from the output (hermes, or a plugin's "
+                            "from `openinfer models`); none turns tool-call parsing off "
+                            "(default: the model line's, hermes for Qwen3)")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="accepted for vLLM command lines: tool_choice \"auto\" works "
+                            "whenever a tool-call parser is set; this only checks one is")
+    tools.add_argument("--reasoning-parser", metavar="NAME",
+                       help="split reasoning from content into reasoning_content (qwen3, "
+                            "deepseek_r1, or a plugin's) (default: off)")
 
 
 def _add_bench_parser(
@@ -173,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_arguments(serve)
     _add_bench_parser(commands)
     commands.add_parser(
-        "models", help="list installed model lines, schedulers, attention backends and "
-                       "offload tiers", description="List what the installed plugins provide.")
+        "models", help="list installed model lines, schedulers, attention backends, "
+                       "offload tiers and output parsers",
+        description="List what the installed plugins provide.")
     return parser
 
 
@@ -203,6 +233,9 @@ def describe_plugins() -> str:
                  f"priority {e.meta.get('priority', 0)}", f"plugin {e.plugin}"]
                 for e in regs.attention_backends.entries()]
     tiers = [[e.name, f"plugin {e.plugin}"] for e in regs.offload_tiers.entries()]
+    tool_parsers = [[e.name, f"plugin {e.plugin}"] for e in regs.tool_parsers.entries()]
+    reasoning_parsers = [[e.name, f"plugin {e.plugin}"]
+                         for e in regs.reasoning_parsers.entries()]
     plugins = []
     for ep in sorted(entry_points(group="openinfer"), key=lambda ep: ep.name):
         dist = ep.dist
@@ -211,6 +244,7 @@ def describe_plugins() -> str:
     sections = [
         _table("model lines", models), _table("schedulers", schedulers),
         _table("attention backends", backends), _table("offload tiers", tiers),
+        _table("tool parsers", tool_parsers), _table("reasoning parsers", reasoning_parsers),
         _table("plugins", plugins),
     ]
     return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from openinfer_server.choice import ChoiceDelta
+from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.generation import ChoiceResult, build_runs, respond
-from openinfer_server.logprobs import TokenLogprob, TokenText, completion_logprobs
+from openinfer_server.logprobs import (
+    TokenLogprob,
+    TokenText,
+    completion_logprobs,
+    prompt_logprobs,
+)
 from openinfer_server.prompts import completion_prompts
 from openinfer_server.protocol import CompletionRequest
 from openinfer_server.state import StateDep
+from openinfer_server.structured import structured_output
 
 router = APIRouter()
 
@@ -28,14 +35,21 @@ async def create_completion(body: CompletionRequest, request: Request,
     state.check_model(body.model)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     requested = body.max_tokens
+    score_only = body.echo and requested == 0  # the engine makes one token, dropped
+    if score_only:
+        requested = 1
     base = body.sampling_params(requested if requested is not None else state.max_model_len,
-                                body.logprobs)
+                                body.logprobs, defaults=state.sampling_defaults)
+    base = replace(base, structured=structured_output(body),
+                   prompt_logprobs=body.prompt_logprobs_count)
     prompts = completion_prompts(body.prompt, state.tokenizer,
                                  add_special_tokens=body.add_special_tokens)
     runs = build_runs(state, request_id, prompts, base, n=body.n,
                       requested_max_tokens=requested,
                       default_max_tokens=DEFAULT_MAX_TOKENS, max_tokens_param="max_tokens",
-                      where="prompt", priority=body.priority, echo=body.echo)
+                      where="prompt", priority=body.priority, echo=body.echo,
+                      echo_logprobs=body.echo and body.logprobs is not None,
+                      prompt_scores=body.prompt_logprobs is not None, score_only=score_only)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = CompletionRenderer(request_id, state.model_name, names,
                                   logprobs=body.logprobs is not None)
@@ -57,26 +71,33 @@ class CompletionRenderer:
         return None
 
     def chunk(self, delta: ChoiceDelta) -> dict[str, Any] | None:
-        if not delta.text and not delta.logprobs and delta.finish_reason is None:
+        if not delta.text and not delta.logprobs and delta.finish_reason is None \
+                and delta.prompt is None:
             return None
         return {**self._head, "choices": [self._choice(
-            delta.index, delta.text, delta.logprobs, delta.finish_reason, delta.stop_reason)]}
+            delta.index, delta.text, delta.logprobs, delta.finish_reason, delta.stop_reason,
+            delta.prompt)]}
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._head, "choices": [], "usage": usage}
 
     def response(self, choices: list[ChoiceResult], usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._head, "choices": [
-            self._choice(c.index, c.text, c.logprobs, c.finish_reason, c.stop_reason)
+            self._choice(c.index, c.text, c.logprobs, c.finish_reason, c.stop_reason, c.prompt)
             for c in sorted(choices, key=lambda c: c.index)
         ], "usage": usage}
 
     def _choice(self, index: int, text: str, logprobs: list[TokenLogprob],
-                finish_reason: str | None, stop_reason: int | str | None) -> dict[str, Any]:
-        return {
+                finish_reason: str | None, stop_reason: int | str | None,
+                prompt: PromptScores | None) -> dict[str, Any]:
+        choice = {
             "index": index,
             "text": text,
             "logprobs": completion_logprobs(logprobs, self._names) if self._logprobs else None,
             "finish_reason": finish_reason,
             "stop_reason": stop_reason,
         }
+        if prompt is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(prompt.token_ids, prompt.event,
+                                                        self._names)
+        return choice

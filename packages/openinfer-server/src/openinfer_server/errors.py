@@ -95,7 +95,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
         first = next(e for e in errors if e.get("type") == "json_invalid")
         detail = first.get("ctx", {}).get("error", first.get("msg", ""))
         return APIError(400, f"the request body is not valid JSON: {detail}", code="json_invalid")
-    params = [_field_path(e.get("loc", ())) for e in errors]
+    # A check on the whole body (protocol.py's) names the field it found in its context.
+    params = [e.get("ctx", {}).get("param") or _field_path(e.get("loc", ())) for e in errors]
     lines = [f"{p or 'body'}: {e.get('msg', 'invalid')}"
              for p, e in zip(params, errors, strict=True)]
     # pydantic reports each member of a union separately; a handful of lines is enough.

@@ -22,14 +22,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess
 from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.parser_choice import ParserChoice
 
 log = logging.getLogger("openinfer.server")
 
@@ -45,6 +47,8 @@ class Frontend:
     served_names: list[str]
     is_demo: bool
     started: float  # when `openinfer serve` started, for the ready log
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # --generation-config's
+    parsers: ParserChoice = field(default_factory=ParserChoice)  # tool-call and reasoning
 
 
 class _Server(uvicorn.Server):
@@ -111,7 +115,9 @@ def _stop(server: uvicorn.Server) -> None:
 
 def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
     # Imported here: the app's modules are only needed once the engine is up.
+    from openinfer_core.plugins import get_plugin_manager
     from openinfer_server.app import build_app
+    from openinfer_server.chat_output import ChatParsers
 
     args = frontend.args
     log.info("[3/4] tokenizer: %s", frontend.folder)
@@ -119,7 +125,11 @@ def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
     log.info("[4/4] HTTP app: serving %s", ", ".join(repr(n) for n in frontend.served_names))
     app = build_app(engine, tokenizer, served_model_names=frontend.served_names,
                     api_key=args.api_key, is_demo=frontend.is_demo,
-                    max_model_len=engine.model_info.max_model_len)
+                    max_model_len=engine.model_info.max_model_len,
+                    sampling_defaults=frontend.sampling_defaults,
+                    parsers=ChatParsers.from_names(get_plugin_manager().registries,
+                                                   frontend.parsers.tool,
+                                                   frontend.parsers.reasoning))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)

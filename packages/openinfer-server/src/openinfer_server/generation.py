@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
-from openinfer_server.choice import ChoiceDelta, ChoiceRun
+from openinfer_server.choice import ChoiceDelta, ChoiceRun, PromptScores
 from openinfer_server.errors import APIError
 from openinfer_server.logprobs import TokenLogprob
 from openinfer_server.prompts import Prompt, max_tokens_for
@@ -43,6 +43,7 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt: PromptScores | None = None
 
 
 class Renderer(Protocol):
@@ -72,9 +73,10 @@ def usage(runs: Sequence[ChoiceRun], n: int) -> dict[str, Any]:
 def build_runs(state: ServerState, request_id: str, prompts: list[Prompt], base: SamplingParams,
                *, n: int, requested_max_tokens: int | None, default_max_tokens: int | None,
                max_tokens_param: str, where: str, priority: int = 0,
-               echo: bool = False) -> list[ChoiceRun]:
+               echo: bool = False, echo_logprobs: bool = False, prompt_scores: bool = False,
+               score_only: bool = False) -> list[ChoiceRun]:
     """n engine requests per prompt, prompt-major; choice i of a seeded request gets seed + i
-    so the choices differ. Nothing is submitted yet."""
+    so the choices differ. Nothing is submitted yet. The flags are `ChoiceRun`'s."""
     runs: list[ChoiceRun] = []
     for prompt in prompts:
         max_tokens = max_tokens_for(
@@ -91,7 +93,8 @@ def build_runs(state: ServerState, request_id: str, prompts: list[Prompt], base:
             engine_request = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids),
                                              params, priority=priority)
             runs.append(ChoiceRun(state.engine, engine_request, index, state.tokenizer,
-                                  state.metrics, prefix=prefix))
+                                  state.metrics, prefix=prefix, echo_logprobs=echo_logprobs,
+                                  prompt_scores=prompt_scores, score_only=score_only))
     return runs
 
 
@@ -140,6 +143,8 @@ async def _collect(runs: list[ChoiceRun]) -> list[ChoiceResult]:
         async for delta in run.deltas():
             parts.append(delta.text)
             result.logprobs.extend(delta.logprobs)
+            if delta.prompt is not None:
+                result.prompt = delta.prompt
             if delta.finish_reason is not None:
                 result.finish_reason, result.stop_reason = delta.finish_reason, delta.stop_reason
         result.text = "".join(parts)

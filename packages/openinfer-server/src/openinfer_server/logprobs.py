@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from openinfer_core.events import PromptLogprobs
 from openinfer_core.text.tokenizer import Tokenizer
 
 # JSON has no -Infinity; OpenAI-compatible servers report impossible tokens as this.
@@ -15,12 +16,12 @@ FLOOR_LOGPROB = -9999.0
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """One generated token: its logprob, its alternatives (best first), and where its text
-    begins in the choice's text."""
+    """One token: its logprob, its alternatives (best first), and where its text begins in
+    the choice's text. An echoed prompt's first token has neither (None)."""
 
     token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] | None
     text_offset: int
 
 
@@ -68,14 +69,17 @@ class TokenText:
 def completion_logprobs(entries: list[TokenLogprob], names: TokenText) -> dict[str, Any]:
     """Completions style: parallel lists; each top_logprobs entry holds the sampled token
     and its alternatives."""
-    tops: list[dict[str, float]] = []
+    tops: list[dict[str, float] | None] = []
     for e in entries:
+        if e.logprob is None or e.top is None:
+            tops.append(None)
+            continue
         top = {names.text(t): finite(lp) for t, lp in e.top}
         top.setdefault(names.text(e.token_id), finite(e.logprob))
         tops.append(top)
     return {
         "tokens": [names.text(e.token_id) for e in entries],
-        "token_logprobs": [finite(e.logprob) for e in entries],
+        "token_logprobs": [None if e.logprob is None else finite(e.logprob) for e in entries],
         "top_logprobs": tops,
         "text_offset": [e.text_offset for e in entries],
     }
@@ -89,6 +93,25 @@ def chat_logprobs(entries: list[TokenLogprob], names: TokenText) -> dict[str, An
                 "bytes": names.bytes(token_id)}
 
     return {"content": [
-        {**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+        {**item(e.token_id, e.logprob or 0.0),
+         "top_logprobs": [item(t, lp) for t, lp in e.top or ()]}
         for e in entries
     ]}
+
+
+def prompt_logprobs(token_ids: tuple[int, ...], event: PromptLogprobs | None,
+                    names: TokenText) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs`: None for the first token, then per token a map from token id
+    (as a string) to {logprob, rank, decoded_token}, holding the prompt's token and the top
+    alternatives."""
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    if event is None:
+        return out
+    for i, token_id in enumerate(token_ids[1:]):
+        entry = {str(t): {"logprob": finite(lp), "rank": r + 1, "decoded_token": names.text(t)}
+                 for r, (t, lp) in enumerate(event.top[i])}
+        if str(token_id) not in entry:
+            entry[str(token_id)] = {"logprob": finite(event.logprobs[i]),
+                                    "rank": event.ranks[i], "decoded_token": names.text(token_id)}
+        out.append(entry)
+    return out

@@ -6,18 +6,33 @@ ignored, as OpenAI-style servers do; known fields we cannot honour are refused."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic_core import PydanticCustomError
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.params import SamplingParams
+from openinfer_server.surrogates import lone_surrogate_path
 
 MAX_N = 128  # choices per prompt; beyond this a request is more likely a mistake than a need
+_NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_lone_surrogates(cls, data: Any) -> Any:
+        where = lone_surrogate_path(data)
+        if where is not None:
+            raise PydanticCustomError(
+                "lone_surrogate", "holds a lone UTF-16 surrogate (such as \\ud800), which is "
+                "not valid Unicode text; send well-formed strings", {"param": where})
+        return data
 
 
 class StreamOptions(_Body):
@@ -53,17 +68,32 @@ class _Sampling(_Body):
     use_beam_search: bool = False
     prompt_logprobs: int | None = None
     return_tokens_as_token_ids: bool = False
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older
+    # guided_* fields (structured.py reads them; at most one may be given).
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
-                        logprobs_field: str = "logprobs") -> SamplingParams:
-        """The sampler's view of this request; raises InvalidParameterError naming a field."""
+                        logprobs_field: str = "logprobs",
+                        defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
+        """The sampler's view of this request; raises InvalidParameterError naming a field.
+        `defaults` (the server's, from generation_config.json) fill the sampling fields the
+        request leaves out, before the built-in ones."""
         self.refuse_unsupported()
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        d = defaults
         try:
             return SamplingParams(
-                temperature=_or(self.temperature, 1.0), top_k=_or(self.top_k, -1),
-                top_p=_or(self.top_p, 1.0), min_p=_or(self.min_p, 0.0), seed=self.seed,
-                repetition_penalty=_or(self.repetition_penalty, 1.0),
+                temperature=_or(self.temperature, d.get("temperature", 1.0)),
+                top_k=_or(self.top_k, d.get("top_k", -1)),
+                top_p=_or(self.top_p, d.get("top_p", 1.0)),
+                min_p=_or(self.min_p, d.get("min_p", 0.0)), seed=self.seed,
+                repetition_penalty=_or(self.repetition_penalty,
+                                       d.get("repetition_penalty", 1.0)),
                 frequency_penalty=_or(self.frequency_penalty, 0.0),
                 presence_penalty=_or(self.presence_penalty, 0.0),
                 max_tokens=max_tokens, min_tokens=self.min_tokens,
@@ -81,12 +111,15 @@ class _Sampling(_Body):
             raise InvalidParameterError("logit_bias", "is not supported by openinfer; omit it")
         if self.use_beam_search:
             raise InvalidParameterError("use_beam_search", "beam search is not supported")
-        if self.prompt_logprobs is not None:
-            raise InvalidParameterError("prompt_logprobs", "prompt logprobs are not supported")
         if self.stream_options is not None and not self.stream:
             raise InvalidParameterError("stream_options", "is only allowed with stream=true")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidParameterError("max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_tokens < self.min_max_tokens:
+            raise InvalidParameterError(
+                "max_tokens", f"must be >= {self.min_max_tokens}, got {self.max_tokens}")
+
+    @property
+    def min_max_tokens(self) -> int:
+        return 1
 
     @property
     def include_usage(self) -> bool:
@@ -107,9 +140,18 @@ class CompletionRequest(_Sampling):
             raise InvalidParameterError("suffix", "is not supported by openinfer; omit it")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidParameterError("best_of", "is not supported unless equal to n")
-        if self.echo and self.logprobs is not None:
-            raise InvalidParameterError(
-                "echo", "echo with logprobs needs prompt logprobs, which are not supported")
+
+    @property
+    def min_max_tokens(self) -> int:
+        """With echo, max_tokens 0 scores the prompt and generates nothing (as OpenAI)."""
+        return 0 if self.echo else 1
+
+    @property
+    def prompt_logprobs_count(self) -> int | None:
+        """echo with logprobs reports the prompt's tokens too (vLLM's prompt_logprobs wins)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo and self.logprobs is not None else None
 
 
 class ContentPart(BaseModel):
@@ -144,7 +186,6 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -163,12 +204,6 @@ class ChatCompletionRequest(_Sampling):
                 "max_completion_tokens", f"must be >= 1, got {self.max_completion_tokens}")
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidParameterError("top_logprobs", "needs logprobs=true")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise InvalidParameterError(
-                "tool_choice", "only 'none' and 'auto' are supported (no forced tool calls)")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise InvalidParameterError(
-                "response_format", "structured output is not supported; use type 'text'")
         if self.continue_final_message:
             raise InvalidParameterError("continue_final_message", "is not supported")
 

@@ -9,15 +9,18 @@ import dataclasses
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.errors import InvalidParameterError
+from openinfer_core.generation_config import sampling_defaults
 from openinfer_core.ipc import EngineProcess
 from openinfer_core.plugins import get_plugin_manager
 from openinfer_core.registry import Registries
 from openinfer_server.demo import DEMO_NOTICE, DEMO_SERVED_NAME, demo_checkpoint
 from openinfer_server.frontend import Frontend, run_frontend, supervise
 from openinfer_server.model_source import resolve_model
+from openinfer_server.parser_choice import check_parser_flags, choose_parsers
 
 log = logging.getLogger("openinfer.server")
 
@@ -89,6 +92,18 @@ def choose_model(args: argparse.Namespace, registries: Registries) -> ModelChoic
     return ModelChoice(folder, list(args.served_model_name or default_names), is_demo)
 
 
+def generation_defaults(mode: str, folder: Path) -> dict[str, Any]:
+    """--generation-config's sampling defaults, logged once (not once per frontend)."""
+    defaults = sampling_defaults(mode, folder)
+    if defaults:
+        log.warning("sampling defaults from the model's generation_config.json (the model "
+                    "creator's recommendation) apply to requests that leave these fields out; "
+                    "pass --generation-config vllm to use the built-in defaults instead")
+        source = "model" if mode == "auto" else mode
+        log.info("default sampling params from %s: %s", source, defaults)
+    return defaults
+
+
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
           started: float) -> int:
     """Start the engine process, then the HTTP frontend(s) in front of it; returns the exit
@@ -96,9 +111,11 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
     setup_logging(args.log_level)
     plugins = get_plugin_manager()
     config = engine_config(args, parser, plugins.registries)
+    check_parser_flags(args, parser, plugins.registries)
     try:
         log.info("[1/4] model: %s", args.model or "(built-in demo)")
         choice = choose_model(args, plugins.registries)
+        parsers = choose_parsers(args, parser, plugins.registries, choice.folder)
         log.info("[2/4] engine process: loading weights and allocating the KV cache")
         engine = EngineProcess.start(dataclasses.replace(config, model=str(choice.folder)),
                                      args.log_level)
@@ -113,7 +130,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
         if args.enforce_eager:
             log.info("--enforce-eager: decode runs without CUDA graphs")
         frontend = Frontend(args, str(choice.folder), choice.served_names, choice.is_demo,
-                            started)
+                            started, generation_defaults(args.generation_config, choice.folder),
+                            parsers=parsers)
         if args.api_server_count == 1:
             return run_frontend(frontend, engine.addresses, sentinel=engine.sentinel)
         return supervise(frontend, engine, args.api_server_count)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.chat_output import ChatParsers
 from openinfer_server.errors import APIError
 from openinfer_server.metrics import ServerMetrics
 
@@ -21,6 +23,11 @@ class ServerState:
     max_model_len: int
     metrics: ServerMetrics
     is_demo: bool = False
+    # What a request gets for a sampling field it leaves out (--generation-config auto): the
+    # checkpoint's generation_config.json values, keyed by SamplingParams field name.
+    sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
+    # --tool-call-parser / --reasoning-parser, resolved (chat_output.py applies them).
+    parsers: ChatParsers = field(default_factory=ChatParsers)
 
     @property
     def model_name(self) -> str:

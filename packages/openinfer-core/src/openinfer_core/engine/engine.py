@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import queue
 import traceback
+from pathlib import Path
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.loader import load_engine_parts
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
+from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.engine.warmup import warm_up_eager_steps
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
@@ -53,10 +55,11 @@ class Engine:
             eos_token_ids=self.eos_token_ids)
         self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
         self._last_step_tokens = 0
+        self._extras = StepExtras(Path(config.model), self.model.vocab_size, self.eos_token_ids)
         self._overlap: OverlappedLoop | None = None
         if config.async_scheduling:
             if hasattr(self.scheduler, "launched"):
-                self._overlap = OverlappedLoop(self.scheduler, self.runner)
+                self._overlap = OverlappedLoop(self.scheduler, self.runner, self._extras)
             else:
                 log.warning("scheduler %r has no launched(): steps run without overlap",
                             config.scheduler)
@@ -97,7 +100,7 @@ class Engine:
 
     # -- engine thread -------------------------------------------------------------------
     def has_work(self) -> bool:
-        return (not self._inbox.empty() or self.scheduler.has_work()
+        return (not self._inbox.empty() or self.scheduler.has_work() or self._extras.holding()
                 or (self._overlap is not None and self._overlap.has_work()))
 
     def snapshot(self) -> LoadSnapshot:
@@ -108,22 +111,36 @@ class Engine:
         overlapped steps (overlap.py) an iteration launches one step and finishes the one
         before; otherwise it is the plain loop below."""
         events = self._drain_inbox()
+        ready, refused = self._extras.release()
+        for request in ready:
+            self.scheduler.add(request)
+        events.extend(refused)
         if self._overlap is not None:
-            return self._overlap.step(events)
+            events = self._overlap.step(events)
+        else:
+            self._plain_step(events)
+        if not events and not self.scheduler.has_work() and self._extras.holding():
+            self._extras.idle_wait()  # only grammars compiling: do not spin
+        return self._extras.emit(events)
+
+    def _plain_step(self, events: list[TokenEvent]) -> None:
         batch = self.scheduler.schedule()
         self._last_step_tokens = batch.num_tokens
         events.extend(batch.events)
         if not batch.rows:
-            return events
+            return
         try:
-            sampled = self.runner.execute(batch)
+            fwd = self.runner.forward(batch)
+            launched = self.runner.sample(fwd, self._extras.token_mask(fwd))
+            sampled = launched.result()
         except Exception as exc:
             # The batch fails, the engine lives: every request in it gets Error.
             log.error("step failed: %s", traceback.format_exc())
             events.extend(self.scheduler.fail(batch, f"engine error: {exc!r}"))
-            return events
-        events.extend(self.scheduler.update(batch, sampled))
-        return events
+            return
+        update = self.scheduler.update(batch, sampled)
+        self._extras.finished(launched, update)
+        events.extend(update)
 
     def _drain_inbox(self) -> list[TokenEvent]:
         events: list[TokenEvent] = []
@@ -133,10 +150,10 @@ class Engine:
             except queue.Empty:
                 return events
             if isinstance(item, str):
-                events.extend(self.scheduler.abort(item))
+                events.extend(self._extras.abort(item) or self.scheduler.abort(item))
             elif (top := max(item.prompt_token_ids)) >= (vocab := self.model.vocab_size):
                 events.append(Rejected(item.request_id, (
                     f"prompt token id {top} is out of range: the model's vocabulary has "
                     f"{vocab} tokens (ids 0..{vocab - 1})")))
-            else:
+            elif not self._extras.hold(item):
                 self.scheduler.add(item)

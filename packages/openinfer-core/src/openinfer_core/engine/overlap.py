@@ -12,7 +12,9 @@ request that stops at step N has had one more token computed in N+1 (thrown away
 async scheduling and SGLang's overlap scheduler. A request whose pending token ends it whatever
 it is (max_tokens, model length) is never scheduled past it. When a row of step N has sampling
 penalties, which read the tokens so far on the host, step N is finished before N+1 is
-scheduled."""
+scheduled. When a row of step N+1 follows a grammar, its forward is queued first, then step N
+is finished (its tokens move the grammar on), and only then is N+1's sampling queued with the
+grammar's mask: the host fills masks while the device runs N+1's forward."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import logging
 import traceback
 
 from openinfer_core.engine.runner import Launched, ModelRunner
+from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.events import TokenEvent
 from openinfer_core.interfaces.scheduler import Scheduler
 
@@ -31,9 +34,10 @@ class OverlappedLoop:
     engine: a cycle would leave a dropped engine, CUDA graphs and all, to the cyclic garbage
     collector, which may run in the middle of another engine's graph capture.)"""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, extras: StepExtras) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        self.extras = extras
         self.last_step_tokens = 0
         self._in_flight: Launched | None = None
 
@@ -52,8 +56,15 @@ class OverlappedLoop:
         events.extend(batch.events)
         if batch.rows:
             try:
-                self._in_flight = self.runner.launch(batch, previous)
+                fwd = self.runner.forward(batch, previous)
                 self.scheduler.launched(batch)
+                mask = None
+                if self.extras.needs_mask(fwd):
+                    if previous is not None:
+                        events.extend(self._finish(previous))
+                        previous = None
+                    mask = self.extras.token_mask(fwd)
+                self._in_flight = self.runner.sample(fwd, mask)
             except Exception as exc:
                 log.error("step failed: %s", traceback.format_exc())
                 events.extend(self.scheduler.fail(batch, f"engine error: {exc!r}"))
@@ -67,4 +78,6 @@ class OverlappedLoop:
         except Exception as exc:
             log.error("step failed: %s", traceback.format_exc())
             return self.scheduler.fail(launched.output, f"engine error: {exc!r}")
-        return self.scheduler.update(launched.output, sampled)
+        events = self.scheduler.update(launched.output, sampled)
+        self.extras.finished(launched, events)
+        return events

@@ -14,10 +14,25 @@ import torch
 
 from openinfer_core.engine.batch import HostBatch, plan_batch
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
+from openinfer_core.engine.prompt_logprobs import PromptLogprobBatch, PromptLogprobPlan
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import Model
 from openinfer_core.interfaces.scheduler import ScheduledRow, SchedulerOutput
 from openinfer_core.sampling.sampler import SampledBatch, SampledToken, Sampler, SamplingRow
+from openinfer_core.sampling.token_mask import TokenMask
+
+
+@dataclass(slots=True)
+class Forwarded:
+    """A step's forward queued on the device, its sampling not yet: `logits` [S, V] are the
+    sampling rows' (valid until the next forward)."""
+
+    output: SchedulerOutput
+    logits: torch.Tensor
+    prompt_logprobs: PromptLogprobBatch | None
+    sampling_rows: list[ScheduledRow]
+    # Taken before `Scheduler.launched` adds the step's PENDING slots.
+    rows: list[SamplingRow]
 
 
 @dataclass(slots=True)
@@ -31,6 +46,7 @@ class Launched:
     # A row samples with penalties, which read its tokens so far on the host: the next step
     # must not be scheduled before this one's tokens are known.
     needs_host_tokens: bool = False
+    prompt_logprobs: PromptLogprobBatch | None = None
 
     def result(self) -> list[SampledToken]:
         """The sampled tokens, in sampling-row order; waits for the device."""
@@ -53,26 +69,45 @@ class ModelRunner:
         """Run one step and wait for its tokens."""
         return self.launch(output).result()
 
-    @torch.inference_mode()
     def launch(self, output: SchedulerOutput, previous: Launched | None = None) -> Launched:
         """Queue the step on the device; `previous` is the step before it, if its tokens are
-        still pending on the host."""
+        still pending on the host. (`forward` then `sample`, for a step without grammars.)"""
+        return self.sample(self.forward(output, previous))
+
+    @torch.inference_mode()
+    def forward(self, output: SchedulerOutput, previous: Launched | None = None) -> Forwarded:
+        """Queue the step's forward (and its prompt logprobs) on the device."""
         host = plan_batch(output.rows, self.kv)
         fill = self._pending_inputs(host, output, previous)
-        if self.graphs is not None and self.graphs.can_run(host):
+        plan = PromptLogprobPlan.of(output.rows, host.query_start_loc)
+        num_sampling = len(host.logits_indices)
+        if plan is not None:
+            host.logits_indices = np.concatenate([host.logits_indices, plan.flat])
+        if plan is None and self.graphs is not None and self.graphs.can_run(host):
             logits = self.graphs.run(host, fill)
         else:
             batch = host.to_device(self.model.device)
             if fill is not None:
                 batch.input_ids.index_copy_(0, fill[0], fill[1])
             logits = self.model.forward(batch)
-        rows = [self._sampling_row(r) for r in output.rows if r.samples]
+        prompt = None
+        if plan is not None:
+            prompt = PromptLogprobBatch.compute(logits[num_sampling:], plan)
+            logits = logits[:num_sampling]
+        sampling_rows = [r for r in output.rows if r.samples]
+        return Forwarded(output, logits, prompt, sampling_rows,
+                         [self._sampling_row(r) for r in sampling_rows])
+
+    @torch.inference_mode()
+    def sample(self, fwd: Forwarded, token_mask: TokenMask | None = None) -> Launched:
+        """Queue the sampling of a step whose forward is queued."""
+        rows = fwd.rows
         if not rows:
-            return Launched(output, None, {})
-        sample_rows = {r.seq.request_id: i
-                       for i, r in enumerate(r for r in output.rows if r.samples)}
-        return Launched(output, self.sampler.sample_async(logits, rows), sample_rows,
-                        any(r.params.has_penalties for r in rows))
+            return Launched(fwd.output, None, {}, prompt_logprobs=fwd.prompt_logprobs)
+        sample_rows = {r.seq.request_id: i for i, r in enumerate(fwd.sampling_rows)}
+        return Launched(fwd.output, self.sampler.sample_async(fwd.logits, rows, token_mask),
+                        sample_rows, any(r.params.has_penalties for r in rows),
+                        fwd.prompt_logprobs)
 
     def _pending_inputs(self, host: HostBatch, output: SchedulerOutput,
                         previous: Launched | None) -> tuple[torch.Tensor, torch.Tensor] | None:

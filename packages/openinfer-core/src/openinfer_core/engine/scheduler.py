@@ -22,6 +22,10 @@ from openinfer_core.interfaces.scheduler import ScheduledRow, SchedulerConfig, S
 from openinfer_core.request import GenerateRequest
 from openinfer_core.sampling.sampler import SampledToken
 
+# Prompt tokens per step of a request that wants prompt logprobs: each one's logits row is kept
+# (vocab-wide, fp32), so a long prompt goes in chunks of this many.
+PROMPT_LOGPROBS_CHUNK = 512
+
 
 class FcfsScheduler:
     """Running requests first (decodes and unfinished prefill chunks), then waiting ones in
@@ -100,7 +104,7 @@ class FcfsScheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq, budget)
             if self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
                 out.rows.append(self._row(seq, n))
                 budget -= n
@@ -120,9 +124,11 @@ class FcfsScheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            seq.num_computed_tokens = seq.num_cached_tokens = self.kv.computed_tokens(
-                seq.request_id, seq.token_ids)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            # Cached prompt positions come without their logprobs: recompute them.
+            hit = 0 if seq.request.params.prompt_logprobs is not None else \
+                self.kv.computed_tokens(seq.request_id, seq.token_ids)
+            seq.num_computed_tokens = seq.num_cached_tokens = hit
+            n = self._chunk(seq, budget)
             if not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):
                 # A waiting request holds no KV (not even prefix-cache hits), so no request can
                 # ever wait on blocks held by one that waits.
@@ -145,6 +151,15 @@ class FcfsScheduler:
         row = next(r for r in out.rows if r.seq is seq)
         out.rows.remove(row)
         return row.num_new_tokens
+
+    @staticmethod
+    def _chunk(seq: Sequence, budget: int) -> int:
+        """Tokens `seq` runs this step: all it has left, within the budget."""
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if seq.request.params.prompt_logprobs is not None \
+                and seq.num_computed_tokens < seq.num_prompt_tokens:
+            n = min(n, PROMPT_LOGPROBS_CHUNK)
+        return n
 
     def _row(self, seq: Sequence, n: int) -> ScheduledRow:
         return ScheduledRow(seq, n, seq.num_computed_tokens + n == seq.num_tokens)

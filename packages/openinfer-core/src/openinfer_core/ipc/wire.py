@@ -12,6 +12,7 @@ from openinfer_core.events import (
     Error,
     Finished,
     FinishReason,
+    PromptLogprobs,
     Rejected,
     Scheduled,
     Token,
@@ -86,7 +87,14 @@ class WRejected(msgspec.Struct, tag=4, array_like=True):
     message: str
 
 
-WireEvent = WScheduled | WToken | WFinished | WError | WRejected
+class WPromptLogprobs(msgspec.Struct, tag=5, array_like=True):
+    request_id: str
+    logprobs: list[float]
+    ranks: list[int]
+    top: list[list[tuple[int, float]]]
+
+
+WireEvent = WScheduled | WToken | WFinished | WError | WRejected | WPromptLogprobs
 
 
 class Welcome(msgspec.Struct, tag="welcome", array_like=True):
@@ -115,6 +123,9 @@ def to_wire(event: TokenEvent) -> WireEvent:
                          event.completion_tokens, event.stop_token_id)
     if isinstance(event, Error):
         return WError(event.request_id, event.message)
+    if isinstance(event, PromptLogprobs):
+        return WPromptLogprobs(event.request_id, list(event.logprobs), list(event.ranks),
+                               [list(t) for t in event.top])
     return WRejected(event.request_id, event.message)
 
 
@@ -129,4 +140,8 @@ def from_wire(event: WireEvent) -> TokenEvent:
                         event.completion_tokens, event.stop_token_id)
     if isinstance(event, WError):
         return Error(event.request_id, event.message)
+    if isinstance(event, WPromptLogprobs):
+        return PromptLogprobs(event.request_id, tuple(event.logprobs), tuple(event.ranks),
+                              tuple(tuple((int(i), float(lp)) for i, lp in t)
+                                    for t in event.top))
     return Rejected(event.request_id, event.message)

@@ -3,7 +3,7 @@
 One call handles every row of the batch with row-wise tensor ops, in this order:
 
     raw logprobs (reported, never used to choose)
-    -> penalties -> banned ids                       (penalties.py, on a copy of the logits)
+    -> grammar mask -> penalties -> banned ids      (on a copy of the logits)
     -> greedy rows: argmax
     -> other rows: temperature -> min_p -> top_k -> top_p -> exponential race
 
@@ -30,6 +30,7 @@ from openinfer_core.interfaces.sampling import SamplingKernels
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling.penalties import apply_banned, apply_penalties
 from openinfer_core.sampling.row_params import RowParamUpload
+from openinfer_core.sampling.token_mask import TokenMask, apply_token_mask
 
 _MASK64 = (1 << 64) - 1
 
@@ -115,11 +116,14 @@ class Sampler:
         self._host_rng = random.Random(seed)
         self._row_params = RowParamUpload()
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
-        """Return one `SampledToken` per row, in row order. `logits` is fp32 [len(rows), V]."""
-        return self.sample_async(logits, rows).result()
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+               token_mask: TokenMask | None = None) -> list[SampledToken]:
+        """Return one `SampledToken` per row, in row order. `logits` is fp32 [len(rows), V];
+        `token_mask` limits some rows to a grammar's tokens (before every other step)."""
+        return self.sample_async(logits, rows, token_mask).result()
 
-    def sample_async(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampledBatch:
+    def sample_async(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+                     token_mask: TokenMask | None = None) -> SampledBatch:
         """`sample`, with the host's wait left to `SampledBatch.result()`: the token ids stay on
         the device for the next step, and their copy to the host is under way."""
         if logits.dim() != 2 or logits.shape != (len(rows), self.vocab_size):
@@ -127,13 +131,16 @@ class Sampler:
                 f"logits shape {tuple(logits.shape)} does not match "
                 f"({len(rows)} rows, vocab_size {self.vocab_size})"
             )
-        edits = any(row.params.has_penalties or row.banned_token_ids for row in rows)
+        edits = token_mask is not None or any(
+            row.params.has_penalties or row.banned_token_ids for row in rows)
         random_rows = [i for i, row in enumerate(rows) if not row.params.is_greedy]
         if not edits and not random_rows:
             # The common decode step: no copy, one argmax (first maximum = lowest id on ties).
             return self._package(logits, logits.argmax(dim=-1), rows)
 
         work = logits.to(torch.float32, copy=edits)
+        if token_mask is not None:
+            apply_token_mask(work, token_mask)
         apply_penalties(work, rows)
         apply_banned(work, rows)
         if not random_rows:

@@ -1,0 +1,125 @@
+"""llguidance vs xgrammar on the work structured output asks of them, with the Qwen3 vocabulary:
+tokenizer set-up, compile time per JSON schema (no cache), and per token the mask fill and the
+advance, along a valid instance of each schema. Either library may be missing; it is skipped.
+
+    uv run --with llguidance --with xgrammar python benchmarks/grammar_libraries.py --schemas 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from openinfer_qwen3.tokenizer_files import qwen3_tokenizer_json
+from openinfer_server.bench.schemas import random_instance, schemas
+
+EOS = 151645  # <|im_end|>
+
+
+def _llguidance(tok_json: str, vocab: int, work: list[tuple[dict[str, Any], list[int]]]
+                ) -> dict[str, float]:
+    import llguidance
+    import llguidance.torch as lt
+
+    t0 = time.perf_counter()
+    tok = llguidance.LLTokenizer(tok_json, n_vocab=vocab, eos_token=EOS)
+    setup = time.perf_counter() - t0
+    compile_s, fill_s, advance_s = [], [], []
+    mask = lt.allocate_token_bitmask(1, vocab)
+    for schema, ids in work:
+        t0 = time.perf_counter()
+        m = llguidance.LLMatcher(tok, llguidance.LLMatcher.grammar_from_json_schema(schema))
+        compile_s.append(time.perf_counter() - t0)
+        assert not m.is_error(), m.get_error()
+        for t in [*ids, EOS]:
+            t0 = time.perf_counter()
+            lt.fill_next_token_bitmask(m, mask, 0)
+            t1 = time.perf_counter()
+            ok = m.consume_token(t)
+            t2 = time.perf_counter()
+            assert ok, m.get_error()
+            fill_s.append(t1 - t0)
+            advance_s.append(t2 - t1)
+    return _summary(setup, compile_s, fill_s, advance_s)
+
+
+def _xgrammar(tok_json: str, vocab: int, work: list[tuple[dict[str, Any], list[int]]]
+              ) -> dict[str, float]:
+    import xgrammar as xgr
+
+    t0 = time.perf_counter()
+    hf = Tokenizer.from_str(tok_json)
+    encoded = [""] * vocab
+    for piece, i in hf.get_vocab(with_added_tokens=True).items():
+        if i < vocab:
+            encoded[i] = piece
+    info = xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=vocab,
+                             stop_token_ids=[EOS], add_prefix_space=False)
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+    setup = time.perf_counter() - t0
+    compile_s, fill_s, advance_s = [], [], []
+    mask = xgr.allocate_token_bitmask(1, vocab)
+    for schema, ids in work:
+        t0 = time.perf_counter()
+        compiled = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                separators=(",", ":"))
+        m = xgr.GrammarMatcher(compiled)
+        compile_s.append(time.perf_counter() - t0)
+        for t in [*ids, EOS]:
+            t0 = time.perf_counter()
+            m.fill_next_token_bitmask(mask, 0)
+            t1 = time.perf_counter()
+            ok = m.accept_token(t)
+            t2 = time.perf_counter()
+            assert ok, (schema, ids, t)
+            fill_s.append(t1 - t0)
+            advance_s.append(t2 - t1)
+    return _summary(setup, compile_s, fill_s, advance_s)
+
+
+def _summary(setup: float, compile_s: list[float], fill_s: list[float],
+             advance_s: list[float]) -> dict[str, float]:
+    def pct(xs: list[float], q: float) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3
+
+    return {"tokenizer_setup_ms": setup * 1e3,
+            "compile_ms_p50": statistics.median(compile_s) * 1e3,
+            "compile_ms_p99": pct(compile_s, 0.99), "compile_ms_max": max(compile_s) * 1e3,
+            "mask_us_p50": statistics.median(fill_s) * 1e6, "mask_ms_p99": pct(fill_s, 0.99),
+            "advance_us_p50": statistics.median(advance_s) * 1e6, "tokens": len(fill_s)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--schemas", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    tok_json = qwen3_tokenizer_json()
+    hf = Tokenizer.from_str(tok_json)
+    vocab = 151936  # Qwen3's embedding rows (the tokenizer has fewer ids)
+    rng = random.Random(args.seed)
+    work = []
+    for schema in schemas(args.schemas, args.seed):
+        text = json.dumps(random_instance(schema, rng), separators=(",", ":"))
+        work.append((schema, hf.encode(text, add_special_tokens=False).ids))
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {"machine": platform.processor() or platform.machine(),
+                           "schemas": args.schemas}
+    for name, fn in (("llguidance", _llguidance), ("xgrammar", _xgrammar)):
+        try:
+            out[name] = fn(tok_json, vocab, work)
+        except ImportError as exc:
+            out[name] = f"not installed: {exc}"
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Built-in tool-call parsers (`interfaces.parsers.ToolParser`) and what they share."""

@@ -1,0 +1,155 @@
+"""From a request's structured-output fields to the engine's `StructuredOutput`: OpenAI's
+`response_format`, vLLM's `structured_outputs` and `guided_*`, and forced tool choice. Each
+grammar is checked here, so a bad one is a 400 before the engine sees the request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openinfer_core.errors import InvalidParameterError
+from openinfer_core.params import StructuredOutput
+from openinfer_core.structured.grammar import check
+from openinfer_server.protocol import ChatCompletionRequest, _Sampling
+
+# vLLM's structured_outputs keys -> our kinds
+_KINDS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar",
+          "json_object": "json_object"}
+
+
+def structured_output(body: _Sampling) -> StructuredOutput | None:
+    """The one structured-output constraint the request asks for, checked; None if none."""
+    found: list[tuple[str, StructuredOutput]] = []
+    if body.response_format is not None:
+        spec = _from_response_format(body.response_format)
+        if spec is not None:
+            found.append(("response_format", spec))
+    if body.structured_outputs is not None:
+        found.append(("structured_outputs", _from_structured_outputs(body.structured_outputs)))
+    guided = {"json": body.guided_json, "regex": body.guided_regex,
+              "choice": body.guided_choice, "grammar": body.guided_grammar}
+    for kind, value in guided.items():
+        if value is not None:
+            found.append((f"guided_{kind}", _spec(kind, value, f"guided_{kind}")))
+    if len(found) > 1:
+        raise InvalidParameterError(
+            found[1][0], f"only one structured-output field may be given, got "
+            f"{', '.join(name for name, _ in found)}")
+    if not found:
+        return None
+    spec = found[0][1]
+    check(spec)
+    return spec
+
+
+def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | None:
+    """`structured_output`, or the grammar that forces a tool call: tool_choice "required"
+    makes the text a JSON array of {"name", "parameters"} (one or more calls), a named
+    function makes it that function's arguments object."""
+    forced = _forced_tool_schema(body)
+    spec = structured_output(body)
+    if forced is None:
+        return spec
+    if spec is not None:
+        raise InvalidParameterError(
+            "tool_choice", "a forced tool choice cannot be combined with response_format or "
+            "structured_outputs")
+    spec = StructuredOutput("json", json.dumps(forced))
+    check(spec)
+    return spec
+
+
+def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
+    choice = body.tool_choice
+    if choice in (None, "none", "auto"):
+        return None
+    functions = _functions(body.tools)
+    if choice == "required":
+        if not functions:
+            raise InvalidParameterError("tool_choice", "'required' needs a non-empty tools list")
+        calls = [{"type": "object", "properties": {
+            "name": {"type": "string", "enum": [name]}, "parameters": params},
+            "required": ["name", "parameters"], "additionalProperties": False}
+            for name, params in functions.items()]
+        items = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return {"type": "array", "minItems": 1, "items": items}
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" \
+            else None
+        if not isinstance(name, str):
+            raise InvalidParameterError(
+                "tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
+                '"function": {"name": ...}}')
+        if name not in functions:
+            raise InvalidParameterError(
+                "tool_choice", f"names function {name!r}, which is not in tools "
+                f"({', '.join(map(repr, functions)) or 'none given'})")
+        return functions[name]
+    raise InvalidParameterError(
+        "tool_choice", f'must be "none", "auto", "required" or a named function, got {choice!r}')
+
+
+def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Function name -> its parameters schema (an empty object when it takes none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidParameterError("tools", f"tools[{i}] must be "
+                                        '{"type": "function", "function": {"name": ...}}')
+        params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise InvalidParameterError("tools", f"tools[{i}].function.parameters must be a "
+                                        "JSON schema object")
+        out[fn["name"]] = params or {"type": "object", "properties": {}}
+    return out
+
+
+def _from_response_format(fmt: dict[str, Any]) -> StructuredOutput | None:
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return StructuredOutput("json_object")
+    if kind == "json_schema":
+        inner = fmt.get("json_schema")
+        if not isinstance(inner, dict):
+            raise InvalidParameterError(
+                "response_format", 'json_schema needs {"json_schema": {"name": ..., '
+                '"schema": {...}}}')
+        schema = inner.get("schema")
+        if schema is None:  # OpenAI lets the schema out: any JSON object then
+            return StructuredOutput("json_object")
+        if not isinstance(schema, dict):
+            raise InvalidParameterError(
+                "response_format", 'json_schema needs {"json_schema": {"name": ..., '
+                '"schema": {...}}}')
+        return StructuredOutput("json", json.dumps(schema))
+    raise InvalidParameterError(
+        "response_format", f"type must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def _from_structured_outputs(fields: dict[str, Any]) -> StructuredOutput:
+    given = [(k, v) for k, v in fields.items() if k in _KINDS and v not in (None, False)]
+    if len(given) != 1:
+        raise InvalidParameterError(
+            "structured_outputs", f"must set exactly one of {', '.join(_KINDS)}, got "
+            f"{', '.join(k for k, _ in given) or 'none'}")
+    kind, value = given[0]
+    return _spec(kind, value, "structured_outputs")
+
+
+def _spec(kind: str, value: Any, param: str) -> StructuredOutput:
+    if kind == "json_object":
+        return StructuredOutput("json_object")
+    if kind == "json":
+        if isinstance(value, str):
+            return StructuredOutput("json", value)
+        if isinstance(value, dict):
+            return StructuredOutput("json", json.dumps(value))
+    elif kind == "choice":
+        if isinstance(value, list) and value and all(isinstance(c, str) for c in value):
+            return StructuredOutput("choice", json.dumps(value))
+    elif isinstance(value, str):
+        return StructuredOutput(_KINDS[kind], value)
+    raise InvalidParameterError(param, f"{kind} has the wrong type: {type(value).__name__}")
