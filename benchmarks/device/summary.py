@@ -71,6 +71,19 @@ def lines(out: Path) -> list[tuple[str, str]]:
     rows += qps_rows(load(out, "qps-qwen3-4b.json"))
     for label in ("chunked", "unchunked"):
         rows += interference_rows(label, load(out, f"interference-{label}.json"))
+    so = load(out, "structured-qwen3-8b.json")
+    if so:
+        for r in so["summary"]:
+            rows.append((f"8B structured b{r['batch']}",
+                         f"TPOT {r['tpot_ms_json_schema']:.2f} ms with a JSON schema per row vs "
+                         f"{r['tpot_ms_none']:.2f} none ({r['slowdown']:+.1%})"))
+        c = so["compile"]
+        rows.append(("grammar compile", f"p50 {c['compile_ms_p50']:.2f} ms, p99 "
+                     f"{c['compile_ms_p99']:.2f} ms over {c['schemas']} schemas; tokenizer "
+                     f"setup {c['tokenizer_setup_s']:.2f} s"))
+        v = so["validate"]
+        rows.append(("8B structured outputs valid", f"{v['valid']}/{v['schemas']} "
+                     f"{'; '.join(v['failures'])}"))
     st = load(out, "startup-qwen3-4b.json")
     if st:
         for key in ("cold", "warm"):

@@ -104,3 +104,27 @@ def test_bad_prompt_logprobs_is_a_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         complete(client, extra_body={"prompt_logprobs": 21})
     assert "prompt_logprobs" in str(info.value)
+
+
+def test_chat_prompt_logprobs_cover_the_rendered_conversation(client: openai.OpenAI,
+                                                              tokenizer: Tokenizer) -> None:
+    """Chat puts vLLM's list at the top level (one prompt for all choices), over the tokens
+    the template made, with the same numbers as completing that text."""
+    args: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "temperature": 0.0, "n": 2,
+                            "messages": [{"role": "user", "content": PROMPT}]}
+    out = client.chat.completions.create(**args, extra_body={"prompt_logprobs": 1})
+    scores = out.prompt_logprobs  # type: ignore[attr-defined]
+    assert len(scores) == out.usage.prompt_tokens and scores[0] is None
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}],
+                                         add_generation_prompt=True)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    same = client.completions.create(model=MODEL, prompt=ids, max_tokens=1,
+                                     extra_body={"prompt_logprobs": 1})
+    expected = same.choices[0].prompt_logprobs  # type: ignore[attr-defined]
+    for mine, theirs, tok in zip(scores[1:], expected[1:], ids[1:], strict=True):
+        assert mine[str(tok)]["logprob"] == pytest.approx(theirs[str(tok)]["logprob"], abs=1e-5)
+    streamed = [c for c in client.chat.completions.create(
+        **args, stream=True, extra_body={"prompt_logprobs": 1})]
+    carrying = [c for c in streamed if getattr(c, "prompt_logprobs", None) is not None]
+    assert len(carrying) == 1 and carrying[0].prompt_logprobs == scores  # type: ignore[attr-defined]
+    assert "prompt_logprobs" not in client.chat.completions.create(**args).model_extra

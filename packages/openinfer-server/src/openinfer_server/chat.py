@@ -14,10 +14,10 @@ from starlette.responses import Response
 from openinfer_core.errors import InvalidParameterError, TokenizerError
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.chat_output import ChatParsing, ChoiceOutput, OutputPiece
-from openinfer_server.choice import ChoiceDelta
+from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.errors import APIError
 from openinfer_server.generation import ChoiceResult, build_runs, respond
-from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs
+from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs, prompt_logprobs
 from openinfer_server.prompts import Prompt
 from openinfer_server.protocol import ChatCompletionRequest
 from openinfer_server.state import StateDep
@@ -49,6 +49,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                       prompt_scores=body.prompt_logprobs is not None)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,
+                            prompt_logprobs=body.prompt_logprobs is not None,
                             parsing=state.parsers.for_request(body.tools, body.tool_choice,
                                                               prompt.text))
     return await respond(request, runs, renderer, n=body.n, stream=body.stream,
@@ -89,10 +90,14 @@ class ChatRenderer:
     """`chat.completion` objects and `chat.completion.chunk` deltas. With `parsing` active
     (tools in play or a reasoning parser on), each choice's text goes through its parsers into
     `reasoning_content`, `content` and `tool_calls`; the streamed deltas of a choice add up to
-    its non-streamed message, and the opening chunk then leaves `content` out (it may be null)."""
+    its non-streamed message, and the opening chunk then leaves `content` out (it may be null).
+
+    vLLM's `prompt_logprobs` are one list for the request (its choices share the prompt): a
+    top-level field of the response, or of the first chunk that has them when streamed."""
 
     def __init__(self, request_id: str, model: str, names: TokenText, *,
-                 logprobs: bool, parsing: ChatParsing | None = None) -> None:
+                 logprobs: bool, prompt_logprobs: bool = False,
+                 parsing: ChatParsing | None = None) -> None:
         self._created = int(time.time())
         self._id = request_id
         self._model = model
@@ -100,6 +105,7 @@ class ChatRenderer:
         self._logprobs = logprobs
         self._parsing = parsing if parsing is not None and parsing.active else None
         self._outputs: dict[int, ChoiceOutput] = {}  # per streamed choice
+        self._prompt_logprobs_due = prompt_logprobs  # not yet sent in a chunk
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self._id, "object": kind, "created": self._created, "model": self._model}
@@ -122,7 +128,8 @@ class ChatRenderer:
                 piece.extend(output.finish())
                 finish_reason = self._parsing.finish_reason(finish_reason, output.made_calls)
             fields = piece.delta()
-        if not fields and not delta.logprobs and finish_reason is None:
+        prompt = self._take_prompt_logprobs(delta.prompt)
+        if not fields and not delta.logprobs and finish_reason is None and prompt is None:
             return None
         choice: dict[str, Any] = {
             "index": delta.index,
@@ -132,14 +139,28 @@ class ChatRenderer:
         }
         if delta.finish_reason is not None:
             choice["stop_reason"] = delta.stop_reason
-        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        if prompt is not None:
+            out["prompt_logprobs"] = prompt
+        return out
+
+    def _take_prompt_logprobs(self, scores: PromptScores | None) -> list[Any] | None:
+        if scores is None or not self._prompt_logprobs_due:
+            return None
+        self._prompt_logprobs_due = False
+        return prompt_logprobs(scores.token_ids, scores.event, self._names)
 
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         return {**self._head("chat.completion.chunk"), "choices": [], "usage": usage}
 
     def response(self, choices: list[ChoiceResult], usage: dict[str, Any]) -> dict[str, Any]:
-        return {**self._head("chat.completion"), "choices": [
-            self._choice(c) for c in sorted(choices, key=lambda c: c.index)], "usage": usage}
+        ordered = sorted(choices, key=lambda c: c.index)
+        out = {**self._head("chat.completion"), "choices": [self._choice(c) for c in ordered],
+               "usage": usage}
+        scored = next((c.prompt for c in ordered if c.prompt is not None), None)
+        if scored is not None:
+            out["prompt_logprobs"] = self._take_prompt_logprobs(scored)
+        return out
 
     def _choice(self, c: ChoiceResult) -> dict[str, Any]:
         finish_reason = c.finish_reason
