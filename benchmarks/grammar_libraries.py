@@ -12,7 +12,9 @@ import json
 import platform
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,6 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--schemas", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args()
     tok_json = qwen3_tokenizer_json()
     hf = Tokenizer.from_str(tok_json)
@@ -118,7 +121,10 @@ def main() -> None:
             out[name] = fn(tok_json, vocab, work)
         except ImportError as exc:
             out[name] = f"not installed: {exc}"
+    out["command"] = "python benchmarks/grammar_libraries.py " + " ".join(sys.argv[1:])
     print(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

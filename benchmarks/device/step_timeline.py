@@ -122,7 +122,8 @@ def measure(engine: Engine, overlapped: OverlappedLoop, batch: int, steps: int, 
     timers.wrap(engine.scheduler, "schedule", "schedule")
     timers.wrap(engine.scheduler, "launched", "launched")
     timers.wrap(engine.scheduler, "update", "update")
-    timers.wrap(engine.runner, "launch", "launch")
+    timers.wrap(engine.runner, "forward", "launch")  # launch = forward + sample
+    timers.wrap(engine.runner, "sample", "launch")
     timers.wrap(Launched, "result", "wait")
     if cuda:
         torch.cuda.synchronize()
@@ -157,7 +158,8 @@ def measure(engine: Engine, overlapped: OverlappedLoop, batch: int, steps: int, 
     result.update(ipc_cost(batch))
     for name in ("schedule", "launched", "update"):  # unwrap
         delattr(engine.scheduler, name)
-    delattr(engine.runner, "launch")
+    delattr(engine.runner, "forward")
+    delattr(engine.runner, "sample")
     while engine.has_work():  # let every request end
         engine.step()
     return result

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import llguidance
-import llguidance.torch
 import torch
 
 from openinfer_core.errors import InvalidParameterError
@@ -126,14 +125,19 @@ class StructuredOutputs:
         words = -(-self._vocab_size // 32)
         host = torch.empty((len(picked), words), dtype=torch.int32,
                            pin_memory=device.type == "cuda")
+        # llguidance's raw-pointer calls (its llguidance.torch helpers do the same, but that
+        # module applies torch.compile at import, which pulls in torch._dynamo, sympy and
+        # networkx: twice the objects every full garbage collection of the engine walks).
+        row_bytes = words * 4
         if len(picked) >= PARALLEL_FILL_ROWS:
             if self._executor is None:
                 self._executor = llguidance.LLExecutor()
-            llguidance.torch.fill_next_token_bitmask_par(
-                self._executor, [(m, j) for j, (_, m) in enumerate(picked)], host)
+            self._executor.unsafe_compute_mask_ptr(
+                [(m, j) for j, (_, m) in enumerate(picked)], host.data_ptr(), row_bytes,
+                len(picked))
         else:
             for j, (_, m) in enumerate(picked):
-                llguidance.torch.fill_next_token_bitmask(m, host, j)
+                m.unsafe_compute_mask_ptr(host[j].data_ptr(), row_bytes)
         rows = torch.tensor([i for i, _ in picked], dtype=torch.int64)
         if device.type == "cuda":
             rows = rows.pin_memory()
