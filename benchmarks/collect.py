@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 DROP = {"ttfts", "itls", "e2els", "input_lens", "output_lens", "errors", "latencies"}
@@ -40,8 +41,11 @@ def main() -> None:
             run[path.stem] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         elif path.name in ("kernel_tests.log", "golden_tests.log"):
             run[path.stem] = path.read_text().strip().splitlines()[-1]
+    text = json.dumps(run, indent=1) + "\n"
+    for path in out.iterdir():  # the device's own folder is no one's business: write $OUT
+        text = re.sub(r'"/[^"]*/' + re.escape(path.name) + '"', f'"$OUT/{path.name}"', text)
     dest = Path(__file__).parent / "results" / f"{args.name}.json"
-    dest.write_text(json.dumps(run, indent=1) + "\n")
+    dest.write_text(text)
     print(dest, dest.stat().st_size)
 
 
