@@ -139,7 +139,7 @@ def measure(engine: Engine, overlapped: OverlappedLoop, batch: int, steps: int, 
         **{f"{k}_ms": v / steps * 1e3 for k, v in timers.seconds.items()},
     }
     # Host time: the step's wall time less its waits for the device (in the plain loop the
-    # wait sits inside launch: execute = launch + result).
+    # wait is `Launched.result` after forward and sample).
     result["host_ms"] = result["step_ms"] - result.get("wait_ms", 0.0)
     if cuda and profile_gpu:
         torch.cuda.synchronize()

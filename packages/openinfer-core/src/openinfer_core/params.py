@@ -107,17 +107,11 @@ class SamplingParams:
                 "min_tokens",
                 f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
             )
-        if self.logprobs is not None and (
-            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-            or not 0 <= self.logprobs <= 20
-        ):
-            raise InvalidParameterError("logprobs", f"must be in [0, 20], got {self.logprobs!r}")
-        if self.prompt_logprobs is not None and (
-            isinstance(self.prompt_logprobs, bool) or not isinstance(self.prompt_logprobs, int)
-            or not 0 <= self.prompt_logprobs <= 20
-        ):
-            raise InvalidParameterError(
-                "prompt_logprobs", f"must be in [0, 20], got {self.prompt_logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or not 0 <= v <= 20):
+                raise InvalidParameterError(name, f"must be in [0, 20], got {v!r}")
         for t in self.stop_token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or t < 0:
                 raise InvalidParameterError(

@@ -2,11 +2,11 @@
 step N, so Python's share of a step hides behind the GPU's.
 
     batch    = scheduler.schedule()              # step N+1, while step N runs
-    launched = runner.launch(batch, previous)    # queued; its pending tokens read N's ids
+    launched = runner.sample(runner.forward(batch, previous))  # queued; reads N's ids
     scheduler.launched(batch)                    # N+1's tokens count as computed
     scheduler.update(previous.output, previous.result())   # wait for N, emit its events
 
-Step N's sampled ids never visit the host on their way into step N+1: `runner.launch` gathers
+Step N's sampled ids never visit the host on their way into step N+1: `runner.forward` gathers
 them on the device. The host learns them one step later, for events and stop checks, so a
 request that stops at step N has had one more token computed in N+1 (thrown away), as in vLLM's
 async scheduling and SGLang's overlap scheduler. A request whose pending token ends it whatever

@@ -130,7 +130,7 @@ class PromptLogprobCollector:
         out: list[TokenEvent] = []
         for event in events:
             entry = self._open.get(event.request_id)
-            if entry is not None and (type(event) in (Token, Finished) or is_terminal(event)):
+            if entry is not None and (type(event) is Token or is_terminal(event)):
                 del self._open[event.request_id]
                 got, length = entry
                 # Complete unless the request ended (aborted, failed) before its prompt did.

@@ -65,18 +65,10 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids
         self.graphs = graphs
 
-    def execute(self, output: SchedulerOutput) -> list[SampledToken]:
-        """Run one step and wait for its tokens."""
-        return self.launch(output).result()
-
-    def launch(self, output: SchedulerOutput, previous: Launched | None = None) -> Launched:
-        """Queue the step on the device; `previous` is the step before it, if its tokens are
-        still pending on the host. (`forward` then `sample`, for a step without grammars.)"""
-        return self.sample(self.forward(output, previous))
-
     @torch.inference_mode()
     def forward(self, output: SchedulerOutput, previous: Launched | None = None) -> Forwarded:
-        """Queue the step's forward (and its prompt logprobs) on the device."""
+        """Queue the step's forward (and its prompt logprobs) on the device; `previous` is the
+        step before it, if its tokens are still pending on the host."""
         host = plan_batch(output.rows, self.kv)
         fill = self._pending_inputs(host, output, previous)
         plan = PromptLogprobPlan.of(output.rows, host.query_start_loc)
