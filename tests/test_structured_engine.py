@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -74,6 +75,7 @@ def test_compiler_caches_by_spec_and_hands_out_fresh_matchers(qwen3_dir: Path) -
     yes = tok.encode("yes", add_special_tokens=False)
     assert all(first.consume_token(t) for t in yes)
     second = compiler.compile(spec)  # from the cache, at the start again
+    assert len(compiler._cache) == 1
     assert second.consume_tokens(tok.encode("no", add_special_tokens=False))
     assert not second.is_error()
 
@@ -134,3 +136,34 @@ def test_abort_while_compiling_and_bad_specs(qwen3_dir: Path) -> None:
     assert "regex" in refusal[0].message
     assert not any(isinstance(e, Token) for e in seen)
     assert engine.kv.num_used_blocks == 0
+
+
+def test_a_held_compile_holds_back_only_its_request(qwen3_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one grammar's compile is stuck, other requests run to the end; the stuck one
+    runs once its compile returns."""
+    release = threading.Event()
+    original = GrammarCompiler.compile
+
+    def held(self: GrammarCompiler, spec: StructuredOutput):  # type: ignore[no-untyped-def]
+        assert release.wait(60)
+        return original(self, spec)
+
+    monkeypatch.setattr(GrammarCompiler, "compile", held)
+    engine = Engine(EngineConfig(model=str(qwen3_dir), device="cpu"))
+    engine.add_request(structured(0, "regex", "(yes|no)"))
+    for i in range(3):
+        engine.add_request(free(i))
+    ended: set[str] = set()
+    for _ in range(200):
+        ended |= {e.request_id for e in engine.step() if isinstance(e, Finished)}
+        if ended >= {"f0", "f1", "f2"}:
+            break
+    assert ended == {"f0", "f1", "f2"}  # all free ones done, the held one not
+    release.set()
+    events: list = []
+    while engine.has_work():
+        events += engine.step()
+    tok = Tokenizer.from_dir(qwen3_dir)
+    assert tok.decode([e.token_id for e in events if isinstance(e, Token)]) in ("yes", "no")
+    assert [e.reason for e in events if isinstance(e, Finished)] == [FinishReason.STOP]

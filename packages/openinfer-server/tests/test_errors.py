@@ -60,6 +60,8 @@ def test_invalid_completion_parameter_is_named(server: LiveServer, field: str, v
      "json_schema"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": "f"}}, "tool_choice"),
     ({"structured_outputs": {"regex": "[a-"}}, "regex"),
     ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),

@@ -46,7 +46,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                       requested_max_tokens=requested,
                       default_max_tokens=state.sampling_defaults.get("max_tokens"),
                       max_tokens_param=param, where="messages", priority=body.priority,
-                      prompt_scores=body.prompt_logprobs is not None)
+                      prompt_scores=body.prompt_logprobs is not None, scores_once=True)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,
                             prompt_logprobs=body.prompt_logprobs is not None,

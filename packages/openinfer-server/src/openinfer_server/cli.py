@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from openinfer_core.errors import OpenInferError
+from openinfer_core.generation_config import GENERATION_CONFIG_MODES
 
 API_KEY_ENV = "OPENINFER_API_KEY"
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -66,7 +67,7 @@ def _device(text: str) -> str:
 
 
 def _generation_config(text: str) -> str:
-    if text in ("auto", "vllm") or os.path.isdir(text):
+    if text in GENERATION_CONFIG_MODES or os.path.isdir(text):
         return text
     raise argparse.ArgumentTypeError(f"must be auto, vllm or a folder, got {text!r}")
 

@@ -74,9 +74,11 @@ def build_runs(state: ServerState, request_id: str, prompts: list[Prompt], base:
                *, n: int, requested_max_tokens: int | None, default_max_tokens: int | None,
                max_tokens_param: str, where: str, priority: int = 0,
                echo: bool = False, echo_logprobs: bool = False, prompt_scores: bool = False,
-               score_only: bool = False) -> list[ChoiceRun]:
+               score_only: bool = False, scores_once: bool = False) -> list[ChoiceRun]:
     """n engine requests per prompt, prompt-major; choice i of a seeded request gets seed + i
-    so the choices differ. Nothing is submitted yet. The flags are `ChoiceRun`'s."""
+    so the choices differ. Nothing is submitted yet. The other flags are `ChoiceRun`'s;
+    `scores_once`: only the first choice of a prompt asks for its prompt logprobs (a response
+    that reports them once need not have the prompt scored n times)."""
     runs: list[ChoiceRun] = []
     for prompt in prompts:
         max_tokens = max_tokens_for(
@@ -89,12 +91,15 @@ def build_runs(state: ServerState, request_id: str, prompts: list[Prompt], base:
         for i in range(n):
             seed = None if base.seed is None else base.seed + i
             params = replace(base, max_tokens=max_tokens, seed=seed)
+            scored = prompt_scores and not (scores_once and i > 0)
+            if prompt_scores and not scored:
+                params = replace(params, prompt_logprobs=None)
             index = len(runs)
             engine_request = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids),
                                              params, priority=priority)
             runs.append(ChoiceRun(state.engine, engine_request, index, state.tokenizer,
                                   state.metrics, prefix=prefix, echo_logprobs=echo_logprobs,
-                                  prompt_scores=prompt_scores, score_only=score_only))
+                                  prompt_scores=scored, score_only=score_only))
     return runs
 
 

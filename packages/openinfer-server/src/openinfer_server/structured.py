@@ -4,17 +4,18 @@ grammar is checked here, so a bad one is a 400 before the engine sees the reques
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
 from openinfer_core.errors import InvalidParameterError
-from openinfer_core.params import StructuredOutput
+from openinfer_core.params import STRUCTURED_KINDS, StructuredOutput
 from openinfer_core.structured.grammar import check
 from openinfer_server.protocol import ChatCompletionRequest, _Sampling
 
-# vLLM's structured_outputs keys -> our kinds
-_KINDS = {"json": "json", "regex": "regex", "choice": "choice", "grammar": "grammar",
-          "json_object": "json_object"}
+# A check runs on the event loop and costs up to milliseconds for a large tool set, which
+# clients send again and again; a failed check raises, and raising is not cached.
+_check = functools.lru_cache(maxsize=256)(check)
 
 
 def structured_output(body: _Sampling) -> StructuredOutput | None:
@@ -38,7 +39,7 @@ def structured_output(body: _Sampling) -> StructuredOutput | None:
     if not found:
         return None
     spec = found[0][1]
-    check(spec)
+    _check(spec)
     return spec
 
 
@@ -55,7 +56,7 @@ def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | No
             "tool_choice", "a forced tool choice cannot be combined with response_format or "
             "structured_outputs")
     spec = StructuredOutput("json", json.dumps(forced))
-    check(spec)
+    _check(spec)
     return spec
 
 
@@ -74,8 +75,8 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
         return {"type": "array", "minItems": 1, "items": items}
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" \
-            else None
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str):
             raise InvalidParameterError(
                 "tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
@@ -130,10 +131,10 @@ def _from_response_format(fmt: dict[str, Any]) -> StructuredOutput | None:
 
 
 def _from_structured_outputs(fields: dict[str, Any]) -> StructuredOutput:
-    given = [(k, v) for k, v in fields.items() if k in _KINDS and v not in (None, False)]
+    given = [(k, v) for k, v in fields.items() if k in STRUCTURED_KINDS and v not in (None, False)]
     if len(given) != 1:
         raise InvalidParameterError(
-            "structured_outputs", f"must set exactly one of {', '.join(_KINDS)}, got "
+            "structured_outputs", f"must set exactly one of {', '.join(STRUCTURED_KINDS)}, got "
             f"{', '.join(k for k, _ in given) or 'none'}")
     kind, value = given[0]
     return _spec(kind, value, "structured_outputs")
@@ -151,5 +152,5 @@ def _spec(kind: str, value: Any, param: str) -> StructuredOutput:
         if isinstance(value, list) and value and all(isinstance(c, str) for c in value):
             return StructuredOutput("choice", json.dumps(value))
     elif isinstance(value, str):
-        return StructuredOutput(_KINDS[kind], value)
+        return StructuredOutput(kind, value)
     raise InvalidParameterError(param, f"{kind} has the wrong type: {type(value).__name__}")
