@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 from openinfer_core.events import TokenEvent
 from openinfer_core.interfaces.kv import PrefixCacheStats
+from openinfer_core.interfaces.offload import OffloadStats, TierStats  # noqa: F401 (msgspec)
 from openinfer_core.request import GenerateRequest
 
 
@@ -32,6 +33,7 @@ class LoadSnapshot:
     kv_total_blocks: int
     prefix_cache: PrefixCacheStats = field(default_factory=PrefixCacheStats)  # engine totals
     num_preemptions: int = 0  # total since the engine started
+    offload: OffloadStats | None = None  # None without --kv-offload
 
 
 @runtime_checkable

@@ -34,6 +34,7 @@ class PagedKVManager:
         self._pending_stats: dict[str, tuple[int, int]] = {}
         self._queries = 0
         self._hits = 0
+        self._sealed: list[tuple[int, int]] | None = None  # for offload, once tracked
 
     @property
     def num_total_blocks(self) -> int:
@@ -103,7 +104,8 @@ class PagedKVManager:
         for i, key in enumerate(new, start):
             hashes.append(key)
             # False when another request cached the same KV first; this copy stays private.
-            self.pool.cache(table[i], key)
+            if self.pool.cache(table[i], key) and self._sealed is not None:
+                self._sealed.append((key, table[i]))
 
     def block_ids(self, request_id: str) -> Sequence[int]:
         return self._tables.get(request_id, ())
@@ -114,3 +116,33 @@ class PagedKVManager:
         table = self._tables.pop(request_id, None)
         if table:
             self.pool.free(reversed(table))
+
+    # -- offload (interfaces.kv.OffloadableKV) ------------------------------------------------
+    def track_sealed(self) -> None:
+        if self._sealed is None:
+            self._sealed = []
+
+    def take_sealed(self) -> list[tuple[int, int]]:
+        if not self._sealed:
+            return []
+        sealed, self._sealed = self._sealed, []
+        return sealed
+
+    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
+        known = self._hashes.get(request_id, [])
+        return known + list(iter_block_hashes(
+            token_ids, self.block_size, stop=len(token_ids) - 1, start=len(known),
+            parent_hash=known[-1] if known else ROOT_PARENT_HASH))
+
+    def reserve(self, request_id: str, num_tokens: int) -> bool:
+        lookup = self._pending_stats.pop(request_id, None)
+        ok = self.allocate(request_id, num_tokens)
+        if lookup is not None:
+            self._pending_stats[request_id] = lookup
+        return ok
+
+    def hold(self, block_ids: Sequence[int]) -> None:
+        self.pool.hold(block_ids)
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        self.pool.free(block_ids)

@@ -55,6 +55,12 @@ class Qwen3Model:
         self.kv = KVBuffer(self.kv_spec(block_size), num_blocks, self.device)
         return PagedKVManager(num_blocks, block_size)
 
+    def kv_block_tensors(self) -> list[torch.Tensor]:
+        """Layer-major: layer 0's keys, its values, layer 1's keys, ..."""
+        if self.kv is None:
+            raise RuntimeError("create_kv_cache() must run before kv_block_tensors()")
+        return [t for pair in zip(self.kv.k, self.kv.v, strict=True) for t in pair]
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.kv is None:
             raise RuntimeError("create_kv_cache() must run before forward()")

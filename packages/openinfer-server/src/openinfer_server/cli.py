@@ -60,6 +60,25 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _tier_list(text: str) -> tuple[str, ...]:
+    tiers = tuple(t.strip() for t in text.split(","))
+    if not all(tiers):
+        raise argparse.ArgumentTypeError(f"must be tier names separated by commas, got {text!r}")
+    if len(set(tiers)) != len(tiers):
+        raise argparse.ArgumentTypeError(f"names a tier twice: {text!r}")
+    return tiers
+
+
 def _device(text: str) -> str:
     if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
         return text
@@ -120,6 +139,19 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         default=True,
                         help="overlap steps: schedule the next step while the GPU runs this "
                              "one (default on; --no-async-scheduling runs the plain loop)")
+    offload = p.add_argument_group("KV offload (openinfer-offload)")
+    offload.add_argument("--kv-offload", type=_tier_list, default=(), metavar="TIER[,TIER]",
+                         help="keep prefixes evicted from GPU memory in tiers below it, first "
+                              "to last: host (pinned DRAM), disk (a directory kept across "
+                              "restarts), or a plugin's; e.g. host,disk (default: off)")
+    offload.add_argument("--kv-offload-host-gib", type=_positive_float, default=8.0,
+                         metavar="GIB", help="pinned host memory of the host tier, allocated "
+                                             "at start (default %(default)s)")
+    offload.add_argument("--kv-offload-disk-dir", metavar="DIR",
+                         help="directory of the disk tier")
+    offload.add_argument("--kv-offload-disk-gib", type=_positive_float, default=64.0,
+                         metavar="GIB", help="most the disk tier keeps; least recently used "
+                                             "blocks go first (default %(default)s)")
     engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
                         metavar="N", help="GPUs to shard the model over; only 1 for now")
 

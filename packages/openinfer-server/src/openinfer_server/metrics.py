@@ -7,10 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from openinfer_core.handle import EngineHandle
+from openinfer_core.interfaces.offload import RESTORE_BUCKETS, OffloadStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -79,6 +85,7 @@ class _EngineLoadCollector(Collector):
     def __init__(self, engine: EngineHandle, model_name: str) -> None:
         self._engine = engine
         self._model = model_name
+        self._block_size = engine.model_info.kv_block_size
 
     def collect(self) -> Iterator[Metric]:
         load = self._engine.load()
@@ -107,3 +114,42 @@ class _EngineLoadCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=["model_name"])
             counter.add_metric([self._model], float(value))
             yield counter
+        if load.offload is not None:
+            yield from self._offload(load.offload)
+
+    def _offload(self, stats: OffloadStats) -> Iterator[Metric]:
+        """Per tier (label `tier`): blocks restored from it, blocks saved to it, bytes in and
+        out, blocks held; and the restores' latency."""
+        labels = ["model_name", "tier"]
+        per_tier = [
+            ("openinfer:kv_offload_hits", "KV blocks restored from the tier.", "hits"),
+            ("openinfer:kv_offload_saved", "KV blocks written to the tier.", "saved"),
+            ("openinfer:kv_offload_bytes_in", "Bytes written to the tier.", "bytes_in"),
+            ("openinfer:kv_offload_bytes_out", "Bytes read from the tier.", "bytes_out"),
+        ]
+        for name, doc, attr in per_tier:
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            for tier in stats.tiers:
+                counter.add_metric([self._model, tier.name], float(getattr(tier, attr)))
+            yield counter
+        used = GaugeMetricFamily("openinfer:kv_offload_used_blocks",
+                                 "KV blocks the tier holds.", labels=labels)
+        for tier in stats.tiers:
+            used.add_metric([self._model, tier.name], float(tier.used_blocks))
+        yield used
+        restored = CounterMetricFamily("openinfer:kv_offload_restored_tokens",
+                                       "Prompt tokens whose KV came back from a tier.",
+                                       labels=["model_name"])
+        restored.add_metric([self._model], float(stats.restored_blocks * self._block_size))
+        yield restored
+        buckets: list[tuple[str, float]] = []
+        total = 0
+        for bound, count in zip((*RESTORE_BUCKETS, float("inf")), stats.restore_buckets,
+                                strict=True):
+            total += count
+            buckets.append((str(bound) if bound != float("inf") else "+Inf", float(total)))
+        latency = HistogramMetricFamily("openinfer:kv_offload_restore_seconds",
+                                        "From a restore's start to its KV in GPU memory.",
+                                        labels=["model_name"])
+        latency.add_metric([self._model], buckets, stats.restore_seconds)
+        yield latency

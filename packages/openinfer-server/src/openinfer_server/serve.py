@@ -56,6 +56,13 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
         known = ", ".join(registries.schedulers.names()) or "none installed"
         parser.error(f"argument --scheduler: unknown scheduler {args.scheduler!r} "
                      f"(installed: {known})")
+    unknown = [t for t in args.kv_offload if t not in registries.offload_tiers]
+    if unknown:
+        known = ", ".join(registries.offload_tiers.names()) or "none installed: pip install " \
+            "openinfer-offload"
+        parser.error(f"argument --kv-offload: unknown tier {unknown[0]!r} (installed: {known})")
+    if "disk" in args.kv_offload and not args.kv_offload_disk_dir:
+        parser.error("argument --kv-offload: the disk tier needs --kv-offload-disk-dir DIR")
     if args.tensor_parallel_size != 1:
         parser.error("argument --tensor-parallel-size: only 1 is supported for now "
                      "(one GPU per server)")
@@ -67,7 +74,10 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             gpu_memory_utilization=args.gpu_memory_utilization, scheduler=args.scheduler,
             seed=args.seed, enforce_eager=args.enforce_eager, load_format=args.load_format,
             enable_prefix_caching=args.enable_prefix_caching,
-            async_scheduling=args.async_scheduling)
+            async_scheduling=args.async_scheduling, kv_offload=args.kv_offload,
+            kv_offload_host_gib=args.kv_offload_host_gib,
+            kv_offload_disk_dir=args.kv_offload_disk_dir,
+            kv_offload_disk_gib=args.kv_offload_disk_gib)
         config.torch_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")

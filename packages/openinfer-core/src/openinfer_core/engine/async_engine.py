@@ -56,6 +56,8 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self.engine.close()
 
     def _run(self) -> None:
         while not self._stopped:

@@ -37,6 +37,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True  # reuse cached KV of shared prompt prefixes
     # Overlapped steps: schedule step N+1 while the device runs step N (engine/overlap.py).
     async_scheduling: bool = True
+    # KV offload tiers below device memory, first to last (`--kv-offload host,disk`); empty: off.
+    kv_offload: tuple[str, ...] = ()
+    kv_offload_host_gib: float = 8.0  # pinned host memory, allocated at start
+    kv_offload_disk_dir: str | None = None  # the disk tier's directory (kept across restarts)
+    kv_offload_disk_gib: float = 64.0  # the disk tier's bound
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size")
@@ -57,6 +62,12 @@ class EngineConfig:
             raise InvalidParameterError(
                 "load_format",
                 f"must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        for name in ("kv_offload_host_gib", "kv_offload_disk_gib"):
+            if not getattr(self, name) > 0:
+                raise InvalidParameterError(name, f"must be > 0, got {getattr(self, name)!r}")
+        if len(set(self.kv_offload)) != len(self.kv_offload):
+            raise InvalidParameterError(
+                "kv_offload", f"names a tier twice: {','.join(self.kv_offload)}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise InvalidParameterError(
                 "dtype", f"must be auto or one of {', '.join(sorted(_DTYPES))}, got {self.dtype!r}")

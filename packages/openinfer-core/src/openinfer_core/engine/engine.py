@@ -10,10 +10,12 @@ from pathlib import Path
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.loader import load_engine_parts
+from openinfer_core.engine.offload import KVOffload
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
 from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.engine.warmup import warm_up_eager_steps
+from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
@@ -43,6 +45,12 @@ class Engine:
             max_model_len=self.model.max_model_len,
             eos_token_ids=self.eos_token_ids,
         ), self.kv)
+        self.offload = KVOffload.build(config, plugins, self.model, self.kv, self.hf_config)
+        if self.offload is not None:
+            if not getattr(self.scheduler, "supports_offload", False):
+                raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
+                                       "restore offloaded prefixes (no supports_offload)")
+            self.scheduler.offload = self.offload  # type: ignore[attr-defined]
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=getattr(self.model, "sampling_kernels", None))
         self.graphs = self._capture_graphs(config)
@@ -101,7 +109,8 @@ class Engine:
     # -- engine thread -------------------------------------------------------------------
     def has_work(self) -> bool:
         return (not self._inbox.empty() or self.scheduler.has_work() or self._extras.holding()
-                or (self._overlap is not None and self._overlap.has_work()))
+                or (self._overlap is not None and self._overlap.has_work())
+                or (self.offload is not None and self.offload.busy()))
 
     def snapshot(self) -> LoadSnapshot:
         return self.scheduler.snapshot()
@@ -119,9 +128,17 @@ class Engine:
             events = self._overlap.step(events)
         else:
             self._plain_step(events)
+        if self.offload is not None:
+            self.offload.after_step()
         if not events and not self.scheduler.has_work() and self._extras.holding():
             self._extras.idle_wait()  # only grammars compiling: do not spin
         return self._extras.emit(events)
+
+    def close(self) -> None:
+        """Let the offload tiers finish their copies and writes. Engine thread, or after it
+        stopped."""
+        if self.offload is not None:
+            self.offload.close()
 
     def _plain_step(self, events: list[TokenEvent]) -> None:
         batch = self.scheduler.schedule()

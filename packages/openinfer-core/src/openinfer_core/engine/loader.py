@@ -12,6 +12,7 @@ import torch
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.memory import step_memory_bytes
+from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import LoadOptions, Model
@@ -74,8 +75,11 @@ def kv_blocks(config: EngineConfig, model: Model, device: torch.device) -> int:
     if device.type == "cuda":
         step = step_memory_bytes(config, model)
         free, total = torch.cuda.mem_get_info(device)
-        # Keep (1 - utilization) of the card untouched, and room for the largest step.
+        # Keep (1 - utilization) of the card untouched, and room for the largest step (and
+        # for the offload tiers' staging buffer).
         budget = free - (1.0 - config.gpu_memory_utilization) * total - step
+        if config.kv_offload:
+            budget -= OFFLOAD_DEVICE_BYTES
     else:
         budget = config.cpu_kv_cache_gib * (1 << 30)
     blocks = min(int(budget // per_block), useful)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence as Seq
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from openinfer_core.engine.sequence import PENDING, SeqStatus, Sequence
 from openinfer_core.events import (
@@ -21,6 +21,9 @@ from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.scheduler import ScheduledRow, SchedulerConfig, SchedulerOutput
 from openinfer_core.request import GenerateRequest
 from openinfer_core.sampling.sampler import SampledToken
+
+if TYPE_CHECKING:
+    from openinfer_core.engine.offload import KVOffload, Loading
 
 # Prompt tokens per step of a request that wants prompt logprobs: each one's logits row is kept
 # (vocab-wide, fp32), so a long prompt goes in chunks of this many.
@@ -39,6 +42,8 @@ class FcfsScheduler:
     # Whether `GenerateRequest.priority` means anything here; when not, a non-zero priority is
     # refused rather than silently ignored (vLLM does the same).
     honours_priority: ClassVar[bool] = False
+    # Whether admission restores prefixes from `offload` (set by the engine under --kv-offload).
+    supports_offload: ClassVar[bool] = True
 
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
         self.config = config
@@ -50,6 +55,9 @@ class FcfsScheduler:
         self.finishing: list[Sequence] = []
         self.num_preemptions = 0
         self._refused: list[TokenEvent] = []  # Rejected at add(), emitted by the next schedule()
+        self.offload: KVOffload | None = None
+        # Requests whose prefix is coming back from an offload tier (engine/offload.py).
+        self.loading: list[Loading] = []
 
     # -- policy ----------------------------------------------------------------------------
     def _enqueue(self, seq: Sequence) -> None:
@@ -72,6 +80,13 @@ class FcfsScheduler:
             self._enqueue(seq)
 
     def abort(self, request_id: str) -> list[TokenEvent]:
+        for loading in self.loading:
+            seq = loading.seq
+            if seq.request_id == request_id and not loading.aborted:
+                # Its blocks stay held until the copy into them lands (`_finish_loads`).
+                loading.aborted = True
+                seq.status = SeqStatus.FINISHED
+                return [Finished(request_id, FinishReason.ABORT, seq.num_prompt_tokens, 0)]
         for queue in (self.running, self.finishing, self.waiting):
             for seq in queue:
                 if seq.request_id == request_id:
@@ -81,17 +96,22 @@ class FcfsScheduler:
         return []
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.finishing or self._refused)
+        return bool(self.waiting or self.running or self.finishing or self._refused
+                    or self.loading)
 
     def snapshot(self) -> LoadSnapshot:
-        return LoadSnapshot(len(self.running) + len(self.finishing), len(self.waiting),
+        return LoadSnapshot(len(self.running) + len(self.finishing),
+                            len(self.waiting) + len(self.loading),
                             self.kv.num_used_blocks, self.kv.num_total_blocks,
-                            self.kv.prefix_cache_stats, self.num_preemptions)
+                            self.kv.prefix_cache_stats, self.num_preemptions,
+                            self.offload.stats() if self.offload is not None else None)
 
     # -- schedule ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(events=self._refused)
         self._refused = []
+        if self.loading:
+            self._finish_loads()
         budget, preempted = self._schedule_running(out)
         if not preempted:  # admitting while requests are being preempted would only thrash
             self._admit_waiting(out, budget)
@@ -121,12 +141,31 @@ class FcfsScheduler:
             # j == i: seq itself went; running[i] is the next one now
         return budget, preempted
 
+    def _finish_loads(self) -> None:
+        """Requests whose restore landed go back to the head of the queue."""
+        assert self.offload is not None
+        still: list[Loading] = []
+        for loading in self.loading:
+            if not self.offload.finish_load(loading):
+                still.append(loading)
+            elif not loading.aborted:
+                loading.seq.status = SeqStatus.WAITING
+                self._requeue(loading.seq)
+        self.loading = still
+
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             # Cached prompt positions come without their logprobs: recompute them.
-            hit = 0 if seq.request.params.prompt_logprobs is not None else \
-                self.kv.computed_tokens(seq.request_id, seq.token_ids)
+            wants_logprobs = seq.request.params.prompt_logprobs is not None
+            hit = 0 if wants_logprobs else self.kv.computed_tokens(seq.request_id, seq.token_ids)
+            if self.offload is not None and not seq.offload_probed and not wants_logprobs:
+                seq.offload_probed = True  # one restore per request: no thrashing
+                loading = self.offload.start_load(seq)
+                if loading is not None:  # it waits in `loading`; the next one may be admitted
+                    self.waiting.popleft()
+                    self.loading.append(loading)
+                    continue
             seq.num_computed_tokens = seq.num_cached_tokens = hit
             n = self._chunk(seq, budget)
             if not self.kv.allocate(seq.request_id, seq.num_computed_tokens + n):

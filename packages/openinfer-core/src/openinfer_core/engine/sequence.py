@@ -31,6 +31,7 @@ class Sequence:
     num_cached_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING
     announced: bool = False  # Scheduled was emitted
+    offload_probed: bool = False  # its prefix was looked up in the offload tiers
     num_preemptions: int = 0
 
     @classmethod

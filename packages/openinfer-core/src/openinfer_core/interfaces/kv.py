@@ -81,3 +81,35 @@ class KVManager(Protocol):
         findable until reused. `token_ids` is unused: only `cache_blocks` caches, since only
         the scheduler knows which tokens have KV (the last sampled token has none yet)."""
         ...
+
+
+@runtime_checkable
+class OffloadableKV(KVManager, Protocol):
+    """A `KVManager` whose full blocks can be saved to and restored from offload tiers
+    (`interfaces.offload`). Needed for `--kv-offload`."""
+
+    def track_sealed(self) -> None:
+        """From now on, remember blocks as `cache_blocks` makes them findable."""
+        ...
+
+    def take_sealed(self) -> list[tuple[int, int]]:
+        """`(hash, block id)` of the blocks made findable since the last call, in order."""
+        ...
+
+    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
+        """Hashes of the full blocks of `token_ids` a prefix hit may cover (at least one token
+        is left to compute), from the first. Pure."""
+        ...
+
+    def reserve(self, request_id: str, num_tokens: int) -> bool:
+        """`allocate` for a restore: the request's prefix lookup is not counted as an
+        admission (its admission after the restore counts)."""
+        ...
+
+    def hold(self, block_ids: Sequence[int]) -> None:
+        """Add a reference to each held block (so it is not reused while a copy reads it)."""
+        ...
+
+    def release(self, block_ids: Sequence[int]) -> None:
+        """Drop a reference `hold` added."""
+        ...

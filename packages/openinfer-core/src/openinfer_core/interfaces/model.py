@@ -50,7 +50,9 @@ class Model(Protocol):
     run with `max_query_len` = T; absent or 0: decode steps only) and
     `weight_bytes: int` (bytes of weights one decode step reads, for benchmark floors) and
     `sampling_kernels` (an `interfaces.sampling.SamplingKernels` the sampler uses on the
-    device; absent means the plain-torch sampler)."""
+    device; absent means the plain-torch sampler) and `kv_block_tensors()` (every device tensor
+    indexed by KV block id on dim 0, block b's KV being `t[b]` of each: what the offload tiers
+    copy; absent means `--kv-offload` is refused)."""
 
     vocab_size: int
     max_model_len: int

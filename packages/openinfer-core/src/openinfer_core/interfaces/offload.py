@@ -1,35 +1,160 @@
-"""KV offload tiers below device memory (host DRAM, disk), keyed by prefix-cache block hash."""
+"""KV offload tiers below device memory (host DRAM, disk), keyed by prefix-cache block hash.
+
+Tiers are chained in `--kv-offload` order. The first (`host` built in) moves blocks between
+device memory and itself; it is an `OffloadTier`, the only tier the engine talks to. Each later
+one is a `BlockStore` beneath it: the first tier writes blocks through to the stores in the
+background and reads a block back from them when it holds it no longer.
+
+Keys are the prefix cache's chained block hashes (`openinfer_kvcache.hash_block`), valid only
+within one `fingerprint`: a store that outlives the process keeps entries of other models or
+layouts apart by it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # the API process reads `OffloadStats` without importing torch
+    import torch
+
+    from openinfer_core.engine.config import EngineConfig
+
+# Device memory the first tier may take for itself (a staging buffer); the KV cache is sized
+# without it.
+OFFLOAD_DEVICE_BYTES = 256 << 20
+
+# Upper bounds (seconds) of the restore-latency histogram in `OffloadStats`.
+RESTORE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadContext:
+    """What a tier is built with. `block_tensors` are the device KV tensors: dim 0 is the
+    block id, and block b's KV is `t[b]` of every tensor (a model's `kv_block_tensors()`).
+    A tier reads its own options from `config` (`kv_offload_host_gib`, ...)."""
+
+    block_tensors: Sequence[torch.Tensor]
+    block_size: int  # tokens per block
+    fingerprint: str  # model, dtype, KV layout, block size and rank, as a short hex string
+    config: EngineConfig
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block over every tensor."""
+        return sum(t[0].numel() * t.element_size() for t in self.block_tensors)
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Running totals of one tier, in blocks and bytes: `hits` blocks were restored from it,
+    `saved` written to it, `bytes_in` / `bytes_out` moved into / out of it."""
+
+    name: str
+    hits: int = 0
+    saved: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    used_blocks: int = 0
+    capacity_blocks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadStats:
+    """Engine totals for metrics: per tier, then restores (requests whose prefix came back
+    from a tier), the blocks they brought, and how long they took: the total and a histogram
+    over `RESTORE_BUCKETS` (one count per bucket, the last for slower ones)."""
+
+    tiers: tuple[TierStats, ...] = ()
+    restores: int = 0
+    restored_blocks: int = 0
+    restore_seconds: float = 0.0
+    restore_buckets: tuple[int, ...] = (0,) * (len(RESTORE_BUCKETS) + 1)
+
+
+@dataclass(slots=True)
+class Lease:
+    """What `query` found: the first `num_blocks` of the hashes asked for, held by the tier
+    (never evicted) until `release`. `handle` is the tier's own."""
+
+    num_blocks: int
+    handle: Any = field(default=None, repr=False)
 
 
 @runtime_checkable
-class LoadHandle(Protocol):
+class Transfer(Protocol):
+    """A copy in flight."""
+
     def poll(self) -> bool:
-        """True once the blocks have landed in device memory. Never blocks."""
+        """True once the copy has landed (then stays True). Never blocks."""
+        ...
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks that landed, from the first; read it once `poll()` is True. A load may land
+        fewer than it was asked for (a store's copy turned out corrupt): the rest are a miss."""
         ...
 
 
 @runtime_checkable
 class OffloadTier(Protocol):
-    """Registered through `openinfer_register_offload_tiers`; chosen with `--kv-offload`."""
+    """The first tier: exchanges blocks with device memory. Built as `cls(context, stores)`
+    (`stores`: the `BlockStore`s beneath it, in order). Engine thread only."""
 
     name: str
 
-    def save(self, hashes: Sequence[int], blocks: Sequence[torch.Tensor]) -> None:
-        """Copy `blocks` (one tensor per block) out under `hashes`. May return before the copy
-        lands; the tier keeps its own reference to the sources until then."""
+    def save(self, hashes: Sequence[int], block_ids: Sequence[int]) -> Transfer:
+        """Copy device blocks `block_ids` out under `hashes` (blocks the tier already holds
+        are skipped; blocks it has no room for are dropped). Ordered after the work already
+        queued on the current device stream, so it sees KV the step just wrote. The caller
+        keeps the source blocks from reuse until the transfer lands."""
         ...
 
-    def query(self, hashes: Sequence[int]) -> int:
-        """How many of `hashes`, from the first, the tier holds. Pure."""
+    def query(self, hashes: Sequence[int]) -> Lease:
+        """The longest run of `hashes`, from the first, that this tier or a store beneath it
+        holds, leased. Never blocks on I/O."""
         ...
 
-    def load(self, hashes: Sequence[int], into: Sequence[torch.Tensor]) -> LoadHandle:
-        """Start copying the blocks for `hashes` into `into`; poll the handle for completion."""
+    def load(self, lease: Lease, block_ids: Sequence[int]) -> Transfer:
+        """Start copying the leased blocks into device blocks `block_ids` (one per leased
+        block). The caller keeps the target blocks from every reader until it lands."""
         ...
+
+    def release(self, lease: Lease) -> None:
+        """End a lease (after its load landed, or instead of loading)."""
+        ...
+
+    def stats(self) -> Sequence[TierStats]:
+        """This tier's totals, then each store's. Pure."""
+        ...
+
+    def close(self) -> None:
+        """Finish the copies and writes in flight, then let go of memory and files."""
+        ...
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """A tier beneath the first, fed from and read into host memory. Built as `cls(context)`.
+    `put` and `get` run on the first tier's I/O threads (possibly several at once);
+    `contains` on the engine thread, so it must not touch the disk or network."""
+
+    name: str
+
+    def contains(self, key: int) -> bool:
+        """Whether `get(key)` is likely to succeed."""
+        ...
+
+    def put(self, key: int, data: memoryview) -> None:
+        """Store one block. A failure (disk full, read-only) is logged and dropped, never
+        raised: the block is simply not there later."""
+        ...
+
+    def get(self, key: int, out: memoryview) -> bool:
+        """Read one block into `out`; False on a miss or a copy that fails its checksum
+        (which is dropped)."""
+        ...
+
+    def stats(self) -> TierStats: ...
+
+    def close(self) -> None: ...

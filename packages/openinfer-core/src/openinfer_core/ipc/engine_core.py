@@ -100,6 +100,7 @@ class EngineCore:
                     log.error("the engine's launcher died: stopping")
                     return
         finally:
+            self.engine.close()
             self._context.destroy(linger=0)
 
     def _receive(self, timeout_ms: int) -> None:

@@ -1,0 +1,31 @@
+"""Plain-torch block copies: one index op per tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+
+def _parts(tensors: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, int, int]]:
+    """Each tensor with its byte range inside a block-major row."""
+    offset = 0
+    for t in tensors:
+        size = t[0].numel() * t.element_size()
+        yield t, offset, offset + size
+        offset += size
+
+
+def gather_blocks_ref(tensors: Sequence[torch.Tensor], ids: torch.Tensor,
+                      out: torch.Tensor) -> None:
+    n = ids.numel()
+    for t, start, end in _parts(tensors):
+        out[:n, start:end] = t.index_select(0, ids).reshape(n, -1).view(torch.uint8)
+
+
+def scatter_blocks_ref(src: torch.Tensor, ids: torch.Tensor,
+                       tensors: Sequence[torch.Tensor]) -> None:
+    n = ids.numel()
+    for t, start, end in _parts(tensors):
+        rows = src[:n, start:end].contiguous().view(t.dtype).view(n, *t.shape[1:])
+        t.index_copy_(0, ids, rows)
