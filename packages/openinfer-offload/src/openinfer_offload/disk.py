@@ -65,6 +65,8 @@ class DiskStore:
     def _scan(self) -> None:
         """Rebuild the index from the files a previous run left, oldest use first."""
         found: list[tuple[float, int]] = []
+        if not self.root.is_dir():
+            return
         for path in self.root.glob(f"??/*{SUFFIX}*"):
             try:
                 if path.suffix != SUFFIX:  # a temporary file a crash left behind
@@ -103,7 +105,10 @@ class DiskStore:
         except OSError as error:
             self._warn(error, "cannot write a KV block to disk; blocks that do not fit are "
                               "recomputed")
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
             return
         with self._lock:
             self._lru[key] = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from openinfer_offload.host_slots import HostSlots
 log = logging.getLogger("openinfer.offload")
 
 IO_THREADS = 4
+WRITES_IN_FLIGHT = 4 * IO_THREADS
 
 
 @dataclass(slots=True)
@@ -100,18 +102,19 @@ class HostTier:
         self.copier = DeviceCopier(context.block_tensors, self.pool)
         self.stores = list(stores)
         self._io = ThreadPoolExecutor(IO_THREADS, "kv-offload-io") if self.stores else None
-        self._writes: list[tuple[int, Future[None]]] = []
-        self._max_writes = max(1, min(1024, num_slots // 4))
+        self._writes: list[tuple[int, Future[None]]] = []  # slot, write in flight
+        self._backlog: deque[int] = deque()  # keys saved here, not yet written below
         self._hits = {tier: 0 for tier in [self.name, *(s.name for s in self.stores)]}
         self._saved_blocks = self._bytes_in = self._bytes_out = 0
-        self.dropped_writes = 0  # blocks not written below because the stores fell behind
+        # Blocks not written below: they left host memory before the stores caught up.
+        self.dropped_writes = 0
         log.info("KV offload host tier: %d blocks (%.1f GiB%s) in %.1f s", num_slots,
                  num_slots * self.block_bytes / (1 << 30),
                  ", pinned" if device.type == "cuda" else "", time.monotonic() - start)
 
     # -- OffloadTier -------------------------------------------------------------------------
     def save(self, hashes: Sequence[int], block_ids: Sequence[int]) -> _Save:
-        self._reap_writes()
+        self._pump_writes()
         entries: list[_Entry] = []
         ids: list[int] = []
         for key, block in zip(hashes, block_ids, strict=True):
@@ -128,7 +131,7 @@ class HostTier:
         return _Save(self, event, entries, len(entries))
 
     def query(self, hashes: Sequence[int]) -> Lease:
-        self._reap_writes()
+        self._pump_writes()
         entries: list[_Entry] = []
         for key in hashes:
             if (slot := self.slots.find(key)) is not None:
@@ -161,8 +164,11 @@ class HostTier:
     def close(self) -> None:
         self.copier.synchronize()
         if self._io is not None:
+            while self._backlog or self._writes:
+                self._pump_writes()
+                if self._writes:
+                    self._writes[0][1].exception()  # waits for it
             self._io.shutdown(wait=True)
-        self._reap_writes()
         for store in self.stores:
             store.close()
 
@@ -172,25 +178,15 @@ class HostTier:
         self._saved_blocks += len(entries)
         self._bytes_in += len(entries) * self.block_bytes
         for entry in entries:
-            self._write_below(entry)
             self.slots.unref(entry.slot)
+        if self._io is not None:
+            self._backlog.extend(e.key for e in entries)
+            self._pump_writes()
 
-    def _write_below(self, entry: _Entry) -> None:
+    def _pump_writes(self) -> None:
+        """Reap finished writes below; start backlogged ones, at most `WRITES_IN_FLIGHT` at a
+        time. A backlogged block that left host memory meanwhile is dropped."""
         if self._io is None:
-            return
-        for store in self.stores:
-            if store.contains(entry.key):
-                continue
-            if len(self._writes) >= self._max_writes:
-                self.dropped_writes += 1
-                continue
-            self.slots.ref(entry.slot)
-            data = memoryview(self.pool[entry.slot].numpy())
-            self._writes.append((entry.slot, self._io.submit(store.put, entry.key, data)))
-            self._bytes_out += self.block_bytes
-
-    def _reap_writes(self) -> None:
-        if not self._writes:
             return
         still: list[tuple[int, Future[None]]] = []
         for slot, future in self._writes:
@@ -201,6 +197,18 @@ class HostTier:
             else:
                 still.append((slot, future))
         self._writes = still
+        while self._backlog and len(self._writes) < WRITES_IN_FLIGHT:
+            key = self._backlog.popleft()
+            slot = self.slots.find(key)
+            if slot is None:
+                self.dropped_writes += 1
+                continue
+            data = memoryview(self.pool[slot].numpy())
+            for store in self.stores:
+                if not store.contains(key):
+                    self.slots.ref(slot)
+                    self._writes.append((slot, self._io.submit(store.put, key, data)))
+                    self._bytes_out += self.block_bytes
 
     def _read(self, entries: list[_Entry]) -> list[tuple[int, Future[bool]]]:
         reads: list[tuple[int, Future[bool]]] = []
