@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -73,3 +75,11 @@ def hf_greedy(hf_model: torch.nn.Module, token_ids: Sequence[int], n: int) -> li
             tokens.append(int(out.logits[0, -1].argmax()))
         _greedy_cache[key] = tokens
     return list(_greedy_cache[key])
+
+
+def engine_block_bytes(model_dir: Path, block_size: int = 16) -> int:
+    """Bytes of one fp32 KV block of a tiny Qwen3 checkpoint (to size offload pools)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return (2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+            * block_size)

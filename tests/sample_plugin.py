@@ -4,6 +4,7 @@ tier, an attention backend, a tool-call parser and a reasoning parser."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from typing import Any, ClassVar
@@ -13,6 +14,7 @@ import torch
 from openinfer_core.engine.scheduler import FcfsScheduler
 from openinfer_core.engine.sequence import Sequence
 from openinfer_core.hookspecs import hookimpl
+from openinfer_core.interfaces.offload import OffloadContext, TierStats
 from openinfer_core.interfaces.parsers import ReasoningParse, ToolCallDelta, ToolParse
 from openinfer_kernels.attention.backend import TorchAttentionBackend
 
@@ -33,33 +35,39 @@ class CountingAttention(TorchAttentionBackend):
         return super().attend(*args, **kwargs)
 
 
-class _Done:
-    def poll(self) -> bool:
-        return True
-
-
-class MemoryTier:
-    """Blocks copied into a dict, keyed by hash."""
+class MemoryStore:
+    """A `BlockStore` beneath the host tier: blocks kept in a dict, keyed by hash. Reads wait
+    for `gate` (open unless a test closes it), so a test can hold restores in flight."""
 
     name = "memory"
+    gate: ClassVar[threading.Event] = threading.Event()
+    instances: ClassVar[list[MemoryStore]] = []
 
-    def __init__(self) -> None:
-        self.store: dict[int, torch.Tensor] = {}
+    def __init__(self, context: OffloadContext) -> None:
+        self.blocks: dict[int, bytes] = {}
+        self.reads = 0
+        type(self).instances.append(self)
 
-    def save(self, hashes: Seq[int], blocks: Seq[torch.Tensor]) -> None:
-        for h, b in zip(hashes, blocks, strict=True):
-            self.store[h] = b.detach().clone()
+    def contains(self, key: int) -> bool:
+        return key in self.blocks
 
-    def query(self, hashes: Seq[int]) -> int:
-        n = 0
-        while n < len(hashes) and hashes[n] in self.store:
-            n += 1
-        return n
+    def put(self, key: int, data: memoryview) -> None:
+        self.blocks[key] = bytes(data)
 
-    def load(self, hashes: Seq[int], into: Seq[torch.Tensor]) -> _Done:
-        for h, dst in zip(hashes, into, strict=True):
-            dst.copy_(self.store[h])
-        return _Done()
+    def get(self, key: int, out: memoryview) -> bool:
+        self.gate.wait(30)
+        self.reads += 1
+        out[:] = self.blocks[key]
+        return True
+
+    def stats(self) -> TierStats:
+        return TierStats(self.name, saved=len(self.blocks), used_blocks=len(self.blocks))
+
+    def close(self) -> None:
+        pass
+
+
+MemoryStore.gate.set()
 
 
 class EchoToolParser:
@@ -97,7 +105,7 @@ def openinfer_register_schedulers(register: Any) -> None:
 
 @hookimpl
 def openinfer_register_offload_tiers(register: Any) -> None:
-    register("memory", "sample_plugin:MemoryTier")
+    register("memory", "sample_plugin:MemoryStore", first=False)
 
 
 @hookimpl

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 import sample_plugin
-import torch
+from engine_helpers import engine_block_bytes
 
 from openinfer_core import (
     LLM,
@@ -27,8 +27,7 @@ from openinfer_core import (
     plugins,
 )
 from openinfer_core.engine.async_engine import AsyncEngine
-from openinfer_core.errors import PluginError, UnsupportedModelError
-from openinfer_core.interfaces.offload import OffloadTier
+from openinfer_core.errors import ModelConfigError, PluginError, UnsupportedModelError
 from openinfer_core.plugins import PluginManager
 from openinfer_core.registry import Registry
 from openinfer_core.text.tokenizer import Tokenizer
@@ -129,16 +128,24 @@ def test_attention_backend_hook_is_used_by_default_when_preferred(qwen3_dir: Pat
     assert ours[0].outputs[0].token_ids == base[0].outputs[0].token_ids
 
 
-def test_offload_tier_hook_registers_a_tier() -> None:
-    pm = PluginManager(autoload=False, plugins=[sample_plugin])
-    tier = pm.registries.offload_tiers.resolve("memory")()
-    assert isinstance(tier, OffloadTier)
-    blocks = [torch.full((2, 3), float(i)) for i in range(3)]
-    tier.save([11, 12, 13], blocks)
-    assert tier.query([11, 12, 99, 13]) == 2
-    into = [torch.zeros(2, 3) for _ in range(2)]
-    assert tier.load([12, 13], into).poll()
-    assert torch.equal(into[1], blocks[2])
+def test_offload_tier_hook_adds_a_store_the_engine_restores_from(qwen3_dir: Path) -> None:
+    """A third-party store beneath the built-in host tier: with a host pool of six blocks
+    (a prompt has four), re-sent prompts come back from the plugin's store."""
+    pm = PluginManager(autoload=True, plugins=[sample_plugin])
+    assert pm.registries.offload_tiers.get("memory").plugin == "sample_plugin"
+    block = engine_block_bytes(qwen3_dir)
+    sample_plugin.MemoryStore.instances.clear()
+    llm = LLM(qwen3_dir, device="cpu", plugins=pm, num_kv_blocks=12,
+              kv_offload=("host", "memory"), kv_offload_host_gib=6 * block / (1 << 30))
+    prompts = [[(7 * i + j) % 300 + 1 for j in range(70)] for i in range(3)]
+    first = llm.generate(prompts, GREEDY)
+    again = llm.generate(prompts, GREEDY)
+    store = sample_plugin.MemoryStore.instances[-1]
+    assert store.reads > 0
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]
+    assert any(o.num_cached_tokens > 0 for o in again)
+    with pytest.raises(ModelConfigError, match="can only be below the first tier"):
+        LLM(qwen3_dir, device="cpu", plugins=pm, kv_offload=("memory",))
 
 
 def test_parser_hooks_add_parsers_the_server_uses(qwen3_dir: Path) -> None:

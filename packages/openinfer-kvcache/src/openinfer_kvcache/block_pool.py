@@ -72,13 +72,6 @@ class BlockPool:
                 del self._free[b]
             self._ref_count[b] += 1
 
-    def hold(self, blocks: Iterable[int]) -> None:
-        """Add one reference to each allocated block (a copy reading it, say)."""
-        for b in blocks:
-            if not PADDING_BLOCK < b < self.num_blocks or self._ref_count[b] <= 0:
-                raise RuntimeError(f"holding KV block {b}, which is not allocated")
-            self._ref_count[b] += 1
-
     def ref_count(self, block_id: int) -> int:
         return self._ref_count[block_id]
 

@@ -126,7 +126,8 @@ class PagedKVManager:
         if not self._sealed:
             return []
         sealed, self._sealed = self._sealed, []
-        return sealed
+        # A block freed since stays findable until reused; one reused since is dropped.
+        return [(h, b) for h, b in sealed if self.pool.block_hash(b) == h]
 
     def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
         known = self._hashes.get(request_id, [])
@@ -142,7 +143,7 @@ class PagedKVManager:
         return ok
 
     def hold(self, block_ids: Sequence[int]) -> None:
-        self.pool.hold(block_ids)
+        self.pool.touch(block_ids)
 
     def release(self, block_ids: Sequence[int]) -> None:
         self.pool.free(block_ids)

@@ -9,6 +9,7 @@ permissions) are logged once per cause and dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -105,10 +106,8 @@ class DiskStore:
         except OSError as error:
             self._warn(error, "cannot write a KV block to disk; blocks that do not fit are "
                               "recomputed")
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             return
         with self._lock:
             self._lru[key] = None
@@ -138,10 +137,8 @@ class DiskStore:
                 self._lru.move_to_end(key)
             self.hits += 1
             self.bytes_out += self.file_bytes
-        try:
+        with contextlib.suppress(OSError):
             os.utime(path)  # the LRU order a restart rebuilds
-        except OSError:
-            pass
         return True
 
     def stats(self) -> TierStats:
@@ -157,10 +154,8 @@ class DiskStore:
         """Drop the least recently used files past capacity (lock held)."""
         while len(self._lru) > self.capacity_blocks:
             key, _ = self._lru.popitem(last=False)
-            try:
+            with contextlib.suppress(OSError):
                 self._path(key).unlink()
-            except OSError:
-                pass
 
     def _forget(self, key: int) -> None:
         with self._lock:
@@ -172,10 +167,8 @@ class DiskStore:
         with self._lock:
             self.corrupt += 1
         self._forget(key)
-        try:
+        with contextlib.suppress(OSError):
             path.unlink()
-        except OSError:
-            pass
         return False
 
     def _warn(self, error: OSError, what: str) -> None:

@@ -199,23 +199,27 @@ class HostTier:
         self._writes = still
         while self._backlog and len(self._writes) < WRITES_IN_FLIGHT:
             key = self._backlog.popleft()
-            slot = self.slots.find(key)
-            if slot is None:
+            found = self.slots.find(key)
+            if found is None:
                 self.dropped_writes += 1
                 continue
-            data = memoryview(self.pool[slot].numpy())
+            slot, data = found, self._bytes_of(found)
             for store in self.stores:
                 if not store.contains(key):
                     self.slots.ref(slot)
                     self._writes.append((slot, self._io.submit(store.put, key, data)))
                     self._bytes_out += self.block_bytes
 
+    def _bytes_of(self, slot: int) -> memoryview:
+        """Slot `slot` of the pool, without a copy."""
+        return memoryview(self.pool[slot].numpy())  # type: ignore[arg-type]
+
     def _read(self, entries: list[_Entry]) -> list[tuple[int, Future[bool]]]:
         reads: list[tuple[int, Future[bool]]] = []
         for i, entry in enumerate(entries):
             if entry.store is not None:
                 assert self._io is not None
-                out = memoryview(self.pool[entry.slot].numpy())
+                out = self._bytes_of(entry.slot)
                 reads.append((i, self._io.submit(entry.store.get, entry.key, out)))
         return reads
 

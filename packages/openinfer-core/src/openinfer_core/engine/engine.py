@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 import traceback
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from openinfer_core.request import GenerateRequest
 from openinfer_core.sampling.sampler import Sampler
 
 log = logging.getLogger("openinfer")
+
+RESTORE_POLL_S = 0.0002
 
 
 class Engine:
@@ -50,7 +53,7 @@ class Engine:
             if not getattr(self.scheduler, "supports_offload", False):
                 raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
                                        "restore offloaded prefixes (no supports_offload)")
-            self.scheduler.offload = self.offload  # type: ignore[attr-defined]
+            self.scheduler.offload = self.offload
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=getattr(self.model, "sampling_kernels", None))
         self.graphs = self._capture_graphs(config)
@@ -130,6 +133,8 @@ class Engine:
             self._plain_step(events)
         if self.offload is not None:
             self.offload.after_step()
+            if not events and self.last_step_tokens == 0 and self.offload.waiting():
+                time.sleep(RESTORE_POLL_S)  # only restores in flight: do not spin on them
         if not events and not self.scheduler.has_work() and self._extras.holding():
             self._extras.idle_wait()  # only grammars compiling: do not spin
         return self._extras.emit(events)

@@ -12,10 +12,10 @@ import torch
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.memory import step_memory_bytes
-from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import LoadOptions, Model
+from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.model_config import read_json_if_present, read_model_config
 from openinfer_core.plugins import PluginManager
 

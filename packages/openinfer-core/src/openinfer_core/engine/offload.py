@@ -82,6 +82,7 @@ class KVOffload:
         self.kv = kv
         kv.track_sealed()
         self._saves: list[tuple[Transfer, list[int]]] = []
+        self._loads = 0  # started, not yet finished
         self._restores = 0
         self._restored_blocks = 0
         self._restore_seconds = 0.0
@@ -107,7 +108,7 @@ class KVOffload:
                     + ("the first tier" if is_first else
                        "below the first tier, which moves blocks to and from the device "
                        "(e.g. --kv-offload host," + name + ")"))
-        context = OffloadContext(model.kv_block_tensors(),  # type: ignore[attr-defined]
+        context = OffloadContext(model.kv_block_tensors(),
                                  config.block_size, fingerprint(config, hf_config, model),
                                  config)
         stores: list[BlockStore] = [registry.resolve(name)(context) for name in below]
@@ -143,18 +144,23 @@ class KVOffload:
     def start_load(self, seq: Sequence) -> Loading | None:
         """Called once the request's device prefix hit is attached: look the rest of its
         prefix up and start copying what the tiers have. None (nothing changed) when they
-        have nothing, or when no device blocks are free for it."""
+        have nothing, or when too few device blocks are free for it; only the latter leaves
+        `seq.offload_probed` unset, so the lookup is tried again at the next admission."""
         rid = seq.request_id
         held = len(self.kv.block_ids(rid))
         hashes = self.kv.prefix_hashes(rid, seq.token_ids)[held:]
-        if not hashes:
+        lease = self.tier.query(hashes) if hashes else None
+        if lease is None or lease.num_blocks == 0:
+            seq.offload_probed = True
+            if lease is not None:
+                self.tier.release(lease)
             return None
-        lease = self.tier.query(hashes)
-        if lease.num_blocks == 0 or not self.kv.reserve(
-                rid, (held + lease.num_blocks) * self.kv.block_size):
+        if not self.kv.reserve(rid, (held + lease.num_blocks) * self.kv.block_size):
             self.tier.release(lease)
             return None
+        seq.offload_probed = True  # one restore per request: no thrashing
         targets = list(self.kv.block_ids(rid)[held:held + lease.num_blocks])
+        self._loads += 1
         return Loading(seq, lease, self.tier.load(lease, targets), held)
 
     def finish_load(self, loading: Loading) -> bool:
@@ -163,6 +169,7 @@ class KVOffload:
         if not loading.transfer.poll():
             return False
         seq = loading.seq
+        self._loads -= 1
         landed = loading.transfer.num_blocks
         self.tier.release(loading.lease)
         self.kv.cache_blocks(seq.request_id, seq.token_ids,
@@ -179,6 +186,10 @@ class KVOffload:
     def stats(self) -> OffloadStats:
         return OffloadStats(tuple(self.tier.stats()), self._restores, self._restored_blocks,
                             self._restore_seconds, tuple(self._buckets))
+
+    def waiting(self) -> bool:
+        """Copies in flight that the engine waits on."""
+        return bool(self._saves) or self._loads > 0
 
     def busy(self) -> bool:
         """Saves still in flight (the engine keeps stepping until they land)."""

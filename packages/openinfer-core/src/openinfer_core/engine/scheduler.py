@@ -160,7 +160,6 @@ class FcfsScheduler:
             wants_logprobs = seq.request.params.prompt_logprobs is not None
             hit = 0 if wants_logprobs else self.kv.computed_tokens(seq.request_id, seq.token_ids)
             if self.offload is not None and not seq.offload_probed and not wants_logprobs:
-                seq.offload_probed = True  # one restore per request: no thrashing
                 loading = self.offload.start_load(seq)
                 if loading is not None:  # it waits in `loading`; the next one may be admitted
                     self.waiting.popleft()

@@ -93,7 +93,8 @@ class OffloadableKV(KVManager, Protocol):
         ...
 
     def take_sealed(self) -> list[tuple[int, int]]:
-        """`(hash, block id)` of the blocks made findable since the last call, in order."""
+        """`(hash, block id)` of the blocks made findable since the last call and still
+        findable (a request may have freed them since; none was reused), in order."""
         ...
 
     def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
@@ -107,7 +108,8 @@ class OffloadableKV(KVManager, Protocol):
         ...
 
     def hold(self, block_ids: Sequence[int]) -> None:
-        """Add a reference to each held block (so it is not reused while a copy reads it)."""
+        """Add a reference to each findable block, freed or not (so it is not reused while a
+        copy reads it)."""
         ...
 
     def release(self, block_ids: Sequence[int]) -> None:

@@ -5,13 +5,14 @@ on CUDA does every tensor in one launch; the plain-torch reference runs on CPU a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 
 import torch
 
 from openinfer_offload.block_copy.reference import gather_blocks_ref, scatter_blocks_ref
 
 
-def _kernels():  # type: ignore[no-untyped-def]
+def _kernels() -> ModuleType | None:
     try:
         from openinfer_offload.block_copy import triton as kernels
     except ModuleNotFoundError as error:
