@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
-# [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [startup] (default:
-# all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
+# [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
+# (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
-stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured startup}
+stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured offload startup}
 API_SERVERS=${API_SERVERS:-1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
@@ -44,7 +44,7 @@ stop() { kill -TERM "$1"; wait "$1"; }
 if has tests; then
   stage "kernel tests, compiled, every size"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
+    packages/openinfer-kernels/tests packages/openinfer-offload/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
   timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu 2>&1 \
     | tail -40 | tee "$OUT/golden_tests.log"
@@ -154,6 +154,11 @@ if has structured; then
   stage "structured output: TPOT with a JSON schema on every request vs none, compile time"
   timeout 420 python3 benchmarks/device/structured_tpot.py $M8 --batch 1 64 --steps 100 \
     --json "$OUT/structured-qwen3-8b.json" 2>&1 | tail -30
+fi
+if has offload; then
+  stage "KV offload: restore TTFT host/disk vs cold vs HBM, multi-turn on vs off, Qwen3-4B"
+  timeout 540 python3 benchmarks/device/offload_restore.py $M4 --json "$OUT/offload-qwen3-4b.json" \
+    2>&1 | tail -30 | tee "$OUT/offload.log"
 fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"

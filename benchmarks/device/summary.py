@@ -84,12 +84,32 @@ def lines(out: Path) -> list[tuple[str, str]]:
         v = so["validate"]
         rows.append(("8B structured outputs valid", f"{v['valid']}/{v['schemas']} "
                      f"{'; '.join(v['failures'])}"))
+    rows += offload_rows(load(out, "offload-qwen3-4b.json"))
     st = load(out, "startup-qwen3-4b.json")
     if st:
         for key in ("cold", "warm"):
             r = st[key]
             rows.append((f"serve->ready, {key} Triton cache", f"{r['ready_s']:.2f} s; idle RSS "
                          f"{r['idle_rss_mb']:.0f} MB; GPU {r['gpu_mb']} MB"))
+    return rows
+
+
+def offload_rows(o: Any) -> list[tuple[str, str]]:
+    """Issue 12's goals: host restore at 16k >= 10x faster than cold, <= 1.3x the copy floor."""
+    if not o:
+        return []
+    c = o["copy_gbps"]
+    rows = [("pinned copy rate", f"H2D {c['h2d']:.1f} GB/s, D2H {c['d2h']:.1f} GB/s")]
+    for r in o.get("restore", []):
+        rows.append((f"4B restore TTFT {r['input_len']}",
+                     f"cold {r['cold_ms_p50']:.1f}  hbm {r['hbm_ms_p50']:.1f}  host "
+                     f"{r['host_ms_p50']:.1f} ({r['cold_ms_p50'] / r['host_ms_p50']:.1f}x cold, "
+                     f"{r['host_ms_p50'] / r['copy_floor_ms']:.2f}x floor {r['copy_floor_ms']:.1f})"
+                     f"  disk {r['disk_ms_p50']:.1f} ms"))
+    for r in o.get("multi_turn", []):
+        rows.append((f"4B multi-turn offload {'on' if r['offload'] else 'off'}",
+                     f"TTFT p50 {r['ttft_ms_p50']:.1f} p99 {r['ttft_ms_p99']:.1f} ms, "
+                     f"{r['output_tok_s']:.0f} out tok/s, cached {r['cached_fraction']:.0%}"))
     return rows
 
 

@@ -180,3 +180,15 @@ def test_close_waits_for_writes() -> None:
     tier.close()
     assert sorted(store.data) == [100 + b for b in blocks]
     assert all(store.data[100 + b] == kv.block(b).numpy().tobytes() for b in blocks)
+
+
+def test_evict_all_spares_leased_blocks() -> None:
+    kv = fake_kv()
+    tier = HostTier(context(kv))
+    wait(tier.save([1, 2, 3], [1, 2, 3]))
+    lease = tier.query([2])
+    tier.evict_all()
+    assert [tier.query([k]).num_blocks for k in (1, 3)] == [0, 0]
+    assert tier.query([2]).num_blocks == 1
+    tier.release(lease)
+    assert tier.slots.num_used == 1

@@ -162,15 +162,24 @@ class HostTier:
                                  b.used_blocks, b.capacity_blocks) for b in below)]
 
     def close(self) -> None:
-        self.copier.synchronize()
+        self.flush()
         if self._io is not None:
-            while self._backlog or self._writes:
-                self._pump_writes()
-                if self._writes:
-                    self._writes[0][1].exception()  # waits for it
             self._io.shutdown(wait=True)
         for store in self.stores:
             store.close()
+
+    # -- for tests and benchmarks ------------------------------------------------------------
+    def flush(self) -> None:
+        """Wait until every copy and every write below has landed."""
+        self.copier.synchronize()
+        while self._backlog or self._writes:
+            self._pump_writes()
+            if self._writes:
+                self._writes[0][1].exception()  # waits for it
+
+    def evict_all(self) -> None:
+        """Forget every block no one holds (the stores keep theirs)."""
+        self.slots.evict_unreferenced()
 
     # -- transfers -------------------------------------------------------------------------
     def _saved(self, entries: list[_Entry]) -> None:

@@ -31,9 +31,7 @@ class HostSlots:
         if self._empty:
             slot = self._empty.pop()
         elif self._lru:
-            slot, _ = self._lru.popitem(last=False)
-            del self._slot_of[self._hash_of[slot]]  # type: ignore[arg-type]
-            self._hash_of[slot] = None
+            slot = self._forget_oldest()
         else:
             return None
         self._refs[slot] = 1
@@ -66,6 +64,16 @@ class HostSlots:
         """Mark an unreferenced slot as just used."""
         if self._refs[slot] == 0:
             self._lru.move_to_end(slot)
+
+    def evict_unreferenced(self) -> None:
+        while self._lru:
+            self._empty.append(self._forget_oldest())
+
+    def _forget_oldest(self) -> int:
+        slot, _ = self._lru.popitem(last=False)
+        del self._slot_of[self._hash_of[slot]]  # type: ignore[arg-type]
+        self._hash_of[slot] = None
+        return slot
 
     def num_referenced(self) -> int:
         return sum(1 for r in self._refs if r)
