@@ -61,6 +61,7 @@ class _Load:
         self._copying = False
         self._done = False
         self._num_blocks = 0
+        self.poll()  # blocks all in host memory: the copy starts now
 
     @property
     def num_blocks(self) -> int:

@@ -6,13 +6,16 @@ waits in an LRU and is reused last-recently-used first. Engine thread only."""
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 
 
 class HostSlots:
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
-        self._empty = list(range(num_slots - 1, -1, -1))  # popped 0, 1, 2...: runs stay long
+        # A heap: the lowest empty slot is taken first, so a save's slots tend to be
+        # consecutive and move in one copy each way.
+        self._empty = list(range(num_slots))
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._refs = [0] * num_slots
         self._hash_of: list[int | None] = [None] * num_slots
@@ -29,7 +32,7 @@ class HostSlots:
         """An unindexed slot with one reference, reusing the least recently used one when none
         is empty; None when every slot is referenced."""
         if self._empty:
-            slot = self._empty.pop()
+            slot = heapq.heappop(self._empty)
         elif self._lru:
             slot = self._forget_oldest()
         else:
@@ -56,7 +59,7 @@ class HostSlots:
             raise RuntimeError(f"host slot {slot} released more often than taken")
         if self._refs[slot] == 0:
             if self._hash_of[slot] is None:
-                self._empty.append(slot)
+                heapq.heappush(self._empty, slot)
             else:
                 self._lru[slot] = None  # most recently used
 
@@ -67,7 +70,7 @@ class HostSlots:
 
     def evict_unreferenced(self) -> None:
         while self._lru:
-            self._empty.append(self._forget_oldest())
+            heapq.heappush(self._empty, self._forget_oldest())
 
     def _forget_oldest(self) -> int:
         slot, _ = self._lru.popitem(last=False)
