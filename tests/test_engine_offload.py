@@ -289,3 +289,27 @@ def test_stress_with_aborts_leaves_nothing_behind(qwen3_dir: Path, tmp_path: Pat
                                   atol=1e-4), key
             checked += 1
     assert checked > 24
+
+
+def test_metrics_count_restores_per_tier(qwen3_dir: Path, tmp_path: Path) -> None:
+    from openinfer_core.engine.async_engine import AsyncEngine
+    from openinfer_server.metrics import ServerMetrics
+
+    e = engine(qwen3_dir, kv_offload=("host", "disk"), kv_offload_host_gib=gib(200, qwen3_dir),
+               kv_offload_disk_dir=str(tmp_path))
+    run_twice(e, prompts(2, 150))
+    stats = e.offload.stats()  # type: ignore[union-attr]
+    host = stats.tiers[0]
+    assert host.hits == stats.restored_blocks > 0  # the rest of each prompt was still in HBM
+    handle = AsyncEngine(e)
+    try:
+        text = ServerMetrics(handle, "m").render().decode()
+    finally:
+        handle.shutdown()
+    assert f'openinfer:kv_offload_hits_total{{model_name="m",tier="host"}} {host.hits}.0' in text
+    assert 'openinfer:kv_offload_hits_total{model_name="m",tier="disk"} 0.0' in text
+    assert 'openinfer:kv_offload_saved_total{model_name="m",tier="host"} 18.0' in text
+    assert 'openinfer:kv_offload_saved_total{model_name="m",tier="disk"} 18.0' in text
+    restored = stats.restored_blocks * 16
+    assert f'openinfer:kv_offload_restored_tokens_total{{model_name="m"}} {restored}.0' in text
+    assert 'openinfer:kv_offload_restore_seconds_count{model_name="m"} 2.0' in text

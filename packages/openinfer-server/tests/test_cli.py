@@ -103,6 +103,21 @@ def test_prefix_cache_flags_reach_the_engine_config(command: list[str], flags: l
     assert config.enable_prefix_caching is enabled
 
 
+def test_offload_flags_reach_the_engine_config(tmp_path: Path) -> None:
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--device", "cpu", "--kv-offload", "host,disk",
+                              "--kv-offload-host-gib", "2.5", "--kv-offload-disk-dir",
+                              str(tmp_path), "--kv-offload-disk-gib", "100"])
+    config = engine_config(args, parser, get_plugin_manager().registries)
+    assert (config.kv_offload, config.kv_offload_host_gib, config.kv_offload_disk_dir,
+            config.kv_offload_disk_gib) == (("host", "disk"), 2.5, str(tmp_path), 100.0)
+    assert engine_config(parser.parse_args(["serve", "--device", "cpu"]), parser,
+                         get_plugin_manager().registries).kv_offload == ()
+
+
 def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-from-env")
     assert build_parser().parse_args(["serve"]).api_key == "sk-from-env"
@@ -122,6 +137,10 @@ def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     (["serve", "--device", "tpu"], "--device: must be auto, cpu, cuda or cuda:N, got 'tpu'"),
     (["serve", "--load-format", "pt"], "--load-format: invalid choice: 'pt'"),
     (["serve", "--num-kv-blocks", "1"], "--num-kv-blocks: must be >= 2, got 1"),
+    (["serve", "--kv-offload", "host,,disk"], "--kv-offload: must be tier names separated"),
+    (["serve", "--kv-offload", "host,host"], "--kv-offload: names a tier twice"),
+    (["serve", "--kv-offload-host-gib", "0"], "--kv-offload-host-gib: must be > 0, got 0.0"),
+    (["serve", "--kv-offload-disk-gib", "lots"], "--kv-offload-disk-gib: must be a number"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -136,6 +155,8 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
 @pytest.mark.parametrize("argv, message", [
     (["--scheduler", "lifo"], "--scheduler: unknown scheduler 'lifo' (installed: fcfs"),
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size: only 1 is supported"),
+    (["--kv-offload", "host,tape"], "--kv-offload: unknown tier 'tape' (installed: disk, host"),
+    (["--kv-offload", "host,disk"], "the disk tier needs --kv-offload-disk-dir DIR"),
 ])
 def test_values_the_engine_refuses_exit_2(argv: list[str], message: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
