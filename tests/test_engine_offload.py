@@ -94,16 +94,23 @@ def test_restored_prefixes_give_the_same_tokens(qwen3_dir: Path, tmp_path: Path,
     e.close()
 
 
+def fill_disk(model: Path, disk: Path, batch: list[list[int]]) -> dict[str, object]:
+    """Run `batch` through an engine with host and disk tiers on `disk`, then stop it (its
+    writes land); returns the options that start another one on the same directory."""
+    options: dict[str, object] = dict(kv_offload=("host", "disk"),
+                                      kv_offload_host_gib=gib(200, model),
+                                      kv_offload_disk_dir=str(disk))
+    first = engine(model, **options)
+    run_staggered(first, [GenerateRequest(f"a{i}", tuple(p), GREEDY)
+                          for i, p in enumerate(batch)], lambda i: 40 * i)
+    first.close()
+    return options
+
+
 def test_a_restarted_engine_serves_old_prefixes_from_disk(
         qwen3_dir: Path, tmp_path: Path, baseline: dict[int, list[list[int]]]) -> None:
     batch = prompts(4, 150)
-    options = dict(kv_offload=("host", "disk"), kv_offload_host_gib=gib(200, qwen3_dir),
-                   kv_offload_disk_dir=str(tmp_path))
-    first = engine(qwen3_dir, **options)
-    run_staggered(first, [GenerateRequest(f"a{i}", tuple(p), GREEDY)
-                          for i, p in enumerate(batch)], lambda i: 40 * i)
-    first.close()  # writes land on disk
-    del first
+    options = fill_disk(qwen3_dir, tmp_path, batch)
     second = engine(qwen3_dir, **options)
     events = run_staggered(second, [GenerateRequest(f"b{i}", tuple(p), GREEDY)
                                     for i, p in enumerate(batch)], lambda i: 40 * i)
@@ -119,13 +126,7 @@ def test_a_restarted_engine_serves_old_prefixes_from_disk(
 def test_damaged_disk_files_are_recomputed(qwen3_dir: Path, tmp_path: Path, damage: str,
                                            baseline: dict[int, list[list[int]]]) -> None:
     batch = prompts(4, 150)
-    options = dict(kv_offload=("host", "disk"), kv_offload_host_gib=gib(200, qwen3_dir),
-                   kv_offload_disk_dir=str(tmp_path))
-    first = engine(qwen3_dir, **options)
-    run_staggered(first, [GenerateRequest(f"a{i}", tuple(p), GREEDY)
-                          for i, p in enumerate(batch)], lambda i: 40 * i)
-    first.close()
-    del first
+    options = fill_disk(qwen3_dir, tmp_path, batch)
     files = sorted(tmp_path.rglob("*.kv"))
     assert len(files) == 36
     for path in files[::2]:
