@@ -51,7 +51,7 @@ class DiskStore:
         self._lock = threading.Lock()
         self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._warned: set[str] = set()
-        self.hits = self.misses = self.corrupt = self.saved = 0
+        self.hits = self.saved = 0
         self.bytes_in = self.bytes_out = 0
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -160,12 +160,9 @@ class DiskStore:
     def _forget(self, key: int) -> None:
         with self._lock:
             self._lru.pop(key, None)
-            self.misses += 1
 
     def _reject(self, key: int, path: Path, why: str) -> bool:
         log.warning("KV disk tier: %s %s; dropped (the block is recomputed)", path, why)
-        with self._lock:
-            self.corrupt += 1
         self._forget(key)
         with contextlib.suppress(OSError):
             path.unlink()

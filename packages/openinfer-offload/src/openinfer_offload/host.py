@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -107,8 +107,6 @@ class HostTier:
         self._backlog: deque[int] = deque()  # keys saved here, not yet written below
         self._hits = {tier: 0 for tier in [self.name, *(s.name for s in self.stores)]}
         self._saved_blocks = self._bytes_in = self._bytes_out = 0
-        # Blocks not written below: they left host memory before the stores caught up.
-        self.dropped_writes = 0
         log.info("KV offload host tier: %d blocks (%.1f GiB%s) in %.1f s", num_slots,
                  num_slots * self.block_bytes / (1 << 30),
                  ", pinned" if device.type == "cuda" else "", time.monotonic() - start)
@@ -158,9 +156,8 @@ class HostTier:
     def stats(self) -> list[TierStats]:
         own = TierStats(self.name, self._hits[self.name], self._saved_blocks, self._bytes_in,
                         self._bytes_out, self.slots.num_used, self.slots.num_slots)
-        below = [s.stats() for s in self.stores]
-        return [own, *(TierStats(b.name, self._hits[b.name], b.saved, b.bytes_in, b.bytes_out,
-                                 b.used_blocks, b.capacity_blocks) for b in below)]
+        # A store counts its own reads; a hit is a block that reached the device.
+        return [own, *(replace(s.stats(), hits=self._hits[s.name]) for s in self.stores)]
 
     def close(self) -> None:
         self.flush()
@@ -210,8 +207,7 @@ class HostTier:
         while self._backlog and len(self._writes) < WRITES_IN_FLIGHT:
             key = self._backlog.popleft()
             found = self.slots.find(key)
-            if found is None:
-                self.dropped_writes += 1
+            if found is None:  # it left host memory before the stores caught up
                 continue
             slot, data = found, self._bytes_of(found)
             for store in self.stores:

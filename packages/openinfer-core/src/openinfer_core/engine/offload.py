@@ -18,9 +18,12 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.sequence import Sequence
@@ -55,13 +58,12 @@ class Loading:
     aborted: bool = False
 
 
-def fingerprint(config: EngineConfig, hf_config: dict[str, Any], model: Model,
-                rank: int = 0) -> str:
+def fingerprint(config: EngineConfig, hf_config: dict[str, Any],
+                tensors: Iterable[torch.Tensor], rank: int = 0) -> str:
     """16 hex digits naming what a block's bytes depend on: the model (config.json and the
     weight files' names and sizes), the KV dtype and layout, the block size and the rank."""
     model_dir = Path(config.model)
     weights = sorted((p.name, p.stat().st_size) for p in model_dir.glob("*.safetensors"))
-    tensors = model.kv_block_tensors()  # type: ignore[attr-defined]
     parts = {
         "version": FINGERPRINT_VERSION,
         "config": hf_config,
@@ -108,9 +110,9 @@ class KVOffload:
                     + ("the first tier" if is_first else
                        "below the first tier, which moves blocks to and from the device "
                        "(e.g. --kv-offload host," + name + ")"))
-        context = OffloadContext(model.kv_block_tensors(),
-                                 config.block_size, fingerprint(config, hf_config, model),
-                                 config)
+        tensors = model.kv_block_tensors()
+        context = OffloadContext(tensors, config.block_size,
+                                 fingerprint(config, hf_config, tensors), config)
         stores: list[BlockStore] = [registry.resolve(name)(context) for name in below]
         tier: OffloadTier = registry.resolve(first)(context, stores)
         log.info("KV offload: %s (fingerprint %s)", " -> ".join(config.kv_offload),
