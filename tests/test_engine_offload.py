@@ -14,6 +14,7 @@ import sample_plugin
 import torch
 from engine_helpers import engine_block_bytes, run_staggered, tokens_of
 
+from openinfer_core.engine import offload
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
@@ -73,10 +74,17 @@ def expected(qwen3_dir: Path, baseline: dict[int, list[list[int]]], seed: int,
     return baseline[seed]
 
 
+SMALL_PIECES = (2, 3)  # a 9-block prefix comes back in four pieces
+
+
+@pytest.mark.parametrize("pieces", [offload.PIECES, SMALL_PIECES])
 @pytest.mark.parametrize("tiers", [("host",), ("host", "disk")])
 def test_restored_prefixes_give_the_same_tokens(qwen3_dir: Path, tmp_path: Path,
                                                 baseline: dict[int, list[list[int]]],
-                                                tiers: tuple[str, ...]) -> None:
+                                                tiers: tuple[str, ...],
+                                                pieces: tuple[int, ...],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(offload, "PIECES", pieces)
     batch = prompts(4, 150)
     # With disk, host memory holds 20 blocks (a prompt has 9): most come back from disk.
     host = gib(20 if "disk" in tiers else 200, qwen3_dir)
@@ -122,9 +130,13 @@ def test_a_restarted_engine_serves_old_prefixes_from_disk(
     second.close()
 
 
+@pytest.mark.parametrize("pieces", [offload.PIECES, SMALL_PIECES])
 @pytest.mark.parametrize("damage", ["corrupt", "truncated", "missing"])
 def test_damaged_disk_files_are_recomputed(qwen3_dir: Path, tmp_path: Path, damage: str,
-                                           baseline: dict[int, list[list[int]]]) -> None:
+                                           baseline: dict[int, list[list[int]]],
+                                           pieces: tuple[int, ...],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(offload, "PIECES", pieces)
     batch = prompts(4, 150)
     options = fill_disk(qwen3_dir, tmp_path, batch)
     files = sorted(tmp_path.rglob("*.kv"))

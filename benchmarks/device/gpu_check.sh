@@ -156,9 +156,12 @@ if has structured; then
     --json "$OUT/structured-qwen3-8b.json" 2>&1 | tail -30
 fi
 if has offload; then
+  stage "KV offload: restore copy paths against the pinned copy floor, Qwen3-4B layout"
+  timeout 120 python3 benchmarks/device/offload_copy.py --json "$OUT/offload-copy.json" 2>&1 | tail -12
   stage "KV offload: restore TTFT host/disk vs cold vs HBM, multi-turn on vs off, Qwen3-4B"
+  # OFFLOAD_ARGS: e.g. --skip-multi-turn, to fit one device call with other stages
   timeout 540 python3 benchmarks/device/offload_restore.py $M4 --json "$OUT/offload-qwen3-4b.json" \
-    2>&1 | tail -30 | tee "$OUT/offload.log"
+    ${OFFLOAD_ARGS:-} 2>&1 | tail -30 | tee "$OUT/offload.log"
 fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"

@@ -84,7 +84,7 @@ def lines(out: Path) -> list[tuple[str, str]]:
         v = so["validate"]
         rows.append(("8B structured outputs valid", f"{v['valid']}/{v['schemas']} "
                      f"{'; '.join(v['failures'])}"))
-    rows += offload_rows(load(out, "offload-qwen3-4b.json"))
+    rows += offload_rows(load(out, "offload-qwen3-4b.json"), load(out, "offload-copy.json"))
     st = load(out, "startup-qwen3-4b.json")
     if st:
         for key in ("cold", "warm"):
@@ -94,12 +94,20 @@ def lines(out: Path) -> list[tuple[str, str]]:
     return rows
 
 
-def offload_rows(o: Any) -> list[tuple[str, str]]:
+def offload_rows(o: Any, copy: Any) -> list[tuple[str, str]]:
     """Issue 12's goals: host restore at 16k >= 10x faster than cold, <= 1.3x the copy floor."""
+    rows = []
+    if copy:
+        f = copy["floor_ms"]
+        rows.append((f"restore copy {copy['blocks']} blocks",
+                     f"floor {f:.1f} ms; staged {copy['staged_consecutive_ms']:.1f} "
+                     f"({copy['staged_consecutive_ms'] / f:.2f}x), scattered slots "
+                     f"{copy['staged_scattered_ms'] / f:.2f}x; matmuls beside it "
+                     f"{copy['matmul_beside_restore_ms'] / copy['matmul_alone_ms']:.2f}x"))
     if not o:
-        return []
+        return rows
     c = o["copy_gbps"]
-    rows = [("pinned copy rate", f"H2D {c['h2d']:.1f} GB/s, D2H {c['d2h']:.1f} GB/s")]
+    rows.append(("pinned copy rate", f"H2D {c['h2d']:.1f} GB/s, D2H {c['d2h']:.1f} GB/s"))
     for r in o.get("restore", []):
         rows.append((f"4B restore TTFT {r['input_len']}",
                      f"cold {r['cold_ms_p50']:.1f}  hbm {r['hbm_ms_p50']:.1f}  host "

@@ -61,11 +61,11 @@ def test_kernel_matches_reference(case: str) -> None:
     width = sum(t[0].nbytes for t in tensors)
     ours = torch.zeros((4, width), dtype=torch.uint8, device=DEVICE)
     ref = torch.zeros_like(ours)
-    kernels.gather_blocks(tensors, ids, ours)
+    kernels.Kernels(tensors).gather(ids, ours)
     reference.gather_blocks_ref(tensors, ids, ref)
     assert torch.equal(ours, ref)
     a, b = paged(n, blocks, shape, dtype, seed=4), paged(n, blocks, shape, dtype, seed=4)
-    kernels.scatter_blocks(ours, ids, a)
+    kernels.Kernels(a).scatter(ours, ids)
     reference.scatter_blocks_ref(ref, ids, b)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 

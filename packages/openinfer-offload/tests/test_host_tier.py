@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from offload_fixtures import NUM_BLOCKS, context, fake_kv
+from offload_fixtures import NUM_BLOCKS, FakeKV, context, fake_kv
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.interfaces.offload import OffloadTier, TierStats
@@ -142,6 +142,7 @@ def test_blocks_written_through_come_back_from_the_store() -> None:
     assert lease.num_blocks == 2   # needs slots the store's blocks take: 3 and 4 are reused
     load = tier.load(lease, [8, 9])
     assert not load.poll()  # the store's reads wait for the gate
+    assert not load.stream_wait()  # nothing to chain on yet: the host still has work
     store.gate.set()
     wait(load)
     tier.release(lease)
@@ -192,3 +193,25 @@ def test_evict_all_spares_leased_blocks() -> None:
     assert tier.query([2]).num_blocks == 1
     tier.release(lease)
     assert tier.slots.num_used == 1
+
+
+@pytest.mark.gpu
+def test_work_queued_after_stream_wait_sees_the_restored_blocks() -> None:
+    """No host poll: the compute stream itself waits for the copy (256 MiB, long enough that
+    a read racing it would see the zeros)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tensors = [torch.randn((16, 1024, 1024), generator=g, device="cuda") for _ in range(2)]
+    kv = FakeKV(tensors)
+    tier = HostTier(context(kv, host_blocks=16))
+    wait(tier.save(list(range(100, 116)), list(range(16))))
+    expected = [kv.block(b).clone() for b in range(16)]
+    for _ in range(3):
+        for t in tensors:
+            t.zero_()
+        lease = tier.query(list(range(100, 116)))
+        load = tier.load(lease, list(range(16)))
+        assert load.stream_wait() and load.num_blocks == 16
+        got = [kv.block(b).clone() for b in range(16)]  # queued on the current stream
+        wait(load)
+        tier.release(lease)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

@@ -3,7 +3,7 @@ openinfer-core."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from openinfer_core.interfaces.kv import PrefixCacheStats
 from openinfer_kvcache.block_hash import ROOT_PARENT_HASH, iter_block_hashes
@@ -129,11 +129,12 @@ class PagedKVManager:
         # A block freed since stays findable until reused; one reused since is dropped.
         return [(h, b) for h, b in sealed if self.pool.block_hash(b) == h]
 
-    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
-        known = self._hashes.get(request_id, [])
-        return known + list(iter_block_hashes(
-            token_ids, self.block_size, stop=len(token_ids) - 1, start=len(known),
-            parent_hash=known[-1] if known else ROOT_PARENT_HASH))
+    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> Iterator[int]:
+        known = list(self._hashes.get(request_id, ()))
+        yield from known
+        yield from iter_block_hashes(token_ids, self.block_size, stop=len(token_ids) - 1,
+                                     start=len(known),
+                                     parent_hash=known[-1] if known else ROOT_PARENT_HASH)
 
     def reserve(self, request_id: str, num_tokens: int) -> bool:
         lookup = self._pending_stats.pop(request_id, None)

@@ -31,6 +31,12 @@ class _Entry:
     store: BlockStore | None  # None: in host memory; else read from this store first
 
 
+def _wait_for(event: torch.cuda.Event | None) -> None:
+    """The current stream waits for `event` (None: a copy that already happened)."""
+    if event is not None:
+        torch.cuda.current_stream().wait_event(event)
+
+
 class _Save:
     """Device -> host; on landing its slots become findable and go to the stores."""
 
@@ -50,6 +56,10 @@ class _Save:
             self._tier._saved(self._entries)
         return self._done
 
+    def stream_wait(self) -> bool:
+        _wait_for(self._event)
+        return True
+
 
 class _Load:
     """Store -> host (on the I/O threads), then host -> device."""
@@ -68,8 +78,19 @@ class _Load:
         return self._num_blocks
 
     def poll(self) -> bool:
-        if self._done:
-            return True
+        if not self._done and self._start_copy():
+            self._done = self._event is None or self._event.query()
+        return self._done
+
+    def stream_wait(self) -> bool:
+        if not self._start_copy():
+            return False
+        if not self._done:
+            _wait_for(self._event)
+        return True
+
+    def _start_copy(self) -> bool:
+        """Once every store read is done, queue the copy to the device; whether it is queued."""
         if not self._copying:
             if not all(future.done() for _, future in self._reads):
                 return False
@@ -77,9 +98,7 @@ class _Load:
             self._event = self._tier._copy_in(self._entries[:self._num_blocks],
                                               self._block_ids[:self._num_blocks])
             self._copying = True
-        if self._event is None or self._event.query():
-            self._done = True
-        return self._done
+        return True
 
 
 class HostTier:

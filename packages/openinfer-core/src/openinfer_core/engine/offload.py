@@ -7,14 +7,16 @@ never reused, and so never saved under a hash its new contents do not have.
 Restoring: when the scheduler admits a request, the blocks after its device prefix hit are
 looked up in the tiers. If some are found, fresh device blocks are reserved for them and the
 copy starts; the request waits in `loading` while the others are admitted and run. When the
-copy lands, the blocks become findable under their hashes and are let go, and the request goes
-back to the head of the queue, where its admission finds them as an ordinary prefix hit
-(its `cached_tokens` counts them)."""
+copy lands (or, with nothing else running, as soon as it is queued on the device, the compute
+stream waiting for it), the blocks become findable under their hashes and are let go, and the
+request goes back to the head of the queue, where its admission finds them as an ordinary
+prefix hit (its `cached_tokens` counts them)."""
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -45,17 +47,42 @@ log = logging.getLogger("openinfer")
 
 FINGERPRINT_VERSION = 1  # bump when what a block's bytes mean changes
 
+# Blocks per piece of a restore: a small first piece starts the copy soon; the host hashes and
+# looks up the next pieces (microseconds a block) while the copy runs (tens of microseconds).
+# The last size repeats.
+PIECES = (32, 128, 512)
+
 
 @dataclass(slots=True, eq=False)
 class Loading:
-    """A request waiting for its prefix to come back from a tier."""
+    """A request waiting for its prefix to come back from a tier, in pieces (leased and
+    copied one after another, so the first copy starts before the whole prompt is hashed)."""
 
     seq: Sequence
-    lease: Lease
-    transfer: Transfer
     held_blocks: int  # device prefix hit, already in its table before the load
+    pieces: list[tuple[Lease, Transfer]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     aborted: bool = False
+
+    def ready(self, chain: bool) -> bool:
+        """Every piece landed, or, with `chain`, queued ahead of the compute stream's next
+        work (`Transfer.stream_wait`)."""
+        transfers = [t for _, t in self.pieces]
+        return (all(t.poll() for t in transfers)
+                or (chain and all(t.stream_wait() for t in transfers)))
+
+    def landed(self) -> bool:
+        return all(t.poll() for _, t in self.pieces)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks restored, from the first: up to the first piece that came back short."""
+        total = 0
+        for lease, transfer in self.pieces:
+            total += transfer.num_blocks
+            if transfer.num_blocks < lease.num_blocks:
+                break
+        return total
 
 
 def fingerprint(config: EngineConfig, hf_config: dict[str, Any],
@@ -84,7 +111,8 @@ class KVOffload:
         self.kv = kv
         kv.track_sealed()
         self._saves: list[tuple[Transfer, list[int]]] = []
-        self._loads = 0  # started, not yet finished
+        self._loads = 0  # started, not yet landed
+        self._landing: list[Loading] = []  # handed back to the scheduler, not yet landed
         self._restores = 0
         self._restored_blocks = 0
         self._restore_seconds = 0.0
@@ -121,8 +149,11 @@ class KVOffload:
 
     # -- saving ----------------------------------------------------------------------------
     def after_step(self) -> None:
-        """Save what the last step sealed; let go of blocks whose saves landed."""
+        """Save what the last step sealed; let go of blocks whose saves landed and of leases
+        whose loads landed."""
         self._reap_saves()
+        if self._landing:
+            self._reap_loads()
         sealed = self.kv.take_sealed()
         if not sealed:
             return
@@ -145,44 +176,70 @@ class KVOffload:
     # -- restoring -------------------------------------------------------------------------
     def start_load(self, seq: Sequence) -> Loading | None:
         """Called once the request's device prefix hit is attached: look the rest of its
-        prefix up and start copying what the tiers have. None (nothing changed) when they
-        have nothing, or when too few device blocks are free for it; only the latter leaves
-        `seq.offload_probed` unset, so the lookup is tried again at the next admission."""
+        prefix up and start copying what the tiers have, a piece at a time (`PIECES`). None
+        (nothing changed) when they have nothing, or when too few device blocks are free for
+        the first piece; only the latter leaves `seq.offload_probed` unset, so the lookup is
+        tried again at the next admission. Later pieces stop at a miss or at the free blocks."""
         rid = seq.request_id
         held = len(self.kv.block_ids(rid))
-        hashes = self.kv.prefix_hashes(rid, seq.token_ids)[held:]
-        lease = self.tier.query(hashes) if hashes else None
-        if lease is None or lease.num_blocks == 0:
-            seq.offload_probed = True
-            if lease is not None:
+        hashes = itertools.islice(self.kv.prefix_hashes(rid, seq.token_ids), held, None)
+        loading = Loading(seq, held)
+        found = held
+        for size in itertools.chain(PIECES, itertools.repeat(PIECES[-1])):
+            piece = list(itertools.islice(hashes, size))
+            lease = self.tier.query(piece) if piece else None
+            if lease is None or lease.num_blocks == 0:
+                if lease is not None:
+                    self.tier.release(lease)
+                break
+            if not self.kv.reserve(rid, (found + lease.num_blocks) * self.kv.block_size):
                 self.tier.release(lease)
-            return None
-        if not self.kv.reserve(rid, (held + lease.num_blocks) * self.kv.block_size):
-            self.tier.release(lease)
-            return None
+                if not loading.pieces:
+                    return None
+                break
+            targets = list(self.kv.block_ids(rid)[found:found + lease.num_blocks])
+            loading.pieces.append((lease, self.tier.load(lease, targets)))
+            found += lease.num_blocks
+            if lease.num_blocks < len(piece):
+                break
         seq.offload_probed = True  # one restore per request: no thrashing
-        targets = list(self.kv.block_ids(rid)[held:held + lease.num_blocks])
+        if not loading.pieces:
+            return None
         self._loads += 1
-        return Loading(seq, lease, self.tier.load(lease, targets), held)
+        return loading
 
-    def finish_load(self, loading: Loading) -> bool:
-        """If `loading`'s copy has landed: make its blocks findable, release them and the
-        lease, and return True. Never blocks."""
-        if not loading.transfer.poll():
+    def finish_load(self, loading: Loading, chain: bool) -> bool:
+        """If `loading`'s blocks are ready for the next step, make them findable, let them go
+        and return True. Ready means landed, or, with `chain`, queued on the device ahead of
+        every later step: the compute stream waits for the copy instead of the engine thread,
+        so the request's step is launched while its KV is still on its way (every step after
+        it waits too, so the scheduler chains only when nothing else runs). The leases are
+        released once the copies land (`after_step`). Never blocks."""
+        if not loading.ready(chain):
             return False
         seq = loading.seq
-        self._loads -= 1
-        landed = loading.transfer.num_blocks
-        self.tier.release(loading.lease)
         self.kv.cache_blocks(seq.request_id, seq.token_ids,
-                             (loading.held_blocks + landed) * self.kv.block_size)
+                             (loading.held_blocks + loading.num_blocks) * self.kv.block_size)
         self.kv.free(seq.request_id)
-        seconds = time.monotonic() - loading.started
-        self._restores += 1
-        self._restored_blocks += landed
-        self._restore_seconds += seconds
-        self._buckets[bisect.bisect_left(RESTORE_BUCKETS, seconds)] += 1
+        self._landing.append(loading)
         return True
+
+    def _reap_loads(self) -> None:
+        """Release the leases of loads whose copies landed; count the restores."""
+        still: list[Loading] = []
+        for loading in self._landing:
+            if not loading.landed():
+                still.append(loading)
+                continue
+            for lease, _ in loading.pieces:
+                self.tier.release(lease)
+            self._loads -= 1
+            seconds = time.monotonic() - loading.started
+            self._restores += 1
+            self._restored_blocks += loading.num_blocks
+            self._restore_seconds += seconds
+            self._buckets[bisect.bisect_left(RESTORE_BUCKETS, seconds)] += 1
+        self._landing = still
 
     # -- the rest --------------------------------------------------------------------------
     def stats(self) -> OffloadStats:
@@ -194,9 +251,11 @@ class KVOffload:
         return bool(self._saves) or self._loads > 0
 
     def busy(self) -> bool:
-        """Saves still in flight (the engine keeps stepping until they land)."""
-        return bool(self._saves)
+        """Saves, or loads already handed back, still in flight (the engine keeps stepping
+        until they land)."""
+        return bool(self._saves or self._landing)
 
     def close(self) -> None:
         self.tier.close()
         self._reap_saves()
+        self._reap_loads()

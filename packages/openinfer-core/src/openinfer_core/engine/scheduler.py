@@ -83,7 +83,7 @@ class FcfsScheduler:
         for loading in self.loading:
             seq = loading.seq
             if seq.request_id == request_id and not loading.aborted:
-                # Its blocks stay held until the copy into them lands (`_finish_loads`).
+                # Its blocks stay held until the copy into them is ready (`_finish_loads`).
                 loading.aborted = True
                 seq.status = SeqStatus.FINISHED
                 return [Finished(request_id, FinishReason.ABORT, seq.num_prompt_tokens, 0)]
@@ -144,9 +144,10 @@ class FcfsScheduler:
     def _finish_loads(self) -> None:
         """Requests whose restore landed go back to the head of the queue."""
         assert self.offload is not None
+        chain = not (self.running or self.finishing)  # nothing else would wait on the copy
         still: list[Loading] = []
         for loading in self.loading:
-            if not self.offload.finish_load(loading):
+            if not self.offload.finish_load(loading, chain):
                 still.append(loading)
             elif not loading.aborted:
                 loading.seq.status = SeqStatus.WAITING

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -97,9 +97,10 @@ class OffloadableKV(KVManager, Protocol):
         findable (a request may have freed them since; none was reused), in order."""
         ...
 
-    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[int]:
+    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> Iterator[int]:
         """Hashes of the full blocks of `token_ids` a prefix hit may cover (at least one token
-        is left to compute), from the first. Pure."""
+        is left to compute), from the first, computed as they are taken (a restore starts
+        copying before the whole prompt is hashed). Pure."""
         ...
 
     def reserve(self, request_id: str, num_tokens: int) -> bool:

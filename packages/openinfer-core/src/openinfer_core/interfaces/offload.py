@@ -89,10 +89,18 @@ class Transfer(Protocol):
         """True once the copy has landed (then stays True). Never blocks."""
         ...
 
+    def stream_wait(self) -> bool:
+        """If all that is left of the copy is queued on a device stream, make the current
+        stream wait for it and return True: work queued on the current stream from then on
+        sees the copied blocks, though `poll()` may still be False. False while the copy
+        waits on the host (a store's read). Never blocks the host."""
+        ...
+
     @property
     def num_blocks(self) -> int:
-        """Blocks that landed, from the first; read it once `poll()` is True. A load may land
-        fewer than it was asked for (a store's copy turned out corrupt): the rest are a miss."""
+        """Blocks that land, from the first; read it once `poll()` or `stream_wait()` is
+        True. A load may land fewer than it was asked for (a store's copy turned out
+        corrupt): the rest are a miss."""
         ...
 
 

@@ -22,19 +22,26 @@ def _kernels() -> ModuleType | None:
     return kernels
 
 
-def gather_blocks(tensors: Sequence[torch.Tensor], ids: torch.Tensor, out: torch.Tensor) -> None:
-    """`out[i]` = block `ids[i]` of every tensor, as bytes."""
-    kernels = _kernels() if out.is_cuda else None
-    if kernels is not None and kernels.supports(tensors):
-        kernels.gather_blocks(tensors, ids, out)
-    else:
-        gather_blocks_ref(tensors, ids, out)
+class BlockMover:
+    """Gathers and scatters for one fixed list of paged tensors; which implementation runs
+    is decided once."""
 
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.tensors = list(tensors)
+        kernels = _kernels() if self.tensors[0].is_cuda else None
+        self._kernels = (kernels.Kernels(self.tensors)
+                         if kernels is not None and kernels.supports(self.tensors) else None)
 
-def scatter_blocks(src: torch.Tensor, ids: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Block `ids[i]` of every tensor = `src[i]` (the inverse of `gather_blocks`)."""
-    kernels = _kernels() if src.is_cuda else None
-    if kernels is not None and kernels.supports(tensors):
-        kernels.scatter_blocks(src, ids, tensors)
-    else:
-        scatter_blocks_ref(src, ids, tensors)
+    def gather(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """`out[i]` = block `ids[i]` of every tensor, as bytes."""
+        if self._kernels is not None:
+            self._kernels.gather(ids, out)
+        else:
+            gather_blocks_ref(self.tensors, ids, out)
+
+    def scatter(self, src: torch.Tensor, ids: torch.Tensor) -> None:
+        """Block `ids[i]` of every tensor = `src[i]` (the inverse of `gather`)."""
+        if self._kernels is not None:
+            self._kernels.scatter(src, ids)
+        else:
+            scatter_blocks_ref(src, ids, self.tensors)
