@@ -216,13 +216,16 @@ def reference_blocks(e: Engine, tokens: list[int]) -> dict[int, torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pieces", [offload.PIECES, SMALL_PIECES])
 def test_stress_with_aborts_leaves_nothing_behind(qwen3_dir: Path, tmp_path: Path,
+                                                  pieces: tuple[int, ...],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """500 requests over 12 shared prefixes, a quarter aborted at random moments, host memory
     and disk both small. Device -> host copies land only at their fourth poll, steps later,
     as on a GPU: a block let go before its copy landed would be saved with another prefix's
     KV under its old hash, and the byte check at the end would see it (it does, with the
     engine's hold on saved blocks taken out)."""
+    monkeypatch.setattr(offload, "PIECES", pieces)
     real = DeviceCopier.to_host
 
     class Later:

@@ -178,8 +178,9 @@ class KVOffload:
         """Called once the request's device prefix hit is attached: look the rest of its
         prefix up and start copying what the tiers have, a piece at a time (`PIECES`). None
         (nothing changed) when they have nothing, or when too few device blocks are free for
-        all the prefix could need; only the latter leaves `seq.offload_probed` unset, so the
-        lookup is tried again at the next admission. A later piece stops at a miss."""
+        the first piece. Pieces stop at a miss, or where the free blocks end: only that (and
+        no blocks for the first piece) leaves `seq.offload_probed` unset, so the lookup goes
+        on at the next admission."""
         rid = seq.request_id
         held = len(self.kv.block_ids(rid))
         hashes = itertools.islice(self.kv.prefix_hashes(rid, seq.token_ids), held, None)
@@ -192,12 +193,14 @@ class KVOffload:
                 if lease is not None:
                     self.tier.release(lease)
                 break
-            # Blocks for the longest prefix a restore can bring, taken once: a restore either
-            # waits for all of them or never stops short for want of them.
-            if not loading.pieces and not self.kv.reserve(
-                    rid, (len(seq.token_ids) - 1) // self.kv.block_size * self.kv.block_size):
+            if not self.kv.reserve(rid, (found + lease.num_blocks) * self.kv.block_size):
                 self.tier.release(lease)
-                return None
+                if not loading.pieces:
+                    return None
+                # Short of blocks: what was started lands, and the request's next admission
+                # (at once) finds it in HBM and restores the rest when blocks allow.
+                self._loads += 1
+                return loading
             targets = list(self.kv.block_ids(rid)[found:found + lease.num_blocks])
             loading.pieces.append((lease, self.tier.load(lease, targets)))
             found += lease.num_blocks
