@@ -177,10 +177,9 @@ class KVOffload:
     def start_load(self, seq: Sequence) -> Loading | None:
         """Called once the request's device prefix hit is attached: look the rest of its
         prefix up and start copying what the tiers have, a piece at a time (`PIECES`). None
-        (nothing changed) when they have nothing, or when too few device blocks are free for
-        the first piece. Pieces stop at a miss, or where the free blocks end: only that (and
-        no blocks for the first piece) leaves `seq.offload_probed` unset, so the lookup goes
-        on at the next admission."""
+        (nothing changed) when they have nothing, or when too few device blocks are free;
+        only the latter leaves `seq.offload_probed` unset, so the lookup is tried again at the
+        next admission."""
         rid = seq.request_id
         held = len(self.kv.block_ids(rid))
         hashes = itertools.islice(self.kv.prefix_hashes(rid, seq.token_ids), held, None)
@@ -193,14 +192,14 @@ class KVOffload:
                 if lease is not None:
                     self.tier.release(lease)
                 break
-            if not self.kv.reserve(rid, (found + lease.num_blocks) * self.kv.block_size):
+            # Device blocks are taken once, before the first copy: for the run found if the
+            # first piece ended it, else for the whole prefix (what later pieces find is not
+            # known yet). A restore waits for all its blocks or never runs short of them.
+            whole = (len(seq.token_ids) - 1) // self.kv.block_size
+            need = found + lease.num_blocks if lease.num_blocks < len(piece) else whole
+            if not loading.pieces and not self.kv.reserve(rid, need * self.kv.block_size):
                 self.tier.release(lease)
-                if not loading.pieces:
-                    return None
-                # Short of blocks: what was started lands, and the request's next admission
-                # (at once) finds it in HBM and restores the rest when blocks allow.
-                self._loads += 1
-                return loading
+                return None
             targets = list(self.kv.block_ids(rid)[found:found + lease.num_blocks])
             loading.pieces.append((lease, self.tier.load(lease, targets)))
             found += lease.num_blocks
@@ -217,7 +216,7 @@ class KVOffload:
         and return True. Ready means landed, or, with `chain`, queued on the device ahead of
         every later step: the compute stream waits for the copy instead of the engine thread,
         so the request's step is launched while its KV is still on its way (every step after
-        it waits too, so the scheduler chains only when nothing else runs). The leases are
+        it waits too, so the scheduler chains only a request that is alone). The leases are
         released once the copies land (`after_step`). Never blocks."""
         if not loading.ready(chain):
             return False

@@ -144,7 +144,8 @@ class FcfsScheduler:
     def _finish_loads(self) -> None:
         """Requests whose restore landed go back to the head of the queue."""
         assert self.offload is not None
-        chain = not (self.running or self.finishing)  # nothing else would wait on the copy
+        # Only for a request that is alone would nothing else wait on its copy.
+        chain = len(self.loading) == 1 and not (self.running or self.finishing or self.waiting)
         still: list[Loading] = []
         for loading in self.loading:
             if not self.offload.finish_load(loading, chain):
