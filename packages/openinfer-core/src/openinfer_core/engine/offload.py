@@ -7,10 +7,10 @@ never reused, and so never saved under a hash its new contents do not have.
 Restoring: when the scheduler admits a request, the blocks after its device prefix hit are
 looked up in the tiers. If some are found, fresh device blocks are reserved for them and the
 copy starts; the request waits in `loading` while the others are admitted and run. When the
-copy lands (or, with nothing else running, as soon as it is queued on the device, the compute
-stream waiting for it), the blocks become findable under their hashes and are let go, and the
-request goes back to the head of the queue, where its admission finds them as an ordinary
-prefix hit (its `cached_tokens` counts them)."""
+copy lands (or, for a request that is alone, as soon as it is queued on the device, the
+compute stream waiting for it), the blocks become findable under their hashes and are let go,
+and the request goes back to the head of the queue, where its admission finds them as an
+ordinary prefix hit (its `cached_tokens` counts them)."""
 
 from __future__ import annotations
 
@@ -185,6 +185,7 @@ class KVOffload:
         hashes = itertools.islice(self.kv.prefix_hashes(rid, seq.token_ids), held, None)
         loading = Loading(seq, held)
         found = held
+        whole = (len(seq.token_ids) - 1) // self.kv.block_size  # blocks a hit may cover
         for size in itertools.chain(PIECES, itertools.repeat(PIECES[-1])):
             piece = list(itertools.islice(hashes, size))
             lease = self.tier.query(piece) if piece else None
@@ -195,7 +196,6 @@ class KVOffload:
             # Device blocks are taken once, before the first copy: for the run found if the
             # first piece ended it, else for the whole prefix (what later pieces find is not
             # known yet). A restore waits for all its blocks or never runs short of them.
-            whole = (len(seq.token_ids) - 1) // self.kv.block_size
             need = found + lease.num_blocks if lease.num_blocks < len(piece) else whole
             if not loading.pieces and not self.kv.reserve(rid, need * self.kv.block_size):
                 self.tier.release(lease)
