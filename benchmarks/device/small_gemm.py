@@ -1,0 +1,85 @@
+"""Small-batch linear layers against the read-bandwidth floor: for each of Qwen3-4B/8B's decode
+GEMMs at M rows, cuBLAS (`F.linear`) and the best of a grid of Triton tiles
+(`openinfer_kernels.linear.triton`), each beside its weight bytes over the bandwidth measured
+in the same run. Every Triton result is checked against cuBLAS first. Timings by
+`triton.testing.do_bench`, which clears L2 before each call (the weights would otherwise sit
+in the H100's 50 MB L2 between calls, which they never do in a step).
+
+Usage: python small_gemm.py [--rows 1 16] [--json F]"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from openinfer_kernels.linear.triton import Tile, linear_triton
+from openinfer_server.bench.ceiling import measure_ceiling
+
+SHAPES = {  # name: (N, K), weight [N, K]
+    "4B qkv": (6144, 2560), "4B o": (2560, 4096), "4B gate_up": (19456, 2560),
+    "4B down": (2560, 9728), "4B lm_head": (151936, 2560),
+    "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (24576, 4096),
+    "8B down": (4096, 12288),
+}
+
+
+def tiles(m: int) -> list[Tile]:
+    if m == 1:  # the CUDA-core path: any column count
+        grid = itertools.product((4, 8, 16, 32), (256, 512), (1, 2, 4), (4, 8))
+    else:  # tl.dot: 16 columns at least
+        grid = itertools.product((16, 32, 64), (128, 256), (1, 2, 4), (4,))
+    return [Tile(n, k, s, w) for n, k, s, w in grid]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    ceiling = measure_ceiling(torch.device("cuda"))
+    gbps = ceiling.read_gbps
+    rows: list[dict[str, Any]] = []
+    print(f"read bandwidth {gbps:.0f} GB/s on {ceiling.gpu}", flush=True)
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        w = torch.randn((n, k), device="cuda", dtype=torch.bfloat16) * 0.02
+        floor_us = n * k * 2 / (gbps * 1e9) * 1e6
+        for m in args.rows:
+            x = torch.randn((m, k), device="cuda", dtype=torch.bfloat16)
+            want = F.linear(x, w)
+            cublas = triton.testing.do_bench(lambda x=x, w=w: F.linear(x, w), warmup=10,
+                                             rep=50) * 1e3
+            best: tuple[float, Tile] | None = None
+            for tile in tiles(m):
+                try:
+                    got = linear_triton(x, w, tile)
+                except triton.runtime.errors.OutOfResources:
+                    continue
+                torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2e-2)
+                us = triton.testing.do_bench(lambda x=x, w=w, t=tile: linear_triton(x, w, t),
+                                             warmup=5, rep=25) * 1e3
+                if best is None or us < best[0]:
+                    best = (us, tile)
+            assert best is not None
+            row = {"shape": name, "n": n, "k": k, "m": m, "floor_us": floor_us,
+                   "cublas_us": cublas, "triton_us": best[0], "tile": list(
+                       (best[1].block_n, best[1].block_k, best[1].split_k, best[1].num_warps,
+                        best[1].num_stages))}
+            rows.append(row)
+            print(f"{name:12s} M={m:<3d} floor {floor_us:7.1f} us  cuBLAS {cublas:7.1f} "
+                  f"({cublas / floor_us:4.2f}x)  triton {best[0]:7.1f} "
+                  f"({best[0] / floor_us:4.2f}x) {row['tile']}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"ceiling": ceiling.as_dict(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

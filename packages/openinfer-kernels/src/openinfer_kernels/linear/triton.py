@@ -1,0 +1,109 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Small-batch linear layers (M <= 32 rows): at batch 1 to 32 a decode step's GEMMs only stream
+their weights, so the kernels are built to keep enough weight bytes in flight rather than for
+FLOPs. A program owns BLOCK_N output columns (weight rows) and a 1/SPLIT_K share of K, and
+streams [BLOCK_N, BLOCK_K] weight tiles; with SPLIT_K > 1 the shares land in an fp32 workspace
+and a second kernel adds them in a fixed order, so results do not depend on timing.
+M = 1 multiplies on the CUDA cores (a row dot per column); larger M pads the rows to 16 and
+uses `tl.dot`. (The mypy line above: @triton.jit functions annotate only their constexpr
+parameters.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.attention.triton import _dot
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                   k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, M_PAD)
+    n_ok = rn < N
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if M_PAD == 1:
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k in range(k_start, k_end, BLOCK_K):
+            rk = k + tl.arange(0, BLOCK_K)
+            k_ok = rk < k_end
+            w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        result = acc[None, :]
+    else:
+        acc2 = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+        for k in range(k_start, k_end, BLOCK_K):
+            rk = k + tl.arange(0, BLOCK_K)
+            k_ok = rk < k_end
+            w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                        mask=(rm < M)[:, None] & k_ok[None, :], other=0.0)
+            acc2 += _dot(x, tl.trans(w), PRECISION, UPCAST)
+        result = acc2
+    mask = (rm < M)[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :],
+                 result.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # out_ptr is the fp32 workspace [SPLIT_K, M, N]
+        tl.store(out_ptr + (split * M + rm[:, None]) * N + rn[None, :], result, mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT_K):  # a fixed order: the same sum every run
+        total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
+    m = offs // N
+    n = offs % N
+    tl.store(out_ptr + m * stride_om + n, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
+    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in x's dtype."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m > 32 or x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError(f"small-batch linear needs M <= 32 and K-contiguous operands, got "
+                         f"x {tuple(x.shape)} strides {x.stride()}")
+    m_pad = 1 if m == 1 else 16 if m <= 16 else 32
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    split = tile.split_k
+    k_per_split = triton.cdiv(triton.cdiv(k, split), tile.block_k) * tile.block_k
+    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
+                                                device=x.device)
+    grid = (triton.cdiv(n, tile.block_n), split)
+    _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+                         k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
+                         BLOCK_K=tile.block_k, SPLIT_K=split,
+                         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                         UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
+                         num_stages=tile.num_stages)
+    if split > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, n, out.stride(0),
+                                                         SPLIT_K=split, BLOCK=block)
+    return out

@@ -1,0 +1,54 @@
+"""Small-batch linear kernels against the fp32 reference, at odd shapes (rows, columns and K
+that no tile divides) and with K split so that some splits are short or empty."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openinfer_kernels.linear import linear_ref
+from openinfer_kernels.linear.triton import Tile, linear_triton
+
+# The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# fp32 sums in another order than the reference's: a few ulps of the largest partial sum. bf16:
+# the one rounding of the output, plus that.
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2**-7, atol=1e-2)}
+
+TILES = {
+    "n16-k32": Tile(16, 32),
+    "n16-k32-split3": Tile(16, 32, split_k=3),
+    "n32-k64-split4": Tile(32, 64, split_k=4),  # K=100: the last split is empty
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 5, 7), (1, 40, 100), (3, 40, 100),
+                                           (17, 33, 70), (32, 16, 32)])
+def test_linear_matches_reference(m: int, n: int, k: int, tile: str, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(m * 10_000 + n * 100 + k)
+    x = torch.randn((m, k), generator=g).to(dtype).to(DEVICE)
+    w = torch.randn((n, k), generator=g).to(dtype).to(DEVICE)
+    out = linear_triton(x, w, TILES[tile])
+    assert out.shape == (m, n) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), linear_ref(x, w).float(), **TOL[dtype])
+
+
+def test_split_k_is_deterministic() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((3, 100), generator=g).to(DEVICE)
+    w = torch.randn((40, 100), generator=g).to(DEVICE)
+    first = linear_triton(x, w, TILES["n16-k32-split3"])
+    assert all(torch.equal(first, linear_triton(x, w, TILES["n16-k32-split3"]))
+               for _ in range(3))
+
+
+def test_a_strided_weight_is_refused() -> None:
+    x = torch.zeros((2, 8), device=DEVICE)
+    with pytest.raises(ValueError, match="K-contiguous"):
+        linear_triton(x, torch.zeros((8, 4), device=DEVICE).t(), TILES["n16-k32"])
+    with pytest.raises(ValueError, match="M <= 32"):
+        linear_triton(torch.zeros((33, 8), device=DEVICE), torch.zeros((4, 8), device=DEVICE),
+                      TILES["n16-k32"])
