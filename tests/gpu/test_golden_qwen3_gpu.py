@@ -34,7 +34,7 @@ RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-resul
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from openinfer_qwen3.demo import write_random_weights
+    from openinfer_qwen3.random_weights import write_random_weights
     from openinfer_qwen3.shapes import write_config_folder
 
     folder = write_config_folder("Qwen3-4B", tmp_path_factory.mktemp("qwen3-4b"))

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from openinfer_core.plugins import PluginManager
 from openinfer_core.registry import import_target
 from openinfer_core.weights.checkpoint import Checkpoint
-from openinfer_qwen3 import demo, plugin
+from openinfer_qwen3 import demo, plugin, random_weights
 from openinfer_qwen3.config import Qwen3Config
 
 
@@ -125,9 +125,9 @@ def test_random_weights_follow_the_config(tmp_path: Path) -> None:
     (src / "config.json").write_text(json.dumps(config))
     dest = tmp_path / "dest"
     dest.mkdir()
-    demo.write_random_weights(src, dest)
+    random_weights.write_random_weights(src, dest)
     tensors = _tensors(dest)
-    shapes = demo.tensor_shapes(Qwen3Config.from_dict(config))
+    shapes = random_weights.tensor_shapes(Qwen3Config.from_dict(config))
     assert {k: tuple(v.shape) for k, v in tensors.items()} == shapes
     assert "lm_head.weight" in tensors and "model.layers.0.self_attn.q_proj.bias" in tensors
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
@@ -136,20 +136,20 @@ def test_random_weights_follow_the_config(tmp_path: Path) -> None:
 
 def test_random_weights_shard_large_checkpoints(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "MAX_SHARD_BYTES", 200_000)
+    monkeypatch.setattr(random_weights, "MAX_SHARD_BYTES", 200_000)
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
     dest.mkdir()
     config = _qwen3_config()
     (src / "config.json").write_text(json.dumps(config))
-    demo.write_random_weights(src, dest)
+    random_weights.write_random_weights(src, dest)
     index = json.loads((dest / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
     ckpt = Checkpoint(dest)
     try:
         cfg = Qwen3Config.from_dict(config)
-        for name, shape in demo.tensor_shapes(cfg).items():
+        for name, shape in random_weights.tensor_shapes(cfg).items():
             assert tuple(ckpt.get(name, shape=shape, dtype=torch.float32,
                                   device=torch.device("cpu")).shape) == shape
     finally:
@@ -163,4 +163,4 @@ def test_random_weights_refuse_an_unknown_dtype(tmp_path: Path) -> None:
 
     (tmp_path / "config.json").write_text(json.dumps(_qwen3_config(torch_dtype="int4")))
     with pytest.raises(ModelConfigError, match="torch_dtype 'int4'"):
-        demo.write_random_weights(tmp_path, tmp_path)
+        random_weights.write_random_weights(tmp_path, tmp_path)

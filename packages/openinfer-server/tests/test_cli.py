@@ -212,6 +212,8 @@ def test_serve_demo_end_to_end(tmp_path: Path) -> None:
     try:
         url = wait_for_ready(proc, log, timeout=240)
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        # torch lives in the engine process only (the demo's weights were made in a child too)
+        assert "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text()
         models = httpx.get(f"{url}/v1/models", timeout=10).json()
         assert [m["id"] for m in models["data"]] == ["openinfer-demo"]
         reply = httpx.post(f"{url}/v1/completions", timeout=60, json={

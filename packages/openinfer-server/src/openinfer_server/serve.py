@@ -78,7 +78,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             kv_offload_host_gib=args.kv_offload_host_gib,
             kv_offload_disk_dir=args.kv_offload_disk_dir,
             kv_offload_disk_gib=args.kv_offload_disk_gib)
-        config.torch_device()
+        config.check_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")
         parser.error(f"argument --{exc.param.replace('_', '-')}: {reason}")

@@ -1,17 +1,22 @@
-"""Engine settings, with vLLM's names and defaults where they exist."""
+"""Engine settings, with vLLM's names and defaults where they exist. Importing this module
+imports no torch: the API process builds and checks an `EngineConfig` without it."""
 
 from __future__ import annotations
 
+import ctypes
+import re
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from openinfer_core.errors import InvalidParameterError
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+if TYPE_CHECKING:
+    import torch
+
+_DTYPES = {  # accepted names -> torch's
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
 }
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -72,23 +77,48 @@ class EngineConfig:
             raise InvalidParameterError(
                 "dtype", f"must be auto or one of {', '.join(sorted(_DTYPES))}, got {self.dtype!r}")
 
+    def check_device(self) -> None:
+        """`device` names a device this machine has, checked without torch (through the CUDA
+        driver for cuda); `torch_device` is what the engine process uses."""
+        if self.device in ("auto", "cpu"):
+            return
+        if not re.fullmatch(r"cuda(:\d+)?", self.device):
+            raise InvalidParameterError(
+                "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        index = int(self.device.partition(":")[2] or 0)
+        count = _cuda_device_count()
+        if count == 0:
+            raise InvalidParameterError("device", "cuda was asked for but no GPU is visible")
+        if index >= count:
+            raise InvalidParameterError(
+                "device", f"{self.device} was asked for but {count} GPU(s) are visible")
+
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError as exc:
-            raise InvalidParameterError(
-                "device", f"{self.device!r} is not a device: {exc}") from exc
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise InvalidParameterError("device", "cuda was asked for but no GPU is visible")
-        if device.type not in ("cpu", "cuda"):
-            raise InvalidParameterError("device", f"must be auto, cpu or cuda, got {self.device!r}")
-        return device
+        self.check_device()
+        return torch.device(self.device)
 
     def torch_dtype(self, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+        import torch
+
         if self.dtype != "auto":
-            return _DTYPES[self.dtype]
+            return getattr(torch, _DTYPES[self.dtype])
         if device.type == "cpu":
             return torch.float32  # exact tests, and CPUs are slow at bf16 matmuls anyway
-        return _DTYPES.get(str(checkpoint_dtype), torch.bfloat16)
+        return getattr(torch, _DTYPES.get(str(checkpoint_dtype), "bfloat16"))
+
+
+def _cuda_device_count() -> int:
+    """GPUs the CUDA driver shows this process (CUDA_VISIBLE_DEVICES applies); 0 without a
+    driver."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value

@@ -22,14 +22,17 @@ import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
 
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.engine.engine import Engine
 from openinfer_core.errors import OpenInferError
 from openinfer_core.events import Rejected, Token, TokenEvent, is_terminal
+
+if TYPE_CHECKING:  # the launcher imports this module; only the engine process imports torch
+    from openinfer_core.engine.engine import Engine
 from openinfer_core.ipc.wire import (
     Abort,
     Add,
@@ -202,6 +205,8 @@ def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
                         datefmt="%m-%d %H:%M:%S")
     logging.getLogger("openinfer").setLevel(log_level.upper())
     try:
+        from openinfer_core.engine.engine import Engine
+
         engine = Engine(config)
         core = EngineCore(engine, addresses, control)
     except OpenInferError as exc:  # the user's to fix: the message says how
