@@ -113,6 +113,22 @@ def _stop(server: uvicorn.Server) -> None:
     server.should_exit = True
 
 
+_prepared: dict[str, Tokenizer] = {}  # tokenizers read by `prepare`, by folder
+
+
+def prepare(frontend: Frontend) -> None:
+    """What this process can do while the engine process starts: import the app's modules
+    and read the tokenizer, so that the server is up as soon as the engine is."""
+    import openinfer_server.app  # noqa: F401
+
+    _prepared[frontend.folder] = _load_tokenizer(frontend)
+
+
+def _load_tokenizer(frontend: Frontend) -> Tokenizer:
+    log.info("[3/4] tokenizer: %s", frontend.folder)
+    return Tokenizer.from_dir(frontend.folder)
+
+
 def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
     # Imported here: the app's modules are only needed once the engine is up.
     from openinfer_core.plugins import get_plugin_manager
@@ -120,8 +136,7 @@ def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
     from openinfer_server.chat_output import ChatParsers
 
     args = frontend.args
-    log.info("[3/4] tokenizer: %s", frontend.folder)
-    tokenizer = Tokenizer.from_dir(frontend.folder)
+    tokenizer = _prepared.pop(frontend.folder, None) or _load_tokenizer(frontend)
     log.info("[4/4] HTTP app: serving %s", ", ".join(repr(n) for n in frontend.served_names))
     app = build_app(engine, tokenizer, served_model_names=frontend.served_names,
                     api_key=args.api_key, is_demo=frontend.is_demo,

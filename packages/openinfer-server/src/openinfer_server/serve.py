@@ -18,7 +18,7 @@ from openinfer_core.ipc import EngineProcess
 from openinfer_core.plugins import get_plugin_manager
 from openinfer_core.registry import Registries
 from openinfer_server.demo import DEMO_NOTICE, DEMO_SERVED_NAME, demo_checkpoint
-from openinfer_server.frontend import Frontend, run_frontend, supervise
+from openinfer_server.frontend import Frontend, prepare, run_frontend, supervise
 from openinfer_server.model_source import resolve_model
 from openinfer_server.parser_choice import check_parser_flags, choose_parsers
 
@@ -126,9 +126,13 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
         log.info("[1/4] model: %s", args.model or "(built-in demo)")
         choice = choose_model(args, plugins.registries)
         parsers = choose_parsers(args, parser, plugins.registries, choice.folder)
+        frontend = Frontend(args, str(choice.folder), choice.served_names, choice.is_demo,
+                            started, generation_defaults(args.generation_config, choice.folder),
+                            parsers=parsers)
         log.info("[2/4] engine process: loading weights and allocating the KV cache")
-        engine = EngineProcess.start(dataclasses.replace(config, model=str(choice.folder)),
-                                     args.log_level)
+        engine = EngineProcess.start(
+            dataclasses.replace(config, model=str(choice.folder)), args.log_level,
+            while_starting=(lambda: prepare(frontend)) if args.api_server_count == 1 else None)
     except KeyboardInterrupt:
         log.info("interrupted before the server was ready")
         return 130
@@ -139,9 +143,6 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
                  info.max_model_len)
         if args.enforce_eager:
             log.info("--enforce-eager: decode runs without CUDA graphs")
-        frontend = Frontend(args, str(choice.folder), choice.served_names, choice.is_demo,
-                            started, generation_defaults(args.generation_config, choice.folder),
-                            parsers=parsers)
         if args.api_server_count == 1:
             return run_frontend(frontend, engine.addresses, sentinel=engine.sentinel)
         return supervise(frontend, engine, args.api_server_count)

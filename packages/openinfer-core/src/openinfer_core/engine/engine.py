@@ -35,6 +35,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig, plugins: PluginManager | None = None) -> None:
         self.config = config
+        start = time.perf_counter()
         plugins = plugins or get_plugin_manager()
         parts = load_engine_parts(config, plugins)
         self.model = parts.model
@@ -56,9 +57,19 @@ class Engine:
             self.scheduler.offload = self.offload
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=getattr(self.model, "sampling_kernels", None))
+        marks = [time.perf_counter()]
         self.graphs = self._capture_graphs(config)
+        marks.append(time.perf_counter())
         warm_up_eager_steps(config, self.model, self.graphs.mixed[-1]
                             if self.graphs is not None and self.graphs.mixed else 0)
+        marks.append(time.perf_counter())
+        # Where the start-up went, for the log and benchmarks/device/startup.py.
+        self.startup_seconds = {**parts.seconds, "cuda_graphs": marks[1] - marks[0],
+                                "warm_up": marks[2] - marks[1]}
+        self.startup_seconds["other"] = marks[2] - start - sum(self.startup_seconds.values())
+        log.info("engine ready in %.2f s (%s)", marks[2] - start, ", ".join(
+            f"{name.replace('_', ' ')} {value:.2f} s"
+            for name, value in self.startup_seconds.items()))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,

@@ -4,6 +4,7 @@ load weights, size and allocate the KV cache."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ class LoadedEngineParts:
     model_line: str
     eos_token_ids: tuple[int, ...]
     hf_config: dict[str, Any]
+    seconds: dict[str, float]  # start-up phases: "weights", "kv_cache"
 
 
 def eos_token_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
@@ -52,17 +54,20 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     attention = regs.attention_backends.resolve(backend_name)()
     log.info("loading %s with model line %r (%s, %s, attention=%s)", model_dir, entry.name,
              device, dtype, backend_name)
+    start = time.perf_counter()
     model: Model = entry.load().load(model_dir, hf_config, LoadOptions(
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
         load_format="dummy" if config.load_format == "dummy" else "safetensors"))
+    loaded = time.perf_counter()
     num_blocks = kv_blocks(config, model, device)
     kv = model.create_kv_cache(num_blocks, config.block_size)
     kv.enable_prefix_caching = config.enable_prefix_caching
     log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
              kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
              "on" if config.enable_prefix_caching else "off")
+    seconds = {"weights": loaded - start, "kv_cache": time.perf_counter() - loaded}
     return LoadedEngineParts(model, kv, entry.name, eos_token_ids(model_dir, hf_config),
-                             hf_config)
+                             hf_config, seconds)
 
 
 def kv_blocks(config: EngineConfig, model: Model, device: torch.device) -> int:

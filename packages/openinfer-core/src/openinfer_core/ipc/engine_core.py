@@ -205,8 +205,11 @@ def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
                         datefmt="%m-%d %H:%M:%S")
     logging.getLogger("openinfer").setLevel(log_level.upper())
     try:
+        start = time.perf_counter()
         from openinfer_core.engine.engine import Engine
 
+        log.info("engine modules (torch, kernels, model lines) imported in %.2f s",
+                 time.perf_counter() - start)
         engine = Engine(config)
         core = EngineCore(engine, addresses, control)
     except OpenInferError as exc:  # the user's to fix: the message says how

@@ -7,6 +7,7 @@ import multiprocessing
 import multiprocessing.connection
 import shutil
 import tempfile
+from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -33,8 +34,10 @@ class EngineProcess:
         self._folder = folder
 
     @classmethod
-    def start(cls, config: EngineConfig, log_level: str = "info") -> EngineProcess:
-        """Spawn the engine and wait until it is ready (weights loaded, KV allocated)."""
+    def start(cls, config: EngineConfig, log_level: str = "info",
+              while_starting: Callable[[], object] | None = None) -> EngineProcess:
+        """Spawn the engine and wait until it is ready (weights loaded, KV allocated);
+        `while_starting` runs here in the meantime."""
         folder = Path(tempfile.mkdtemp(prefix="openinfer-"))
         addresses = EngineAddresses(f"ipc://{folder}/inputs", f"ipc://{folder}/outputs")
         context = multiprocessing.get_context("spawn")
@@ -44,6 +47,8 @@ class EngineProcess:
         try:
             process.start()
             child_end.close()
+            if while_starting is not None:
+                while_starting()
             model_info = _wait_ready(process, control)
         except BaseException:  # Ctrl-C while loading too: nothing may outlive us
             _kill(process)
