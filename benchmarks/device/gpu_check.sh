@@ -165,7 +165,7 @@ if has offload; then
 fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
-  timeout 240 python3 benchmarks/device/startup.py $M4 --json "$OUT/startup-qwen3-4b.json"
+  timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
 fi
 stage "summary"
 python3 benchmarks/device/summary.py "$OUT"

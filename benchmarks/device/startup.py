@@ -1,18 +1,28 @@
-"""Time from `openinfer serve` to a ready server (cold and warm Triton cache), and its idle
-resident memory. Usage: python startup.py MODEL_DIR [--json PATH] [-- extra serve flags]."""
+"""Time from `openinfer serve` to a ready server (cold and warm Triton cache), where it went
+(the engine's own start-up log: imports, weights, KV cache, CUDA graphs, warm-up), and the idle
+resident memory of the API process and of the engine process.
+Usage: python startup.py MODEL_DIR [--load-format dummy|auto] [--json PATH] [extra serve flags]."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from pathlib import Path
+
+# The engine process's start-up lines (openinfer_core ipc/engine_core.py and engine/engine.py).
+IMPORTED = re.compile(r"engine modules .* imported in ([\d.]+) s")
+ENGINE_READY = re.compile(r"engine ready in ([\d.]+) s \((.*)\)")
+PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s")
 
 
 def _rss_mb(pid: int) -> float:
@@ -21,6 +31,27 @@ def _rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            found += [int(child), *_children(int(child))]
+    return found
+
+
+def _breakdown(lines: list[str]) -> dict[str, float]:
+    """Seconds by phase, from the engine's log."""
+    out: dict[str, float] = {}
+    for line in lines:
+        if m := IMPORTED.search(line):
+            out["engine_imports"] = float(m.group(1))
+        elif m := ENGINE_READY.search(line):
+            out["engine_init"] = float(m.group(1))
+            for name, value in PHASE.findall(m.group(2)):
+                out[name.replace(" ", "_")] = float(value)
+    return out
 
 
 def _gpu_mb(pid: int) -> float | None:
@@ -37,17 +68,22 @@ def _gpu_mb(pid: int) -> float | None:
     return None
 
 
-def one_start(model: str, cache: str, port: int, extra: list[str]) -> dict[str, float | None]:
+def one_start(model: str, cache: str, port: int, extra: list[str]) -> dict[str, object]:
     env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "openinfer_server.cli", "serve", model,
-                             "--load-format", "dummy", "--port", str(port), *extra],
+                             "--port", str(port), *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read()[-3000:]}")
+                reader.join(5)
+                raise RuntimeError(f"server exited: {''.join(lines)[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
                     break
@@ -55,8 +91,12 @@ def one_start(model: str, cache: str, port: int, extra: list[str]) -> dict[str, 
                 time.sleep(0.05)
         ready = time.perf_counter() - started
         time.sleep(3)  # idle
-        return {"ready_s": ready, "idle_rss_mb": _rss_mb(proc.pid),
-                "gpu_mb": _gpu_mb(proc.pid)}
+        engine = _children(proc.pid)  # the engine process (and multiprocessing's tracker)
+        return {"ready_s": ready, "phases_s": _breakdown(lines),
+                "idle_rss_mb": _rss_mb(proc.pid),
+                "engine_rss_mb": sum(_rss_mb(pid) for pid in engine),
+                "gpu_mb": _gpu_mb(proc.pid) or next(
+                    (mb for pid in engine if (mb := _gpu_mb(pid))), None)}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

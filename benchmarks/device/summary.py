@@ -89,8 +89,10 @@ def lines(out: Path) -> list[tuple[str, str]]:
     if st:
         for key in ("cold", "warm"):
             r = st[key]
-            rows.append((f"serve->ready, {key} Triton cache", f"{r['ready_s']:.2f} s; idle RSS "
-                         f"{r['idle_rss_mb']:.0f} MB; GPU {r['gpu_mb']} MB"))
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in r.get("phases_s", {}).items())
+            rows.append((f"serve->ready, {key} Triton cache", f"{r['ready_s']:.2f} s ({phases}); "
+                         f"idle RSS API {r['idle_rss_mb']:.0f} MB, engine "
+                         f"{r.get('engine_rss_mb', 0):.0f} MB; GPU {r['gpu_mb']} MB"))
     return rows
 
 
