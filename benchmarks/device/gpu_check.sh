@@ -2,6 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
+# [gemm]
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -58,6 +59,19 @@ if has latency; then
   stage "TTFT 128 / 2048 and TPOT, Qwen3-8B"
   timeout 180 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
     --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"
+fi
+if has gemm; then
+  stage "small-batch linear tiles against cuBLAS and the read floor, Qwen3-4B/8B shapes"
+  timeout 300 python3 benchmarks/device/small_gemm.py --json "$OUT/small-gemm.json" 2>&1 | tail -20
+  stage "golden gate with the Triton small-batch linear (OPENINFER_LINEAR=triton)"
+  OPENINFER_LINEAR=triton timeout 420 python3 -m pytest -p no:cacheprovider -q -m gpu tests/gpu \
+    2>&1 | tail -15 | tee "$OUT/golden_tests_triton_linear.log"
+  stage "batch-1 latency and decode breakdown, Qwen3-4B, OPENINFER_LINEAR=triton"
+  OPENINFER_LINEAR=triton timeout 180 python3 -m openinfer_server.cli bench latency $M4 \
+    --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 256 \
+    --num-iters 5 --result-file "$OUT/latency-qwen3-4b-triton-linear.json"
+  OPENINFER_LINEAR=triton timeout 120 python3 benchmarks/device/decode_breakdown.py $M4 \
+    --json "$OUT/breakdown-qwen3-4b-triton-linear.json"
 fi
 if has attention; then
   stage "decode attention tile settings"

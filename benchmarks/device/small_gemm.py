@@ -1,6 +1,6 @@
 """Small-batch linear layers against the read-bandwidth floor: for each of Qwen3-4B/8B's decode
 GEMMs at M rows, cuBLAS (`F.linear`) and the best of a grid of Triton tiles
-(`openinfer_kernels.linear.triton`), each beside its weight bytes over the bandwidth measured
+(`openinfer_kernels.gemm.triton`), each beside its weight bytes over the bandwidth measured
 in the same run. Every Triton result is checked against cuBLAS first. Each figure is one call's
 share of a CUDA graph that runs the op back to back over enough distinct copies of the weight
 (at least 1 GB) that none is still in the 50 MB L2 when its turn comes, as in a decode step.
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from openinfer_kernels.linear.triton import Tile, linear_triton
+from openinfer_kernels.gemm.triton import Tile, linear_triton
 from openinfer_server.bench.ceiling import measure_ceiling
 
 SHAPES = {  # name: (N, K), weight [N, K]

@@ -11,6 +11,7 @@ from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
+    linear,
     lm_head_logits,
     qk_norm_rope,
     rms_norm,
@@ -76,7 +77,7 @@ class Qwen3Model:
             hidden = self._attention(n, layer, x, batch)
             x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm,
                                              self.cfg.rms_norm_eps)
-            hidden = F.linear(silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+            hidden = linear(silu_and_mul(linear(x, layer.gate_up)), layer.down)
         assert residual is not None
         # Only rows that sample need the final norm and the vocabulary projection.
         rows = batch.logits_indices
@@ -89,7 +90,8 @@ class Qwen3Model:
         assert self.kv is not None
         cfg = self.cfg
         t = x.shape[0]
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qkv = (linear(x, layer.qkv) if layer.qkv_bias is None
+               else F.linear(x, layer.qkv, layer.qkv_bias))
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
@@ -97,4 +99,4 @@ class Qwen3Model:
         q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                             batch.positions, self.cos_sin)
         out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
-        return F.linear(out.reshape(t, cfg.q_size), layer.o_proj)
+        return linear(out.reshape(t, cfg.q_size), layer.o_proj)

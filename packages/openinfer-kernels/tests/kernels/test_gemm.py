@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer_kernels.linear import linear_ref
-from openinfer_kernels.linear.triton import Tile, linear_triton
+import openinfer_kernels
+from openinfer_kernels.gemm import linear_ref, tiles
+from openinfer_kernels.gemm.triton import Tile, linear_triton
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,3 +53,30 @@ def test_a_strided_weight_is_refused() -> None:
     with pytest.raises(ValueError, match="M <= 32"):
         linear_triton(torch.zeros((33, 8), device=DEVICE), torch.zeros((4, 8), device=DEVICE),
                       TILES["n16-k32"])
+
+
+def test_the_dispatching_op_is_f_linear_on_cpu() -> None:
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn((3, 40), generator=g), torch.randn((24, 40), generator=g)
+    assert torch.equal(openinfer_kernels.linear(x, w), torch.nn.functional.linear(x, w))
+
+
+def test_the_tile_table_covers_small_batches_only() -> None:
+    n, k = next(iter(tiles.TILES))
+    assert tiles.tile_for(1, n, k) == tiles.TILES[(n, k)][0]
+    assert tiles.tile_for(16, n, k) == tiles.TILES[(n, k)][1]
+    assert tiles.tile_for(17, n, k) is None
+    assert tiles.tile_for(1, n + 1, k) is None  # a shape nobody measured: cuBLAS
+
+
+@pytest.mark.parametrize("shape", list(tiles.TILES))
+def test_every_table_tile_is_correct_at_its_shape_scaled_down(shape: tuple[int, int]) -> None:
+    """Each tile of the table at its own K and a column count it does not divide (the full N
+    is too slow for the interpreter; on a GPU the benchmark checks the full shapes)."""
+    n, k = 37, shape[1]
+    g = torch.Generator().manual_seed(k)
+    w = torch.randn((n, k), generator=g).to(DEVICE)
+    for m, tile in zip((1, 5), tiles.TILES[shape], strict=True):
+        x = torch.randn((m, k), generator=g).to(DEVICE)
+        torch.testing.assert_close(linear_triton(x, w, tile), linear_ref(x, w),
+                                   **TOL[torch.float32])
