@@ -1,5 +1,6 @@
 """Small-batch linear layers against the read-bandwidth floor: for each of Qwen3-4B/8B's decode
-GEMMs at M rows, cuBLAS (`F.linear`) and the best of a grid of Triton tiles
+GEMMs at M rows, cuBLAS (`F.linear`) and the best of a grid of Triton tiles; for gate_up also
+cuBLAS + `silu_and_mul` against the gated kernel that fuses the activation
 (`openinfer_kernels.gemm.triton`), each beside its weight bytes over the bandwidth measured
 in the same run. Every Triton result is checked against cuBLAS first. Each figure is one call's
 share of a CUDA graph that runs the op back to back over enough distinct copies of the weight
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from openinfer_kernels.activation import silu_and_mul
 from openinfer_kernels.gemm.triton import Tile, linear_triton
 from openinfer_server.bench.ceiling import measure_ceiling
 
@@ -75,29 +77,42 @@ def main() -> None:
         w = torch.randn((n, k), device="cuda", dtype=torch.bfloat16) * 0.02
         copies = [w] + [w.clone() for _ in range(max(3, -(-(1 << 30) // w.nbytes)) - 1)]
         floor_us = n * k * 2 / (gbps * 1e9) * 1e6
-        for m in args.rows:
-            x = torch.randn((m, k), device="cuda", dtype=torch.bfloat16)
-            want = F.linear(x, w)
-            cublas = per_call_us(lambda w, x=x: F.linear(x, w), copies)
-            best: tuple[float, Tile] | None = None
-            for tile in tiles(m):
-                try:
-                    got = linear_triton(x, w, tile)
-                except triton.runtime.errors.OutOfResources:
-                    continue
-                torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=2e-2)
-                us = per_call_us(lambda w, x=x, t=tile: linear_triton(x, w, t), copies)
-                if best is None or us < best[0]:
-                    best = (us, tile)
-            assert best is not None
-            row = {"shape": name, "n": n, "k": k, "m": m, "floor_us": floor_us,
-                   "cublas_us": cublas, "triton_us": best[0], "tile": list(
-                       (best[1].block_n, best[1].block_k, best[1].split_k, best[1].num_warps,
-                        best[1].num_stages))}
-            rows.append(row)
-            print(f"{name:12s} M={m:<3d} floor {floor_us:7.1f} us  cuBLAS {cublas:7.1f} "
-                  f"({cublas / floor_us:4.2f}x)  triton {best[0]:7.1f} "
-                  f"({best[0] / floor_us:4.2f}x) {row['tile']}", flush=True)
+        # gate_up also fused with its activation: cuBLAS + silu_and_mul against one kernel.
+        for gated in (False, True) if "gate_up" in name else (False,):
+            for m in args.rows:
+                x = torch.randn((m, k), device="cuda", dtype=torch.bfloat16)
+
+                def ours(w: torch.Tensor, t: Tile, x: torch.Tensor = x,
+                         gated: bool = gated) -> torch.Tensor:
+                    return linear_triton(x, w, t, gated=gated)
+
+                def theirs(w: torch.Tensor, x: torch.Tensor = x,
+                           gated: bool = gated) -> torch.Tensor:
+                    return silu_and_mul(F.linear(x, w)) if gated else F.linear(x, w)
+
+                want = theirs(w)
+                cublas = per_call_us(theirs, copies)
+                best: tuple[float, Tile] | None = None
+                for tile in tiles(m):
+                    try:
+                        got = ours(w, tile)
+                    except triton.runtime.errors.OutOfResources:
+                        continue
+                    torch.testing.assert_close(got.float(), want.float(), rtol=2**-5,
+                                               atol=5e-2)
+                    us = per_call_us(lambda w, t=tile: ours(w, t), copies)
+                    if best is None or us < best[0]:
+                        best = (us, tile)
+                assert best is not None
+                label = name + (" +silu" if gated else "")
+                t = best[1]
+                row = {"shape": label, "n": n, "k": k, "m": m, "floor_us": floor_us,
+                       "cublas_us": cublas, "triton_us": best[0],
+                       "tile": [t.block_n, t.block_k, t.split_k, t.num_warps, t.num_stages]}
+                rows.append(row)
+                print(f"{label:16s} M={m:<3d} floor {floor_us:7.1f} us  cuBLAS {cublas:7.1f} "
+                      f"({cublas / floor_us:4.2f}x)  triton {best[0]:7.1f} "
+                      f"({best[0] / floor_us:4.2f}x) {row['tile']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"ceiling": ceiling.as_dict(), "rows": rows}, indent=2))
 

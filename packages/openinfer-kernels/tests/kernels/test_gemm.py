@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import openinfer_kernels
+from openinfer_kernels.activation import silu_and_mul_ref
 from openinfer_kernels.gemm import linear_ref, tiles
 from openinfer_kernels.gemm.triton import Tile, linear_triton
 
@@ -80,3 +81,28 @@ def test_every_table_tile_is_correct_at_its_shape_scaled_down(shape: tuple[int, 
         x = torch.randn((m, k), generator=g).to(DEVICE)
         torch.testing.assert_close(linear_triton(x, w, tile), linear_ref(x, w),
                                    **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize(("m", "inter", "k"), [(1, 5, 7), (1, 40, 100), (3, 40, 100),
+                                               (17, 33, 70)])
+def test_gated_linear_is_silu_and_mul_of_the_product(m: int, inter: int, k: int, tile: str,
+                                                     dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(m * 10_000 + inter * 100 + k)
+    x = torch.randn((m, k), generator=g).to(dtype).to(DEVICE)
+    w = torch.randn((2 * inter, k), generator=g).to(dtype).to(DEVICE)  # [gate; up]
+    out = linear_triton(x, w, TILES[tile], gated=True)
+    assert out.shape == (m, inter) and out.dtype == dtype
+    want = silu_and_mul_ref(linear_ref(x, w))
+    # The product's roundings to dtype may land one ulp apart from the reference's; through
+    # silu and the product that is a few ulps of the output.
+    tol = TOL[dtype] if dtype == torch.float32 else dict(rtol=2**-5, atol=5e-2)
+    torch.testing.assert_close(out.float(), want.float(), **tol)
+
+
+def test_gated_op_is_silu_and_mul_of_f_linear_on_cpu() -> None:
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn((3, 40), generator=g), torch.randn((48, 40), generator=g)
+    assert torch.equal(openinfer_kernels.linear_silu_mul(x, w),
+                       silu_and_mul_ref(torch.nn.functional.linear(x, w)))

@@ -12,11 +12,11 @@ from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
     linear,
+    linear_silu_mul,
     lm_head_logits,
     qk_norm_rope,
     rms_norm,
     rope_cos_sin,
-    silu_and_mul,
 )
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
@@ -77,7 +77,7 @@ class Qwen3Model:
             hidden = self._attention(n, layer, x, batch)
             x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm,
                                              self.cfg.rms_norm_eps)
-            hidden = linear(silu_and_mul(linear(x, layer.gate_up)), layer.down)
+            hidden = linear(linear_silu_mul(x, layer.gate_up), layer.down)
         assert residual is not None
         # Only rows that sample need the final norm and the vocabulary projection.
         rows = batch.logits_indices

@@ -12,6 +12,7 @@ connections and let in-flight requests finish for up to `--shutdown-timeout`, th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -29,6 +30,7 @@ from typing import Any
 
 import uvicorn
 
+from openinfer_core.errors import OpenInferError
 from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.parser_choice import ParserChoice
@@ -118,10 +120,13 @@ _prepared: dict[str, Tokenizer] = {}  # tokenizers read by `prepare`, by folder
 
 def prepare(frontend: Frontend) -> None:
     """What this process can do while the engine process starts: import the app's modules
-    and read the tokenizer, so that the server is up as soon as the engine is."""
+    and read the tokenizer, so that the server is up as soon as the engine is. A failure here
+    is left for later: the engine's own complaint about the folder (no config.json, say)
+    comes first, and the tokenizer's is raised again when the server is built."""
     import openinfer_server.app  # noqa: F401
 
-    _prepared[frontend.folder] = _load_tokenizer(frontend)
+    with contextlib.suppress(OpenInferError):
+        _prepared[frontend.folder] = _load_tokenizer(frontend)
 
 
 def _load_tokenizer(frontend: Frontend) -> Tokenizer:

@@ -9,6 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from openinfer_kernels.activation import silu_and_mul
 from openinfer_kernels.dispatch import triton_kernels
 from openinfer_kernels.gemm.reference import linear_ref
 
@@ -16,15 +17,33 @@ _kernels = triton_kernels("openinfer_kernels.gemm.triton")
 _USE_TRITON = os.environ.get("OPENINFER_LINEAR", "cublas") == "triton"
 
 
+def _tile(x: torch.Tensor, w: torch.Tensor) -> object | None:
+    """The Triton tile for this product, or None where cuBLAS runs it."""
+    if not (_USE_TRITON and _kernels is not None and x.is_cuda and x.dim() == 2
+            and x.stride(1) == 1 and w.is_contiguous()):
+        return None
+    from openinfer_kernels.gemm.tiles import tile_for
+
+    return tile_for(x.shape[0], *w.shape)
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x: [M, K], w: [N, K] -> [M, N]."""
-    if _USE_TRITON and _kernels is not None and x.is_cuda and x.dim() == 2:
-        from openinfer_kernels.gemm.tiles import tile_for
-
-        tile = tile_for(x.shape[0], *w.shape)
-        if tile is not None and x.stride(1) == 1 and w.is_contiguous():
-            return _kernels.linear_triton(x, w, tile)
+    tile = _tile(x, w)
+    if tile is not None:
+        assert _kernels is not None
+        return _kernels.linear_triton(x, w, tile)
     return F.linear(x, w)
 
 
-__all__ = ["linear", "linear_ref"]
+def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`silu_and_mul(linear(x, w))` for a gated MLP's [gate; up] weight ([2I, K]) -> [M, I],
+    in one kernel where `linear` would run Triton."""
+    tile = _tile(x, w)
+    if tile is not None:
+        assert _kernels is not None
+        return _kernels.linear_triton(x, w, tile, gated=True)
+    return silu_and_mul(F.linear(x, w))
+
+
+__all__ = ["linear", "linear_ref", "linear_silu_mul"]

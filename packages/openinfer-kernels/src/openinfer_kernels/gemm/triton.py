@@ -5,8 +5,9 @@ FLOPs. A program owns BLOCK_N output columns (weight rows) and a 1/SPLIT_K share
 streams [BLOCK_N, BLOCK_K] weight tiles; with SPLIT_K > 1 the shares land in an fp32 workspace
 and a second kernel adds them in a fixed order, so results do not depend on timing.
 M = 1 multiplies on the CUDA cores (a row dot per column); larger M pads the rows to 16 and
-uses `tl.dot`. (The mypy line above: @triton.jit functions annotate only their constexpr
-parameters.)"""
+uses `tl.dot`. The gated form computes an MLP's gate and up columns side by side and writes
+silu(gate) * up, so the [M, 2I] product never goes to memory. (The mypy line above:
+@triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
 
@@ -29,17 +30,11 @@ class Tile:
 
 
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                   k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
-                   UPCAST: tl.constexpr):
-    pid_n = tl.program_id(0)
-    split = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, M_PAD)
-    n_ok = rn < N
-    k_start = split * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
+             M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """[M_PAD, BLOCK_N] fp32: rows `rm` of x times weight rows `rn`, over K in
+    [k_start, k_end)."""
     if M_PAD == 1:
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
@@ -49,7 +44,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
             acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-        result = acc[None, :]
+        return acc[None, :]
     else:
         acc2 = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
@@ -60,32 +55,77 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                         mask=(rm < M)[:, None] & k_ok[None, :], other=0.0)
             acc2 += _dot(x, tl.trans(w), PRECISION, UPCAST)
-        result = acc2
+        return acc2
+
+
+@triton.jit
+def _silu_mul(gate, up, OUT: tl.constexpr):
+    """silu(gate) * up with `silu_and_mul`'s roundings: the GEMM's outputs rounded to OUT as
+    an unfused GEMM would store them, silu rounded before the product."""
+    g = gate.to(OUT).to(tl.float32)
+    u = up.to(OUT).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g))).to(OUT).to(tl.float32) * u
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+                   k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
+    silu(gate) * up, the gate's weight rows first and the up rows N rows after them."""
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, M_PAD)
+    n_ok = rn < N
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
+                     M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
+    if GATED:
+        second = _partial(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start, k_end,
+                          stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+        if SPLIT_K == 1:
+            first = _silu_mul(first, second, out_ptr.dtype.element_ty)
+        else:  # the workspace row is [gate | up], 2N wide
+            tl.store(out_ptr + (split * M + rm[:, None]) * 2 * N + N + rn[None, :], second,
+                     mask=mask)
     if SPLIT_K == 1:
         tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :],
-                 result.to(out_ptr.dtype.element_ty), mask=mask)
-    else:  # out_ptr is the fp32 workspace [SPLIT_K, M, N]
-        tl.store(out_ptr + (split * M + rm[:, None]) * N + rn[None, :], result, mask=mask)
+                 first.to(out_ptr.dtype.element_ty), mask=mask)
+    else:  # out_ptr is the fp32 workspace [SPLIT_K, M, N or 2N]
+        width = 2 * N if GATED else N
+        tl.store(out_ptr + (split * M + rm[:, None]) * width + rn[None, :], first, mask=mask)
 
 
 @triton.jit
 def _sum_splits_kernel(part_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       GATED: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
-    total = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(SPLIT_K):  # a fixed order: the same sum every run
-        total += tl.load(part_ptr + s * MN + offs, mask=ok, other=0.0)
     m = offs // N
     n = offs % N
+    width = 2 * N if GATED else N
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    up = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SPLIT_K):  # a fixed order: the same sum every run
+        row = part_ptr + (s * (MN // N) + m) * width
+        total += tl.load(row + n, mask=ok, other=0.0)
+        if GATED:
+            up += tl.load(row + N + n, mask=ok, other=0.0)
+    if GATED:
+        total = _silu_mul(total, up, out_ptr.dtype.element_ty)
     tl.store(out_ptr + m * stride_om + n, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
-    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in x's dtype."""
+def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
+                  gated: bool = False) -> torch.Tensor:
+    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in x's dtype;
+    `gated`: w is [gate; up] ([2I, K]) and the result silu(x @ gate.T) * (x @ up.T), [M, I]."""
     m, k = x.shape
-    n = w.shape[0]
+    n = w.shape[0] // 2 if gated else w.shape[0]
     if m > 32 or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"small-batch linear needs M <= 32 and K-contiguous operands, got "
                          f"x {tuple(x.shape)} strides {x.stride()}")
@@ -93,17 +133,18 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     split = tile.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, split), tile.block_k) * tile.block_k
-    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
-                                                device=x.device)
+    target = out if split == 1 else torch.empty(
+        (split, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, tile.block_n), split)
     _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(0),
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
-                         BLOCK_K=tile.block_k, SPLIT_K=split,
+                         BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
                          PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                          UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
                          num_stages=tile.num_stages)
     if split > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, n, out.stride(0),
-                                                         SPLIT_K=split, BLOCK=block)
+                                                         SPLIT_K=split, GATED=gated,
+                                                         BLOCK=block)
     return out
