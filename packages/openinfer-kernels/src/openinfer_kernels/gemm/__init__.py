@@ -5,6 +5,7 @@ issue 13); everything else is `F.linear` (cuBLAS on CUDA)."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -13,11 +14,14 @@ from openinfer_kernels.activation import silu_and_mul
 from openinfer_kernels.dispatch import triton_kernels
 from openinfer_kernels.gemm.reference import linear_ref
 
+if TYPE_CHECKING:
+    from openinfer_kernels.gemm.triton import Tile
+
 _kernels = triton_kernels("openinfer_kernels.gemm.triton")
 _USE_TRITON = os.environ.get("OPENINFER_LINEAR", "cublas") == "triton"
 
 
-def _tile(x: torch.Tensor, w: torch.Tensor) -> object | None:
+def _tile(x: torch.Tensor, w: torch.Tensor) -> Tile | None:
     """The Triton tile for this product, or None where cuBLAS runs it."""
     if not (_USE_TRITON and _kernels is not None and x.is_cuda and x.dim() == 2
             and x.stride(1) == 1 and w.is_contiguous()):
