@@ -180,6 +180,18 @@ fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
   timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
+  stage "serve to ready, a real Qwen3-4B checkpoint from disk: memory map, then whole shards"
+  REAL=/tmp/qwen3-4b-real
+  [ -f $REAL/model.safetensors.index.json ] || timeout 300 python3 - "$REAL" <<'PY'
+import sys
+from openinfer_qwen3.random_weights import write_random_weights
+from openinfer_qwen3.shapes import write_config_folder
+write_config_folder("Qwen3-4B", sys.argv[1])
+write_random_weights(sys.argv[1], sys.argv[1])
+PY
+  timeout 240 python3 benchmarks/device/startup.py $REAL --json "$OUT/startup-qwen3-4b-real-mmap.json"
+  OPENINFER_WEIGHT_READ=shards timeout 240 python3 benchmarks/device/startup.py $REAL \
+    --json "$OUT/startup-qwen3-4b-real-shards.json"
 fi
 stage "summary"
 python3 benchmarks/device/summary.py "$OUT"
