@@ -67,9 +67,7 @@ class Loading:
     def ready(self, chain: bool) -> bool:
         """Every piece landed, or, with `chain`, queued ahead of the compute stream's next
         work (`Transfer.stream_wait`)."""
-        transfers = [t for _, t in self.pieces]
-        return (all(t.poll() for t in transfers)
-                or (chain and all(t.stream_wait() for t in transfers)))
+        return self.landed() or (chain and all(t.stream_wait() for _, t in self.pieces))
 
     def landed(self) -> bool:
         return all(t.poll() for _, t in self.pieces)
@@ -193,13 +191,14 @@ class KVOffload:
                 if lease is not None:
                     self.tier.release(lease)
                 break
-            # Device blocks are taken once, before the first copy: for the run found if the
-            # first piece ended it, else for the whole prefix (what later pieces find is not
-            # known yet). A restore waits for all its blocks or never runs short of them.
-            need = found + lease.num_blocks if lease.num_blocks < len(piece) else whole
-            if not loading.pieces and not self.kv.reserve(rid, need * self.kv.block_size):
-                self.tier.release(lease)
-                return None
+            if not loading.pieces:
+                # Device blocks are taken once, before the first copy: for the run found if
+                # the first piece ended it, else for the whole prefix (what later pieces find
+                # is not known yet). A restore waits for all its blocks or never runs short.
+                need = found + lease.num_blocks if lease.num_blocks < len(piece) else whole
+                if not self.kv.reserve(rid, need * self.kv.block_size):
+                    self.tier.release(lease)
+                    return None
             targets = list(self.kv.block_ids(rid)[found:found + lease.num_blocks])
             loading.pieces.append((lease, self.tier.load(lease, targets)))
             found += lease.num_blocks

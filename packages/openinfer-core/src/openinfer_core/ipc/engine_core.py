@@ -30,9 +30,6 @@ import zmq
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.errors import OpenInferError
 from openinfer_core.events import Rejected, Token, TokenEvent, is_terminal
-
-if TYPE_CHECKING:  # the launcher imports this module; only the engine process imports torch
-    from openinfer_core.engine.engine import Engine
 from openinfer_core.ipc.wire import (
     Abort,
     Add,
@@ -42,6 +39,9 @@ from openinfer_core.ipc.wire import (
     Welcome,
     to_wire,
 )
+
+if TYPE_CHECKING:  # the launcher imports this module; only the engine process imports torch
+    from openinfer_core.engine.engine import Engine
 
 log = logging.getLogger("openinfer")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -63,16 +64,16 @@ def read_shard(path: Path, device: torch.device,
     return out
 
 
-def _header(f: object, path: Path) -> tuple[dict[str, tuple[int, int, torch.dtype,
+def _header(f: BinaryIO, path: Path) -> tuple[dict[str, tuple[int, int, torch.dtype,
                                                               list[int]]], int]:
     """name -> (start, end, dtype, shape), offsets from the start of the data; and where the
     data starts in the file."""
-    raw = f.read(8)  # type: ignore[attr-defined]
+    raw = f.read(8)
     if len(raw) != 8:
         raise WeightLoadError(f"{path} is not a safetensors file (shorter than its header)")
     (length,) = struct.unpack("<Q", raw)
     try:
-        header = json.loads(f.read(length))  # type: ignore[attr-defined]
+        header = json.loads(f.read(length))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise WeightLoadError(f"{path}: the safetensors header is not JSON: {exc}") from exc
     header.pop("__metadata__", None)
@@ -95,7 +96,7 @@ def _header(f: object, path: Path) -> tuple[dict[str, tuple[int, int, torch.dtyp
     return entries, 8 + length
 
 
-def _read_exactly(f: object, dest: torch.Tensor, path: Path) -> None:
+def _read_exactly(f: BinaryIO, dest: torch.Tensor, path: Path) -> None:
     view = memoryview(dest.numpy())  # type: ignore[arg-type]
     got = 0
     while got < len(view):
