@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import tarfile
+import tempfile
 from pathlib import Path
 
 DROP = {"ttfts", "itls", "e2els", "input_lens", "output_lens", "errors", "latencies"}
@@ -29,6 +31,12 @@ def main() -> None:
     ap.add_argument("--stages", required=True, help="the stages gpu_check.sh was given")
     args = ap.parse_args()
     out = Path(args.out)
+    archive = out / "openinfer-results.tgz"  # gpu_check.sh packs more than 8 files into one
+    if archive.is_file():
+        unpacked = Path(tempfile.mkdtemp())
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpacked, filter="data")
+        out = unpacked
     run: dict[str, object] = {
         "commit": args.commit, "note": args.note,
         "command": f"bash benchmarks/device/gpu_check.sh {args.stages}"}
@@ -39,7 +47,7 @@ def main() -> None:
             run[path.stem] = slim(json.loads(path.read_text()))
         elif path.suffix == ".jsonl":
             run[path.stem] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        elif path.name in ("kernel_tests.log", "golden_tests.log"):
+        elif path.name.startswith(("kernel_tests", "golden_tests")) and path.suffix == ".log":
             run[path.stem] = path.read_text().strip().splitlines()[-1]
     text = json.dumps(run, indent=1) + "\n"
     for path in out.iterdir():  # the device's own folder is no one's business: write $OUT
