@@ -20,7 +20,7 @@ from openinfer_core.request import GenerateRequest
 
 CATEGORIES = [  # first match wins
     ("attention", r"attn|attention|split_kernel|merge_kernel|prefill_kernel|flash"),
-    ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv"),
+    ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv|linear_kernel|sum_splits"),
     ("norm", r"rms|norm"),
     ("rope", r"rope|rotary"),
     ("silu_mul", r"silu|act"),

@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm]
+# [gemm] [pdl]
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -72,6 +72,32 @@ if has gemm; then
     --num-iters 5 --result-file "$OUT/latency-qwen3-4b-triton-linear.json"
   OPENINFER_LINEAR=triton timeout 120 python3 benchmarks/device/decode_breakdown.py $M4 \
     --json "$OUT/breakdown-qwen3-4b-triton-linear.json"
+fi
+if has pdl; then
+  # Programmatic dependent launch (OPENINFER_PDL=1) with cuBLAS and with the Triton small-batch
+  # linear, against neither; kernel tests compiled with it on.
+  stage "kernel tests, compiled, OPENINFER_PDL=1"
+  OPENINFER_PDL=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests 2>&1 | tail -5 | tee "$OUT/kernel_tests_pdl.log"
+  for combo in cublas-0 cublas-1 triton-0 triton-1; do
+    linear=${combo%-*} pdl=${combo#*-}
+    stage "batch-1 latency, Qwen3-4B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 python3 -m openinfer_server.cli \
+      bench latency $M4 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
+      --input-len 128 --output-len 256 --num-iters 3 \
+      --result-file "$OUT/latency-qwen3-4b-$linear-pdl$pdl.json" | grep -E "TPOT|floor"
+  done
+  stage "decode breakdown, Qwen3-4B, OPENINFER_LINEAR=triton OPENINFER_PDL=1"
+  OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 120 python3 benchmarks/device/decode_breakdown.py \
+    $M4 --json "$OUT/breakdown-qwen3-4b-triton-pdl1.json" | grep -A14 top_kernels
+  for combo in cublas-0 triton-1; do
+    linear=${combo%-*} pdl=${combo#*-}
+    stage "batch-1 latency, Qwen3-8B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 python3 -m openinfer_server.cli \
+      bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
+      --input-len 128 --output-len 256 --num-iters 3 \
+      --result-file "$OUT/latency-qwen3-8b-$linear-pdl$pdl.json" | grep -E "TPOT|floor"
+  done
 fi
 if has attention; then
   stage "decode attention tile settings"

@@ -31,7 +31,7 @@ def lines(out: Path) -> list[tuple[str, str]]:
                      f"regret max {row['regret_max']:.3f} (<=0.20)  |dlp| mean "
                      f"{row['dlogprob_mean']:.4f} (<=0.06)  p99 {row['dlogprob_p99']:.3f} "
                      f"(<=0.20)  n={row['positions']}"))
-    for name in ("latency-qwen3-4b.json", "latency-qwen3-8b.json"):
+    for name in sorted(p.name for p in out.glob("latency-*.json")):
         lat = load(out, name)
         if not lat:
             continue
@@ -44,10 +44,10 @@ def lines(out: Path) -> list[tuple[str, str]]:
                          f" TPOT p50 {run['median_tpot_ms']:.3f} ms = "
                          f"{run.get('tpot_over_floor') or float('nan'):.3f}x floor "
                          f"({lat.get('decode_floor_ms') or float('nan'):.3f} ms)"))
-    bd = load(out, "breakdown-qwen3-4b.json")
-    if bd:
+    for name in sorted(p.name for p in out.glob("breakdown-*.json")):
+        bd = load(out, name)
         ops = ", ".join(f"{k} {v:.3f}" for k, v in bd["by_op_ms"].items())
-        rows.append(("4B decode step (ms)", f"wall {bd['step_ms']:.3f}, GPU busy "
+        rows.append((f"decode step {name[10:-5]} (ms)", f"wall {bd['step_ms']:.3f}, GPU busy "
                      f"{bd['gpu_busy_ms']:.3f}: {ops}"))
     for name in ("throughput-8b-128.json", "throughput-8b-2048.json"):
         t = load(out, name)

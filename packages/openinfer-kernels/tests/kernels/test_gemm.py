@@ -38,6 +38,19 @@ def test_linear_matches_reference(m: int, n: int, k: int, tile: str, dtype: torc
     torch.testing.assert_close(out.float(), linear_ref(x, w).float(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("tile", ["n16-k32", "n32-k64-split4"])
+def test_fp32_out_keeps_the_accumulator_unrounded(tile: str) -> None:
+    """bf16 operands, fp32 output (the vocabulary projection's logits): the fp32 sums as they
+    are, not rounded to bf16 on the way out."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn((2, 100), generator=g).bfloat16().to(DEVICE)
+    w = torch.randn((40, 100), generator=g).bfloat16().to(DEVICE)
+    out = linear_triton(x, w, TILES[tile], out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, x.float() @ w.float().t(), rtol=1e-5, atol=1e-4)
+    assert (out != out.bfloat16().float()).float().mean() > 0.9
+
+
 def test_split_k_is_deterministic() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn((3, 100), generator=g).to(DEVICE)
@@ -78,6 +91,8 @@ def test_every_table_tile_is_correct_at_its_shape_scaled_down(shape: tuple[int, 
     g = torch.Generator().manual_seed(k)
     w = torch.randn((n, k), generator=g).to(DEVICE)
     for m, tile in zip((1, 5), tiles.TILES[shape], strict=True):
+        if tile is None:  # cuBLAS at this batch size
+            continue
         x = torch.randn((m, k), generator=g).to(DEVICE)
         torch.testing.assert_close(linear_triton(x, w, tile), linear_ref(x, w),
                                    **TOL[torch.float32])

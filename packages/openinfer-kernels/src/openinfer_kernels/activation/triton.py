@@ -10,11 +10,15 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 BLOCK = 1024  # columns per program: 12 column blocks a row for Qwen3-8B
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_row_stride, inter, BLOCK_I: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_row_stride, inter, BLOCK_I: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = cols < inter
@@ -36,5 +40,5 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     if out.numel():
         block = min(BLOCK, triton.next_power_of_2(inter))
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(inter, block))](
-            rows, out, rows.stride(0), inter, BLOCK_I=block)
+            rows, out, rows.stride(0), inter, BLOCK_I=block, **pdl_launch(x))
     return out.view(*x.shape[:-1], inter)

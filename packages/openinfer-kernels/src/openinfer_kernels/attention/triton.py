@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 # Batches whose requests have at most this many queries run `paged_split`; longer prefill
@@ -105,8 +107,9 @@ def _prefill_kernel(
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
     head = tl.program_id(2)
@@ -187,7 +190,7 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=block_d, **_dot_options(q),
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, **pdl_launch(q),
     )
     return out
 
@@ -203,8 +206,9 @@ def _split_kernel(
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -290,8 +294,9 @@ def _split_kernel(
 def _merge_kernel(
     query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, num_seqs, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -385,13 +390,13 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=splits, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
+        **_dot_options(q), num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
             query_start_loc, part_out, part_lse, out, batch, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-            BLOCK_D=block_d, num_warps=1,
+            BLOCK_D=block_d, num_warps=1, **pdl_launch(q),
         )
     return out
 

@@ -21,7 +21,7 @@ _kernels = triton_kernels("openinfer_kernels.gemm.triton")
 _USE_TRITON = os.environ.get("OPENINFER_LINEAR", "cublas") == "triton"
 
 
-def _tile(x: torch.Tensor, w: torch.Tensor) -> Tile | None:
+def small_batch_tile(x: torch.Tensor, w: torch.Tensor) -> Tile | None:
     """The Triton tile for this product, or None where cuBLAS runs it."""
     if not (_USE_TRITON and _kernels is not None and x.is_cuda and x.dim() == 2
             and x.stride(1) == 1 and w.is_contiguous()):
@@ -33,21 +33,29 @@ def _tile(x: torch.Tensor, w: torch.Tensor) -> Tile | None:
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x: [M, K], w: [N, K] -> [M, N]."""
-    tile = _tile(x, w)
+    tile = small_batch_tile(x, w)
     if tile is not None:
         assert _kernels is not None
         return _kernels.linear_triton(x, w, tile)
     return F.linear(x, w)
 
 
+def linear_fp32_out(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
+    """`linear` through the Triton kernel at `tile` (from `small_batch_tile`), its fp32
+    accumulator stored unrounded: [M, N] fp32."""
+    assert _kernels is not None
+    return _kernels.linear_triton(x, w, tile, out_dtype=torch.float32)
+
+
 def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """`silu_and_mul(linear(x, w))` for a gated MLP's [gate; up] weight ([2I, K]) -> [M, I],
     in one kernel where `linear` would run Triton."""
-    tile = _tile(x, w)
+    tile = small_batch_tile(x, w)
     if tile is not None:
         assert _kernels is not None
         return _kernels.linear_triton(x, w, tile, gated=True)
     return silu_and_mul(F.linear(x, w))
 
 
-__all__ = ["linear", "linear_ref", "linear_silu_mul"]
+__all__ = ["linear", "linear_fp32_out", "linear_ref", "linear_silu_mul",
+           "small_batch_tile"]

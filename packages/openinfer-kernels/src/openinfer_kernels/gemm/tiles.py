@@ -1,18 +1,27 @@
 """Which small-batch linear runs at which shape: a fixed table, measured on the lent H100 80GB
-by benchmarks/device/small_gemm.py (run 36, commit 13eab8f): for each weight shape (N, K), the
-fastest Triton tile at M = 1 and at M = 16 (used for 2..16 rows), where it beat cuBLAS. Shapes
-not in the table, and M > 16, stay on cuBLAS."""
+by benchmarks/device/small_gemm.py (run 37, commit 442902c): for each weight shape (N, K), the
+fastest Triton tile at M = 1 and at M = 16 (used for 2..16 rows), or None where cuBLAS was as
+fast. The gate/up rows are the gated form's (`linear_silu_mul`), which is how models call them.
+Shapes not in the table, and M > 16, stay on cuBLAS. The comments give time / read floor,
+Triton vs cuBLAS, each op's share of a CUDA graph over 1 GB of distinct weights."""
 
 from __future__ import annotations
 
 from openinfer_kernels.gemm.triton import Tile
 
-# (N, K): (tile at M = 1, tile at M = 16); Qwen3-4B's decode GEMMs.
-TILES: dict[tuple[int, int], tuple[Tile, Tile]] = {
-    (6144, 2560): (Tile(8, 512, 1, 8), Tile(64, 256)),  # qkv: 1.22x / 1.31x the floor
-    (2560, 4096): (Tile(4, 512, 4), Tile(32, 256)),  # o: 1.51x / 1.55x
-    (19456, 2560): (Tile(16, 512), Tile(32, 256)),  # gate_up: 1.07x / 1.15x
-    (2560, 9728): (Tile(16, 512, 4), Tile(32, 128, 4)),  # down: 1.26x / 1.34x
+# (N, K): (tile at M = 1, tile at M = 16)
+TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
+    # Qwen3-4B
+    (6144, 2560): (Tile(4, 512), Tile(64, 256)),  # qkv: M=1 1.23x vs 1.38x, M=16 1.30 vs 1.41
+    (2560, 4096): (Tile(4, 512, 1, 8), Tile(32, 256)),  # o: 1.53 vs 1.64, 1.55 vs 1.68
+    (19456, 2560): (Tile(8, 256), Tile(32, 128)),  # gate_up + silu: 1.08 vs 1.18, 1.11 vs 1.24
+    (2560, 9728): (Tile(16, 512, 4), None),  # down: 1.27 vs 1.31; M=16 1.35 vs 1.34
+    (151936, 2560): (Tile(4, 512), Tile(64, 256)),  # lm_head: 0.98 vs 1.06, 1.02 vs 1.09
+    # Qwen3-8B
+    (6144, 4096): (Tile(4, 512), Tile(64, 256)),  # qkv: 1.17 vs 1.45, 1.23 vs 1.29
+    (4096, 4096): (Tile(4, 512), Tile(32, 256)),  # o: 1.27 vs 1.42, 1.29 vs 1.43
+    (24576, 4096): (Tile(4, 512), Tile(32, 128)),  # gate_up + silu: 1.04 vs 1.13, 1.06 vs 1.15
+    (4096, 12288): (Tile(16, 512, 2, 8), Tile(32, 256)),  # down: 1.13 vs 1.17, 1.16 vs 1.19
 }
 
 

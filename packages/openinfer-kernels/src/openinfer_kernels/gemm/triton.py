@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from openinfer_kernels.attention.triton import _dot
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +72,10 @@ def _silu_mul(gate, up, OUT: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
     silu(gate) * up, the gate's weight rows first and the up rows N rows after them."""
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -102,7 +104,8 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
 
 @triton.jit
 def _sum_splits_kernel(part_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexpr,
-                       GATED: tl.constexpr, BLOCK: tl.constexpr):
+                       GATED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     m = offs // N
@@ -120,9 +123,10 @@ def _sum_splits_kernel(part_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexp
     tl.store(out_ptr + m * stride_om + n, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
-                  gated: bool = False) -> torch.Tensor:
-    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in x's dtype;
+def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = False,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in `out_dtype`
+    (default x's; fp32 stores the accumulator unrounded, as the vocabulary projection wants);
     `gated`: w is [gate; up] ([2I, K]) and the result silu(x @ gate.T) * (x @ up.T), [M, I]."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
@@ -130,7 +134,7 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
         raise ValueError(f"small-batch linear needs M <= 32 and K-contiguous operands, got "
                          f"x {tuple(x.shape)} strides {x.stride()}")
     m_pad = 1 if m == 1 else 16 if m <= 16 else 32
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     split = tile.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, split), tile.block_k) * tile.block_k
     target = out if split == 1 else torch.empty(
@@ -141,10 +145,10 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
                          PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                          UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
-                         num_stages=tile.num_stages)
+                         num_stages=tile.num_stages, **pdl_launch(x))
     if split > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, n, out.stride(0),
                                                          SPLIT_K=split, GATED=gated,
-                                                         BLOCK=block)
+                                                         BLOCK=block, **pdl_launch(x))
     return out

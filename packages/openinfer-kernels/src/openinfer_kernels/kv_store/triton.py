@@ -9,11 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
 def _kv_append_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride_t, k_stride_h,
                       v_stride_t, v_stride_h, cache_stride_slot, D: tl.constexpr,
-                      BLOCK_D: tl.constexpr):
+                      BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     slot = tl.load(slot_ptr + t)  # int64: slot * stride indexes the whole cache
@@ -47,4 +50,5 @@ def kv_append_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
     if t:
         _kv_append_kernel[(t, heads)](
             k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), k_cache.stride(1), D=dim, BLOCK_D=triton.next_power_of_2(dim))
+            v.stride(1), k_cache.stride(1), D=dim, BLOCK_D=triton.next_power_of_2(dim),
+            **pdl_launch(k))

@@ -9,10 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, H, eps,
-                     BLOCK_H: tl.constexpr):
+                     BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2^31 on long prefills
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -26,7 +29,9 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, H, eps
 
 @triton.jit
 def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_row_stride,
-                               res_row_stride, H, eps, BLOCK_H: tl.constexpr):
+                               res_row_stride, H, eps, BLOCK_H: tl.constexpr,
+                               PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
@@ -64,7 +69,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         block, num_warps = row_settings(rows.shape[1])
         _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0),
                                            rows.shape[1], eps, BLOCK_H=block,
-                                           num_warps=num_warps)
+                                           num_warps=num_warps, **pdl_launch(x))
     return out.view(x.shape)
 
 
@@ -79,7 +84,7 @@ def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: t
         block, num_warps = row_settings(rows.shape[1])
         _fused_add_rms_norm_kernel[(rows.shape[0],)](
             rows, res, weight, normed, summed, rows.stride(0), res.stride(0), rows.shape[1], eps,
-            BLOCK_H=block, num_warps=num_warps)
+            BLOCK_H=block, num_warps=num_warps, **pdl_launch(x))
     return normed.view(x.shape), summed.view(x.shape)
 
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
 def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: tl.constexpr):
@@ -38,7 +40,8 @@ def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: 
 def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_sin_ptr,
                          q_stride_t, q_stride_h, k_stride_t, k_stride_h, cos_sin_stride, eps,
                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
-                         BLOCK_HALF: tl.constexpr):
+                         BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
@@ -75,5 +78,6 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
         _qk_norm_rope_kernel[(t, hq + hk)](
             q, k, q_weight, k_weight, q_out, k_out, positions, cos_sin,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0), eps,
-            HQ=hq, HK=hk, D=d, BLOCK_HALF=block_half, num_warps=max(1, min(4, block_half // 32)))
+            HQ=hq, HK=hk, D=d, BLOCK_HALF=block_half, num_warps=max(1, min(4, block_half // 32)),
+            **pdl_launch(q))
     return q_out, k_out
