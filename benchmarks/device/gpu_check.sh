@@ -79,24 +79,27 @@ if has pdl; then
   stage "kernel tests, compiled, OPENINFER_PDL=1"
   OPENINFER_PDL=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     packages/openinfer-kernels/tests 2>&1 | tail -5 | tee "$OUT/kernel_tests_pdl.log"
-  for combo in cublas-0 cublas-1 triton-0 triton-1; do
-    linear=${combo%-*} pdl=${combo#*-}
-    stage "batch-1 latency, Qwen3-4B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
-    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 python3 -m openinfer_server.cli \
-      bench latency $M4 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
-      --input-len 128 --output-len 256 --num-iters 3 \
-      --result-file "$OUT/latency-qwen3-4b-$linear-pdl$pdl.json" | grep -E "TPOT|floor"
+  # linear-pdl-prefetch MB (the L2 the Triton linear fills ahead of its reads under PDL)
+  for combo in ${PDL_COMBOS:-cublas-0-0 cublas-1-0 triton-0-0 triton-1-0 triton-1-16}; do
+    IFS=- read -r linear pdl mb <<< "$combo"
+    stage "batch-1 latency, Qwen3-4B, OPENINFER_LINEAR=$linear PDL=$pdl PREFETCH_MB=$mb"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl OPENINFER_PREFETCH_MB=$mb timeout 180 \
+      python3 -m openinfer_server.cli bench latency $M4 --load-format dummy --max-num-seqs 4 \
+      --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
+      --result-file "$OUT/latency-qwen3-4b-$combo.json" | grep -E "TPOT|floor"
   done
-  stage "decode breakdown, Qwen3-4B, OPENINFER_LINEAR=triton OPENINFER_PDL=1"
-  OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 120 python3 benchmarks/device/decode_breakdown.py \
-    $M4 --json "$OUT/breakdown-qwen3-4b-triton-pdl1.json" | grep -A14 top_kernels
-  for combo in cublas-0 triton-1; do
-    linear=${combo%-*} pdl=${combo#*-}
-    stage "batch-1 latency, Qwen3-8B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
-    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 python3 -m openinfer_server.cli \
-      bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
-      --input-len 128 --output-len 256 --num-iters 3 \
-      --result-file "$OUT/latency-qwen3-8b-$linear-pdl$pdl.json" | grep -E "TPOT|floor"
+  if [ -n "${PDL_GOLDEN:-}" ]; then
+    stage "golden gate, OPENINFER_LINEAR=triton OPENINFER_PDL=1"
+    OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
+      -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
+  fi
+  for combo in ${PDL_COMBOS_8B:-cublas-0-0 triton-1-16}; do
+    IFS=- read -r linear pdl mb <<< "$combo"
+    stage "batch-1 latency, Qwen3-8B, OPENINFER_LINEAR=$linear PDL=$pdl PREFETCH_MB=$mb"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl OPENINFER_PREFETCH_MB=$mb timeout 180 \
+      python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 \
+      --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
+      --result-file "$OUT/latency-qwen3-8b-$combo.json" | grep -E "TPOT|floor"
   done
 fi
 if has attention; then
