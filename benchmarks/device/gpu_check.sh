@@ -79,11 +79,11 @@ if has pdl; then
   stage "kernel tests, compiled, OPENINFER_PDL=1"
   OPENINFER_PDL=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     packages/openinfer-kernels/tests 2>&1 | tail -5 | tee "$OUT/kernel_tests_pdl.log"
-  # linear-pdl-prefetch MB (the L2 the Triton linear fills ahead of its reads under PDL)
-  for combo in ${PDL_COMBOS:-cublas-0-0 cublas-1-0 triton-0-0 triton-1-0 triton-1-16}; do
-    IFS=- read -r linear pdl mb <<< "$combo"
-    stage "batch-1 latency, Qwen3-4B, OPENINFER_LINEAR=$linear PDL=$pdl PREFETCH_MB=$mb"
-    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl OPENINFER_PREFETCH_MB=$mb timeout 180 \
+  # linear-pdl: OPENINFER_LINEAR and OPENINFER_PDL
+  for combo in ${PDL_COMBOS:-cublas-0 cublas-1 triton-0 triton-1}; do
+    IFS=- read -r linear pdl <<< "$combo"
+    stage "batch-1 latency, Qwen3-4B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 \
       python3 -m openinfer_server.cli bench latency $M4 --load-format dummy --max-num-seqs 4 \
       --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
       --result-file "$OUT/latency-qwen3-4b-$combo.json" | grep -E "TPOT|floor"
@@ -93,10 +93,10 @@ if has pdl; then
     OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
       -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
   fi
-  for combo in ${PDL_COMBOS_8B:-cublas-0-0 triton-1-16}; do
-    IFS=- read -r linear pdl mb <<< "$combo"
-    stage "batch-1 latency, Qwen3-8B, OPENINFER_LINEAR=$linear PDL=$pdl PREFETCH_MB=$mb"
-    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl OPENINFER_PREFETCH_MB=$mb timeout 180 \
+  for combo in ${PDL_COMBOS_8B:-cublas-0 triton-1}; do
+    IFS=- read -r linear pdl <<< "$combo"
+    stage "batch-1 latency, Qwen3-8B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 \
       python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 \
       --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
       --result-file "$OUT/latency-qwen3-8b-$combo.json" | grep -E "TPOT|floor"

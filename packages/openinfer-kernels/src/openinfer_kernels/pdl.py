@@ -1,12 +1,10 @@
 # mypy: disable-error-code="no-untyped-def"
 """Programmatic dependent launch (Hopper and later): a kernel launched with it may be scheduled
 while the kernel before it in the stream still drains, so its launch and the previous kernel's
-tail overlap (in CUDA graphs too). Each such kernel calls `pdl_enter` before it touches any
-memory an earlier kernel may write: that lets the next kernel be scheduled (it will wait in its
-own `pdl_enter`), then waits until the previous kernel has finished and its writes are
-visible. Before it a kernel may only read what no kernel writes (weights): the small-batch
-linear starts pulling its weights into L2 there. OPENINFER_PDL=1 turns it on (being measured on
-the GPU, issue 13); elsewhere `pdl_enter` compiles to nothing.
+tail overlap (in CUDA graphs too). Each such kernel calls `pdl_enter` first: it waits there
+until the previous kernel has finished and its writes are visible (so nothing before that call
+may read or write global memory), then lets the next kernel be scheduled. OPENINFER_PDL=1 turns
+it on (being measured on the GPU, issue 13); elsewhere `pdl_enter` compiles to nothing.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ _WANTED = os.environ.get("OPENINFER_PDL", "0") == "1"
 @triton.jit
 def pdl_enter(PDL: tl.constexpr):
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
 
 
 @functools.lru_cache

@@ -11,7 +11,6 @@ silu(gate) * up, so the [M, 2I] product never goes to memory. (The mypy line abo
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -20,10 +19,6 @@ import triton.language as tl
 
 from openinfer_kernels.attention.triton import _dot
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
-
-# L2 a linear may fill ahead of its reads under PDL (a third of the H100's); the variable is
-# for measuring it (benchmarks/device/gpu_check.sh pdl).
-PREFETCH_BYTES = int(os.environ.get("OPENINFER_PREFETCH_MB", "16")) << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,22 +60,6 @@ def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn
 
 
 @triton.jit
-def _prefetch_l2(w_ptr, rn, n_ok, k_start, k_end, stride_wn, PREFETCH_K: tl.constexpr,
-                 LINES: tl.constexpr, LINE: tl.constexpr):
-    """Ask L2 for the first PREFETCH_K columns of weight rows `rn` in [k_start, k_end), one
-    128-byte line (LINE elements) per address, [BLOCK_N, LINES] addresses at a time. Issued
-    before `pdl_enter`, while the previous kernel still runs; compiled only with PDL (the
-    interpreter has no inline assembly)."""
-    end = tl.minimum(k_end, k_start + PREFETCH_K)
-    for k in range(k_start, end, LINES * LINE):
-        cols = k + tl.arange(0, LINES) * LINE
-        ok = n_ok[:, None] & (cols < end)[None, :]
-        ptrs = tl.where(ok, w_ptr + rn[:, None].to(tl.int64) * stride_wn + cols[None, :], w_ptr)
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-                                  "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _silu_mul(gate, up, OUT: tl.constexpr):
     """silu(gate) * up with `silu_and_mul`'s roundings: the GEMM's outputs rounded to OUT as
     an unfused GEMM would store them, silu rounded before the product."""
@@ -93,10 +72,10 @@ def _silu_mul(gate, up, OUT: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH_K: tl.constexpr, LINES: tl.constexpr, LINE: tl.constexpr):
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
     silu(gate) * up, the gate's weight rows first and the up rows N rows after them."""
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -104,12 +83,6 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
     n_ok = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if PDL and PREFETCH_K > 0:
-        _prefetch_l2(w_ptr, rn, n_ok, k_start, k_end, stride_wn, PREFETCH_K, LINES, LINE)
-        if GATED:
-            _prefetch_l2(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn,
-                         PREFETCH_K, LINES, LINE)
-    pdl_enter(PDL)
     first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
                      M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
@@ -167,20 +140,12 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = Fa
     target = out if split == 1 else torch.empty(
         (split, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, tile.block_n), split)
-    # What a program pulls into L2 before the previous kernel ends (PDL): its share of
-    # PREFETCH_BYTES over the whole grid, in 128-byte lines, so a wide weight cannot evict
-    # what was fetched for it before it is read.
-    line = 128 // w.element_size()
-    rows = tile.block_n * (2 if gated else 1)
-    budget = PREFETCH_BYTES // (grid[0] * split * rows * w.element_size())
-    prefetch_k = min(k_per_split, budget) // line * line
     _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(0),
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
                          PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                          UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
-                         num_stages=tile.num_stages, PREFETCH_K=prefetch_k,
-                         LINES=max(1, 128 // tile.block_n), LINE=line, **pdl_launch(x))
+                         num_stages=tile.num_stages, **pdl_launch(x))
     if split > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, n, out.stride(0),
