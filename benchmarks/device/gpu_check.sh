@@ -62,20 +62,19 @@ if has latency; then
 fi
 if has gemm; then
   stage "small-batch linear tiles against cuBLAS and the read floor, Qwen3-4B/8B shapes"
-  timeout 300 python3 benchmarks/device/small_gemm.py --json "$OUT/small-gemm.json" 2>&1 | tail -20
-  stage "golden gate with the Triton small-batch linear (OPENINFER_LINEAR=triton)"
-  OPENINFER_LINEAR=triton timeout 420 python3 -m pytest -p no:cacheprovider -q -m gpu tests/gpu \
-    2>&1 | tail -15 | tee "$OUT/golden_tests_triton_linear.log"
-  stage "batch-1 latency and decode breakdown, Qwen3-4B, OPENINFER_LINEAR=triton"
-  OPENINFER_LINEAR=triton timeout 180 python3 -m openinfer_server.cli bench latency $M4 \
-    --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 256 \
-    --num-iters 5 --result-file "$OUT/latency-qwen3-4b-triton-linear.json"
-  OPENINFER_LINEAR=triton timeout 120 python3 benchmarks/device/decode_breakdown.py $M4 \
-    --json "$OUT/breakdown-qwen3-4b-triton-linear.json"
+  timeout 300 python3 benchmarks/device/small_gemm.py --json "$OUT/small-gemm.json" 2>&1 | tail -24
+  # The default is the Triton small-batch linear with PDL (the tests stage): the gate and the
+  # step once more on the path it replaced, cuBLAS without PDL.
+  stage "golden gate, OPENINFER_LINEAR=cublas OPENINFER_PDL=0"
+  OPENINFER_LINEAR=cublas OPENINFER_PDL=0 timeout 420 python3 -m pytest -p no:cacheprovider -q \
+    -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_cublas.log"
+  stage "decode breakdown, Qwen3-4B, OPENINFER_LINEAR=cublas OPENINFER_PDL=0"
+  OPENINFER_LINEAR=cublas OPENINFER_PDL=0 timeout 120 python3 benchmarks/device/decode_breakdown.py \
+    $M4 --json "$OUT/breakdown-qwen3-4b-cublas.json"
 fi
 if has pdl; then
-  # Programmatic dependent launch (OPENINFER_PDL=1) with cuBLAS and with the Triton small-batch
-  # linear, against neither; kernel tests compiled with it on.
+  # Programmatic dependent launch (OPENINFER_PDL) with cuBLAS and with the Triton small-batch
+  # linear (OPENINFER_LINEAR), each on and off; kernel tests compiled with PDL on.
   stage "kernel tests, compiled, OPENINFER_PDL=1"
   OPENINFER_PDL=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     packages/openinfer-kernels/tests 2>&1 | tail -5 | tee "$OUT/kernel_tests_pdl.log"

@@ -1,6 +1,7 @@
 """Time from `openinfer serve` to a ready server (cold and warm Triton cache), where it went
-(the engine's own start-up log: imports, weights, KV cache, CUDA graphs, warm-up), and the idle
-resident memory of the API process and of the engine process.
+(the engine's own start-up log: imports, weights, KV cache, CUDA graphs, warm-up), the kernel
+variants a cold start compiles, and the idle resident memory of the API process and of the
+engine process.
 Usage: python startup.py MODEL_DIR [--load-format dummy|auto] [--json PATH] [extra serve flags]."""
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ def one_start(model: str, cache: str, port: int, extra: list[str]) -> dict[str, 
             proc.kill()
 
 
+def _compiled(cache: str) -> dict[str, int]:
+    """Kernel variants the cold start compiled, by kernel name (Triton's cache holds one
+    .cubin per compiled specialization)."""
+    counts: dict[str, int] = {}
+    for cubin in Path(cache).rglob("*.cubin"):
+        counts[cubin.stem] = counts.get(cubin.stem, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -114,6 +124,7 @@ def main() -> None:
     cache = tempfile.mkdtemp(prefix="triton-cache-")
     try:
         cold = one_start(args.model, cache, args.port, extra)
+        cold["compiled_kernels"] = _compiled(cache)
         warm = one_start(args.model, cache, args.port, extra)
     finally:
         shutil.rmtree(cache, ignore_errors=True)

@@ -3,8 +3,9 @@
 while the kernel before it in the stream still drains, so its launch and the previous kernel's
 tail overlap (in CUDA graphs too). Each such kernel calls `pdl_enter` first: it waits there
 until the previous kernel has finished and its writes are visible (so nothing before that call
-may read or write global memory), then lets the next kernel be scheduled. OPENINFER_PDL=1 turns
-it on (being measured on the GPU, issue 13); elsewhere `pdl_enter` compiles to nothing.
+may read or write global memory), then lets the next kernel be scheduled. On by default where
+the GPU has it (compute capability 9.0 and later); OPENINFER_PDL=0 turns it off. Elsewhere
+`pdl_enter` compiles to nothing.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_WANTED = os.environ.get("OPENINFER_PDL", "0") == "1"
+_WANTED = os.environ.get("OPENINFER_PDL", "1") != "0"
 
 
 @triton.jit

@@ -1,9 +1,11 @@
 """Linear layers without bias. On CUDA, batches of up to 16 rows at the shapes of `tiles.TILES`
-run the Triton small-batch kernels when OPENINFER_LINEAR=triton (being validated on the GPU,
-issue 13); everything else is `F.linear` (cuBLAS on CUDA)."""
+run the Triton small-batch kernels on the GPUs the table was measured on (compute capability
+9.0: H100, H200); everything else is `F.linear` (cuBLAS on CUDA). OPENINFER_LINEAR=cublas or
+=triton overrides the choice on every GPU."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -18,13 +20,23 @@ if TYPE_CHECKING:
     from openinfer_kernels.gemm.triton import Tile
 
 _kernels = triton_kernels("openinfer_kernels.gemm.triton")
-_USE_TRITON = os.environ.get("OPENINFER_LINEAR", "cublas") == "triton"
+_CHOICE = os.environ.get("OPENINFER_LINEAR") or None
+if _CHOICE not in (None, "triton", "cublas"):
+    raise ValueError(f"OPENINFER_LINEAR must be 'triton' or 'cublas', not {_CHOICE!r}")
+
+
+@functools.lru_cache
+def triton_linear_on(device_index: int) -> bool:
+    """Whether small batches on CUDA device `device_index` run the Triton kernels."""
+    if _CHOICE is not None:
+        return _CHOICE == "triton"
+    return _kernels is not None and torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
 def small_batch_tile(x: torch.Tensor, w: torch.Tensor) -> Tile | None:
     """The Triton tile for this product, or None where cuBLAS runs it."""
-    if not (_USE_TRITON and _kernels is not None and x.is_cuda and x.dim() == 2
-            and x.stride(1) == 1 and w.is_contiguous()):
+    if not (_kernels is not None and x.is_cuda and x.dim() == 2 and x.stride(1) == 1
+            and w.is_contiguous() and triton_linear_on(x.device.index or 0)):
         return None
     from openinfer_kernels.gemm.tiles import tile_for
 
@@ -58,4 +70,4 @@ def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["linear", "linear_fp32_out", "linear_ref", "linear_silu_mul",
-           "small_batch_tile"]
+           "small_batch_tile", "triton_linear_on"]
