@@ -196,15 +196,16 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 # Integer arguments that vary from step to step are not specialized on (Triton would compile a
-# variant for 1, for multiples of 16 and for the rest): a step must never wait on the JIT.
-@triton.jit(do_not_specialize=["num_seqs"])
+# variant for 1, for multiples of 16 and for the rest): a step must never wait on the JIT. The
+# split count is one of them (it follows the batch size): every CUDA-graph size shares a variant.
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, num_seqs,
+    scale_log2, num_seqs, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -252,7 +253,7 @@ def _split_kernel(
     full_end = length - num_queries + first + 1
     kv_end = length - num_queries + tl.minimum(first + BLOCK_Q, num_queries)
     # Whole pages per split; the last splits may get fewer keys or none.
-    chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), PAGE) * PAGE
+    chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), PAGE) * PAGE
     start = split * chunk
     end = tl.minimum(start + chunk, kv_end)
     mid_end = tl.maximum(start, tl.minimum(end, full_end))
@@ -279,21 +280,21 @@ def _split_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     mask = r_mask[:, None] & d_mask[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
             + offs_d[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        # Scratch is [T, Hq, NUM_SPLITS, BLOCK_D] and [T, Hq, NUM_SPLITS], contiguous.
-        part = (tokens * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split
+        # Scratch is [T, Hq, num_splits, BLOCK_D] and [T, Hq, num_splits], contiguous.
+        part = (tokens * GROUP * tl.num_programs(1) + heads) * num_splits + split
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask)
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
 
 
-@triton.jit(do_not_specialize=["num_seqs"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _merge_kernel(
-    query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, num_seqs, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, num_seqs, num_splits, stride_ot,
+    stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -308,8 +309,8 @@ def _merge_kernel(
         tl.store(out_ptrs, tl.zeros([BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
                  mask=d_mask)
         return
-    s_mask = offs_s < NUM_SPLITS
-    part = (token.to(tl.int64) * tl.num_programs(1) + head) * NUM_SPLITS + offs_s
+    s_mask = offs_s < num_splits
+    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + offs_s
     lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
     # All splits empty (a zero-length context): weights 0 everywhere, output 0, not NaN.
     lse_max = tl.maximum(tl.max(lse, 0), -1e30)
@@ -384,18 +385,19 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                device=q.device)
     _split_kernel[(programs, kv_heads, splits)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        scale * LOG2E, batch,
+        scale * LOG2E, batch, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, PAGE=page, NUM_SPLITS=splits, DECODE=decode,
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         **_dot_options(q), num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
-            query_start_loc, part_out, part_lse, out, batch, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+            query_start_loc, part_out, part_lse, out, batch, splits, out.stride(0),
+            out.stride(1), HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(max(splits, MAX_SPLITS)),  # one variant up to 16
             BLOCK_D=block_d, num_warps=1, **pdl_launch(q),
         )
     return out

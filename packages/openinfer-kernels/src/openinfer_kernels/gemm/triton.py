@@ -68,7 +68,9 @@ def _silu_mul(gate, up, OUT: tl.constexpr):
     return (g / (1.0 + tl.exp(-g))).to(OUT).to(tl.float32) * u
 
 
-@triton.jit
+# M follows the batch size: not specialized on (1, multiples of 16), so every CUDA-graph size
+# of up to 16 rows shares its tile's one compiled variant.
+@triton.jit(do_not_specialize=["M"])
 def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
