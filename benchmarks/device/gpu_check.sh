@@ -208,6 +208,9 @@ fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
   timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
+  stage "serve to ready, cold and warm, kernels compiled ahead in parallel (OPENINFER_COMPILE_AHEAD=1)"
+  OPENINFER_COMPILE_AHEAD=1 timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy \
+    --json "$OUT/startup-qwen3-4b-ahead.json"
   stage "serve to ready, a real Qwen3-4B checkpoint from disk: memory map, then whole shards"
   REAL=/tmp/qwen3-4b-real
   [ -f $REAL/model.safetensors.index.json ] || timeout 300 python3 - "$REAL" <<'PY'

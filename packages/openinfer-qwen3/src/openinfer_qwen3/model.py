@@ -18,6 +18,7 @@ from openinfer_kernels import (
     rms_norm,
     rope_cos_sin,
 )
+from openinfer_kernels.compile_ahead import compile_ahead
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
@@ -43,6 +44,7 @@ class Qwen3Model:
         self.cuda_graph_max_tokens = (int(getattr(attention, "cuda_graph_max_tokens", 0))
                                       if self.cuda_graph_safe else 0)
         self.sampling_kernels = SAMPLING_KERNELS
+        self.compile_ahead = compile_ahead
         self.weight_bytes = weights.decode_bytes()
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:

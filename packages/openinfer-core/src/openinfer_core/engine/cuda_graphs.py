@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from openinfer_core.engine.batch import HostBatch
+from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -129,6 +130,7 @@ class CudaGraphRunner:
     def _capture(self) -> None:
         batches = {("decode", b): self._batch(b) for b in self.buckets}
         batches |= {("mixed", t): self._mixed_batch(t) for t in self.mixed}
+        compile_ahead(self.model, batches.values(), "CUDA-graph")
         with torch.inference_mode():
             for batch in batches.values():
                 self.model.forward(batch)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from openinfer_core.engine.batch import HostBatch
+from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.model import Model
 
@@ -52,11 +53,13 @@ def step_memory_bytes(config: EngineConfig, model: Model) -> int:
     num_logits = min(config.max_num_seqs, num_tokens)
     batch = _profile_batch(num_tokens, num_logits, model.max_model_len, config.block_size)
     model.create_kv_cache(int(batch.block_tables.max()) + 1, config.block_size)
+    on_device = batch.to_device(device)
+    compile_ahead(model, [on_device], "memory-profile")
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     with torch.inference_mode():
-        logits = model.forward(batch.to_device(device))
+        logits = model.forward(on_device)
         del logits
     torch.cuda.synchronize(device)
     forward_peak = torch.cuda.max_memory_allocated(device) - before

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from openinfer_core.engine.batch import HostBatch
+from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.model import Model
 
@@ -39,10 +40,12 @@ def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: in
         for num_tokens in sorted({min(largest, graph_max_tokens + 64), largest}):
             if num_tokens > graph_max_tokens:
                 shapes.append((num_tokens, query))
+    batches = [padding_requests(num_tokens, query, config.block_size).to_device(model.device)
+               for num_tokens, query in shapes]
+    compile_ahead(model, batches, "eager warm-up")
     with torch.inference_mode():
-        for num_tokens, query in shapes:
-            model.forward(padding_requests(num_tokens, query, config.block_size)
-                          .to_device(model.device))
+        for batch in batches:
+            model.forward(batch)
     torch.cuda.synchronize(model.device)
     log.info("warm-up: %d eager step shapes in %.2f s", len(shapes),
              time.perf_counter() - started)

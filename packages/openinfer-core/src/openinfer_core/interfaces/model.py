@@ -52,7 +52,10 @@ class Model(Protocol):
     `sampling_kernels` (an `interfaces.sampling.SamplingKernels` the sampler uses on the
     device; absent means the plain-torch sampler) and `kv_block_tensors()` (every device tensor
     indexed by KV block id on dim 0, block b's KV being `t[b]` of each: what the offload tiers
-    copy; absent means `--kv-offload` is refused)."""
+    copy; absent means `--kv-offload` is refused) and `compile_ahead` (a factory of a context
+    manager within which the model's kernels compile instead of launching, in parallel, and are
+    kept compiled: `openinfer_kernels.compile_ahead.compile_ahead`; start-up runs its forwards
+    once inside it first, engine/compile_ahead.py)."""
 
     vocab_size: int
     max_model_len: int
