@@ -78,28 +78,22 @@ if has pdl; then
   stage "kernel tests, compiled, OPENINFER_PDL=1"
   OPENINFER_PDL=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     packages/openinfer-kernels/tests 2>&1 | tail -5 | tee "$OUT/kernel_tests_pdl.log"
-  # linear-pdl: OPENINFER_LINEAR and OPENINFER_PDL
-  for combo in ${PDL_COMBOS:-cublas-0 cublas-1 triton-0 triton-1}; do
+  # model:linear-pdl
+  for run in ${PDL_RUNS:-4b:cublas-0 4b:cublas-1 4b:triton-0 4b:triton-1 8b:cublas-0 8b:triton-1}; do
+    size=${run%%:*} combo=${run#*:}
     IFS=- read -r linear pdl <<< "$combo"
-    stage "batch-1 latency, Qwen3-4B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
+    model=$M4; [ "$size" = 8b ] && model=$M8
+    stage "batch-1 latency, Qwen3-${size^^}, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
     OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 \
-      python3 -m openinfer_server.cli bench latency $M4 --load-format dummy --max-num-seqs 4 \
+      python3 -m openinfer_server.cli bench latency $model --load-format dummy --max-num-seqs 4 \
       --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
-      --result-file "$OUT/latency-qwen3-4b-$combo.json" | grep -E "TPOT|floor"
+      --result-file "$OUT/latency-qwen3-$size-$combo.json" | grep -E "TPOT|floor"
   done
   if [ -n "${PDL_GOLDEN:-}" ]; then
     stage "golden gate, OPENINFER_LINEAR=triton OPENINFER_PDL=1"
     OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
       -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
   fi
-  for combo in ${PDL_COMBOS_8B:-cublas-0 triton-1}; do
-    IFS=- read -r linear pdl <<< "$combo"
-    stage "batch-1 latency, Qwen3-8B, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
-    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 \
-      python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 \
-      --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
-      --result-file "$OUT/latency-qwen3-8b-$combo.json" | grep -E "TPOT|floor"
-  done
 fi
 if has attention; then
   stage "decode attention tile settings"

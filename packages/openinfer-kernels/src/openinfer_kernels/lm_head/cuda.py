@@ -14,7 +14,7 @@ from openinfer_kernels.lm_head.reference import lm_head_logits_ref
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def lm_head_logits_cublas(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def lm_head_logits_cuda(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """`lm_head_logits_ref`'s contract; fp32 accumulate-and-store for bf16/fp16 inputs."""
     if hidden.dtype not in _HALF or weight.dtype != hidden.dtype:
         return lm_head_logits_ref(hidden, weight)
