@@ -1,0 +1,136 @@
+"""DeepSeek-V4 config.json, read and checked, in both layouts it ships in: DeepSeek's own keys
+(`compress_ratios`, `num_hash_layers`, `qk_rope_head_dim`, `rope_scaling`) and transformers'
+(`layer_types`, `compress_rates`, `mlp_layer_types`, `partial_rotary_factor`). Spec: shared
+deepseek-v4.md §2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.model_config import ConfigReader
+
+# transformers' layer type for each compression ratio (0: sliding window only)
+LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention",
+               128: "heavily_compressed_attention"}
+_DEFAULT_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+@dataclass(frozen=True, slots=True)
+class DeepseekV4Config:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    rope_head_dim: int
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    sliding_window: int
+    compress_ratios: tuple[int, ...]  # per layer: 0 (window only), 4 (CSA) or 128 (HCA)
+    hash_layers: tuple[bool, ...]  # per layer: experts picked by token id
+    num_experts: int
+    num_shared_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    routed_scaling_factor: float
+    swiglu_limit: float
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    rms_norm_eps: float
+    rope_theta: float
+    compress_rope_theta: float
+    max_position_embeddings: int
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any]) -> DeepseekV4Config:
+        r = ConfigReader(config)
+        n = r.int("num_hidden_layers")
+        head_dim = r.int("head_dim")
+        if r.int("num_key_value_heads", 1) != 1:
+            raise ModelConfigError("config.json: DeepSeek-V4 has one shared KV head "
+                                   "(num_key_value_heads = 1)")
+        scoring = config.get("scoring_func", "sqrtsoftplus")
+        if scoring != "sqrtsoftplus":
+            raise ModelConfigError(f"config.json: scoring_func {scoring!r} is not supported "
+                                   "(DeepSeek-V4 uses 'sqrtsoftplus')")
+        if not r.bool("norm_topk_prob", True):
+            raise ModelConfigError("config.json: norm_topk_prob=false is not supported")
+        if r.bool("tie_word_embeddings", False):
+            raise ModelConfigError("config.json: tie_word_embeddings=true is not supported")
+        return cls(
+            vocab_size=r.int("vocab_size"), hidden_size=r.int("hidden_size"), num_layers=n,
+            num_heads=r.int("num_attention_heads"), head_dim=head_dim,
+            rope_head_dim=_rope_head_dim(config, head_dim), q_lora_rank=r.int("q_lora_rank"),
+            o_groups=r.int("o_groups"), o_lora_rank=r.int("o_lora_rank"),
+            sliding_window=r.int("sliding_window"), compress_ratios=_compress_ratios(config, n),
+            hash_layers=_hash_layers(config, n), num_experts=r.int("n_routed_experts"),
+            num_shared_experts=r.int("n_shared_experts", 1),
+            top_k=r.int("num_experts_per_tok"),
+            moe_intermediate_size=r.int("moe_intermediate_size"),
+            routed_scaling_factor=r.float("routed_scaling_factor"),
+            swiglu_limit=r.float("swiglu_limit"), index_n_heads=r.int("index_n_heads"),
+            index_head_dim=r.int("index_head_dim"), index_topk=r.int("index_topk"),
+            hc_mult=r.int("hc_mult"), hc_sinkhorn_iters=r.int("hc_sinkhorn_iters"),
+            hc_eps=r.float("hc_eps"), rms_norm_eps=r.float("rms_norm_eps", 1e-6),
+            rope_theta=_theta(config, "main", "rope_theta", 10000.0),
+            compress_rope_theta=_theta(config, "compress", "compress_rope_theta", 160000.0),
+            max_position_embeddings=r.int("max_position_embeddings"),
+        )
+
+
+def _compress_ratios(config: dict[str, Any], n: int) -> tuple[int, ...]:
+    """Per layer, from `layer_types` + `compress_rates` (transformers) or `compress_ratios`
+    (DeepSeek's, one more entry for the MTP layer, which is dropped here)."""
+    types = config.get("layer_types")
+    if types is not None:
+        rates = {**_DEFAULT_RATES, **(config.get("compress_rates") or {})}
+        rates["sliding_attention"] = 0
+        unknown = sorted(set(types) - set(rates))
+        if unknown:
+            raise ModelConfigError(f"config.json: unknown layer_types {unknown}")
+        ratios = [rates[t] for t in types]
+    elif config.get("compress_ratios") is not None:
+        ratios = list(config["compress_ratios"])
+    else:
+        raise ModelConfigError("config.json: needs layer_types or compress_ratios")
+    if len(ratios) < n:
+        raise ModelConfigError(f"config.json: {len(ratios)} layer types for {n} layers")
+    bad = sorted({r for r in ratios[:n] if r not in LAYER_TYPES})
+    if bad:
+        raise ModelConfigError(f"config.json: compression ratios {bad} are not supported "
+                               "(0, 4 and 128 are)")
+    return tuple(int(r) for r in ratios[:n])
+
+
+def _hash_layers(config: dict[str, Any], n: int) -> tuple[bool, ...]:
+    types = config.get("mlp_layer_types")
+    if types is not None:
+        if set(types) - {"hash_moe", "moe"} or len(types) < n:
+            raise ModelConfigError(f"config.json: mlp_layer_types must give 'hash_moe' or "
+                                   f"'moe' for each of the {n} layers")
+        return tuple(t == "hash_moe" for t in types[:n])
+    hashed = ConfigReader(config).int("num_hash_layers", 3, minimum=0)
+    return tuple(i < hashed for i in range(n))
+
+
+def _rope_head_dim(config: dict[str, Any], head_dim: int) -> int:
+    if "qk_rope_head_dim" in config:
+        return ConfigReader(config).int("qk_rope_head_dim")
+    factor = config.get("partial_rotary_factor") or 64 / 512
+    return int(head_dim * factor)
+
+
+def _theta(config: dict[str, Any], label: str, key: str, default: float) -> float:
+    """A rotary base: `rope_parameters[label]["rope_theta"]` (transformers) or the top-level
+    key (DeepSeek's)."""
+    params = (config.get("rope_parameters") or {}).get(label)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return ConfigReader(config).float(key, default)

@@ -1,0 +1,118 @@
+"""The DeepSeek-V4 reference ops (openinfer-kernels `mhc/`, `moe/`) against the modules of
+transformers' `DeepseekV4ForCausalLM` they replace, in fp32 at a tiny config."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
+from openinfer_kernels.moe import (
+    moe_experts_ref,
+    route_hash_ref,
+    route_topk_ref,
+    swiglu_clamped_ref,
+)
+
+tf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def config():  # type: ignore[no-untyped-def]
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, head_dim=16, q_lora_rank=8, o_groups=2,
+                            o_lora_rank=8, n_routed_experts=8, num_experts_per_tok=3,
+                            moe_intermediate_size=16, swiglu_limit=1.5, index_n_heads=2,
+                            index_head_dim=16, index_topk=4, sliding_window=8,
+                            hc_sinkhorn_iters=20, mlp_layer_types=["hash_moe", "moe"])
+
+
+def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return module
+
+
+def _streams(config, tokens: int = 5) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(1, tokens, config.hc_mult, config.hidden_size, generator=g)
+
+
+def test_hyper_connection_weights_collapse_and_expand(config) -> None:  # type: ignore[no-untyped-def]
+    hc = _randomise(tf.DeepseekV4HyperConnection(config), 1)
+    streams = _streams(config)
+    post, comb, collapsed = hc(streams)
+    pre, our_post, our_comb = hc_weights_ref(
+        streams[0], hc.fn, hc.base, hc.scale, hc_eps=config.hc_eps,
+        norm_eps=config.rms_norm_eps, sinkhorn_iters=config.hc_sinkhorn_iters)
+    torch.testing.assert_close(our_post, post[0], **TOL)
+    torch.testing.assert_close(our_comb, comb[0], **TOL)
+    torch.testing.assert_close(hc_collapse_ref(streams[0], pre), collapsed[0], **TOL)
+    # Sinkhorn ends on a column pass: each column of comb sums to 1 (up to hc_eps); the
+    # expansion sums over comb's first index
+    torch.testing.assert_close(our_comb.sum(-2), torch.ones(5, 4), rtol=0, atol=1e-4)
+    out = torch.randn(5, config.hidden_size)
+    want = (our_post[..., None] * out[:, None, :]
+            + torch.einsum("tjk,tjd->tkd", our_comb, streams[0]))
+    torch.testing.assert_close(hc_expand_ref(streams[0], out, our_post, our_comb), want, **TOL)
+
+
+def test_hyper_head(config) -> None:  # type: ignore[no-untyped-def]
+    head = _randomise(tf.DeepseekV4HyperHead(config), 2)
+    streams = _streams(config)
+    ours = hc_head_ref(streams[0], head.hc_fn, head.hc_base, head.hc_scale,
+                       hc_eps=config.hc_eps, norm_eps=config.rms_norm_eps)
+    torch.testing.assert_close(ours, head(streams)[0], **TOL)
+
+
+def _same_picks(ours: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                ids: torch.Tensor) -> None:
+    """Same experts with the same weights, in any order."""
+    our_w, our_ids = ours
+    a, b = our_ids.sort(dim=-1), ids.sort(dim=-1)
+    assert torch.equal(a.values, b.values)
+    torch.testing.assert_close(our_w.gather(1, a.indices), weights.gather(1, b.indices), **TOL)
+
+
+def test_score_routing(config) -> None:  # type: ignore[no-untyped-def]
+    router = _randomise(tf.DeepseekV4TopKRouter(config), 3)
+    router.e_score_correction_bias.copy_(torch.randn(config.n_routed_experts))
+    x = torch.randn(6, config.hidden_size)
+    logits, weights, ids = router(x)
+    _same_picks(route_topk_ref(logits, router.e_score_correction_bias,
+                               config.num_experts_per_tok, config.routed_scaling_factor),
+                weights, ids)
+
+
+def test_hash_routing(config) -> None:  # type: ignore[no-untyped-def]
+    router = _randomise(tf.DeepseekV4HashRouter(config), 4)
+    g = torch.Generator().manual_seed(4)
+    router.tid2eid.copy_(torch.stack([torch.randperm(config.n_routed_experts, generator=g)[
+        :config.num_experts_per_tok] for _ in range(config.vocab_size)]))
+    x, token_ids = torch.randn(6, config.hidden_size), torch.tensor([0, 5, 5, 63, 17, 2])
+    logits, weights, ids = router(x, token_ids)
+    _same_picks(route_hash_ref(logits, router.tid2eid, token_ids,
+                               config.routed_scaling_factor), weights, ids)
+
+
+def test_moe_block_routed_and_shared(config) -> None:  # type: ignore[no-untyped-def]
+    block = _randomise(tf.DeepseekV4SparseMoeBlock(config, layer_idx=1), 5)  # a score layer
+    block.gate.e_score_correction_bias.copy_(torch.randn(config.n_routed_experts))
+    x = torch.randn(1, 9, config.hidden_size)
+    flat = x[0]
+    weights, ids = route_topk_ref(flat @ block.gate.weight.t(), block.gate.e_score_correction_bias,
+                                  config.num_experts_per_tok, config.routed_scaling_factor)
+    routed = moe_experts_ref(flat, ids, weights, block.experts.gate_up_proj,
+                             block.experts.down_proj, config.swiglu_limit)
+    shared = block.shared_experts
+    gate_up = torch.cat([shared.gate_proj.weight, shared.up_proj.weight])
+    shared_out = swiglu_clamped_ref(flat @ gate_up.t(), config.swiglu_limit) \
+        @ shared.down_proj.weight.t()
+    with torch.no_grad():
+        torch.testing.assert_close(routed + shared_out, block(x)[0], **TOL)
+    assert (flat @ gate_up.t()).abs().max() > config.swiglu_limit  # the clamps are exercised

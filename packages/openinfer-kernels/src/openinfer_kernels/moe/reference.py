@@ -1,0 +1,53 @@
+"""DeepSeek-V4's MoE (spec: shared deepseek-v4.md §6): router scores sqrt(softplus(x W_g^T)) in
+fp32; experts picked by the top-k of score + a correction bias, or, in the first (hash) layers,
+by a fixed token-id -> experts table; each picked expert weighted by its score over the picked
+scores' sum, times a scaling factor. Experts are SwiGLU with the gate clamped from above and
+the up projection clamped both ways. No capacity limit, no token dropping."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _weights(scores: torch.Tensor, ids: torch.Tensor, scale: float) -> torch.Tensor:
+    picked = scores.gather(1, ids)
+    return picked / (picked.sum(dim=-1, keepdim=True) + 1e-20) * scale
+
+
+def route_topk_ref(logits: torch.Tensor, bias: torch.Tensor, top_k: int,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] (x W_g^T) -> (weights [T, k] fp32, expert ids [T, k] int64). The bias
+    ([E]) moves the selection only, not the weights."""
+    scores = torch.sqrt(F.softplus(logits.float()))
+    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+    return _weights(scores, ids, scale), ids
+
+
+def route_hash_ref(logits: torch.Tensor, tid2eid: torch.Tensor, token_ids: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hash routing: the experts of token t are `tid2eid[token_ids[t]]` ([vocab, k] table); the
+    weights come from the router's scores as in `route_topk_ref`."""
+    scores = torch.sqrt(F.softplus(logits.float()))
+    ids = tid2eid[token_ids].long()
+    return _weights(scores, ids, scale), ids
+
+
+def swiglu_clamped_ref(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
+    """[..., 2I] = [gate | up] -> silu(min(gate, limit)) * clamp(up, -limit, limit), [..., I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                    gate_up: torch.Tensor, down: torch.Tensor, limit: float) -> torch.Tensor:
+    """sum over token t's picked experts e of weights[t, e] * down_e(swiglu(gate_up_e x_t)):
+    x [T, H], ids/weights [T, k], gate_up [E, 2I, H], down [E, H, I] -> [T, H] in x's dtype.
+    One expert at a time over the tokens that picked it."""
+    out = torch.zeros_like(x)
+    for expert in ids.unique().tolist():
+        token, slot = torch.where(ids == expert)
+        h = swiglu_clamped_ref(F.linear(x[token], gate_up[expert]), limit)
+        y = F.linear(h, down[expert]) * weights[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out
