@@ -13,6 +13,7 @@ from openinfer_kernels.moe import (
     route_topk_ref,
     swiglu_clamped_ref,
 )
+from openinfer_kernels.rotary import rope_frequencies, rotary_interleaved_ref
 
 tf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -27,7 +28,10 @@ def config():  # type: ignore[no-untyped-def]
                             o_lora_rank=8, n_routed_experts=8, num_experts_per_tok=3,
                             moe_intermediate_size=16, swiglu_limit=1.5, index_n_heads=2,
                             index_head_dim=16, index_topk=4, sliding_window=8,
-                            hc_sinkhorn_iters=20, mlp_layer_types=["hash_moe", "moe"])
+                            hc_sinkhorn_iters=20, mlp_layer_types=["hash_moe", "moe"],
+                            rope_scaling={"type": "yarn", "factor": 16, "beta_fast": 32,
+                                          "original_max_position_embeddings": 65536,
+                                          "beta_slow": 1})
 
 
 def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -116,3 +120,37 @@ def test_moe_block_routed_and_shared(config) -> None:  # type: ignore[no-untyped
     with torch.no_grad():
         torch.testing.assert_close(routed + shared_out, block(x)[0], **TOL)
     assert (flat @ gate_up.t()).abs().max() > config.swiglu_limit  # the clamps are exercised
+
+
+@pytest.mark.parametrize("kind", ["main", "compress"])
+def test_rotary_tables_and_rotation(config, kind: str) -> None:  # type: ignore[no-untyped-def]
+    """The frequencies of both rotary kinds (plain, and YaRN for the compressed layers) and the
+    interleaved rotation of a head's trailing dims, forward and back."""
+    rope = tf.DeepseekV4RotaryEmbedding(config)
+    params = config.rope_parameters[kind]
+    rope_dim = config.qk_rope_head_dim
+    yarn = params.get("rope_type") == "yarn"
+    freqs = rope_frequencies(
+        rope_dim, params["rope_theta"], yarn_factor=params.get("factor", 1.0) if yarn else 1.0,
+        original_max_positions=params.get("original_max_position_embeddings", 0),
+        beta_fast=params.get("beta_fast", 32.0), beta_slow=params.get("beta_slow", 1.0))
+    assert yarn == (kind == "compress")
+    torch.testing.assert_close(freqs, getattr(rope, f"{kind}_inv_freq"), rtol=1e-6, atol=0)
+    positions = torch.tensor([0, 1, 7, 300, 70000])
+    x = torch.randn(5, 2, config.head_dim)
+    cos, sin = rope(x, positions[None], layer_type=kind)
+    want = tf.apply_rotary_pos_emb(x.transpose(0, 1)[None], cos, sin)[0].transpose(0, 1)
+    ours = rotary_interleaved_ref(x, positions, freqs)
+    torch.testing.assert_close(ours, want, **TOL)
+    torch.testing.assert_close(rotary_interleaved_ref(ours, positions, freqs, inverse=True), x,
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_yarn_bounds_of_the_published_config() -> None:
+    """Spec §13: rotary dim 64, theta 160000, factor 16 over 65536 positions blends pairs 15..25:
+    the faster ones keep their frequency, the slower ones are divided by 16."""
+    plain = rope_frequencies(64, 160000.0)
+    yarn = rope_frequencies(64, 160000.0, yarn_factor=16, original_max_positions=65536)
+    assert torch.equal(yarn[:16], plain[:16])
+    torch.testing.assert_close(yarn[25:], plain[25:] / 16, rtol=1e-6, atol=0)
+    assert bool(((yarn[16:25] < plain[16:25]) & (yarn[16:25] > plain[16:25] / 16)).all())
