@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openinfer_kernels.compress import compress_kv_ref
 from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
 from openinfer_kernels.moe import (
     moe_experts_ref,
@@ -31,7 +32,9 @@ def config():  # type: ignore[no-untyped-def]
                             hc_sinkhorn_iters=20, mlp_layer_types=["hash_moe", "moe"],
                             rope_scaling={"type": "yarn", "factor": 16, "beta_fast": 32,
                                           "original_max_position_embeddings": 65536,
-                                          "beta_slow": 1})
+                                          "beta_slow": 1},
+                            compress_rates={"compressed_sparse_attention": 4,
+                                            "heavily_compressed_attention": 8})
 
 
 def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -154,3 +157,29 @@ def test_yarn_bounds_of_the_published_config() -> None:
     assert torch.equal(yarn[:16], plain[:16])
     torch.testing.assert_close(yarn[25:], plain[25:] / 16, rtol=1e-6, atol=0)
     assert bool(((yarn[16:25] < plain[16:25]) & (yarn[16:25] > plain[16:25] / 16)).all())
+
+
+def _compress_freqs(config) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    p = config.rope_parameters["compress"]
+    return rope_frequencies(config.qk_rope_head_dim, p["rope_theta"], yarn_factor=p["factor"],
+                            original_max_positions=p["original_max_position_embeddings"])
+
+
+@pytest.mark.parametrize(("kind", "tokens"), [("hca", 8 * 5 + 3), ("csa", 4 * 6 + 1),
+                                               ("csa", 3)])
+def test_compressor(config, kind: str, tokens: int) -> None:  # type: ignore[no-untyped-def]
+    """Whole-sequence compression (transformers' stateless mode): HCA pools each window, CSA
+    pools overlapping pairs of windows; a trailing partial window gives no entry."""
+    cls = tf.DeepseekV4HCACompressor if kind == "hca" else tf.DeepseekV4CSACompressor
+    comp = _randomise(cls(config), 6)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(1, tokens, config.hidden_size, generator=g)
+    q_residual = torch.randn(1, tokens, config.q_lora_rank, generator=g)
+    with torch.no_grad():
+        want = comp(x, q_residual, torch.arange(tokens)[None], None, 0)[0][0, 0]
+        ours = compress_kv_ref(x[0] @ comp.kv_proj.weight.t(), x[0] @ comp.gate_proj.weight.t(),
+                               comp.position_bias, comp.kv_norm.weight, _compress_freqs(config),
+                               ratio=comp.compress_rate, overlap=kind == "csa",
+                               norm_eps=config.rms_norm_eps)
+    assert ours.shape == (tokens // comp.compress_rate, config.head_dim) == want.shape
+    torch.testing.assert_close(ours, want, **TOL)
