@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from openinfer_kernels.compress import compress_kv_ref
+from openinfer_kernels.gemm import grouped_linear_ref
+from openinfer_kernels.indexer import indexer_scores_ref, indexer_topk_ref
 from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
 from openinfer_kernels.moe import (
     moe_experts_ref,
@@ -15,6 +17,7 @@ from openinfer_kernels.moe import (
     swiglu_clamped_ref,
 )
 from openinfer_kernels.rotary import rope_frequencies, rotary_interleaved_ref
+from openinfer_kernels.sparse_attention import sink_attention_ref
 
 tf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -183,3 +186,59 @@ def test_compressor(config, kind: str, tokens: int) -> None:  # type: ignore[no-
                                norm_eps=config.rms_norm_eps)
     assert ours.shape == (tokens // comp.compress_rate, config.head_dim) == want.shape
     torch.testing.assert_close(ours, want, **TOL)
+
+
+@pytest.mark.parametrize("tokens", [3, 4 * 9 + 2])
+def test_indexer_picks(config, tokens: int) -> None:  # type: ignore[no-untyped-def]
+    """The indexer's own compressor, its rotated queries, its scores and its causal top-k,
+    against transformers' indexer in stateless mode (picks compared as sets per query)."""
+    idx = _randomise(tf.DeepseekV4Indexer(config), 9)
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(1, tokens, config.hidden_size, generator=g)
+    q_residual = torch.randn(1, tokens, config.q_lora_rank, generator=g)
+    positions = torch.arange(tokens)
+    freqs = _compress_freqs(config)
+    with torch.no_grad():
+        want = idx(x, q_residual, positions[None], None, 0)[0]
+        keys = compress_kv_ref(x[0] @ idx.kv_proj.weight.t(), x[0] @ idx.gate_proj.weight.t(),
+                               idx.position_bias, idx.kv_norm.weight, freqs, ratio=4,
+                               overlap=True, norm_eps=config.rms_norm_eps)
+        q = (q_residual[0] @ idx.q_b_proj.weight.t()).view(tokens, -1, idx.head_dim)
+        q = rotary_interleaved_ref(q, positions, freqs)
+        scores = indexer_scores_ref(q, keys, x[0] @ idx.scorer.weights_proj.weight.t(),
+                                    softmax_scale=idx.scorer.softmax_scale,
+                                    weights_scale=idx.scorer.weights_scaling)
+        ours = indexer_topk_ref(scores, positions, ratio=4, top_k=config.index_topk)
+    assert ours.shape == want.shape
+    assert torch.equal(ours.sort(dim=-1).values, want.sort(dim=-1).values)
+    if tokens > 8:
+        assert (ours >= 0).sum() > tokens and (ours == -1).any()  # picks made, and refused
+
+
+def test_sink_attention(config) -> None:  # type: ignore[no-untyped-def]
+    """Over a per-query key set with some keys masked out, against transformers' eager
+    attention with sinks (one KV head shared by every query head)."""
+    g = torch.Generator().manual_seed(11)
+    t, k, h, d = 5, 7, config.num_attention_heads, config.head_dim
+    q, kv = torch.randn(t, h, d, generator=g), torch.randn(k, d, generator=g)
+    valid = torch.rand(t, k, generator=g) > 0.3
+    valid[0] = False  # a query that sees nothing attends to the sink alone: output 0
+    sinks = torch.randn(h, generator=g)
+    module = torch.nn.Module()
+    module.sinks, module.num_key_value_groups, module.training = sinks, h, False
+    mask = torch.zeros(t, k).masked_fill(~valid, float("-inf"))[None, None]
+    want, _ = tf.eager_attention_forward(module, q.transpose(0, 1)[None], kv[None, None],
+                                         kv[None, None], mask, d ** -0.5)
+    ours = sink_attention_ref(q, kv.expand(t, k, d), valid, sinks, d ** -0.5)
+    torch.testing.assert_close(ours, want[0], **TOL)
+    assert torch.equal(ours[0], torch.zeros(h, d))
+
+
+def test_grouped_output_projection(config) -> None:  # type: ignore[no-untyped-def]
+    heads_dim = config.num_attention_heads * config.head_dim
+    layer = _randomise(tf.DeepseekV4GroupedLinear(heads_dim // config.o_groups,
+                                                  config.o_groups * config.o_lora_rank,
+                                                  config.o_groups), 12)
+    x = torch.randn(3, config.o_groups, heads_dim // config.o_groups)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_linear_ref(x, layer.weight), layer(x), **TOL)

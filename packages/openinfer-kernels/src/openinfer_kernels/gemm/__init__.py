@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from openinfer_kernels.activation import silu_and_mul
 from openinfer_kernels.dispatch import triton_kernels
-from openinfer_kernels.gemm.reference import linear_ref
+from openinfer_kernels.gemm.reference import grouped_linear_ref, linear_ref
 
 if TYPE_CHECKING:
     from openinfer_kernels.gemm.triton import Tile
@@ -69,5 +69,5 @@ def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(F.linear(x, w))
 
 
-__all__ = ["linear", "linear_fp32_out", "linear_ref", "linear_silu_mul",
+__all__ = ["grouped_linear_ref", "linear", "linear_fp32_out", "linear_ref", "linear_silu_mul",
            "small_batch_tile", "triton_linear_on"]

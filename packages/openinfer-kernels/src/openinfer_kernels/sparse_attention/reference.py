@@ -1,0 +1,21 @@
+"""Attention of each query over its own set of keys, with a per-head sink (spec: shared
+deepseek-v4.md §5.3). DeepSeek-V4 has one KV head whose entries are both key and value; a
+query's set is its sliding window of raw entries beside the compressed entries it selected.
+The sink is a learned logit per head with a zero value: it takes a share of the softmax and
+gives nothing, so a head can attend to nothing."""
+
+from __future__ import annotations
+
+import torch
+
+
+def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor,
+                       sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, H, D]; kv [T, K, D], query t's K entries (keys and values); valid [T, K] bool;
+    sinks [H] -> [T, H, D] in q's dtype. Scores and softmax in fp32, the probabilities rounded
+    to kv's dtype before they weight the values."""
+    scores = torch.einsum("thd,tkd->thk", q.float(), kv.float()) * scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    logits = torch.cat([scores, sinks.float()[None, :, None].expand(q.shape[0], -1, 1)], dim=-1)
+    probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+    return torch.einsum("thk,tkd->thd", probs.to(kv.dtype), kv).to(q.dtype)
