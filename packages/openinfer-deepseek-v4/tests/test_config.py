@@ -24,14 +24,19 @@ DEEPSEEK = {
     "hc_eps": 1e-6, "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512,
     "rope_theta": 10000, "compress_rope_theta": 160000, "max_position_embeddings": 1048576,
     "compress_ratios": [0, 0, 4, 128, 4, 0], "tie_word_embeddings": False,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                     "beta_fast": 32, "beta_slow": 1},
 }
 
 
 def test_deepseek_layout() -> None:
     c = DeepseekV4Config.from_dict(DEEPSEEK)
     assert c.compress_ratios == (0, 0, 4, 128, 4)  # the MTP layer's ratio dropped
+    assert c.attention_kinds == ("window", "window", "csa", "hca", "csa")
     assert c.hash_layers == (True, True, True, False, False)
     assert (c.rope_head_dim, c.rope_theta, c.compress_rope_theta) == (64, 10000.0, 160000.0)
+    assert c.yarn == {"factor": 16.0, "original_max_positions": 65536, "beta_fast": 32.0,
+                      "beta_slow": 1.0}
 
 
 def test_transformers_layout_reads_the_same() -> None:

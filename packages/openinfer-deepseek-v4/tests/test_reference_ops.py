@@ -23,23 +23,6 @@ tf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def config():  # type: ignore[no-untyped-def]
-    from transformers import DeepseekV4Config
-
-    return DeepseekV4Config(vocab_size=64, hidden_size=32, num_hidden_layers=2,
-                            num_attention_heads=2, head_dim=16, q_lora_rank=8, o_groups=2,
-                            o_lora_rank=8, n_routed_experts=8, num_experts_per_tok=3,
-                            moe_intermediate_size=16, swiglu_limit=1.5, index_n_heads=2,
-                            index_head_dim=16, index_topk=4, sliding_window=8,
-                            hc_sinkhorn_iters=20, mlp_layer_types=["hash_moe", "moe"],
-                            rope_scaling={"type": "yarn", "factor": 16, "beta_fast": 32,
-                                          "original_max_position_embeddings": 65536,
-                                          "beta_slow": 1},
-                            compress_rates={"compressed_sparse_attention": 4,
-                                            "heavily_compressed_attention": 8})
-
-
 def _randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -8,12 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.model_config import ConfigReader
 
-# transformers' layer type for each compression ratio (0: sliding window only)
-LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention",
-               128: "heavily_compressed_attention"}
+# Attention kinds: window only; CSA (overlapping compression and the indexer's picks); HCA
+# (all visible compressed entries). transformers' layer types name them; DeepSeek's config
+# gives a ratio per layer, 0, 4 (CSA) or 128 (HCA).
+KINDS = {"sliding_attention": "window", "compressed_sparse_attention": "csa",
+         "heavily_compressed_attention": "hca"}
+_LEGACY = {0: "window", 4: "csa", 128: "hca"}
 _DEFAULT_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 
 
@@ -29,7 +34,8 @@ class DeepseekV4Config:
     o_groups: int
     o_lora_rank: int
     sliding_window: int
-    compress_ratios: tuple[int, ...]  # per layer: 0 (window only), 4 (CSA) or 128 (HCA)
+    attention_kinds: tuple[str, ...]  # per layer: "window", "csa" or "hca"
+    compress_ratios: tuple[int, ...]  # per layer: tokens per compressed entry (0: window)
     hash_layers: tuple[bool, ...]  # per layer: experts picked by token id
     num_experts: int
     num_shared_experts: int
@@ -46,7 +52,21 @@ class DeepseekV4Config:
     rms_norm_eps: float
     rope_theta: float
     compress_rope_theta: float
+    yarn: dict[str, float]  # the compressed layers' YaRN: factor, original_max_positions, betas
     max_position_embeddings: int
+
+    def rope_freqs(self, compressed: bool) -> torch.Tensor:
+        """The rotary frequencies of the window-only layers (plain, theta 1e4) or of the
+        layers with compressed KV (theta 1.6e5, YaRN)."""
+        from openinfer_kernels.rotary import rope_frequencies
+
+        if not compressed:
+            return rope_frequencies(self.rope_head_dim, self.rope_theta)
+        return rope_frequencies(self.rope_head_dim, self.compress_rope_theta,
+                                yarn_factor=self.yarn["factor"],
+                                original_max_positions=int(self.yarn["original_max_positions"]),
+                                beta_fast=self.yarn["beta_fast"],
+                                beta_slow=self.yarn["beta_slow"])
 
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> DeepseekV4Config:
@@ -69,7 +89,7 @@ class DeepseekV4Config:
             num_heads=r.int("num_attention_heads"), head_dim=head_dim,
             rope_head_dim=_rope_head_dim(config, head_dim), q_lora_rank=r.int("q_lora_rank"),
             o_groups=r.int("o_groups"), o_lora_rank=r.int("o_lora_rank"),
-            sliding_window=r.int("sliding_window"), compress_ratios=_compress_ratios(config, n),
+            sliding_window=r.int("sliding_window"), **_attention_kinds(config, n),
             hash_layers=_hash_layers(config, n), num_experts=r.int("n_routed_experts"),
             num_shared_experts=r.int("n_shared_experts", 1),
             top_k=r.int("num_experts_per_tok"),
@@ -81,32 +101,37 @@ class DeepseekV4Config:
             hc_eps=r.float("hc_eps"), rms_norm_eps=r.float("rms_norm_eps", 1e-6),
             rope_theta=_theta(config, "main", "rope_theta", 10000.0),
             compress_rope_theta=_theta(config, "compress", "compress_rope_theta", 160000.0),
+            yarn=_yarn(config),
             max_position_embeddings=r.int("max_position_embeddings"),
         )
 
 
-def _compress_ratios(config: dict[str, Any], n: int) -> tuple[int, ...]:
-    """Per layer, from `layer_types` + `compress_rates` (transformers) or `compress_ratios`
-    (DeepSeek's, one more entry for the MTP layer, which is dropped here)."""
+def _attention_kinds(config: dict[str, Any], n: int) -> dict[str, tuple[Any, ...]]:
+    """Per layer, the attention kind and compression ratio: from `layer_types` +
+    `compress_rates` (transformers) or `compress_ratios` (DeepSeek's, one more entry for the
+    MTP layer, which is dropped here)."""
     types = config.get("layer_types")
     if types is not None:
-        rates = {**_DEFAULT_RATES, **(config.get("compress_rates") or {})}
-        rates["sliding_attention"] = 0
-        unknown = sorted(set(types) - set(rates))
+        unknown = sorted(set(types) - set(KINDS))
         if unknown:
             raise ModelConfigError(f"config.json: unknown layer_types {unknown}")
-        ratios = [rates[t] for t in types]
+        rates = {**_DEFAULT_RATES, **(config.get("compress_rates") or {}), "sliding_attention": 0}
+        kinds, ratios = [KINDS[t] for t in types], [rates[t] for t in types]
     elif config.get("compress_ratios") is not None:
         ratios = list(config["compress_ratios"])
+        bad = sorted({r for r in ratios[:n] if r not in _LEGACY})
+        if bad:
+            raise ModelConfigError(f"config.json: compression ratios {bad} are not supported "
+                                   "(0, 4 and 128 are)")
+        kinds = [_LEGACY[r] for r in ratios]
     else:
         raise ModelConfigError("config.json: needs layer_types or compress_ratios")
     if len(ratios) < n:
         raise ModelConfigError(f"config.json: {len(ratios)} layer types for {n} layers")
-    bad = sorted({r for r in ratios[:n] if r not in LAYER_TYPES})
-    if bad:
-        raise ModelConfigError(f"config.json: compression ratios {bad} are not supported "
-                               "(0, 4 and 128 are)")
-    return tuple(int(r) for r in ratios[:n])
+    if any(r < 1 for k, r in zip(kinds, ratios, strict=True) if k != "window"):
+        raise ModelConfigError("config.json: compress_rates must be positive")
+    return {"attention_kinds": tuple(kinds[:n]),
+            "compress_ratios": tuple(int(r) for r in ratios[:n])}
 
 
 def _hash_layers(config: dict[str, Any], n: int) -> tuple[bool, ...]:
@@ -134,3 +159,20 @@ def _theta(config: dict[str, Any], label: str, key: str, default: float) -> floa
     if isinstance(params, dict) and "rope_theta" in params:
         return float(params["rope_theta"])
     return ConfigReader(config).float(key, default)
+
+
+def _yarn(config: dict[str, Any]) -> dict[str, float]:
+    """The compressed layers' YaRN: `rope_parameters["compress"]` (transformers) or
+    `rope_scaling` (DeepSeek's); factor 1 where there is none."""
+    params = (config.get("rope_parameters") or {}).get("compress")
+    if not isinstance(params, dict):
+        params = config.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("yarn", "default"):
+        raise ModelConfigError(f"config.json: rope type {kind!r} is not supported (yarn is)")
+    r = ConfigReader(params, "config.json rope scaling")
+    if kind == "default":
+        return {"factor": 1.0, "original_max_positions": 0, "beta_fast": 32.0, "beta_slow": 1.0}
+    return {"factor": r.float("factor"),
+            "original_max_positions": r.int("original_max_position_embeddings"),
+            "beta_fast": r.float("beta_fast", 32.0), "beta_slow": r.float("beta_slow", 1.0)}
