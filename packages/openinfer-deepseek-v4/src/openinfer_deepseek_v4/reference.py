@@ -1,9 +1,10 @@
-"""DeepSeek-V4 layers over one whole sequence (positions 0..T-1), in plain torch from the
+"""DeepSeek-V4 over one whole sequence (positions 0..T-1), in plain torch from the
 openinfer-kernels reference ops: the oracle the serving path (paged KV, incremental
-compressor state) is tested against. Spec: shared deepseek-v4.md §5."""
+compressor state) is tested against. Spec: shared deepseek-v4.md §3-§6."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,13 @@ from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_kernels.compress import compress_kv_ref
 from openinfer_kernels.gemm import grouped_linear_ref
 from openinfer_kernels.indexer import indexer_scores_ref, indexer_topk_ref
+from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
+from openinfer_kernels.moe import (
+    moe_experts_ref,
+    route_hash_ref,
+    route_topk_ref,
+    swiglu_clamped_ref,
+)
 from openinfer_kernels.rotary import rotary_interleaved_ref
 from openinfer_kernels.sparse_attention import sink_attention_ref
 
@@ -105,3 +113,81 @@ def _indexer_picks(x: torch.Tensor, q_residual: torch.Tensor, w: IndexerWeights,
                                 softmax_scale=cfg.index_head_dim ** -0.5,
                                 weights_scale=cfg.index_n_heads ** -0.5)
     return indexer_topk_ref(scores, positions, ratio=ratio, top_k=cfg.index_topk)
+
+
+@dataclass(frozen=True, slots=True)
+class HyperConnectionWeights:
+    fn: torch.Tensor  # [(2 + N) N, N H] around a sublayer; [N, N H] for the head
+    base: torch.Tensor
+    scale: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class MoEWeights:
+    gate: torch.Tensor  # [E, H] router
+    bias: torch.Tensor | None  # [E] selection bias (score layers)
+    tid2eid: torch.Tensor | None  # [vocab, k] token id -> experts (hash layers)
+    gate_up: torch.Tensor  # [E, 2I, H]
+    down: torch.Tensor  # [E, H, I]
+    shared_gate_up: torch.Tensor  # [2I, H]
+    shared_down: torch.Tensor  # [H, I]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    attn_hc: HyperConnectionWeights
+    attn_norm: torch.Tensor
+    attention: AttentionWeights
+    ffn_hc: HyperConnectionWeights
+    ffn_norm: torch.Tensor
+    moe: MoEWeights
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    embed: torch.Tensor  # [vocab, H]
+    layers: list[LayerWeights]
+    hc_head: HyperConnectionWeights
+    norm: torch.Tensor
+    lm_head: torch.Tensor  # [vocab, H]
+
+
+def moe(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
+        cfg: DeepseekV4Config) -> torch.Tensor:
+    """Routed experts (by token id in the hash layers, by biased top-k otherwise) plus the
+    shared expert: x [T, H] -> [T, H]."""
+    logits = x @ w.gate.t()
+    if w.tid2eid is not None:
+        weights, ids = route_hash_ref(logits, w.tid2eid, token_ids, cfg.routed_scaling_factor)
+    else:
+        assert w.bias is not None
+        weights, ids = route_topk_ref(logits, w.bias, cfg.top_k, cfg.routed_scaling_factor)
+    routed = moe_experts_ref(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit)
+    shared = swiglu_clamped_ref(x @ w.shared_gate_up.t(), cfg.swiglu_limit) @ w.shared_down.t()
+    return routed + shared
+
+
+def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,
+            sublayer: Callable[[torch.Tensor], torch.Tensor],
+            cfg: DeepseekV4Config) -> torch.Tensor:
+    """One sublayer inside the hyper-connections: collapse, norm, sublayer, expand."""
+    pre, post, comb = hc_weights_ref(streams, hc.fn, hc.base, hc.scale, hc_eps=cfg.hc_eps,
+                                     norm_eps=cfg.rms_norm_eps,
+                                     sinkhorn_iters=cfg.hc_sinkhorn_iters)
+    out = sublayer(rms_norm(hc_collapse_ref(streams, pre), norm, cfg.rms_norm_eps))
+    return hc_expand_ref(streams, out, post, comb)
+
+
+def forward(token_ids: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """The whole model over one sequence: token ids [T] -> fp32 logits [T, vocab]."""
+    x = w.embed[token_ids]
+    streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # all start equal
+    for i, layer in enumerate(w.layers):
+        streams = _around(streams, layer.attn_hc, layer.attn_norm,
+                          lambda h, a=layer.attention, i=i: attention(h, a, cfg, i), cfg)
+        streams = _around(streams, layer.ffn_hc, layer.ffn_norm,
+                          lambda h, m=layer.moe: moe(h, token_ids, m, cfg), cfg)
+    head = w.hc_head
+    last = hc_head_ref(streams, head.fn, head.base, head.scale, hc_eps=cfg.hc_eps,
+                       norm_eps=cfg.rms_norm_eps)
+    return (rms_norm(last, w.norm, cfg.rms_norm_eps) @ w.lm_head.t()).float()
