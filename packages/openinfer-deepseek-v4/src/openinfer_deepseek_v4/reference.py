@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -184,9 +185,9 @@ def forward(token_ids: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> 
     streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # all start equal
     for i, layer in enumerate(w.layers):
         streams = _around(streams, layer.attn_hc, layer.attn_norm,
-                          lambda h, a=layer.attention, i=i: attention(h, a, cfg, i), cfg)
+                          partial(attention, w=layer.attention, cfg=cfg, layer=i), cfg)
         streams = _around(streams, layer.ffn_hc, layer.ffn_norm,
-                          lambda h, m=layer.moe: moe(h, token_ids, m, cfg), cfg)
+                          partial(moe, token_ids=token_ids, w=layer.moe, cfg=cfg), cfg)
     head = w.hc_head
     last = hc_head_ref(streams, head.fn, head.base, head.scale, hc_eps=cfg.hc_eps,
                        norm_eps=cfg.rms_norm_eps)
