@@ -15,24 +15,6 @@ from openinfer_deepseek_v4.hf_names import weights_from_transformers
 from openinfer_deepseek_v4.reference import forward
 
 
-@pytest.fixture(scope="module")
-def model(config):  # type: ignore[no-untyped-def]
-    transformers = pytest.importorskip("transformers")
-    model = transformers.DeepseekV4ForCausalLM(config).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.5 if "hc" in name else 0.2))
-        for layer in model.model.layers:
-            gate = layer.mlp.gate
-            if hasattr(gate, "tid2eid"):
-                gate.tid2eid.copy_(torch.stack([torch.randperm(8, generator=g)[:3]
-                                                for _ in range(config.vocab_size)]))
-            else:
-                gate.e_score_correction_bias.copy_(torch.randn(8, generator=g) * 0.1)
-    return model
-
-
 @pytest.mark.parametrize("tokens", [1, 6, 45])
 def test_logits_match_transformers(model, config, tokens: int) -> None:  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(tokens)

@@ -1,0 +1,42 @@
+"""DeepSeek-V4's weight formats (spec: shared deepseek-v4.md §10.1), dequantized:
+
+- FP8: e4m3 values [O, I] and one power-of-two scale per 128 x 128 block, stored as E8M0
+  (a byte e meaning 2^(e - 127), 255 NaN), [ceil(O/128), ceil(I/128)].
+- FP4 (routed experts): e2m1 codes packed two per byte along I (the even index in the low
+  nibble), [O, I/2] int8, and an E8M0 scale per 32 values of a row, [O, I/32].
+
+Scales are read as bytes: a numeric cast of E8M0 to an integer type would not give the
+exponent."""
+
+from __future__ import annotations
+
+import torch
+
+# e2m1 code -> value: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales (float8_e8m0fnu, or their bytes as uint8) -> fp32 powers of two."""
+    exponent = scale.view(torch.uint8).to(torch.int32)
+    value = torch.ldexp(torch.ones(exponent.shape, device=scale.device), exponent - 127)
+    return torch.where(exponent == 255, torch.full_like(value, float("nan")), value)
+
+
+def dequant_fp8_blocks_ref(weight: torch.Tensor, scale: torch.Tensor, block: int = 128,
+                           dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """e4m3 [O, I] times its block's scale ([ceil(O/block), ceil(I/block)]) -> [O, I]."""
+    rows, cols = weight.shape
+    s = e8m0_to_float(scale).repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)
+    return (weight.float() * s[:, :cols]).to(dtype)
+
+
+def dequant_fp4_ref(packed: torch.Tensor, scale: torch.Tensor, group: int = 32,
+                    dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """e2m1 codes packed two per byte ([O, I/2], int8 or uint8) times their group's scale
+    ([O, I/group]) -> [O, I]."""
+    byte = packed.view(torch.uint8)
+    codes = torch.stack([byte & 0xF, byte >> 4], dim=-1).flatten(-2).long()
+    values = torch.tensor(E2M1_VALUES, device=packed.device)[codes]
+    return (values * e8m0_to_float(scale).repeat_interleave(group, 1)).to(dtype)
