@@ -25,3 +25,18 @@ def test_logits_match_transformers(model, config, tokens: int) -> None:  # type:
         ours = forward(ids, weights_from_transformers(model.state_dict(), cfg), cfg)
     assert ours.shape == (tokens, config.vocab_size)
     torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_greedy_continuation_matches_transformers_generate(model, config) -> None:  # type: ignore[no-untyped-def]
+    """32 greedy tokens: the reference recomputes the whole sequence for each, transformers
+    decodes from its caches (window, compressor states, indexer keys); the tokens agree."""
+    cfg = DeepseekV4Config.from_dict(json.loads(config.to_json_string()))
+    weights = weights_from_transformers(model.state_dict(), cfg)
+    prompt = torch.randint(0, config.vocab_size, (13,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = model.generate(prompt[None], max_new_tokens=32, do_sample=False,
+                              min_new_tokens=32)[0, 13:]
+        ids = prompt
+        for _ in range(32):
+            ids = torch.cat([ids, forward(ids, weights, cfg)[-1].argmax()[None]])
+    assert ids[13:].tolist() == want.tolist()
