@@ -43,3 +43,47 @@ def compress_kv_ref(kv: torch.Tensor, gate: torch.Tensor, position_bias: torch.T
     entries = (norm_weight.float() * normed).to(kv.dtype)
     starts = torch.arange(windows, device=kv.device) * ratio
     return rotary_interleaved_ref(entries, starts, freqs)
+
+
+def compressor_state(ratio: int, width: int, *, device: torch.device | str = "cpu"
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sequence's empty compressor state: (kv, gate) rows [2 * ratio, width] fp32, the
+    previous window's tokens then the open one's; gates start at -inf (an empty slot weighs
+    nothing)."""
+    return (torch.zeros(2 * ratio, width, device=device),
+            torch.full((2 * ratio, width), float("-inf"), device=device))
+
+
+def compress_chunk_ref(kv: torch.Tensor, gate: torch.Tensor, start: int,
+                       state: tuple[torch.Tensor, torch.Tensor], position_bias: torch.Tensor,
+                       norm_weight: torch.Tensor, freqs: torch.Tensor, *, ratio: int,
+                       overlap: bool, norm_eps: float) -> torch.Tensor:
+    """`compress_kv_ref` a chunk at a time: the projections of tokens start..start+n-1 ([n,
+    c*d] each) enter the sequence's `state` (from `compressor_state`, updated in place), and
+    each window they close gives its entry: [closed windows, d] in kv's dtype. Any split of a
+    sequence into chunks gives the entries of the whole."""
+    state_kv, state_gate = state
+    width = kv.shape[1] // (2 if overlap else 1)
+    closed = []
+    for i in range(kv.shape[0]):
+        pos = start + i
+        slot = ratio + pos % ratio
+        state_kv[slot] = kv[i].float()
+        state_gate[slot] = gate[i].float() + position_bias[pos % ratio].float()
+        if (pos + 1) % ratio:
+            continue
+        if overlap:  # the previous window's first halves beside this one's second halves
+            pool_kv = torch.cat([state_kv[:ratio, :width], state_kv[ratio:, width:]])
+            pool_gate = torch.cat([state_gate[:ratio, :width], state_gate[ratio:, width:]])
+        else:
+            pool_kv, pool_gate = state_kv[ratio:], state_gate[ratio:]
+        weights = torch.softmax(pool_gate, dim=0).to(kv.dtype)
+        pooled = (pool_kv.to(kv.dtype) * weights).sum(dim=0).float()
+        normed = pooled * torch.rsqrt(pooled.square().mean() + norm_eps)
+        entry = (norm_weight.float() * normed).to(kv.dtype)
+        closed.append(rotary_interleaved_ref(entry[None], torch.tensor([pos + 1 - ratio]),
+                                             freqs))
+        state_kv[:ratio], state_gate[:ratio] = state_kv[ratio:], state_gate[ratio:]
+    if not closed:
+        return kv.new_zeros(0, width)
+    return torch.cat(closed)
