@@ -36,13 +36,18 @@ def compress_kv_ref(kv: torch.Tensor, gate: torch.Tensor, position_bias: torch.T
                                gate[:-1, :, :width]])
         kv = torch.cat([prev_kv, kv[:, :, width:]], dim=1)
         gate = torch.cat([prev_gate, gate[:, :, width:]], dim=1)
-    weights = torch.softmax(gate.float(), dim=1).to(kv.dtype)
-    pooled = (kv * weights).sum(dim=1)
-    normed = pooled.float() * torch.rsqrt(pooled.float().square().mean(-1, keepdim=True)
-                                          + norm_eps)
-    entries = (norm_weight.float() * normed).to(kv.dtype)
     starts = torch.arange(windows, device=kv.device) * ratio
-    return rotary_interleaved_ref(entries, starts, freqs)
+    return _entries(kv, gate, norm_weight, norm_eps, starts, freqs)
+
+
+def _entries(kv: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor,
+             norm_eps: float, starts: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """[windows, slots, d] projections pooled over their slots by the softmax of the gates
+    (per channel, fp32, then kv's dtype), RMS-normalised, each entry rotated at its window's
+    first position `starts`."""
+    pooled = (kv * torch.softmax(gate.float(), dim=1).to(kv.dtype)).sum(dim=1).float()
+    normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + norm_eps)
+    return rotary_interleaved_ref((norm_weight.float() * normed).to(kv.dtype), starts, freqs)
 
 
 def compressor_state(ratio: int, width: int, *, device: torch.device | str = "cpu"
@@ -77,12 +82,8 @@ def compress_chunk_ref(kv: torch.Tensor, gate: torch.Tensor, start: int,
             pool_gate = torch.cat([state_gate[:ratio, :width], state_gate[ratio:, width:]])
         else:
             pool_kv, pool_gate = state_kv[ratio:], state_gate[ratio:]
-        weights = torch.softmax(pool_gate, dim=0).to(kv.dtype)
-        pooled = (pool_kv.to(kv.dtype) * weights).sum(dim=0).float()
-        normed = pooled * torch.rsqrt(pooled.square().mean() + norm_eps)
-        entry = (norm_weight.float() * normed).to(kv.dtype)
-        closed.append(rotary_interleaved_ref(entry[None], torch.tensor([pos + 1 - ratio]),
-                                             freqs))
+        closed.append(_entries(pool_kv[None].to(kv.dtype), pool_gate[None], norm_weight,
+                               norm_eps, torch.tensor([pos + 1 - ratio]), freqs))
         state_kv[:ratio], state_gate[:ratio] = state_kv[ratio:], state_gate[ratio:]
     if not closed:
         return kv.new_zeros(0, width)
