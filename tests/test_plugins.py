@@ -128,6 +128,21 @@ def test_attention_backend_hook_is_used_by_default_when_preferred(qwen3_dir: Pat
     assert ours[0].outputs[0].token_ids == base[0].outputs[0].token_ids
 
 
+def test_the_environment_names_the_attention_backend_when_the_config_does_not(
+        qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pm = PluginManager(autoload=True, plugins=[sample_plugin])
+    monkeypatch.setenv("OPENINFER_ATTENTION_BACKEND", "torch")
+    sample_plugin.CountingAttention.calls = 0
+    LLM(qwen3_dir, device="cpu", plugins=pm).generate([[5, 6, 7]], GREEDY)
+    assert sample_plugin.CountingAttention.calls == 0  # not the default "counting"
+    LLM(qwen3_dir, device="cpu", plugins=pm, attention_backend="counting").generate(
+        [[5, 6, 7]], GREEDY)
+    assert sample_plugin.CountingAttention.calls > 0  # the config wins
+    monkeypatch.setenv("OPENINFER_ATTENTION_BACKEND", "nope")
+    with pytest.raises(PluginError, match="nope"):
+        LLM(qwen3_dir, device="cpu", plugins=pm)
+
+
 def test_offload_tier_hook_adds_a_store_the_engine_restores_from(qwen3_dir: Path) -> None:
     """A third-party store beneath the built-in host tier: with a host pool of six blocks
     (a prompt has four), re-sent prompts come back from the plugin's store."""

@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [pdl]
+# [gemm] [pdl] [flashinfer]
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -13,6 +13,15 @@ API_SERVERS=${API_SERVERS:-1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT
+# FlashInfer, when benchmarks/device/flashinfer_pack.sh made .fi/ and the call carries it. Its
+# JIT builds go to $FLASHINFER_WORKSPACE_BASE/.cache; a previous call's (fi-jit.tgz, put back
+# into .fi/) saves compiling them again.
+if [ -f .fi/flashinfer.tar.xz ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .fi/*.whl \
+    && tar -xJf .fi/flashinfer.tar.xz -C /tmp/site || exit 1
+  export FLASHINFER_WORKSPACE_BASE=/tmp/fi-jit FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+  [ -f .fi/fi-jit.tgz ] && mkdir -p /tmp/fi-jit && tar -xzf .fi/fi-jit.tgz -C /tmp/fi-jit
+fi
 export OPENINFER_CACHE_DIR=/tmp/openinfer-cache
 M4=/tmp/qwen3-4b M8=/tmp/qwen3-8b
 python3 - <<'PY'
@@ -94,6 +103,26 @@ if has pdl; then
     OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
       -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
   fi
+fi
+if has flashinfer; then
+  stage "flashinfer backend: kernel tests, compiled (JIT builds on first use)"
+  timeout 560 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" --durations=5 \
+    packages/openinfer-kernels/tests/kernels/test_flashinfer_backend.py 2>&1 | tail -25 \
+    | tee "$OUT/flashinfer_tests.log"
+  stage "attention backends A/B: decode 128 x 4k and 1 x 4k, prefill 2048 and 8192"
+  timeout 300 python3 benchmarks/device/attention_ab.py --json "$OUT/attention-ab.json"
+  if [ -n "${FI_GOLDEN:-}" ]; then
+    stage "golden gate, OPENINFER_ATTENTION_BACKEND=flashinfer"
+    OPENINFER_ATTENTION_BACKEND=flashinfer timeout 420 python3 -m pytest -p no:cacheprovider \
+      -q -m gpu tests/gpu/test_golden_qwen3_gpu.py 2>&1 | tail -15 | tee "$OUT/golden_tests_flashinfer.log"
+  fi
+  for backend in ${FI_TTFT:-}; do
+    stage "TTFT 2048 / 8192, Qwen3-8B, --attention-backend $backend"
+    timeout 240 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy \
+      --max-num-seqs 4 --max-model-len 8448 --input-len 2048 8192 --output-len 16 \
+      --num-iters 5 --attention-backend $backend --result-file "$OUT/ttft-qwen3-8b-$backend.json"
+  done
+  [ -d /tmp/fi-jit ] && tar -czf "$OUT/fi-jit.tgz" -C /tmp/fi-jit . && ls -la "$OUT/fi-jit.tgz"
 fi
 if has attention; then
   stage "decode attention tile settings"

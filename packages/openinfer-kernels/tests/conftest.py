@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,3 +21,6 @@ if not torch.cuda.is_available():
             "run under the interpreter: set TRITON_INTERPRET=1 in the environment, or set it in "
             "a conftest.py that pytest loads before the tests that import the kernels")
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The attention tests share their case builder, `kernels/paged_cases.py`.
+sys.path.insert(0, str(Path(__file__).parent / "kernels"))

@@ -14,7 +14,10 @@ from openinfer_core.plugins import PluginManager
 from openinfer_kernels import plugin
 
 
-def test_registers_the_torch_and_triton_attention_backends():
+def test_registers_the_torch_and_triton_attention_backends(monkeypatch):
+    real = plugin.importlib.util.find_spec  # as if flashinfer is not installed
+    monkeypatch.setattr(plugin.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flashinfer" else real(name, *a))
     regs = PluginManager(autoload=False, plugins=[plugin]).registries
     assert regs.attention_backends.names() == ["torch", "triton"]
     torch_entry = regs.attention_backends.get("torch")

@@ -154,6 +154,8 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
 
 @pytest.mark.parametrize("argv, message", [
     (["--scheduler", "lifo"], "--scheduler: unknown scheduler 'lifo' (installed: fcfs"),
+    (["--attention-backend", "flash"],
+     "--attention-backend: unknown attention backend 'flash' (installed: "),
     (["--tensor-parallel-size", "2"], "--tensor-parallel-size: only 1 is supported"),
     (["--kv-offload", "host,tape"], "--kv-offload: unknown tier 'tape' (installed: disk, host"),
     (["--kv-offload", "host,disk"], "the disk tier needs --kv-offload-disk-dir DIR"),

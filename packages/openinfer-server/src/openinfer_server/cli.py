@@ -128,6 +128,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         help="scheduling policy: fcfs, priority (honours each request's "
                              "`priority`, lower first) or a plugin's from `openinfer models` "
                              "(default %(default)s)")
+    engine.add_argument("--attention-backend", metavar="NAME",
+                        help="attention kernels: torch, triton, flashinfer (with "
+                             "openinfer-kernels[flashinfer]) or a plugin's from `openinfer "
+                             "models` (default: $OPENINFER_ATTENTION_BACKEND, else the "
+                             "installed backend of highest priority for the device)")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="never use CUDA graphs for decode")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,

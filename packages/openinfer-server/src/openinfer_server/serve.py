@@ -56,6 +56,11 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
         known = ", ".join(registries.schedulers.names()) or "none installed"
         parser.error(f"argument --scheduler: unknown scheduler {args.scheduler!r} "
                      f"(installed: {known})")
+    backend = args.attention_backend
+    if backend is not None and backend not in registries.attention_backends:
+        known = ", ".join(registries.attention_backends.names()) or "none installed"
+        parser.error(f"argument --attention-backend: unknown attention backend {backend!r} "
+                     f"(installed: {known})")
     unknown = [t for t in args.kv_offload if t not in registries.offload_tiers]
     if unknown:
         known = ", ".join(registries.offload_tiers.names()) or "none installed: pip install " \
@@ -72,7 +77,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
             gpu_memory_utilization=args.gpu_memory_utilization, scheduler=args.scheduler,
-            seed=args.seed, enforce_eager=args.enforce_eager, load_format=args.load_format,
+            attention_backend=backend, seed=args.seed, enforce_eager=args.enforce_eager,
+            load_format=args.load_format,
             enable_prefix_caching=args.enable_prefix_caching,
             async_scheduling=args.async_scheduling, kv_offload=args.kv_offload,
             kv_offload_host_gib=args.kv_offload_host_gib,

@@ -4,6 +4,7 @@ load weights, size and allocate the KV cache."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ from openinfer_core.model_config import read_json_if_present, read_model_config
 from openinfer_core.plugins import PluginManager
 
 log = logging.getLogger("openinfer")
+# The attention backend when the config names none (vLLM's VLLM_ATTENTION_BACKEND); unset: the
+# registered backend of highest priority for the device.
+ATTENTION_BACKEND_ENV = "OPENINFER_ATTENTION_BACKEND"
 
 
 @dataclass(slots=True)
@@ -50,7 +54,8 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     device = config.torch_device()
     dtype = config.torch_dtype(device, hf_config.get("torch_dtype") or hf_config.get("dtype"))
     regs = plugins.registries
-    backend_name = config.attention_backend or regs.default_attention_backend(device.type)
+    backend_name = (config.attention_backend or os.environ.get(ATTENTION_BACKEND_ENV)
+                    or regs.default_attention_backend(device.type))
     attention = regs.attention_backends.resolve(backend_name)()
     log.info("loading %s with model line %r (%s, %s, attention=%s)", model_dir, entry.name,
              device, dtype, backend_name)

@@ -1,0 +1,114 @@
+"""The `flashinfer` attention backend: FlashInfer's paged kernels (`pip install
+openinfer-kernels[flashinfer]`).
+
+FlashInfer splits each step into a host-side `plan` (how the batch's pages are cut into work
+units) and a `run` per layer. The backend plans once, at the step's first layer, from the
+`ForwardBatch` it is given (every layer of a step gets the same one), and runs the plan at each
+layer. Planning reads the batch's lengths and block tables on the host, so this backend is not
+CUDA-graph safe: the engine runs it eagerly.
+
+Decode steps (one query per request) run `BatchDecodeWithPagedKVCacheWrapper` on tensor cores;
+every other step runs `BatchPrefillWithPagedKVCacheWrapper`, causal, whose `auto` backend is
+FlashAttention-3 on Hopper. K/V are appended by openinfer's own `kv_append` first. The caches
+are used as they are: FlashInfer's NHD layout, `[num_blocks, block_size, Hkv, D]`, K and V apart.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from openinfer_kernels.kv_store import kv_append
+
+if TYPE_CHECKING:
+    from openinfer_core.interfaces.model import ForwardBatch
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-K scratch
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+# FlashInfer's kernel choice per wrapper; its `auto` picks FA3 on Hopper for prefill.
+PREFILL_BACKEND = os.environ.get("OPENINFER_FLASHINFER_PREFILL", "auto")
+DECODE_BACKEND = os.environ.get("OPENINFER_FLASHINFER_DECODE", "fa2")
+
+
+class FlashInferAttentionBackend:
+    """Appends K/V with `kv_append`, then runs FlashInfer's planned paged attention."""
+
+    name = "flashinfer"
+
+    def __init__(self) -> None:
+        try:
+            import flashinfer
+        except ImportError as exc:
+            raise ImportError(
+                "the flashinfer attention backend needs flashinfer-python: "
+                "pip install 'openinfer-kernels[flashinfer]'") from exc
+        self._flashinfer = flashinfer
+        self._workspace: torch.Tensor | None = None  # shared: one wrapper runs per step
+        self._wrappers: dict[str, Any] = {}
+        self._planned: ForwardBatch | None = None  # the batch the current plan is for
+        self._wrapper: Any = None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
+               scale: float) -> torch.Tensor:
+        kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
+        if q.shape[0] == 0:
+            return torch.empty_like(q)
+        if self._planned is not batch:
+            self._plan(q, k_cache, batch, scale)
+        return self._wrapper.run(q, (k_cache, v_cache))
+
+    def _plan(self, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch,
+              scale: float) -> None:
+        _, page, hk, d = k_cache.shape
+        hq = q.shape[1]
+        if d not in HEAD_DIMS or q.dtype not in DTYPES or k_cache.dtype != q.dtype:
+            raise ValueError(
+                f"the flashinfer attention backend runs head_dim {HEAD_DIMS} in float16 or "
+                f"bfloat16, not head_dim {d} in {q.dtype}: use --attention-backend triton, or "
+                "--dtype bfloat16")
+        qo_indptr, kv_indptr, kv_indices, last_page_len = paged_layout(batch, page)
+        decode = batch.max_query_len == 1 and q.shape[0] == batch.num_seqs
+        wrapper = self._wrapper_for("decode" if decode else "prefill", q.device)
+        if decode:
+            wrapper.plan(kv_indptr, kv_indices.to(q.device, non_blocking=True), last_page_len,
+                         hq, hk, d, page, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
+                         sm_scale=scale)
+        else:
+            wrapper.plan(qo_indptr, kv_indptr, kv_indices.to(q.device, non_blocking=True),
+                         last_page_len, hq, hk, d, page, causal=True, sm_scale=scale,
+                         q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+        self._planned, self._wrapper = batch, wrapper
+
+    def _wrapper_for(self, kind: str, device: torch.device) -> Any:
+        if kind not in self._wrappers:
+            if self._workspace is None:
+                self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            fi, workspace = self._flashinfer, self._workspace
+            self._wrappers[kind] = (
+                fi.BatchDecodeWithPagedKVCacheWrapper(
+                    workspace, "NHD", use_tensor_cores=True, backend=DECODE_BACKEND)
+                if kind == "decode" else
+                fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
+                                                       backend=PREFILL_BACKEND))
+        return self._wrappers[kind]
+
+
+def paged_layout(batch: ForwardBatch, page: int) -> tuple[torch.Tensor, ...]:
+    """FlashInfer's CSR description of the batch's pages, on the host (one device sync):
+    query offsets [B + 1], page offsets [B + 1], the pages in order [sum of pages] and the
+    tokens used in each request's last page [B], all int32."""
+    b = batch.num_seqs
+    host = torch.cat([batch.query_start_loc.int(), batch.seq_lens.int(),
+                      batch.block_tables.int().flatten()]).cpu()
+    qo_indptr, seq_lens, tables = host[:b + 1], host[b + 1:2 * b + 1], host[2 * b + 1:]
+    pages = (seq_lens + page - 1) // page
+    kv_indptr = torch.zeros(b + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(pages, 0)
+    tables = tables.view(b, -1)
+    used = torch.arange(tables.shape[1]) < pages[:, None]
+    last_page_len = seq_lens - (pages - 1) * page
+    return qo_indptr, kv_indptr, tables[used], last_page_len.int()
