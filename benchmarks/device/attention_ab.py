@@ -79,7 +79,10 @@ def main() -> None:
         flops = 4 * batch * HQ * D * (queries * context - queries * (queries - 1) / 2)
         floor_ms = kv_bytes / bandwidth * 1e3
         for backend_name in args.backends:
-            backend = regs.attention_backends.resolve(backend_name)()
+            cls = regs.attention_backends.resolve(backend_name)
+            # FlashInfer's kernels on every step, decode included (the backend's default runs
+            # decode and short steps on the Triton kernels, from CUDA graphs).
+            backend = cls(every_step=True) if backend_name == "flashinfer" else cls()
             run = functools.partial(backend.attend, q, k, v, k_cache, v_cache, fb, D**-0.5)
             out = run()  # compiles and, for flashinfer, plans this batch
             backend_ms = gpu_ms(run)

@@ -22,10 +22,15 @@ from paged_cases import (
 )
 
 from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_core.plugins import PluginManager
 from openinfer_kernels import plugin
 from openinfer_kernels.attention import flashinfer_backend
-from openinfer_kernels.attention.flashinfer_backend import FlashInferAttentionBackend, paged_layout
+from openinfer_kernels.attention.flashinfer_backend import (
+    GRAPH_TOKENS,
+    FlashInferAttentionBackend,
+    paged_layout,
+)
 
 gpu = pytest.mark.gpu
 
@@ -54,13 +59,39 @@ def test_paged_layout_lists_each_requests_pages_in_order():
                                 seed=0)
     batch.block_tables = torch.tensor([[7, 3, 5], [2, 0, 0], [9, 0, 0]], dtype=torch.int32,
                                       device=batch.block_tables.device)
-    qo_indptr, kv_indptr, indices, last = paged_layout(batch, page=4)
-    assert qo_indptr.tolist() == [0, 1, 5, 6]
-    assert kv_indptr.tolist() == [0, 3, 4, 5]
-    assert indices.tolist() == [7, 3, 5, 2, 9]
-    assert last.tolist() == [1, 4, 1]
-    assert {t.dtype for t in (qo_indptr, kv_indptr, indices, last)} == {torch.int32}
-    assert {t.device.type for t in (qo_indptr, kv_indptr, indices, last)} == {"cpu"}
+    want = ([0, 1, 5, 6], [0, 3, 4, 5], [7, 3, 5, 2, 9], [1, 4, 1])
+    layout = paged_layout(batch, page=4)
+    assert tuple(t.tolist() for t in layout) == want
+    assert {t.dtype for t in layout} == {torch.int32}
+    assert {t.device.type for t in layout} == {"cpu"}
+    # With the engine's host copies, those are read and the device tensors are not.
+    batch.query_start_loc_cpu = batch.query_start_loc.cpu().clone()
+    batch.seq_lens_cpu = batch.seq_lens.cpu().clone()
+    batch.block_tables_cpu = batch.block_tables.cpu().clone()
+    for t in (batch.query_start_loc, batch.seq_lens, batch.block_tables):
+        t.fill_(-1)
+    assert tuple(t.tolist() for t in paged_layout(batch, page=4)) == want
+
+
+def test_flashinfer_runs_the_long_steps_and_triton_the_graphed_ones(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", type(sys)("flashinfer"))  # a stand-in
+    hybrid, every = FlashInferAttentionBackend(), FlashInferAttentionBackend(every_step=True)
+    assert hybrid.cuda_graph_safe and hybrid.cuda_graph_max_tokens == GRAPH_TOKENS
+    assert not every.cuda_graph_safe and every.cuda_graph_max_tokens == 0
+
+    def batch(*reqs: Req) -> ForwardBatch:
+        return step_batch(list(reqs), 2, 1, 8, torch.float32, seed=0)[3]
+
+    prompt_over = batch(Req(GRAPH_TOKENS + 1, GRAPH_TOKENS + 1))
+    prompt_at = batch(Req(GRAPH_TOKENS, GRAPH_TOKENS))
+    mixed_over = batch(Req(900, 400), *[Req(40, 1)] * (GRAPH_TOKENS - 399))
+    decodes_over = batch(*[Req(20, 1)] * (GRAPH_TOKENS + 1))
+    assert hybrid.runs_flashinfer(prompt_over) and hybrid.runs_flashinfer(mixed_over)
+    assert not hybrid.runs_flashinfer(prompt_at)
+    assert not hybrid.runs_flashinfer(decodes_over)  # decode steps stay on CUDA graphs
+    assert all(every.runs_flashinfer(b) for b in (prompt_at, decodes_over))
+    monkeypatch.setenv("OPENINFER_FLASHINFER_EVERY_STEP", "1")
+    assert FlashInferAttentionBackend().every_step
 
 
 # --- on the GPU, with flashinfer-python ------------------------------------------------------
@@ -73,8 +104,9 @@ SMALL = {**{f"decode-{k}": v for k, v in DECODES.items()}, **PREFILLS, **SHORT_Q
 
 @pytest.fixture
 def backend() -> FlashInferAttentionBackend:
+    """FlashInfer on every step, so the kernel cases all run its kernels."""
     pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
-    return FlashInferAttentionBackend()
+    return FlashInferAttentionBackend(every_step=True)
 
 
 def run_step(backend: FlashInferAttentionBackend, reqs: list[Req], hq: int, hk: int, d: int,
@@ -127,6 +159,13 @@ def test_plans_once_per_step_and_again_for_the_next(backend, monkeypatch):
                                    seed=3)
     check(backend.attend(case.q, k, v, case.k_cache, case.v_cache, step2, 0.1), case, 0.1)
     assert [id(b) for b in plans] == [id(batch), id(step2)]
+
+
+@gpu
+@pytest.mark.parametrize("batch", list(LARGE))
+def test_default_split_of_steps_at_qwen3_4b_shapes(batch):
+    pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
+    run_step(FlashInferAttentionBackend(), LARGE[batch], **QWEN3_4B, dtype=torch.bfloat16)
 
 
 @gpu

@@ -59,7 +59,10 @@ class HostBatch:
             slot_mapping=dev(self.slot_mapping), query_start_loc=dev(self.query_start_loc),
             seq_lens=dev(self.seq_lens), block_tables=dev(self.block_tables),
             logits_indices=dev(self.logits_indices), max_query_len=self.max_query_len,
-            max_seq_len=self.max_seq_len)
+            max_seq_len=self.max_seq_len,
+            query_start_loc_cpu=torch.from_numpy(self.query_start_loc),
+            seq_lens_cpu=torch.from_numpy(self.seq_lens),
+            block_tables_cpu=torch.from_numpy(self.block_tables))
 
 
 def plan_batch(rows: Seq[ScheduledRow], kv: KVManager) -> HostBatch:

@@ -18,7 +18,11 @@ class ForwardBatch:
 
     Request b owns tokens `query_start_loc[b]:query_start_loc[b+1]`, at positions ending at
     `seq_lens[b] - 1`; its KV (including this step's) lives in blocks `block_tables[b]`.
-    `logits_indices` picks the token rows whose next-token logits are needed."""
+    `logits_indices` picks the token rows whose next-token logits are needed.
+
+    The `*_cpu` fields, when set, are host copies of those fields (the engine has them before
+    the device does): a backend that plans on the host reads them without waiting for the
+    device. They are None in batches captured into CUDA graphs."""
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -29,6 +33,9 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [S] int64
     max_query_len: int
     max_seq_len: int
+    query_start_loc_cpu: torch.Tensor | None = None
+    seq_lens_cpu: torch.Tensor | None = None
+    block_tables_cpu: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,16 +1,21 @@
-"""The `flashinfer` attention backend: FlashInfer's paged kernels (`pip install
-openinfer-kernels[flashinfer]`).
+"""The `flashinfer` attention backend: FlashInfer's paged kernels for the steps they win
+(`pip install openinfer-kernels[flashinfer]`).
 
-FlashInfer splits each step into a host-side `plan` (how the batch's pages are cut into work
-units) and a `run` per layer. The backend plans once, at the step's first layer, from the
-`ForwardBatch` it is given (every layer of a step gets the same one), and runs the plan at each
-layer. Planning reads the batch's lengths and block tables on the host, so this backend is not
-CUDA-graph safe: the engine runs it eagerly.
+Steps of more than `GRAPH_TOKENS` tokens that are not pure decode (prompts and long chunks) run
+FlashInfer's `BatchPrefillWithPagedKVCacheWrapper`, causal, whose `auto` backend is
+FlashAttention-3 on Hopper. Decode steps and steps of up to `GRAPH_TOKENS` tokens run the
+`triton` backend's kernels, which replay from CUDA graphs: FlashInfer plans each step on the host
+before its kernels run, so it cannot be replayed from a graph as the engine captures them, and a
+step launched eagerly costs more host time than its attention saves (the A/B in BENCHMARKS.md).
+`OPENINFER_FLASHINFER_EVERY_STEP=1` runs every step on FlashInfer instead (decode steps on its
+`BatchDecodeWithPagedKVCacheWrapper`, on tensor cores), with no CUDA graphs.
 
-Decode steps (one query per request) run `BatchDecodeWithPagedKVCacheWrapper` on tensor cores;
-every other step runs `BatchPrefillWithPagedKVCacheWrapper`, causal, whose `auto` backend is
-FlashAttention-3 on Hopper. K/V are appended by openinfer's own `kv_append` first. The caches
-are used as they are: FlashInfer's NHD layout, `[num_blocks, block_size, Hkv, D]`, K and V apart.
+FlashInfer splits a step into a host-side `plan` (how the batch's pages are cut into work units)
+and a `run` per layer. The backend plans once, at the step's first layer, from the
+`ForwardBatch` it is given (every layer of a step gets the same one), reading the batch's host
+copies of its lengths and block tables, and runs the plan at each layer. K/V are appended by
+openinfer's own `kv_append` first. The caches are used as they are: FlashInfer's NHD layout,
+`[num_blocks, block_size, Hkv, D]`, K and V apart.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 from openinfer_kernels.kv_store import kv_append
 
 if TYPE_CHECKING:
     from openinfer_core.interfaces.model import ForwardBatch
 
+GRAPH_TOKENS = 512  # steps up to this size replay from CUDA graphs on the Triton kernels
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-K scratch
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
@@ -34,26 +41,41 @@ DECODE_BACKEND = os.environ.get("OPENINFER_FLASHINFER_DECODE", "fa2")
 
 
 class FlashInferAttentionBackend:
-    """Appends K/V with `kv_append`, then runs FlashInfer's planned paged attention."""
+    """Appends K/V with `kv_append`, then runs FlashInfer's planned paged attention on the
+    steps it wins and the `triton` backend on the others."""
 
     name = "flashinfer"
 
-    def __init__(self) -> None:
+    def __init__(self, every_step: bool | None = None) -> None:
         try:
             import flashinfer
         except ImportError as exc:
             raise ImportError(
                 "the flashinfer attention backend needs flashinfer-python: "
                 "pip install 'openinfer-kernels[flashinfer]'") from exc
+        if every_step is None:
+            every_step = os.environ.get("OPENINFER_FLASHINFER_EVERY_STEP") == "1"
+        self.every_step = every_step
+        self.cuda_graph_safe = not every_step
+        self.cuda_graph_max_tokens = 0 if every_step else GRAPH_TOKENS
+        self._triton = TritonAttentionBackend()
         self._flashinfer = flashinfer
         self._workspace: torch.Tensor | None = None  # shared: one wrapper runs per step
         self._wrappers: dict[str, Any] = {}
         self._planned: ForwardBatch | None = None  # the batch the current plan is for
         self._wrapper: Any = None
+        self._plan_copied: torch.cuda.Event | None = None
+
+    def runs_flashinfer(self, batch: ForwardBatch) -> bool:
+        """Whether this step runs FlashInfer's kernels (else the Triton ones)."""
+        return self.every_step or (batch.max_query_len > 1
+                                   and batch.num_tokens > GRAPH_TOKENS)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                scale: float) -> torch.Tensor:
+        if not self.runs_flashinfer(batch):
+            return self._triton.attend(q, k, v, k_cache, v_cache, batch, scale)
         kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
         if q.shape[0] == 0:
             return torch.empty_like(q)
@@ -70,17 +92,25 @@ class FlashInferAttentionBackend:
                 f"the flashinfer attention backend runs head_dim {HEAD_DIMS} in float16 or "
                 f"bfloat16, not head_dim {d} in {q.dtype}: use --attention-backend triton, or "
                 "--dtype bfloat16")
-        qo_indptr, kv_indptr, kv_indices, last_page_len = paged_layout(batch, page)
+        # Pinned, so that the plan's copies to the device wait for nothing queued before them
+        # (the step in flight, with overlapped steps).
+        qo_indptr, kv_indptr, kv_indices, last_page_len = (
+            t.pin_memory() for t in paged_layout(batch, page))
+        # The plan rewrites a pinned host buffer whose last contents are copied to the device
+        # ahead of the previous planned step: that copy must be done.
+        if self._plan_copied is not None:
+            self._plan_copied.synchronize()
         decode = batch.max_query_len == 1 and q.shape[0] == batch.num_seqs
         wrapper = self._wrapper_for("decode" if decode else "prefill", q.device)
         if decode:
-            wrapper.plan(kv_indptr, kv_indices.to(q.device, non_blocking=True), last_page_len,
-                         hq, hk, d, page, q_data_type=q.dtype, kv_data_type=k_cache.dtype,
-                         sm_scale=scale)
+            wrapper.plan(kv_indptr, kv_indices, last_page_len, hq, hk, d, page,
+                         q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
         else:
-            wrapper.plan(qo_indptr, kv_indptr, kv_indices.to(q.device, non_blocking=True),
-                         last_page_len, hq, hk, d, page, causal=True, sm_scale=scale,
-                         q_data_type=q.dtype, kv_data_type=k_cache.dtype)
+            wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hk, d, page,
+                         causal=True, sm_scale=scale, q_data_type=q.dtype,
+                         kv_data_type=k_cache.dtype)
+        self._plan_copied = torch.cuda.Event()
+        self._plan_copied.record()
         self._planned, self._wrapper = batch, wrapper
 
     def _wrapper_for(self, kind: str, device: torch.device) -> Any:
@@ -98,17 +128,23 @@ class FlashInferAttentionBackend:
 
 
 def paged_layout(batch: ForwardBatch, page: int) -> tuple[torch.Tensor, ...]:
-    """FlashInfer's CSR description of the batch's pages, on the host (one device sync):
-    query offsets [B + 1], page offsets [B + 1], the pages in order [sum of pages] and the
-    tokens used in each request's last page [B], all int32."""
+    """FlashInfer's CSR description of the batch's pages, on the host: query offsets [B + 1],
+    page offsets [B + 1], the pages in order [sum of pages] and the tokens used in each
+    request's last page [B], all int32. Read from the batch's host copies where it has them,
+    else copied from the device (one synchronisation)."""
     b = batch.num_seqs
-    host = torch.cat([batch.query_start_loc.int(), batch.seq_lens.int(),
-                      batch.block_tables.int().flatten()]).cpu()
-    qo_indptr, seq_lens, tables = host[:b + 1], host[b + 1:2 * b + 1], host[2 * b + 1:]
+    if (batch.query_start_loc_cpu is not None and batch.seq_lens_cpu is not None
+            and batch.block_tables_cpu is not None):
+        qo_indptr, seq_lens = batch.query_start_loc_cpu.int(), batch.seq_lens_cpu.int()
+        tables = batch.block_tables_cpu.int()
+    else:
+        host = torch.cat([batch.query_start_loc.int(), batch.seq_lens.int(),
+                          batch.block_tables.int().flatten()]).cpu()
+        qo_indptr, seq_lens = host[:b + 1], host[b + 1:2 * b + 1]
+        tables = host[2 * b + 1:].view(b, -1)
     pages = (seq_lens + page - 1) // page
     kv_indptr = torch.zeros(b + 1, dtype=torch.int32)
     kv_indptr[1:] = torch.cumsum(pages, 0)
-    tables = tables.view(b, -1)
     used = torch.arange(tables.shape[1]) < pages[:, None]
     last_page_len = seq_lens - (pages - 1) * page
     return qo_indptr, kv_indptr, tables[used], last_page_len.int()
