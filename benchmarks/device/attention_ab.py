@@ -4,7 +4,9 @@ floor at the HBM bandwidth measured in the same run.
 
 Cases: decode at batch 128 x 4096 and 1 x 4096, one prompt of 2048 and of 8192 tokens.
 FlashInfer's plan (host-side, once per step for all layers) is timed apart from its per-layer
-run. Usage: python attention_ab.py [--backends triton flashinfer] [--json PATH]"""
+run. `ms` is the wall time per call of back-to-back calls (launch-bound for small cases);
+`kernel_ms` is the device time of the kernels alone, what a step replayed from a CUDA graph pays.
+Usage: python attention_ab.py [--backends triton flashinfer] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -58,6 +60,18 @@ def gpu_ms(fn: Callable[[], object], reps: int = 20) -> float:
     return start.elapsed_time(end) / reps
 
 
+def kernel_ms(fn: Callable[[], object], reps: int = 10) -> float:
+    """Device time of the kernels one call launches (the profiler's sum): what a CUDA graph
+    replay of it costs, whatever the host's launch time."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / reps / 1e3
+
+
 def read_bandwidth() -> float:
     """Bytes/s of a 2 GiB device copy (reads + writes), counted as the read floor's rate."""
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -86,6 +100,7 @@ def main() -> None:
             run = functools.partial(backend.attend, q, k, v, k_cache, v_cache, fb, D**-0.5)
             out = run()  # compiles and, for flashinfer, plans this batch
             backend_ms = gpu_ms(run)
+            kernels_ms = kernel_ms(run)
             plan_ms = None
             if hasattr(backend, "_plan"):
                 t0 = time.perf_counter()
@@ -93,10 +108,12 @@ def main() -> None:
                     backend._plan(q, k_cache, fb, D**-0.5)
                 plan_ms = (time.perf_counter() - t0) / 10 * 1e3
             rows.append({"case": name, "backend": backend_name, "ms": backend_ms,
+                         "kernel_ms": kernels_ms,
                          "plan_ms": plan_ms, "kv_read_floor_ms": floor_ms,
-                         "tflops": flops / backend_ms / 1e9, "out_norm": float(out.float().norm())})
-            print(f"{name:16s} {backend_name:10s} {backend_ms:8.3f} ms  floor {floor_ms:.3f} ms "
-                  f"({floor_ms / backend_ms:5.1%})  {flops / backend_ms / 1e9:6.1f} TFLOP/s"
+                         "tflops": flops / kernels_ms / 1e9, "out_norm": float(out.float().norm())})
+            print(f"{name:16s} {backend_name:10s} {backend_ms:8.3f} ms  kernels {kernels_ms:.3f} ms"
+                  f"  floor {floor_ms:.3f} ms ({floor_ms / kernels_ms:5.1%})  "
+                  f"{flops / kernels_ms / 1e9:6.1f} TFLOP/s"
                   + (f"  plan {plan_ms:.3f} ms (host)" if plan_ms is not None else ""))
         outs = [r["out_norm"] for r in rows if r["case"] == name]
         assert max(outs) - min(outs) <= 1e-2 * max(outs), f"backends disagree on {name}: {outs}"
