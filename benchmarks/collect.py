@@ -47,7 +47,8 @@ def main() -> None:
             run[path.stem] = slim(json.loads(path.read_text()))
         elif path.suffix == ".jsonl":
             run[path.stem] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        elif path.name.startswith(("kernel_tests", "golden_tests")) and path.suffix == ".log":
+        elif (path.name.startswith(("kernel_tests", "golden_tests", "flashinfer_tests"))
+              and path.suffix == ".log"):
             run[path.stem] = path.read_text().strip().splitlines()[-1]
     text = json.dumps(run, indent=1) + "\n"
     for path in out.iterdir():  # the device's own folder is no one's business: write $OUT

@@ -14,7 +14,10 @@ def openinfer_register_attention_backends(register: RegisterAttentionBackend) ->
              devices=("cpu", "cuda"), priority=0)
     register("triton", "openinfer_kernels.attention.triton_backend:TritonAttentionBackend",
              devices=("cuda",), priority=10)
-    if importlib.util.find_spec("flashinfer") is not None:  # the [flashinfer] extra
+    # The [flashinfer] extra. Where installed it is the default on CUDA: its prompt steps are
+    # faster (TTFT of Qwen3-8B on an H100: 2048 tokens 52.6 -> 49.8 ms, 8192 245 -> 226 ms,
+    # run 45) and its decode steps are the Triton ones.
+    if importlib.util.find_spec("flashinfer") is not None:
         register("flashinfer",
                  "openinfer_kernels.attention.flashinfer_backend:FlashInferAttentionBackend",
-                 devices=("cuda",), priority=5)
+                 devices=("cuda",), priority=20)

@@ -35,7 +35,7 @@ from openinfer_kernels.attention.flashinfer_backend import (
 gpu = pytest.mark.gpu
 
 
-def test_registered_below_triton_when_flashinfer_is_installed(monkeypatch):
+def test_the_default_on_cuda_when_flashinfer_is_installed(monkeypatch):
     real = plugin.importlib.util.find_spec
     monkeypatch.setattr(plugin.importlib.util, "find_spec",
                         lambda name, *a: object() if name == "flashinfer" else real(name, *a))
@@ -43,8 +43,9 @@ def test_registered_below_triton_when_flashinfer_is_installed(monkeypatch):
     entry = regs.attention_backends.get("flashinfer")
     assert entry.target == (
         "openinfer_kernels.attention.flashinfer_backend:FlashInferAttentionBackend")
-    assert entry.meta == {"devices": ("cuda",), "priority": 5}
-    assert regs.default_attention_backend("cuda") == "triton"
+    assert entry.meta == {"devices": ("cuda",), "priority": 20}
+    assert regs.default_attention_backend("cuda") == "flashinfer"
+    assert regs.default_attention_backend("cpu") == "torch"
 
 
 def test_without_flashinfer_the_backend_says_what_to_install(monkeypatch):
