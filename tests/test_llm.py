@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from engine_helpers import hf_greedy
 from qwen3_checkpoints import load_hf
 
 from openinfer_core import LLM, SamplingParams
+from openinfer_core.hookspecs import hookimpl
+from openinfer_core.plugins import PluginManager
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +74,23 @@ def test_logprobs_are_the_model_distribution(llm: LLM, qwen3_dir: Path) -> None:
     assert set(entry) == set(top.indices.tolist()) | {token}
     for tid, lp in entry.items():
         assert math.isclose(lp, float(ref[tid]), abs_tol=1e-4)
+
+
+class _EncodedQwen3:
+    """A plugin registering the Qwen3 line with a chat encoder (the demo's toy)."""
+
+    @hookimpl
+    def openinfer_register_models(self, register: Any) -> None:
+        register("encoded-qwen3", "openinfer_qwen3.model_line:Qwen3ModelLine",
+                 architectures=("Qwen3ForCausalLM",),
+                 chat_encoder="toy_encoder:PlainEncoder")
+
+
+def test_chat_uses_the_model_lines_chat_encoder(qwen3_dir: Path) -> None:
+    pm = PluginManager(autoload=True, plugins=[_EncodedQwen3()])
+    llm = LLM(qwen3_dir, device="cpu", plugins=pm)
+    out = llm.chat([{"role": "user", "content": "hi"}],
+                   SamplingParams(max_tokens=2, temperature=0.0))
+    assert out[0].prompt == "<user>hi</user>"
+    assert out[0].prompt_token_ids == llm.tokenizer.encode("<user>hi</user>",
+                                                           add_special_tokens=False)

@@ -34,8 +34,12 @@ def openinfer_register_models(register: RegisterModel) -> None:
     config dict and returning bool). Optional extras a frontend may use: `demo="mod:fn"` (no
     arguments; returns the folder of a small built-in checkpoint, served when no model is given),
     `tool_parser="name"` / `reasoning_parser="name"` (the parsers this line's output format
-    needs: the server uses the tool parser by default and suggests the reasoning parser)
-    (`--load-format dummy` needs nothing from the line: its `load` reads tensors through
+    needs: the server uses the tool parser by default and suggests the reasoning parser),
+    `chat_encoder="module:Class"` (a class implementing
+    `openinfer_core.interfaces.chat.ChatEncoder`, built with no arguments: when given, the
+    server renders every chat prompt with it instead of the checkpoint's chat template; for
+    formats that are code, such as DeepSeek-V4's) (`--load-format dummy` needs nothing from
+    the line: its `load` reads tensors through
     `openinfer_core.weights.checkpoint.open_checkpoint`, which makes them up at the asked
     shapes)."""
 

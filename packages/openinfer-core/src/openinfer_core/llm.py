@@ -15,7 +15,8 @@ from openinfer_core.events import Error, Finished, PromptLogprobs, Rejected, Tok
 from openinfer_core.generation_config import sampling_defaults
 from openinfer_core.outputs import CompletionOutput, RequestOutput
 from openinfer_core.params import SamplingParams
-from openinfer_core.plugins import PluginManager
+from openinfer_core.plugins import PluginManager, get_plugin_manager
+from openinfer_core.registry import import_target
 from openinfer_core.request import GenerateRequest
 from openinfer_core.text.detokenizer import IncrementalDetokenizer
 from openinfer_core.text.stop_strings import StopStringMatcher
@@ -47,7 +48,8 @@ class LLM:
         the checkpoint's generation_config.json, "vllm" the built-in ones, a folder its own
         generation_config.json's. They apply when `generate` gets no sampling params."""
         self._default_params = SamplingParams(**sampling_defaults(generation_config, model))
-        self.engine = Engine(EngineConfig(model=str(model), **engine_args), plugins)
+        self._plugins = plugins or get_plugin_manager()
+        self.engine = Engine(EngineConfig(model=str(model), **engine_args), self._plugins)
         self._tokenizer_dir = Path(tokenizer or model)
         self._tokenizer: Tokenizer | None = None
         self._ids = itertools.count()
@@ -56,7 +58,11 @@ class LLM:
     def tokenizer(self) -> Tokenizer:
         """Loaded on first use, so token-id-only use needs no tokenizer files."""
         if self._tokenizer is None:
-            self._tokenizer = Tokenizer.from_dir(self._tokenizer_dir)
+            # The model line's own chat renderer, where it registers one, as the server does.
+            line = self._plugins.registries.models.match(self.engine.hf_config)
+            target = line.meta.get("chat_encoder")
+            self._tokenizer = Tokenizer.from_dir(
+                self._tokenizer_dir, chat_encoder=import_target(target)() if target else None)
         return self._tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -90,7 +96,8 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
              add_generation_prompt: bool = True,
              chat_template_kwargs: Mapping[str, Any] | None = None) -> list[RequestOutput]:
-        """Render each conversation with the model's chat template, then `generate`."""
+        """Render each conversation with the model line's chat encoder, else the checkpoint's
+        chat template, then `generate`."""
         if not messages:
             raise InvalidParameterError("messages", "must not be empty")
         conversations = [messages] if isinstance(messages[0], Mapping) else messages

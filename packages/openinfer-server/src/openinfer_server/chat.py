@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions: messages rendered with the model's chat template."""
+"""POST /v1/chat/completions: messages rendered with the model line's chat encoder, else the
+checkpoint's chat template."""
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:
         raise InvalidParameterError(
             "chat_template_kwargs", f"must not set {', '.join(sorted(clash))}; use the "
             "request fields instead")
+    if body.reasoning_effort is not None:
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     if body.tools and body.tool_choice != "none":
         kwargs["tools"] = body.tools
     messages = [m.for_template() for m in body.messages]
@@ -75,6 +78,8 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:
         raise APIError(400, str(e), param="messages") from e
     except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
             IndexError) as e:
+        if tokenizer.chat_encoder is not None:
+            raise  # an encoder names the request's mistakes itself: anything else is its bug
         # Templates index and compare message fields freely; odd shapes surface as these.
         raise InvalidParameterError(
             "messages", f"the model's chat template cannot format these messages: {e!r}"

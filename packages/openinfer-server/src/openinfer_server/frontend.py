@@ -31,7 +31,9 @@ from typing import Any
 import uvicorn
 
 from openinfer_core.errors import OpenInferError
+from openinfer_core.interfaces.chat import ChatEncoderFactory
 from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess
+from openinfer_core.registry import import_target
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.parser_choice import ParserChoice
 
@@ -51,6 +53,7 @@ class Frontend:
     started: float  # when `openinfer serve` started, for the ready log
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # --generation-config's
     parsers: ParserChoice = field(default_factory=ParserChoice)  # tool-call and reasoning
+    chat_encoder: str | None = None  # the model line's "module:Class" chat renderer, if any
 
 
 class _Server(uvicorn.Server):
@@ -131,7 +134,11 @@ def prepare(frontend: Frontend) -> None:
 
 def _load_tokenizer(frontend: Frontend) -> Tokenizer:
     log.info("[3/4] tokenizer: %s", frontend.folder)
-    return Tokenizer.from_dir(frontend.folder)
+    encoder = None
+    if frontend.chat_encoder is not None:
+        factory: ChatEncoderFactory = import_target(frontend.chat_encoder)
+        encoder = factory()
+    return Tokenizer.from_dir(frontend.folder, chat_encoder=encoder)
 
 
 def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:

@@ -187,6 +187,9 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning models' field; passed to the chat template or encoder as
+    # `reasoning_effort` (DeepSeek-V4's encoder reads it), unless chat_template_kwargs sets it.
+    reasoning_effort: str | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 

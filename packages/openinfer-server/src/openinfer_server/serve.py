@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.errors import InvalidParameterError
+from openinfer_core.errors import InvalidParameterError, OpenInferError
 from openinfer_core.generation_config import sampling_defaults
 from openinfer_core.ipc import EngineProcess
+from openinfer_core.model_config import read_model_config
 from openinfer_core.plugins import get_plugin_manager
-from openinfer_core.registry import Registries
+from openinfer_core.registry import Registries, import_target
 from openinfer_server.demo import DEMO_NOTICE, DEMO_SERVED_NAME, demo_checkpoint
 from openinfer_server.frontend import Frontend, prepare, run_frontend, supervise
 from openinfer_server.model_source import resolve_model
@@ -120,6 +121,23 @@ def generation_defaults(mode: str, folder: Path) -> dict[str, Any]:
     return defaults
 
 
+def chat_encoder(registries: Registries, folder: Path) -> str | None:
+    """The "module:Class" chat encoder of the model line that loads `folder` (None: the
+    checkpoint's chat template renders chat prompts). Imported here, so that a broken target
+    fails the start before the engine loads (PluginError)."""
+    try:
+        line = registries.models.match(read_model_config(folder))
+    except OpenInferError:
+        return None  # the engine says why it cannot load the folder
+    target = line.meta.get("chat_encoder")
+    if target is None:
+        return None
+    import_target(target)
+    log.info("chat prompts: the %s model line's chat encoder (%s); a chat template in the "
+             "checkpoint is not used", line.name, target)
+    return str(target)
+
+
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
           started: float) -> int:
     """Start the engine process, then the HTTP frontend(s) in front of it; returns the exit
@@ -134,7 +152,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
         parsers = choose_parsers(args, parser, plugins.registries, choice.folder)
         frontend = Frontend(args, str(choice.folder), choice.served_names, choice.is_demo,
                             started, generation_defaults(args.generation_config, choice.folder),
-                            parsers=parsers)
+                            parsers=parsers,
+                            chat_encoder=chat_encoder(plugins.registries, choice.folder))
         log.info("[2/4] engine process: loading weights and allocating the KV cache")
         engine = EngineProcess.start(
             dataclasses.replace(config, model=str(choice.folder)), args.log_level,

@@ -35,6 +35,7 @@ class TokenizeChatRequest(_Body):
     # The template already writes the special tokens, as in chat completions.
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
     tools: list[dict[str, Any]] | None = None
     return_token_strs: bool = False
 
@@ -77,6 +78,7 @@ def _chat_ids(body: TokenizeChatRequest, state: ServerState) -> list[int]:
     chat = ChatCompletionRequest.model_validate({
         "messages": body.messages, "tools": body.tools,
         "chat_template_kwargs": body.chat_template_kwargs,
+        "reasoning_effort": body.reasoning_effort,
         "add_generation_prompt": body.add_generation_prompt,
         "continue_final_message": body.continue_final_message})
     chat.refuse_unsupported()  # what chat completions cannot render, tokenize refuses too

@@ -6,12 +6,15 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
 
 from openinfer_core.errors import TokenizerError
 from openinfer_core.text.chat_template import ChatTemplate
+
+if TYPE_CHECKING:
+    from openinfer_core.interfaces.chat import ChatEncoder
 
 _DEFAULT_TEMPLATE_NAME = "default"
 _TOOL_TEMPLATE_NAME = "tool_use"
@@ -19,6 +22,9 @@ _TOOL_TEMPLATE_NAME = "tool_use"
 
 class Tokenizer:
     """Text <-> token ids, special tokens, end-of-sequence ids and the chat template.
+
+    Chat prompts come from `chat_encoder` when one is given (a model line's own renderer,
+    `interfaces.chat.ChatEncoder`), else from the checkpoint's chat template.
 
     Read-only after construction. The underlying `tokenizers.Tokenizer` may be called from
     several threads at once.
@@ -33,8 +39,10 @@ class Tokenizer:
         add_bos_token: bool = False,
         eos_token_ids: Sequence[int] = (),
         chat_templates: Mapping[str, str] | None = None,
+        chat_encoder: ChatEncoder | None = None,
     ) -> None:
         self._backend = backend
+        self.chat_encoder = chat_encoder
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._bos_id = backend.token_to_id(bos_token) if bos_token is not None else None
@@ -52,9 +60,11 @@ class Tokenizer:
         self.all_special_ids: frozenset[int] = frozenset(specials)
 
     @classmethod
-    def from_dir(cls, path: str | os.PathLike[str]) -> Tokenizer:
+    def from_dir(cls, path: str | os.PathLike[str], *,
+                 chat_encoder: ChatEncoder | None = None) -> Tokenizer:
         """Load tokenizer.json plus the optional tokenizer_config.json, chat_template.jinja,
-        generation_config.json and config.json from a model folder."""
+        generation_config.json and config.json from a model folder. `chat_encoder`: the model
+        line's chat renderer, which then replaces the folder's chat template."""
         folder = Path(path)
         if not folder.is_dir():
             raise TokenizerError(
@@ -90,6 +100,7 @@ class Tokenizer:
             add_bos_token=bool(config.get("add_bos_token", False)),
             eos_token_ids=list(dict.fromkeys(eos_ids)),
             chat_templates=templates,
+            chat_encoder=chat_encoder,
         )
 
     # -- ids <-> text ----------------------------------------------------------------------
@@ -144,7 +155,10 @@ class Tokenizer:
         **template_kwargs: Any,
     ) -> str:
         """The prompt text for a conversation. Keyword arguments (tools, enable_thinking, ...)
-        are passed to the template."""
+        are passed to the chat encoder or the template."""
+        if self.chat_encoder is not None:
+            return self.chat_encoder.render(
+                messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
         template = self.chat_template
         if template_kwargs.get("tools") and _TOOL_TEMPLATE_NAME in self._templates:
             template = self._templates[_TOOL_TEMPLATE_NAME]
