@@ -17,6 +17,7 @@ _EXPORTS = {
     # Not a folder `qk_norm_rope/`: importing a subpackage sets the package attribute of its
     # name, which would shadow the op.
     "qk_norm_rope": "openinfer_kernels.norm_rope",
+    "qk_norm_rope_append": "openinfer_kernels.norm_rope",
     "rope_cos_sin": "openinfer_kernels.rotary",
     "rotary_embedding": "openinfer_kernels.rotary",
     "silu_and_mul": "openinfer_kernels.activation",
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from openinfer_kernels.kv_store import kv_append
     from openinfer_kernels.lm_head import lm_head_logits
     from openinfer_kernels.norm import fused_add_rms_norm, qk_rms_norm, rms_norm
-    from openinfer_kernels.norm_rope import qk_norm_rope
+    from openinfer_kernels.norm_rope import qk_norm_rope, qk_norm_rope_append
     from openinfer_kernels.rotary import rope_cos_sin, rotary_embedding
 
 

@@ -38,6 +38,7 @@ from openinfer_kernels.attention.triton import (
     split_tiles,
 )
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
+from openinfer_kernels.kv_store import kv_append
 
 gpu = pytest.mark.gpu
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -113,6 +114,16 @@ def test_triton_backend_appends_then_attends(dtype):
     assert isinstance(backend, AttentionBackend) and backend.name == "triton"
     out = backend.attend(case.q, k_step, v_step, case.k_cache, case.v_cache, batch, 0.2)
     check_appended(case)
+    check(out, case, 0.2)
+
+
+def test_triton_backend_attends_over_what_the_model_appended():
+    # The model's fused norm/rotary kernel wrote this step's K/V: attend_appended only reads.
+    case, k_step, v_step, batch = step_batch(PREFILLS["mixed"], 4, 2, 24, torch.float32, seed=7)
+    kv_append(k_step, v_step, case.k_cache, case.v_cache, batch.slot_mapping)
+    k_before = case.k_cache.clone()
+    out = TritonAttentionBackend().attend_appended(case.q, case.k_cache, case.v_cache, batch, 0.2)
+    assert torch.equal(case.k_cache.nan_to_num(), k_before.nan_to_num())
     check(out, case, 0.2)
 
 

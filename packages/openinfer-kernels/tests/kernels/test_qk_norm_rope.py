@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import openinfer_kernels
-from openinfer_kernels.norm_rope import qk_norm_rope_ref
-from openinfer_kernels.norm_rope.triton import qk_norm_rope_triton
+from openinfer_kernels.norm_rope import qk_norm_rope_append_ref, qk_norm_rope_ref
+from openinfer_kernels.norm_rope.triton import qk_norm_rope_append_triton, qk_norm_rope_triton
 from openinfer_kernels.rotary import rope_cos_sin
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
@@ -113,3 +113,43 @@ def test_public_op_on_cuda_is_the_kernel():
     for got, want in zip(openinfer_kernels.qk_norm_rope(*args), qk_norm_rope_triton(*args),
                          strict=True):
         assert torch.equal(got, want)
+
+
+# --- qk_norm_rope_append: K (rotated) and V written straight into the paged cache -------------
+
+def check_append(t, hq, hk, d, dtype, fused_qkv, block_size=4):
+    q, k, q_weight, k_weight, positions, cos_sin = make(t, hq, hk, d, dtype, fused_qkv)
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(t, hk, d, generator=g).to(dtype).to(DEVICE)
+    num_blocks = t // block_size + 3
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:t]
+    slots[::3] = -1  # padded rows write nothing
+    slots = slots.to(DEVICE)
+    caches = [torch.full((num_blocks, block_size, hk, d), float("nan"), dtype=dtype,
+                         device=DEVICE) for _ in range(4)]
+    got_q = qk_norm_rope_append_triton(q, k, v, q_weight, k_weight, EPS, positions, cos_sin,
+                                       caches[0], caches[1], slots)
+    want_q = qk_norm_rope_append_ref(q, k, v, q_weight, k_weight, EPS, positions, cos_sin,
+                                     caches[2], caches[3], slots)
+    assert got_q.dtype == dtype and got_q.is_contiguous()
+    torch.testing.assert_close(got_q, want_q, **REF_TOL[dtype])
+    written = slots >= 0
+    flat = [c.view(-1, hk, d) for c in caches]
+    torch.testing.assert_close(flat[0][slots[written]], flat[2][slots[written]], **REF_TOL[dtype])
+    assert torch.equal(flat[1][slots[written]], flat[3][slots[written]])  # v: copied exactly
+    untouched = torch.ones(flat[0].shape[0], dtype=torch.bool, device=DEVICE)
+    untouched[slots[written]] = False
+    assert flat[0][untouched].isnan().all() and flat[1][untouched].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_qk_norm_rope_append_matches_reference(case, dtype):
+    check_append(*CASES[case][:4], dtype, fused_qkv=CASES[case][4])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("t", "hq", "hk"), [(4096, 32, 8), (1, 32, 8)],
+                         ids=["prefill-4b", "decode-4b"])
+def test_qk_norm_rope_append_full_size(t, hq, hk):
+    check_append(t, hq, hk, 128, torch.bfloat16, fused_qkv=True, block_size=16)

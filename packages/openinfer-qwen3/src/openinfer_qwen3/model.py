@@ -15,6 +15,7 @@ from openinfer_kernels import (
     linear_silu_mul,
     lm_head_logits,
     qk_norm_rope,
+    qk_norm_rope_append,
     rms_norm,
     rope_cos_sin,
 )
@@ -33,6 +34,8 @@ class Qwen3Model:
         self.cfg = cfg
         self.w = weights
         self.attention = attention
+        # A backend's `attend_appended`, when it has one: then q/k norm + rotary also appends.
+        self._attend_appended = getattr(attention, "attend_appended", None)
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
         self.device = device
@@ -98,7 +101,13 @@ class Qwen3Model:
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
-                            batch.positions, self.cos_sin)
-        out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
+        if self._attend_appended is not None:  # K/V go to the cache in the norm/rotary kernel
+            q = qk_norm_rope_append(q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
+                                    batch.positions, self.cos_sin, self.kv.k[n], self.kv.v[n],
+                                    batch.slot_mapping)
+            out = self._attend_appended(q, self.kv.k[n], self.kv.v[n], batch, self.scale)
+        else:
+            q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
+                                batch.positions, self.cos_sin)
+            out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
         return linear(out.reshape(t, cfg.q_size), layer.o_proj)

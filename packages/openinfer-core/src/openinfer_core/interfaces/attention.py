@@ -20,7 +20,13 @@ class AttentionBackend(Protocol):
     `cuda_graph_max_tokens = N` when, for any batch of at most N tokens given a `max_query_len`
     of at least its real one, `attend` makes no host synchronisation and launches kernels that
     depend only on T, B and `max_query_len`: the engine then captures mixed steps (prefill
-    chunks, prefix-cache hits, decodes) of up to N tokens too, passing `max_query_len` = T."""
+    chunks, prefix-cache hits, decodes) of up to N tokens too, passing `max_query_len` = T.
+
+    A backend may also have `attend_appended(q, k_cache, v_cache, batch, scale)`: `attend` for
+    a step whose K/V the model has already written into the caches (fused into its q/k norm and
+    rotary kernel, `openinfer_kernels.qk_norm_rope_append`). Model lines use it when present and
+    `attend` otherwise; the openinfer-kernels backends all have it (their `attend` appends,
+    then calls it: a subclass changes the attention in `attend_appended`)."""
 
     name: str
 

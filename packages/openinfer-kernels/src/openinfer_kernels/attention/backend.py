@@ -23,5 +23,9 @@ class TorchAttentionBackend:
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                scale: float) -> torch.Tensor:
         kv_append_ref(k, v, k_cache, v_cache, batch.slot_mapping)
+        return self.attend_appended(q, k_cache, v_cache, batch, scale)
+
+    def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        batch: ForwardBatch, scale: float) -> torch.Tensor:
         return paged_attention_ref(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                    batch.query_start_loc, scale)

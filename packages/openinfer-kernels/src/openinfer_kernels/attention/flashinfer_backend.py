@@ -74,9 +74,13 @@ class FlashInferAttentionBackend:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                scale: float) -> torch.Tensor:
-        if not self.runs_flashinfer(batch):
-            return self._triton.attend(q, k, v, k_cache, v_cache, batch, scale)
         kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
+        return self.attend_appended(q, k_cache, v_cache, batch, scale)
+
+    def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        batch: ForwardBatch, scale: float) -> torch.Tensor:
+        if not self.runs_flashinfer(batch):
+            return self._triton.attend_appended(q, k_cache, v_cache, batch, scale)
         if q.shape[0] == 0:
             return torch.empty_like(q)
         if self._planned is not batch:

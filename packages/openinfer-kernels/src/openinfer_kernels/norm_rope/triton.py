@@ -1,9 +1,10 @@
 # mypy: disable-error-code="no-untyped-def"
 """Per-head q/k RMSNorm then rotary, in one launch: program (t, h) reads head h of token t (q heads
 first, then k heads) straight from the strided q/k views, normalises it in fp32, rotates it and
-writes it once. Unlike the reference, the normed values stay in fp32 between norm and rotation
-instead of being rounded to the input dtype, so in bf16 the two differ by up to about one ulp of
-the normed values (fp32 results agree to rounding).
+writes it once (`qk_norm_rope_append_triton`: the k heads, and v beside them, into the paged
+cache, which saves the step's kv_append launch). Unlike the reference, the normed values stay in
+fp32 between norm and rotation instead of being rounded to the input dtype, so in bf16 the two
+differ by up to about one ulp of the normed values (fp32 results agree to rounding).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
-def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                    write=True):
     # GPT-NeoX halves: element i pairs with i + D/2, so work on the two halves side by side.
+    # `write` False stores nothing (a token whose cache slot is negative).
     half: tl.constexpr = D // 2
     offs = tl.arange(0, BLOCK_HALF)
     mask = offs < half
+    store = offs < tl.where(write, half, 0)
     x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
@@ -32,8 +36,8 @@ def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: 
     n2 = ((x2 * inv_rms).to(out_ty).to(tl.float32) * w2).to(out_ty).to(tl.float32)
     cos = tl.load(cos_ptr + offs, mask=mask, other=0.0).to(out_ty).to(tl.float32)
     sin = tl.load(cos_ptr + half + offs, mask=mask, other=0.0).to(out_ty).to(tl.float32)
-    tl.store(dst + offs, (n1 * cos - n2 * sin).to(out_ty), mask=mask)
-    tl.store(dst + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=mask)
+    tl.store(dst + offs, (n1 * cos - n2 * sin).to(out_ty), mask=store)
+    tl.store(dst + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=store)
 
 
 @triton.jit
@@ -52,6 +56,34 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos
         kh = h - HQ
         _norm_rope_head(k_ptr + t * k_stride_t + kh * k_stride_h, kw_ptr,
                         k_out_ptr + (t * HK + kh) * D, cos_ptr, eps, D, BLOCK_HALF)
+
+
+@triton.jit
+def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, k_cache_ptr,
+                                v_cache_ptr, slot_ptr, pos_ptr, cos_sin_ptr, q_stride_t,
+                                q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
+                                cos_sin_stride, cache_stride_slot, eps, HQ: tl.constexpr,
+                                HK: tl.constexpr, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                                BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    # As _qk_norm_rope_kernel, but a k head goes straight to its cache slot, with its v head
+    # beside it: kv_append fused in.
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
+    if h < HQ:
+        _norm_rope_head(q_ptr + t * q_stride_t + h * q_stride_h, qw_ptr,
+                        q_out_ptr + (t * HQ + h) * D, cos_ptr, eps, D, BLOCK_HALF)
+    else:
+        kh = h - HQ
+        slot = tl.load(slot_ptr + t)  # int64: slot * stride indexes the whole cache
+        dst = slot * cache_stride_slot + kh * D
+        _norm_rope_head(k_ptr + t * k_stride_t + kh * k_stride_h, kw_ptr, k_cache_ptr + dst,
+                        cos_ptr, eps, D, BLOCK_HALF, slot >= 0)
+        offs = tl.arange(0, BLOCK_D)
+        mask = offs < tl.where(slot >= 0, D, 0)
+        v = tl.load(v_ptr + t * v_stride_t + kh * v_stride_h + offs, mask=mask)
+        tl.store(v_cache_ptr + dst + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
@@ -81,3 +113,37 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
             HQ=hq, HK=hk, D=d, BLOCK_HALF=block_half, num_warps=max(1, min(4, block_half // 32)),
             **pdl_launch(q))
     return q_out, k_out
+
+
+def qk_norm_rope_append_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                               positions: torch.Tensor, cos_sin: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor) -> torch.Tensor:
+    """`qk_norm_rope_triton`, then `kv_append_triton` of the rotated k and of v ([T, Hk, D],
+    strided views allowed) into the contiguous caches at `slot_mapping` (negative: skipped), in
+    one launch. Returns the rotated q (new, contiguous); mutates the caches."""
+    t, hq, d = q.shape
+    hk = k.shape[1]
+    if d % 2 or k.shape != (t, hk, d) or v.shape != k.shape or cos_sin.shape[-1] != d:
+        raise ValueError(f"qk_norm_rope_append: need q [T, Hq, D], k and v [T, Hk, D], cos_sin "
+                         f"[*, D] with D even; got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}, {tuple(cos_sin.shape)}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("qk_norm_rope_append: the caches must be contiguous "
+                         "[num_blocks, block_size, Hk, D]")
+    if k_cache.shape[2:] != (hk, d) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"qk_norm_rope_append: k/v {tuple(k.shape)} do not fit caches "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+    cos_sin = _unit_last_stride(cos_sin)
+    q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
+    if t:
+        block_half = triton.next_power_of_2(d // 2)
+        _qk_norm_rope_append_kernel[(t, hq + hk)](
+            q, k, v, q_weight, k_weight, q_out, k_cache, v_cache, slot_mapping, positions,
+            cos_sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), cos_sin.stride(0), k_cache.stride(1), eps, HQ=hq, HK=hk, D=d,
+            BLOCK_HALF=block_half, BLOCK_D=2 * block_half,
+            num_warps=max(1, min(4, block_half // 32)), **pdl_launch(q))
+    return q_out
