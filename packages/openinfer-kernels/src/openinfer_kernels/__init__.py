@@ -25,6 +25,7 @@ _EXPORTS = {
     "paged_attention": "openinfer_kernels.attention",
     "lm_head_logits": "openinfer_kernels.lm_head",
     "linear": "openinfer_kernels.gemm",
+    "linear_add_rms_norm": "openinfer_kernels.gemm",
     "linear_silu_mul": "openinfer_kernels.gemm",
 }
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from openinfer_kernels.activation import silu_and_mul
     from openinfer_kernels.attention import paged_attention
     from openinfer_kernels.embed import embedding
-    from openinfer_kernels.gemm import linear, linear_silu_mul
+    from openinfer_kernels.gemm import linear, linear_add_rms_norm, linear_silu_mul
     from openinfer_kernels.kv_store import kv_append
     from openinfer_kernels.lm_head import lm_head_logits
     from openinfer_kernels.norm import fused_add_rms_norm, qk_rms_norm, rms_norm

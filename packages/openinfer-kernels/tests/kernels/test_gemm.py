@@ -122,3 +122,50 @@ def test_gated_op_is_silu_and_mul_of_f_linear_on_cpu() -> None:
     x, w = torch.randn((3, 40), generator=g), torch.randn((48, 40), generator=g)
     assert torch.equal(openinfer_kernels.linear_silu_mul(x, w),
                        silu_and_mul_ref(torch.nn.functional.linear(x, w)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tile", ["n16-k32-split3", "n32-k64-split4"])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_linear_add_rms_norm_is_the_linear_then_the_add_norm(m: int, tile: str,
+                                                             dtype: torch.dtype) -> None:
+    """The norm kernel sums the split-K shares itself: the same numbers as the linear (its own
+    split sum, rounded) followed by fused_add_rms_norm, bit for bit."""
+    from openinfer_kernels.gemm.triton import linear_add_rms_norm_triton
+    from openinfer_kernels.norm.reference import fused_add_rms_norm_ref
+    from openinfer_kernels.norm.triton import fused_add_rms_norm_triton
+
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn((m, 100), generator=g).to(dtype).to(DEVICE)
+    w = torch.randn((40, 100), generator=g).to(dtype).to(DEVICE)
+    residual = torch.randn((m, 40), generator=g).to(dtype).to(DEVICE)
+    norm_w = (1 + 0.3 * torch.randn(40, generator=g)).to(dtype).to(DEVICE)
+    residual_before = residual.clone()
+    normed, summed = linear_add_rms_norm_triton(x, w, TILES[tile], residual, norm_w, 1e-6)
+    two_step = fused_add_rms_norm_triton(linear_triton(x, w, TILES[tile]), residual, norm_w, 1e-6)
+    assert torch.equal(normed, two_step[0]) and torch.equal(summed, two_step[1])
+    assert torch.equal(residual, residual_before)
+    ref = fused_add_rms_norm_ref(linear_ref(x, w), residual, norm_w, 1e-6)
+    # bf16: the product (|x| ~ 10 here) and the sum are each rounded once, up to 2^-8 of
+    # ~16 apiece: 0.125 together, for sums near zero too.
+    tol = TOL[dtype] if dtype == torch.float32 else dict(rtol=2**-6, atol=0.125)
+    torch.testing.assert_close(summed.float(), ref[1].float(), **tol)
+
+
+def test_linear_add_rms_norm_needs_a_split_tile() -> None:
+    from openinfer_kernels.gemm.triton import linear_add_rms_norm_triton
+
+    x, w = torch.zeros(1, 32, device=DEVICE), torch.zeros(16, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="split-K tile"):
+        linear_add_rms_norm_triton(x, w, TILES["n16-k32"], torch.zeros(1, 16, device=DEVICE),
+                                   torch.ones(16, device=DEVICE), 1e-6)
+
+
+def test_the_dispatching_add_norm_op_on_cpu_is_the_composition() -> None:
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn((2, 24), generator=g), torch.randn((8, 24), generator=g)
+    residual, norm_w = torch.randn((2, 8), generator=g), torch.rand(8, generator=g)
+    got = openinfer_kernels.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
+    want = openinfer_kernels.fused_add_rms_norm(openinfer_kernels.linear(x, w), residual, norm_w,
+                                                1e-6)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -12,6 +12,7 @@ from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
     linear,
+    linear_add_rms_norm,
     linear_silu_mul,
     lm_head_logits,
     qk_norm_rope,
@@ -70,24 +71,25 @@ class Qwen3Model:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.kv is None:
             raise RuntimeError("create_kv_cache() must run before forward()")
+        eps = self.cfg.rms_norm_eps
         hidden = embedding(batch.input_ids, self.w.embed)
-        residual: torch.Tensor | None = None
+        residual = hidden
+        # The previous layer's MLP activation and down weight: its down projection runs with
+        # this layer's add + norm (`linear_add_rms_norm`: a split-K sum inside the norm).
+        pending: tuple[torch.Tensor, torch.Tensor] | None = None
         for n, layer in enumerate(self.w.layers):
-            if residual is None:
-                residual = hidden
-                x = rms_norm(hidden, layer.input_norm, self.cfg.rms_norm_eps)
+            if pending is None:
+                x = rms_norm(hidden, layer.input_norm, eps)
             else:
-                x, residual = fused_add_rms_norm(hidden, residual, layer.input_norm,
-                                                 self.cfg.rms_norm_eps)
+                x, residual = linear_add_rms_norm(*pending, residual, layer.input_norm, eps)
             hidden = self._attention(n, layer, x, batch)
-            x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm,
-                                             self.cfg.rms_norm_eps)
-            hidden = linear(linear_silu_mul(x, layer.gate_up), layer.down)
-        assert residual is not None
+            x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm, eps)
+            pending = (linear_silu_mul(x, layer.gate_up), layer.down)
+        assert pending is not None
+        hidden = linear(*pending)
         # Only rows that sample need the final norm and the vocabulary projection.
         rows = batch.logits_indices
-        last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm,
-                                     self.cfg.rms_norm_eps)
+        last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm, eps)
         return lm_head_logits(last, self.w.lm_head)
 
     def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from openinfer_kernels.activation import silu_and_mul
 from openinfer_kernels.dispatch import triton_kernels
 from openinfer_kernels.gemm.reference import grouped_linear_ref, linear_ref
+from openinfer_kernels.norm import fused_add_rms_norm
 
 if TYPE_CHECKING:
     from openinfer_kernels.gemm.triton import Tile
@@ -59,6 +60,19 @@ def linear_fp32_out(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tenso
     return _kernels.linear_triton(x, w, tile, out_dtype=torch.float32)
 
 
+def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                        norm_weight: torch.Tensor, eps: float
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm(linear(x, w), residual, norm_weight, eps)`: where `linear` would run
+    a split-K Triton tile, the norm kernel sums the K shares itself (one launch fewer, the same
+    numbers)."""
+    tile = small_batch_tile(x, w)
+    if tile is not None and tile.split_k > 1:
+        assert _kernels is not None
+        return _kernels.linear_add_rms_norm_triton(x, w, tile, residual, norm_weight, eps)
+    return fused_add_rms_norm(linear(x, w), residual, norm_weight, eps)
+
+
 def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """`silu_and_mul(linear(x, w))` for a gated MLP's [gate; up] weight ([2I, K]) -> [M, I],
     in one kernel where `linear` would run Triton."""
@@ -69,5 +83,5 @@ def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(F.linear(x, w))
 
 
-__all__ = ["grouped_linear_ref", "linear", "linear_fp32_out", "linear_ref", "linear_silu_mul",
-           "small_batch_tile", "triton_linear_on"]
+__all__ = ["grouped_linear_ref", "linear", "linear_add_rms_norm", "linear_fp32_out", "linear_ref",
+           "linear_silu_mul", "small_batch_tile", "triton_linear_on"]

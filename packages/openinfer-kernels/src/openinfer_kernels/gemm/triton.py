@@ -125,29 +125,55 @@ def _sum_splits_kernel(part_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexp
     tl.store(out_ptr + m * stride_om + n, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = False,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in `out_dtype`
-    (default x's; fp32 stores the accumulator unrounded, as the vocabulary projection wants);
-    `gated`: w is [gate; up] ([2I, K]) and the result silu(x @ gate.T) * (x @ up.T), [M, I]."""
+def linear_add_rms_norm_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
+                               residual: torch.Tensor, norm_weight: torch.Tensor,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm(linear_triton(x, w, tile), residual, norm_weight, eps)` for a split-K
+    tile: the norm kernel sums the shares, so the split sum needs no launch of its own."""
+    from openinfer_kernels.norm.triton import split_sum_add_rms_norm_triton
+
+    m, n = x.shape[0], w.shape[0]
+    if tile.split_k < 2 or m > 32 or x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError(f"linear_add_rms_norm: needs a split-K tile, M <= 32 and K-contiguous "
+                         f"operands; got {tile}, x {tuple(x.shape)} strides {x.stride()}")
+    shares = torch.empty((tile.split_k, m, n), dtype=torch.float32, device=x.device)
+    _launch_linear(x, w, shares, shares, tile, gated=False)
+    return split_sum_add_rms_norm_triton(shares, residual, norm_weight, eps)
+
+
+def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: torch.Tensor,
+                   tile: Tile, gated: bool) -> None:
+    """The linear kernel into `target`: `out` itself ([M, N]) or, split K ways, the fp32
+    shares [split, M, N or 2N]."""
     m, k = x.shape
     n = w.shape[0] // 2 if gated else w.shape[0]
-    if m > 32 or x.stride(1) != 1 or not w.is_contiguous():
-        raise ValueError(f"small-batch linear needs M <= 32 and K-contiguous operands, got "
-                         f"x {tuple(x.shape)} strides {x.stride()}")
     m_pad = 1 if m == 1 else 16 if m <= 16 else 32
-    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     split = tile.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, split), tile.block_k) * tile.block_k
-    target = out if split == 1 else torch.empty(
-        (split, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n, tile.block_n), split)
-    _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+    _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(-2),
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
                          PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                          UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
                          num_stages=tile.num_stages, **pdl_launch(x))
+
+
+def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = False,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in `out_dtype`
+    (default x's; fp32 stores the accumulator unrounded, as the vocabulary projection wants);
+    `gated`: w is [gate; up] ([2I, K]) and the result silu(x @ gate.T) * (x @ up.T), [M, I]."""
+    m = x.shape[0]
+    n = w.shape[0] // 2 if gated else w.shape[0]
+    if m > 32 or x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError(f"small-batch linear needs M <= 32 and K-contiguous operands, got "
+                         f"x {tuple(x.shape)} strides {x.stride()}")
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    split = tile.split_k
+    target = out if split == 1 else torch.empty(
+        (split, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
+    _launch_linear(x, w, target, out, tile, gated)
     if split > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, n, out.stride(0),

@@ -28,6 +28,21 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, H, eps
 
 
 @triton.jit
+def _add_rms_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, res_row_stride, H, eps, cols,
+                      mask):
+    # x: this row of the addend, fp32. Round the sum into the stream's dtype first and normalise
+    # the rounded value: the next layer adds to exactly what is stored, as in the reference.
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    summed = (x + r).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row * H + cols, summed, mask=mask)
+    s = summed.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / H + eps)
+    normed = (s * inv_rms).to(out_ptr.dtype.element_ty).to(tl.float32)  # as rms_norm
+    tl.store(out_ptr + row * H + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_row_stride,
                                res_row_stride, H, eps, BLOCK_H: tl.constexpr,
                                PDL: tl.constexpr):
@@ -36,16 +51,26 @@ def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_row_st
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    # Round the sum into the stream's dtype first and normalise the rounded value: the next
-    # layer adds to exactly what is stored, as in the reference.
-    summed = (x + r).to(sum_ptr.dtype.element_ty)
-    tl.store(sum_ptr + row * H + cols, summed, mask=mask)
-    s = summed.to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / H + eps)
-    normed = (s * inv_rms).to(out_ptr.dtype.element_ty).to(tl.float32)  # as rms_norm
-    tl.store(out_ptr + row * H + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    _add_rms_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, res_row_stride, H, eps, cols,
+                      mask)
+
+
+@triton.jit
+def _split_sum_add_rms_norm_kernel(part_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, M,
+                                   res_row_stride, H, eps, SPLIT_K: tl.constexpr,
+                                   BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    # The addend is a split-K product's fp32 shares [SPLIT_K, M, H]: summed in a fixed order and
+    # rounded as the linear layer's output would be, then as _fused_add_rms_norm_kernel.
+    pdl_enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    x = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for s in range(SPLIT_K):
+        x += tl.load(part_ptr + (s * M + row) * H + cols, mask=mask, other=0.0)
+    x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
+    _add_rms_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, res_row_stride, H, eps, cols,
+                      mask)
 
 
 def row_settings(h: int) -> tuple[int, int]:
@@ -86,6 +111,24 @@ def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: t
             rows, res, weight, normed, summed, rows.stride(0), res.stride(0), rows.shape[1], eps,
             BLOCK_H=block, num_warps=num_warps, **pdl_launch(x))
     return normed.view(x.shape), summed.view(x.shape)
+
+
+def split_sum_add_rms_norm_triton(partials: torch.Tensor, residual: torch.Tensor,
+                                  weight: torch.Tensor, eps: float
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm_triton(x, residual, ...)` where x is the sum of a split-K linear's
+    fp32 shares `partials` ([S, M, H], contiguous), rounded to residual's dtype: the sum of the
+    shares and the add + norm in one launch."""
+    splits, m, h = partials.shape
+    res = _rows(residual)
+    normed = torch.empty((m, h), dtype=residual.dtype, device=residual.device)
+    summed = torch.empty((m, h), dtype=residual.dtype, device=residual.device)
+    if m:
+        block, num_warps = row_settings(h)
+        _split_sum_add_rms_norm_kernel[(m,)](
+            partials, res, weight, normed, summed, m, res.stride(0), h, eps, SPLIT_K=splits,
+            BLOCK_H=block, num_warps=num_warps, **pdl_launch(residual))
+    return normed, summed
 
 
 def qk_rms_norm_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
