@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from decode_attention import time_ms
 
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_core.plugins import PluginManager
@@ -48,18 +49,6 @@ def step(batch: int, context: int, queries: int) -> tuple[ForwardBatch, tuple[to
     return fb, (q, k, torch.randn_like(k), k_cache, v_cache)
 
 
-def gpu_ms(fn: Callable[[], object], reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def kernel_ms(fn: Callable[[], object], reps: int = 10) -> float:
     """Device time of the kernels one call launches (the profiler's sum): what a CUDA graph
     replay of it costs, whatever the host's launch time."""
@@ -76,7 +65,7 @@ def read_bandwidth() -> float:
     """Bytes/s of a 2 GiB device copy (reads + writes), counted as the read floor's rate."""
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
-    return 2 * a.numel() / (gpu_ms(lambda: b.copy_(a)) / 1e3)
+    return 2 * a.numel() / (time_ms(lambda: b.copy_(a)) / 1e3)
 
 
 def main() -> None:
@@ -99,7 +88,7 @@ def main() -> None:
             backend = cls(every_step=True) if backend_name == "flashinfer" else cls()
             run = functools.partial(backend.attend, q, k, v, k_cache, v_cache, fb, D**-0.5)
             out = run()  # compiles and, for flashinfer, plans this batch
-            backend_ms = gpu_ms(run)
+            backend_ms = time_ms(run)
             kernels_ms = kernel_ms(run)
             plan_ms = None
             if hasattr(backend, "_plan"):

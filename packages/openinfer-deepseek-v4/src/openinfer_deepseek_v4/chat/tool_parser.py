@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from openinfer_core.interfaces.parsers import ToolCallDelta, ToolParse
-from openinfer_core.text.tags import undecided_tail
-from openinfer_core.text.tool_parsers.calls import arguments_json, new_call_id
+from openinfer_core.text.tool_parsers.tagged import TaggedBlockParser
 from openinfer_deepseek_v4.chat.markup import (
     CALLS_CLOSE,
     CALLS_OPEN,
@@ -36,7 +33,7 @@ _PARAMETER = re.compile(
     rf"(.*?){re.escape(PARAMETER_CLOSE)}", re.S)
 
 
-class DeepseekV4ToolParser:
+class DeepseekV4ToolParser(TaggedBlockParser):
     """`interfaces.parsers.ToolParser` for DSML tool calls.
 
     A block whose every invoke parses gives one call per invoke, its arguments the JSON object
@@ -49,64 +46,10 @@ class DeepseekV4ToolParser:
     (each call one delta with its id, name and arguments); the block ends the reply, so this
     delays nothing."""
 
-    def __init__(self, *, tools: Sequence[Mapping[str, Any]] = ()) -> None:
-        self._buf = ""  # text not decided yet
-        self._in_block = False  # the buffer holds a block's body
-        self._space = ""  # the whitespace before the open block: content unless it parses
-        self._strip = False  # a block just closed: drop the whitespace after it
-        self._calls = 0
+    OPEN, CLOSE = CALLS_OPEN, CALLS_CLOSE
 
-    def feed(self, text: str) -> ToolParse:
-        self._buf += text
-        return self._drain(final=False)
-
-    def finish(self) -> ToolParse:
-        return self._drain(final=True)
-
-    def _drain(self, final: bool) -> ToolParse:
-        content: list[str] = []
-        calls: list[ToolCallDelta] = []
-        while True:
-            if self._in_block:
-                end = self._buf.find(CALLS_CLOSE)
-                if end < 0 and not final:
-                    break
-                body = self._buf if end < 0 else self._buf[:end]
-                self._buf = "" if end < 0 else self._buf[end + len(CALLS_CLOSE):]
-                self._in_block = False
-                parsed = parse_invokes(body)
-                if parsed is None:
-                    content.append(self._space + CALLS_OPEN + body
-                                   + ("" if end < 0 else CALLS_CLOSE))
-                else:
-                    calls.extend(self._delta(name, args) for name, args in parsed)
-                    self._strip = True
-                self._space = ""
-                continue
-            if self._strip:
-                self._buf = self._buf.lstrip()
-                if not self._buf:
-                    break
-                self._strip = False
-            start = self._buf.find(CALLS_OPEN)
-            if start >= 0:
-                before = self._buf[:start]
-                kept = before.rstrip()
-                content.append(kept)
-                self._space = before[len(kept):]
-                self._buf = self._buf[start + len(CALLS_OPEN):]
-                self._in_block = True
-                continue
-            cut = len(self._buf) if final else undecided_tail(self._buf, CALLS_OPEN,
-                                                              with_space=True)
-            content.append(self._buf[:cut])
-            self._buf = self._buf[cut:]
-            break
-        return ToolParse("".join(content), tuple(calls))
-
-    def _delta(self, name: str, arguments: dict[str, Any]) -> ToolCallDelta:
-        index, self._calls = self._calls, self._calls + 1
-        return ToolCallDelta(index, new_call_id(), name, arguments_json(arguments))
+    def _parse_block(self, body: str) -> list[tuple[str, dict[str, Any]]] | None:
+        return parse_invokes(body)
 
 
 def parse_invokes(body: str) -> list[tuple[str, dict[str, Any]]] | None:
