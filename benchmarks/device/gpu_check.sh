@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [pdl] [flashinfer]
+# [gemm] [pdl] [flashinfer] [ttft]
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -105,6 +105,12 @@ if has pdl; then
     OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
       -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
   fi
+fi
+if has ttft; then
+  stage "where TTFT goes: first-token steps of 2048 and 8192 tokens, Qwen3-8B"
+  timeout 200 python3 benchmarks/device/prefill_breakdown.py $M8 --prompt-len 2048 8192 \
+    --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b.json" > "$OUT/prefill-breakdown-8b.log" 2>&1
+  grep -E "^prompt" "$OUT/prefill-breakdown-8b.log"
 fi
 if has flashinfer; then
   # Each step's JIT builds come back as fi-jit.tgz.part-* (under the 16 MB a file may have).
