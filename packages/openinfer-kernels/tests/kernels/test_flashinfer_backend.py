@@ -22,7 +22,6 @@ from paged_cases import (
 )
 
 from openinfer_core.interfaces.attention import AttentionBackend
-from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_core.plugins import PluginManager
 from openinfer_kernels import plugin
 from openinfer_kernels.attention import flashinfer_backend
@@ -80,17 +79,21 @@ def test_flashinfer_runs_the_long_steps_and_triton_the_graphed_ones(monkeypatch)
     assert hybrid.cuda_graph_safe and hybrid.cuda_graph_max_tokens == GRAPH_TOKENS
     assert not every.cuda_graph_safe and every.cuda_graph_max_tokens == 0
 
-    def batch(*reqs: Req) -> ForwardBatch:
-        return step_batch(list(reqs), 2, 1, 8, torch.float32, seed=0)[3]
+    def step(*reqs: Req, dtype: torch.dtype = torch.bfloat16, d: int = 64) -> tuple:
+        case, _, _, batch = step_batch(list(reqs), 2, 1, d, dtype, seed=0)
+        return case.q, case.k_cache, batch
 
-    prompt_over = batch(Req(GRAPH_TOKENS + 1, GRAPH_TOKENS + 1))
-    prompt_at = batch(Req(GRAPH_TOKENS, GRAPH_TOKENS))
-    mixed_over = batch(Req(900, 400), *[Req(40, 1)] * (GRAPH_TOKENS - 399))
-    decodes_over = batch(*[Req(20, 1)] * (GRAPH_TOKENS + 1))
-    assert hybrid.runs_flashinfer(prompt_over) and hybrid.runs_flashinfer(mixed_over)
-    assert not hybrid.runs_flashinfer(prompt_at)
-    assert not hybrid.runs_flashinfer(decodes_over)  # decode steps stay on CUDA graphs
-    assert all(every.runs_flashinfer(b) for b in (prompt_at, decodes_over))
+    prompt_over = step(Req(GRAPH_TOKENS + 1, GRAPH_TOKENS + 1))
+    prompt_at = step(Req(GRAPH_TOKENS, GRAPH_TOKENS))
+    mixed_over = step(Req(900, 400), *[Req(40, 1)] * (GRAPH_TOKENS - 399))
+    decodes_over = step(*[Req(20, 1)] * (GRAPH_TOKENS + 1))
+    assert hybrid.runs_flashinfer(*prompt_over) and hybrid.runs_flashinfer(*mixed_over)
+    assert not hybrid.runs_flashinfer(*prompt_at)
+    assert not hybrid.runs_flashinfer(*decodes_over)  # decode steps stay on CUDA graphs
+    # What FlashInfer has no kernels for runs the Triton ones: fp32, other head sizes.
+    assert not hybrid.runs_flashinfer(*step(Req(600, 600), dtype=torch.float32))
+    assert not hybrid.runs_flashinfer(*step(Req(600, 600), d=96))
+    assert all(every.runs_flashinfer(*s) for s in (prompt_at, decodes_over))
     monkeypatch.setenv("OPENINFER_FLASHINFER_EVERY_STEP", "1")
     assert FlashInferAttentionBackend().every_step
 
@@ -172,5 +175,5 @@ def test_default_split_of_steps_at_qwen3_4b_shapes(batch):
 @gpu
 def test_float32_is_refused_with_what_to_use(backend):
     case, k, v, batch = step_batch(decodes(5), 4, 4, 128, torch.float32, seed=0)
-    with pytest.raises(ValueError, match="--attention-backend triton"):
+    with pytest.raises(ValueError, match="unset OPENINFER_FLASHINFER_EVERY_STEP"):
         backend.attend(case.q, k, v, case.k_cache, case.v_cache, batch, 0.1)

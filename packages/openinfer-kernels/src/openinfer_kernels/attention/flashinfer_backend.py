@@ -66,10 +66,16 @@ class FlashInferAttentionBackend:
         self._wrapper: Any = None
         self._plan_copied: torch.cuda.Event | None = None
 
-    def runs_flashinfer(self, batch: ForwardBatch) -> bool:
-        """Whether this step runs FlashInfer's kernels (else the Triton ones)."""
-        return self.every_step or (batch.max_query_len > 1
-                                   and batch.num_tokens > GRAPH_TOKENS)
+    def runs_flashinfer(self, q: torch.Tensor, k_cache: torch.Tensor,
+                        batch: ForwardBatch) -> bool:
+        """Whether this step runs FlashInfer's kernels, else the Triton ones: prompt steps
+        FlashInfer has kernels for (fp16/bf16, its head sizes); every step with every_step,
+        where the rest is refused."""
+        if self.every_step:
+            return True
+        return (batch.max_query_len > 1 and batch.num_tokens > GRAPH_TOKENS
+                and q.dtype in DTYPES and k_cache.dtype == q.dtype
+                and k_cache.shape[-1] in HEAD_DIMS)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
@@ -79,7 +85,7 @@ class FlashInferAttentionBackend:
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         batch: ForwardBatch, scale: float) -> torch.Tensor:
-        if not self.runs_flashinfer(batch):
+        if not self.runs_flashinfer(q, k_cache, batch):
             return self._triton.attend_appended(q, k_cache, v_cache, batch, scale)
         if q.shape[0] == 0:
             return torch.empty_like(q)
@@ -93,9 +99,9 @@ class FlashInferAttentionBackend:
         hq = q.shape[1]
         if d not in HEAD_DIMS or q.dtype not in DTYPES or k_cache.dtype != q.dtype:
             raise ValueError(
-                f"the flashinfer attention backend runs head_dim {HEAD_DIMS} in float16 or "
-                f"bfloat16, not head_dim {d} in {q.dtype}: use --attention-backend triton, or "
-                "--dtype bfloat16")
+                f"FlashInfer runs head_dim {HEAD_DIMS} in float16 or bfloat16, not head_dim {d} "
+                f"in {q.dtype}: unset OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the "
+                "Triton kernels), or use --dtype bfloat16")
         # Pinned, so that the plan's copies to the device wait for nothing queued before them
         # (the step in flight, with overlapped steps).
         qo_indptr, kv_indptr, kv_indices, last_page_len = (
