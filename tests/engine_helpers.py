@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -59,22 +60,26 @@ def finished_of(events: Sequence[TokenEvent]) -> Finished:
     return last
 
 
-_greedy_cache: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
+# Keyed weakly by the model itself: an id() can be reused by the next module's model once
+# this one is freed, which would hand it another model's tokens.
+_Greedy = dict[tuple[tuple[int, ...], int], list[int]]
+_greedy_cache: weakref.WeakKeyDictionary[torch.nn.Module, _Greedy] = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
 def hf_greedy(hf_model: torch.nn.Module, token_ids: Sequence[int], n: int) -> list[int]:
     """n greedy tokens from transformers (its own KV cache), memoized per model and prompt."""
-    key = (id(hf_model), tuple(token_ids), n)
-    if key not in _greedy_cache:
+    cache = _greedy_cache.setdefault(hf_model, {})
+    key = (tuple(token_ids), n)
+    if key not in cache:
         out = hf_model(torch.tensor([list(token_ids)]), use_cache=True, logits_to_keep=1)
         tokens = [int(out.logits[0, -1].argmax())]
         for _ in range(n - 1):
             out = hf_model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values,
                            use_cache=True)
             tokens.append(int(out.logits[0, -1].argmax()))
-        _greedy_cache[key] = tokens
-    return list(_greedy_cache[key])
+        cache[key] = tokens
+    return list(cache[key])
 
 
 def engine_block_bytes(model_dir: Path, block_size: int = 16) -> int:
