@@ -1,3 +1,4 @@
-"""openinfer's DeepSeek-V4-Flash model line (in progress: its config so far; the reference ops
-it needs live in openinfer-kernels, `mhc/` and `moe/`). Not registered as a plugin until it can
-load and run a checkpoint."""
+"""openinfer's DeepSeek-V4-Flash model line: config, weights in DeepSeek's and transformers'
+names, the whole-sequence reference (`reference.py`) and the engine's forward over the paged
+cache (`model.py`, `paged_attention.py`, `kv_cache.py`), registered as the `deepseek-v4` line.
+Plain torch for now (the reference ops of openinfer-kernels)."""

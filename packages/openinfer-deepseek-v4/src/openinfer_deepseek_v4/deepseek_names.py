@@ -1,14 +1,19 @@
 """`reference.ModelWeights` from a state dict in DeepSeek's own names, as its HF repository
 ships them (spec: shared deepseek-v4.md §11.1): FP8 weights with 128 x 128 block scales, FP4
 routed experts with per-32 scales, the rest bf16/fp32. Quantized weights are dequantized to
-`dtype` here (the reference path); MTP tensors (`mtp.*`) are not used."""
+`dtype` here (the reference path); the tensors the spec keeps in fp32 (hyper-connections,
+sinks, compressor position biases, router biases) stay fp32. MTP tensors (`mtp.*`) are not
+used. transformers' `save_pretrained` writes these names too, behind a `model.` prefix and with
+its own names for the embedding, the head and its hyper-connection (accepted here)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 
 import torch
 
+from openinfer_core.errors import WeightLoadError
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.reference import (
     AttentionWeights,
@@ -21,19 +26,112 @@ from openinfer_deepseek_v4.reference import (
 )
 from openinfer_kernels.quant import dequant_fp4_ref, dequant_fp8_blocks_ref
 
+# transformers' save_pretrained names (after the `model.` prefix) -> DeepSeek's. (Reversing
+# its compressor's `norm` -> `kv_norm` rename also renames the attention's own `kv_norm`.)
+_ALIASES = {"embed_tokens.weight": "embed.weight", "lm_head.weight": "head.weight",
+            "hc_head.hc_fn": "hc_head_fn", "hc_head.hc_base": "hc_head_base",
+            "hc_head.hc_scale": "hc_head_scale"}
+_ATTN_NORM = re.compile(r"(layers\.\d+\.attn)\.norm\.weight")
+
+
+def canonical_name(name: str) -> str:
+    name = name.removeprefix("model.")
+    return _ATTN_NORM.sub(r"\1.kv_norm.weight", _ALIASES.get(name, name))
+
+
+def keeps_fp32(name: str) -> bool:
+    """Whether the spec keeps tensor `name` (DeepSeek's names) in fp32 (§10.1)."""
+    last = name.rsplit(".", 1)[-1]
+    return (last.startswith("hc_") or last in ("attn_sink", "ape")
+            or name.endswith("gate.bias"))
+
+
+class _Canonical(Mapping[str, torch.Tensor]):
+    """A state dict seen through `canonical_name`, read lazily."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
+        self._state = state
+        self._names = {canonical_name(k): k for k in state}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._state[self._names[name]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def deepseek_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model reads, in DeepSeek's names, at its dequantized shape."""
+    h, n, heads, d = cfg.hidden_size, cfg.hc_mult, cfg.num_heads, cfg.head_dim
+    inter, shared = cfg.moe_intermediate_size, cfg.moe_intermediate_size * cfg.num_shared_experts
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed.weight": (cfg.vocab_size, h), "head.weight": (cfg.vocab_size, h),
+        "norm.weight": (h,), "hc_head_fn": (n, n * h), "hc_head_base": (n,),
+        "hc_head_scale": (1,)}
+    for i, kind in enumerate(cfg.attention_kinds):
+        p, a, f = f"layers.{i}", f"layers.{i}.attn", f"layers.{i}.ffn"
+        shapes |= {f"{p}.attn_norm.weight": (h,), f"{p}.ffn_norm.weight": (h,)}
+        for sub in ("attn", "ffn"):
+            shapes |= {f"{p}.hc_{sub}_fn": ((2 + n) * n, n * h),
+                       f"{p}.hc_{sub}_base": ((2 + n) * n,), f"{p}.hc_{sub}_scale": (3,)}
+        shapes |= {
+            f"{a}.attn_sink": (heads,), f"{a}.q_norm.weight": (cfg.q_lora_rank,),
+            f"{a}.kv_norm.weight": (d,), f"{a}.wq_a.weight": (cfg.q_lora_rank, h),
+            f"{a}.wq_b.weight": (heads * d, cfg.q_lora_rank), f"{a}.wkv.weight": (d, h),
+            f"{a}.wo_a.weight": (cfg.o_groups * cfg.o_lora_rank, heads * d // cfg.o_groups),
+            f"{a}.wo_b.weight": (h, cfg.o_groups * cfg.o_lora_rank)}
+        compressors = {} if kind == "window" else {f"{a}.compressor": d}
+        if kind == "csa":
+            compressors[f"{a}.indexer.compressor"] = cfg.index_head_dim
+            shapes |= {f"{a}.indexer.wq_b.weight": (cfg.index_n_heads * cfg.index_head_dim,
+                                                    cfg.q_lora_rank),
+                       f"{a}.indexer.weights_proj.weight": (cfg.index_n_heads, h)}
+        for c, width in compressors.items():
+            halves = 2 if kind == "csa" else 1
+            ratio = cfg.compress_ratios[i]
+            shapes |= {f"{c}.ape": (ratio, halves * width),
+                       f"{c}.wkv.weight": (halves * width, h),
+                       f"{c}.wgate.weight": (halves * width, h), f"{c}.norm.weight": (width,)}
+        shapes[f"{f}.gate.weight"] = (cfg.num_experts, h)
+        if cfg.hash_layers[i]:
+            shapes[f"{f}.gate.tid2eid"] = (cfg.vocab_size, cfg.top_k)
+        else:
+            shapes[f"{f}.gate.bias"] = (cfg.num_experts,)
+        for prefix, size in [(f"{f}.experts.{e}", inter) for e in range(cfg.num_experts)] + [
+                (f"{f}.shared_experts", shared)]:
+            shapes |= {f"{prefix}.w1.weight": (size, h), f"{prefix}.w3.weight": (size, h),
+                       f"{prefix}.w2.weight": (h, size)}
+    return shapes
+
 
 def weights_from_deepseek(state: Mapping[str, torch.Tensor], cfg: DeepseekV4Config,
                           dtype: torch.dtype = torch.bfloat16) -> ModelWeights:
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+    """Errors (`WeightLoadError`) name a missing or mis-shaped tensor."""
+    state = _Canonical(state)
+    shapes = deepseek_shapes(cfg)
 
     def get(name: str) -> torch.Tensor:
+        if name not in state:
+            raise WeightLoadError(f"the checkpoint has no tensor {name!r}")
         t = state[name]
-        scale = state.get(name.removesuffix(".weight") + ".scale")
+        scale_name = name.removesuffix(".weight") + ".scale"
+        scale = state.get(scale_name)
         if scale is not None and t.dtype == torch.float8_e4m3fn:
-            return dequant_fp8_blocks_ref(t, scale, dtype=dtype)
-        if scale is not None and t.dtype in (torch.int8, torch.uint8):
-            return dequant_fp4_ref(t, scale, dtype=dtype)
-        return t.to(dtype) if t.is_floating_point() else t
+            t = dequant_fp8_blocks_ref(t, scale, dtype=dtype)
+        elif scale is not None and t.dtype in (torch.int8, torch.uint8):
+            t = dequant_fp4_ref(t, scale, dtype=dtype)
+        elif t.is_floating_point():
+            t = t.to(torch.float32 if keeps_fp32(name) else dtype)
+        if tuple(t.shape) != shapes[name]:
+            raise WeightLoadError(f"tensor {name!r} has shape {list(t.shape)}, expected "
+                                  f"{list(shapes[name])} from config.json")
+        return t
 
     def hc(prefix: str) -> HyperConnectionWeights:
         return HyperConnectionWeights(get(f"{prefix}_fn"), get(f"{prefix}_base"),

@@ -1,6 +1,6 @@
-"""`reference.ModelWeights` from a state dict in transformers' names (what
-`DeepseekV4ForCausalLM.save_pretrained` writes, bf16 or fp32). DeepSeek's own names and its
-FP8/FP4 formats come later."""
+"""`reference.ModelWeights` from a state dict in transformers' module names
+(`DeepseekV4ForCausalLM.state_dict()`). Its `save_pretrained` writes DeepSeek's names instead
+(`deepseek_names.py`)."""
 
 from __future__ import annotations
 

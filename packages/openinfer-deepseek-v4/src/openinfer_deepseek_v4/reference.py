@@ -1,6 +1,8 @@
 """DeepSeek-V4 over one whole sequence (positions 0..T-1), in plain torch from the
-openinfer-kernels reference ops: the oracle the serving path (paged KV, incremental
-compressor state) is tested against. Spec: shared deepseek-v4.md §3-§6."""
+openinfer-kernels reference ops: the oracle the serving path (`model.py` on the paged cache) is
+tested against. The serving path is built from the same pieces (`project`, `compressed_picks`,
+`attend`, `around`, `moe`, ...), only its keys come from the cache. Spec: shared
+deepseek-v4.md §3-§6."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import torch
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_kernels.compress import compress_kv_ref
 from openinfer_kernels.gemm import grouped_linear_ref
-from openinfer_kernels.indexer import indexer_scores_ref, indexer_topk_ref
+from openinfer_kernels.indexer import indexer_scores_ref
+from openinfer_kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
 from openinfer_kernels.moe import (
     moe_experts_ref,
@@ -60,10 +63,78 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return (normed if weight is None else weight.float() * normed).to(x.dtype)
 
 
+def layer_freqs(cfg: DeepseekV4Config, layer: int) -> torch.Tensor:
+    """The layer's rotary frequencies: plain in the window-only layers, YaRN in the others."""
+    return cfg.rope_freqs(compressed=cfg.attention_kinds[layer] != "window")
+
+
+@dataclass(frozen=True, slots=True)
+class Projected:
+    """One attention sublayer's per-token projections."""
+
+    q_residual: torch.Tensor  # [T, q_lora_rank]: the low-rank query, the indexer's input too
+    q: torch.Tensor  # [T, heads, D]: normed per head, rotated
+    kv: torch.Tensor  # [T, D]: the token's raw entry (key and value), normed, rotated
+
+
+def project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
+            positions: torch.Tensor, freqs: torch.Tensor) -> Projected:
+    """x [T, H] (the normed collapsed streams) at `positions` -> the queries and raw entries."""
+    t, eps = x.shape[0], cfg.rms_norm_eps
+    q_residual = rms_norm(x @ w.q_a.t(), w.q_a_norm, eps)
+    q = rms_norm((q_residual @ w.q_b.t()).view(t, cfg.num_heads, cfg.head_dim), None, eps)
+    kv = rms_norm(x @ w.kv.t(), w.kv_norm, eps)
+    return Projected(q_residual, rotary_interleaved_ref(q, positions, freqs),
+                     rotary_interleaved_ref(kv, positions, freqs))
+
+
+def compressor_inputs(x: torch.Tensor, w: CompressorWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compressor's per-token projections (kv, gate), [T, c*d] each: what its entries pool."""
+    return x @ w.kv.t(), x @ w.gate.t()
+
+
 def _compress(x: torch.Tensor, w: CompressorWeights, freqs: torch.Tensor, ratio: int,
               overlap: bool, eps: float) -> torch.Tensor:
-    return compress_kv_ref(x @ w.kv.t(), x @ w.gate.t(), w.position_bias, w.norm, freqs,
+    return compress_kv_ref(*compressor_inputs(x, w), w.position_bias, w.norm, freqs,
                            ratio=ratio, overlap=overlap, norm_eps=eps)
+
+
+def window_positions(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's sliding window, positions t - size + 1 .. t: ([T, size] positions clamped
+    at 0, [T, size] whether each is real)."""
+    window = positions[:, None] - size + 1 + torch.arange(size, device=positions.device)
+    return window.clamp(min=0), window >= 0
+
+
+def compressed_picks(x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor,
+                     num_entries: int, w: AttentionWeights, cfg: DeepseekV4Config,
+                     freqs: torch.Tensor, ratio: int,
+                     index_keys: torch.Tensor | None) -> torch.Tensor:
+    """Which of the first `num_entries` compressed entries each query attends to, [T, K]
+    (-1: none): with `index_keys` (the CSA layers' indexer entries, [num_entries, d]) the
+    indexer's top k of those it can see (ties to the earlier entry, so that the picks do not
+    depend on how many entries the step has); without (HCA), every one it can see."""
+    if index_keys is None:
+        picks = torch.arange(num_entries, device=x.device).expand(x.shape[0], -1)
+        return torch.where(picks < ((positions + 1) // ratio)[:, None], picks, -1)
+    assert w.indexer is not None
+    t, idx = x.shape[0], w.indexer
+    q = (q_residual @ idx.q_b.t()).view(t, cfg.index_n_heads, cfg.index_head_dim)
+    scores = indexer_scores_ref(rotary_interleaved_ref(q, positions, freqs), index_keys,
+                                x @ idx.weights_proj.t(),
+                                softmax_scale=cfg.index_head_dim ** -0.5,
+                                weights_scale=cfg.index_n_heads ** -0.5)
+    return indexer_topk_ordered_ref(scores, positions, ratio=ratio, top_k=cfg.index_topk)
+
+
+def attend(q: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor, w: AttentionWeights,
+           cfg: DeepseekV4Config, positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Each query (q [T, heads, D]) over its own entries ([T, K, D], `valid` [T, K]) and its
+    head's sink, the values' rotation undone, then the grouped output projection: [T, H]."""
+    out = sink_attention_ref(q, entries, valid, w.sinks, cfg.head_dim ** -0.5)
+    out = rotary_interleaved_ref(out, positions, freqs, inverse=True)  # values carried rotary
+    grouped = grouped_linear_ref(out.reshape(q.shape[0], cfg.o_groups, -1), w.o_a)
+    return grouped.reshape(q.shape[0], -1) @ w.o_b.t()
 
 
 def attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
@@ -72,48 +143,26 @@ def attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
     -> [T, H]. Each query attends to the raw entries of its window and, in the compressed
     layers, to compressed entries: all it can see (HCA) or the indexer's picks (CSA); plus
     its head's sink."""
-    t, eps, heads, dim = x.shape[0], cfg.rms_norm_eps, cfg.num_heads, cfg.head_dim
-    kind, ratio = cfg.attention_kinds[layer], cfg.compress_ratios[layer]
-    freqs = cfg.rope_freqs(compressed=kind != "window")
-    positions = torch.arange(t)
-    q_residual = rms_norm(x @ w.q_a.t(), w.q_a_norm, eps)
-    q = rms_norm((q_residual @ w.q_b.t()).view(t, heads, dim), None, eps)
-    q = rotary_interleaved_ref(q, positions, freqs)
-    kv = rotary_interleaved_ref(rms_norm(x @ w.kv.t(), w.kv_norm, eps), positions, freqs)
-
-    # the window: positions t - W + 1 .. t
-    window = positions[:, None] - cfg.sliding_window + 1 + torch.arange(cfg.sliding_window)
-    entries, valid = [kv[window.clamp(min=0)]], [window >= 0]
+    kind, ratio, eps = cfg.attention_kinds[layer], cfg.compress_ratios[layer], cfg.rms_norm_eps
+    freqs = layer_freqs(cfg, layer)
+    positions = torch.arange(x.shape[0], device=x.device)
+    p = project(x, w, cfg, positions, freqs)
+    window, real = window_positions(positions, cfg.sliding_window)
+    entries, valid = [p.kv[window]], [real]
     if kind != "window":
         assert w.compressor is not None
         compressed = _compress(x, w.compressor, freqs, ratio, kind == "csa", eps)
+        keys = None
         if kind == "csa":
             assert w.indexer is not None
-            picks = _indexer_picks(x, q_residual, w.indexer, cfg, freqs, ratio)
-        else:  # every entry the query can see
-            picks = torch.arange(compressed.shape[0]).expand(t, -1)
-            picks = torch.where(picks < ((positions + 1) // ratio)[:, None], picks, -1)
+            keys = _compress(x, w.indexer.compressor, freqs, ratio, True, eps)
         if compressed.shape[0]:
+            picks = compressed_picks(x, p.q_residual, positions, compressed.shape[0], w, cfg,
+                                     freqs, ratio, keys)
             entries.append(compressed[picks.clamp(min=0)])
             valid.append(picks >= 0)
-    out = sink_attention_ref(q, torch.cat(entries, dim=1), torch.cat(valid, dim=1), w.sinks,
-                             dim ** -0.5)
-    out = rotary_interleaved_ref(out, positions, freqs, inverse=True)  # values carried rotary
-    grouped = grouped_linear_ref(out.reshape(t, cfg.o_groups, -1), w.o_a)
-    return grouped.reshape(t, -1) @ w.o_b.t()
-
-
-def _indexer_picks(x: torch.Tensor, q_residual: torch.Tensor, w: IndexerWeights,
-                   cfg: DeepseekV4Config, freqs: torch.Tensor, ratio: int) -> torch.Tensor:
-    t = x.shape[0]
-    positions = torch.arange(t)
-    keys = _compress(x, w.compressor, freqs, ratio, True, cfg.rms_norm_eps)
-    q = (q_residual @ w.q_b.t()).view(t, cfg.index_n_heads, cfg.index_head_dim)
-    scores = indexer_scores_ref(rotary_interleaved_ref(q, positions, freqs), keys,
-                                x @ w.weights_proj.t(),
-                                softmax_scale=cfg.index_head_dim ** -0.5,
-                                weights_scale=cfg.index_n_heads ** -0.5)
-    return indexer_topk_ref(scores, positions, ratio=ratio, top_k=cfg.index_topk)
+    return attend(p.q, torch.cat(entries, dim=1), torch.cat(valid, dim=1), w, cfg, positions,
+                  freqs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +217,9 @@ def moe(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
     return routed + shared
 
 
-def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,
-            sublayer: Callable[[torch.Tensor], torch.Tensor],
-            cfg: DeepseekV4Config) -> torch.Tensor:
+def around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,
+           sublayer: Callable[[torch.Tensor], torch.Tensor],
+           cfg: DeepseekV4Config) -> torch.Tensor:
     """One sublayer inside the hyper-connections: collapse, norm, sublayer, expand."""
     pre, post, comb = hc_weights_ref(streams, hc.fn, hc.base, hc.scale, hc_eps=cfg.hc_eps,
                                      norm_eps=cfg.rms_norm_eps,
@@ -179,16 +228,26 @@ def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tenso
     return hc_expand_ref(streams, out, post, comb)
 
 
-def forward(token_ids: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:
-    """The whole model over one sequence: token ids [T] -> fp32 logits [T, vocab]."""
-    x = w.embed[token_ids]
-    streams = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()  # all start equal
-    for i, layer in enumerate(w.layers):
-        streams = _around(streams, layer.attn_hc, layer.attn_norm,
-                          partial(attention, w=layer.attention, cfg=cfg, layer=i), cfg)
-        streams = _around(streams, layer.ffn_hc, layer.ffn_norm,
-                          partial(moe, token_ids=token_ids, w=layer.moe, cfg=cfg), cfg)
+def embed_streams(token_ids: torch.Tensor, w: ModelWeights,
+                  cfg: DeepseekV4Config) -> torch.Tensor:
+    """Token ids [T] -> the residual streams [T, N, H], all N starting as the embedding."""
+    return w.embed[token_ids].unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
+
+
+def head_logits(streams: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """Streams [T, N, H] -> fp32 logits [T, vocab]: the head's collapse, norm, projection."""
     head = w.hc_head
     last = hc_head_ref(streams, head.fn, head.base, head.scale, hc_eps=cfg.hc_eps,
                        norm_eps=cfg.rms_norm_eps)
     return (rms_norm(last, w.norm, cfg.rms_norm_eps) @ w.lm_head.t()).float()
+
+
+def forward(token_ids: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """The whole model over one sequence: token ids [T] -> fp32 logits [T, vocab]."""
+    streams = embed_streams(token_ids, w, cfg)
+    for i, layer in enumerate(w.layers):
+        streams = around(streams, layer.attn_hc, layer.attn_norm,
+                         partial(attention, w=layer.attention, cfg=cfg, layer=i), cfg)
+        streams = around(streams, layer.ffn_hc, layer.ffn_norm,
+                         partial(moe, token_ids=token_ids, w=layer.moe, cfg=cfg), cfg)
+    return head_logits(streams, w, cfg)

@@ -1,0 +1,37 @@
+"""The DeepSeek-V4 model line: what the engine calls to load a DeepSeek-V4 checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.model import LoadOptions
+from openinfer_core.weights.checkpoint import open_checkpoint
+from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.model import DeepseekV4Model
+from openinfer_deepseek_v4.weights import load_weights
+
+
+class DeepseekV4ModelLine:
+    name: ClassVar[str] = "deepseek-v4"
+
+    @classmethod
+    def load(cls, model_dir: Path, config: dict[str, Any],
+             options: LoadOptions) -> DeepseekV4Model:
+        cfg = DeepseekV4Config.from_dict(config)
+        max_len = options.max_model_len or cfg.max_position_embeddings
+        if max_len > cfg.max_position_embeddings:
+            raise ModelConfigError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{cfg.max_position_embeddings}")
+        ckpt = open_checkpoint(model_dir, options.load_format,
+                               std=float(config.get("initializer_range", 0.02)))
+        try:
+            weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device)
+        finally:
+            ckpt.close()
+        # The attention backend is not used: the sparse, compressed attention runs its own
+        # ops (paged_attention.py).
+        return DeepseekV4Model(cfg, weights, max_model_len=max_len, device=options.device,
+                               dtype=options.dtype)

@@ -1,0 +1,90 @@
+"""DeepSeek-V4 weights from a checkpoint folder, in whichever names it uses: DeepSeek's (its HF
+repository, FP8/FP4 or not; also what transformers' `save_pretrained` writes) or transformers'
+module names (a state dict saved as it is). `--load-format dummy` makes them up at DeepSeek's
+names and shapes. Read a tensor at a time, onto the device; quantized weights are
+dequantized to the model's dtype (no FP8/FP4 GEMMs yet)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+
+from openinfer_core.weights.checkpoint import Checkpoint
+from openinfer_core.weights.random_checkpoint import RandomCheckpoint
+from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.deepseek_names import deepseek_shapes, keeps_fp32, weights_from_deepseek
+from openinfer_deepseek_v4.hf_names import weights_from_transformers
+from openinfer_deepseek_v4.reference import ModelWeights
+
+# transformers' module names of the tensors the spec keeps in fp32
+_FP32_IN_TRANSFORMERS = ("_hc.", "hc_head.", ".sinks", "position_bias", "e_score_correction_bias")
+
+
+def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: DeepseekV4Config, *,
+                 dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    if isinstance(ckpt, RandomCheckpoint):
+        return weights_from_deepseek(_DummyTensors(ckpt, cfg, dtype, device), cfg, dtype=dtype)
+    names = ckpt.names()
+    if any(".self_attn." in name for name in names):  # transformers' module names
+
+        def cast(name: str) -> torch.dtype:
+            return torch.float32 if any(s in name for s in _FP32_IN_TRANSFORMERS) else dtype
+
+        return weights_from_transformers(_CheckpointTensors(ckpt, names, device, cast), cfg)
+    return weights_from_deepseek(_CheckpointTensors(ckpt, names, device, None), cfg,
+                                 dtype=dtype)
+
+
+class _CheckpointTensors(Mapping[str, torch.Tensor]):
+    """A checkpoint as a lazy state dict: each tensor read when asked for, onto `device`,
+    floating-point ones cast to `cast(name)` (integer ones and, without `cast`, all as
+    stored)."""
+
+    def __init__(self, ckpt: Checkpoint, names: set[str], device: torch.device,
+                 cast: Callable[[str], torch.dtype] | None) -> None:
+        self._ckpt, self._names, self._device, self._cast = ckpt, names, device, cast
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        t = self._ckpt.get(name, device=self._device)
+        if self._cast is not None and t.is_floating_point():
+            t = t.to(self._cast(name))
+        return t
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class _DummyTensors(Mapping[str, torch.Tensor]):
+    """Random tensors (`RandomCheckpoint`) for every name DeepSeek-V4 reads; the hash layers'
+    token -> experts tables spread the tokens over the experts."""
+
+    def __init__(self, ckpt: RandomCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self._ckpt, self._cfg, self._dtype, self._device = ckpt, cfg, dtype, device
+        self._shapes = deepseek_shapes(cfg)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        shape = self._shapes[name]
+        if name.endswith("tid2eid"):
+            cfg = self._cfg
+            tokens = torch.arange(cfg.vocab_size, device=self._device)[:, None]
+            spread = torch.arange(cfg.top_k, device=self._device) * (cfg.num_experts // cfg.top_k)
+            return (tokens + spread) % cfg.num_experts
+        dtype = torch.float32 if keeps_fp32(name) else self._dtype
+        return self._ckpt.get(name, shape=shape, dtype=dtype, device=self._device)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)

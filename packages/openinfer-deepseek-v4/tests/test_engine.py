@@ -1,0 +1,250 @@
+"""DeepSeek-V4 through the engine on CPU in fp32, on the paged cache: greedy tokens equal the
+whole-sequence reference's (and transformers'), for prompts that slide the 8-token window and
+fill compressed entries of both ratios (4 and 8) and more than the indexer keeps (4); whatever
+the block size, batching, chunked prefill, preemption, prefix-cache hits or offload;
+chunked-prefill logits equal the reference's; checkpoints in DeepSeek's FP8/FP4 format, in
+transformers' module names and `--load-format dummy` load and run."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
+
+from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
+from openinfer_core.engine.batch import plan_batch
+from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.events import Scheduled, Token, TokenEvent
+from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.plugins import PluginManager
+from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.deepseek_names import weights_from_deepseek
+from openinfer_deepseek_v4.hf_names import weights_from_transformers
+from openinfer_deepseek_v4.reference import ModelWeights, forward
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model(config):  # type: ignore[no-untyped-def]
+    """Larger weights than conftest's model: its greedy continuations wander over the
+    vocabulary instead of settling into a three-token cycle, so they test more."""
+    return random_model(config, scale=0.5)
+
+
+@pytest.fixture(scope="module")
+def cfg(config) -> DeepseekV4Config:  # type: ignore[no-untyped-def]
+    return DeepseekV4Config.from_dict(json.loads(config.to_json_string()))
+
+
+@pytest.fixture(scope="module")
+def weights(model, cfg: DeepseekV4Config) -> ModelWeights:  # type: ignore[no-untyped-def]
+    return weights_from_transformers(model.state_dict(), cfg)
+
+
+@pytest.fixture(scope="module")
+def folder(model, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+    return write_model_folder(model, tmp_path_factory.mktemp("dsv4") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tied(config, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
+         ) -> tuple[Path, ModelWeights, DeepseekV4Config]:
+    """A model whose indexer has 2 heads: an entry both heads' ReLU zero scores exactly 0, so
+    equal scores at the top-k boundary are common (transformers breaks them its own way; the
+    reference and the engine both give them to the earlier entry)."""
+    settings = json.loads(config.to_json_string()) | {"index_n_heads": 2}
+    model = random_model(type(config)(**settings), scale=0.5)
+    cfg = DeepseekV4Config.from_dict(settings)
+    return (write_model_folder(model, tmp_path_factory.mktemp("dsv4") / "tied"),
+            weights_from_transformers(model.state_dict(), cfg), cfg)
+
+
+def engine(folder: Path, **kw: object) -> Engine:
+    return Engine(EngineConfig(model=str(folder), device="cpu", max_model_len=256,
+                               **kw))  # type: ignore[arg-type]
+
+
+def prompts(n: int, seed: int, lengths: tuple[int, int] = (1, 50)) -> list[tuple[int, ...]]:
+    rng = random.Random(seed)
+    return [tuple(rng.randrange(2, 64) for _ in range(rng.randint(*lengths))) for _ in range(n)]
+
+
+@torch.no_grad()
+def reference_greedy(weights: ModelWeights, cfg: DeepseekV4Config, prompt: Sequence[int],
+                     n: int = NEW_TOKENS) -> list[int]:
+    """n greedy tokens, the whole sequence recomputed for each."""
+    ids = torch.tensor(prompt)
+    for _ in range(n):
+        ids = torch.cat([ids, forward(ids, weights, cfg)[-1].argmax()[None]])
+    return ids[len(prompt):].tolist()
+
+
+def run_staggered(eng: Engine, requests: Sequence[GenerateRequest],
+                  arrival_step: Callable[[int], int]) -> dict[str, list[TokenEvent]]:
+    """Add request i at step arrival_step(i); step until every request has ended."""
+    events: dict[str, list[TokenEvent]] = defaultdict(list)
+    pending = sorted(range(len(requests)), key=arrival_step)
+    step = 0
+    while pending or eng.has_work():
+        while pending and arrival_step(pending[0]) <= step:
+            eng.add_request(requests[pending.pop(0)])
+        for ev in eng.step():
+            events[ev.request_id].append(ev)
+        step += 1
+        assert step < 10_000, "engine did not finish"
+    return dict(events)
+
+
+def greedy_requests(batch: Sequence[tuple[int, ...]], tag: str,
+                    n: int = NEW_TOKENS) -> list[GenerateRequest]:
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return [GenerateRequest(f"{tag}{i}", p, params) for i, p in enumerate(batch)]
+
+
+def tokens(events: Sequence[TokenEvent]) -> list[int]:
+    return [e.token_id for e in events if isinstance(e, Token)]
+
+
+def one_at_a_time(eng: Engine, batch: Sequence[tuple[int, ...]]) -> list[list[int]]:
+    out = []
+    for request in greedy_requests(batch, "alone"):
+        out.append(tokens(run_staggered(eng, [request], lambda _: 0)[request.request_id]))
+    return out
+
+
+def test_the_plugin_registers_the_line(config) -> None:  # type: ignore[no-untyped-def]
+    entry = PluginManager(autoload=True).registries.models.match(json.loads(
+        config.to_json_string()) | {"architectures": ["DeepseekV4ForCausalLM"]})
+    assert (entry.name, entry.plugin) == ("deepseek-v4", "deepseek_v4")
+
+
+@pytest.mark.parametrize("block_size", [16, 6])
+def test_greedy_equals_the_reference_and_transformers(folder: Path, model, weights, cfg,  # type: ignore[no-untyped-def]
+                                                      block_size: int) -> None:
+    """Block size 6 splits windows of both ratios across blocks (a CSA block holds 2 entry
+    slots, an HCA block 1)."""
+    eng = engine(folder, block_size=block_size)
+    batch = [(7,), *prompts(2, 1, (13, 45))]
+    for prompt, got in zip(batch, one_at_a_time(eng, batch), strict=True):
+        assert got == reference_greedy(weights, cfg, prompt)
+        with torch.no_grad():
+            want = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
+                                  min_new_tokens=NEW_TOKENS, do_sample=False)
+        assert got == want[0, len(prompt):].tolist()
+    assert eng.kv.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("variant", ["plain", "tied"])
+def test_staggered_chunked_and_preempted_requests_match_one_at_a_time(  # type: ignore[no-untyped-def]
+        folder: Path, weights, cfg, tied, variant: str) -> None:
+    if variant == "tied":
+        folder, weights, cfg = tied
+    batch = prompts(10, 2)
+    alone = one_at_a_time(engine(folder), batch)
+    assert alone[0] == reference_greedy(weights, cfg, batch[0])
+    # chunked prefill: a 7-token budget splits prompts and mixes them with decodes (in steps
+    # that do not overlap, the other tests' do)
+    chunked = engine(folder, max_num_batched_tokens=7, block_size=8, async_scheduling=False)
+    events = run_staggered(chunked, greedy_requests(batch, "c"), lambda i: 2 * i)
+    assert [tokens(events[f"c{i}"]) for i in range(10)] == alone
+    # preemption: 12 blocks of 8 tokens hold about two requests at full length
+    tight = engine(folder, num_kv_blocks=13, block_size=8)
+    events = run_staggered(tight, greedy_requests(batch, "p"), lambda i: i // 3)
+    assert tight.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
+    assert [tokens(events[f"p{i}"]) for i in range(10)] == alone
+    assert chunked.kv.num_used_blocks == tight.kv.num_used_blocks == 0
+
+
+def test_prefix_cache_hits_give_the_same_tokens(folder: Path, weights, cfg) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(folder)
+    first = prompts(1, 3, (45, 45))[0]
+    shares = (*first[:40], 9, 9, 9)
+    run_staggered(eng, greedy_requests([first], "warm"), lambda _: 0)
+    for tag, prompt in (("again", first), ("shared", shares)):
+        events = run_staggered(eng, greedy_requests([prompt], tag), lambda _: 0)[f"{tag}0"]
+        assert events[0] == Scheduled(f"{tag}0", prompt_tokens=len(prompt), cached_tokens=32)
+        assert tokens(events) == reference_greedy(weights, cfg, prompt)
+
+
+@torch.inference_mode()
+def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]],
+                   chunks: Sequence[int]) -> list[torch.Tensor]:
+    """fp32 logits at every position of each prompt, the prompts prefilled side by side, each
+    `chunks[i]` tokens a step (the blocks are freed afterwards)."""
+    seqs = [Seq.from_request(GenerateRequest(f"chunked{i}", tuple(p)))
+            for i, p in enumerate(batch)]
+    out: list[list[torch.Tensor]] = [[] for _ in seqs]
+    try:
+        for s in seqs:
+            assert eng.kv.allocate(s.request_id, s.num_tokens)
+        while any(s.num_computed_tokens < s.num_tokens for s in seqs):
+            rows = [ScheduledRow(s, min(c, s.num_tokens - s.num_computed_tokens), True)
+                    for s, c in zip(seqs, chunks, strict=True)
+                    if s.num_computed_tokens < s.num_tokens]
+            step = plan_batch(rows, eng.kv).to_device(eng.model.device)
+            step.logits_indices = torch.arange(step.num_tokens)
+            logits = eng.model.forward(step).split([r.num_new_tokens for r in rows])
+            for row, part in zip(rows, logits, strict=True):
+                out[seqs.index(row.seq)].append(part)
+                row.seq.num_computed_tokens += row.num_new_tokens
+    finally:
+        for s in seqs:
+            eng.kv.free(s.request_id)
+    return [torch.cat(parts) for parts in out]
+
+
+@pytest.mark.parametrize("variant", ["plain", "tied"])
+def test_chunked_prefill_logits_equal_the_whole_sequence(folder: Path, weights, cfg,  # type: ignore[no-untyped-def]
+                                                         tied, variant: str) -> None:
+    if variant == "tied":
+        folder, weights, cfg = tied
+    batch = prompts(3, 4, (40, 50))
+    got = chunked_logits(engine(folder, block_size=8), batch, chunks=[5, 11, 50])
+    for prompt, ours in zip(batch, got, strict=True):
+        with torch.no_grad():
+            want = forward(torch.tensor(prompt), weights, cfg)
+        torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("layout", ["deepseek-fp8-fp4", "transformers-modules"])
+def test_other_checkpoint_layouts_run_as_their_weights(model, cfg, weights, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       layout: str) -> None:
+    """DeepSeek's own FP8/FP4 format (as its dequantized weights), and a state dict saved in
+    transformers' module names (`save_pretrained` writes DeepSeek's names, the other tests')."""
+    if layout == "deepseek-fp8-fp4":
+        tensors, _ = to_deepseek(dict(model.state_dict()), cfg)
+        weights = weights_from_deepseek(tensors, cfg, dtype=torch.float32)
+    else:
+        tensors = dict(model.state_dict())
+    folder = write_model_folder(model, tmp_path / layout, tensors=tensors)
+    batch = prompts(2, 5, (20, 40))
+    for prompt, got in zip(batch, one_at_a_time(engine(folder), batch), strict=True):
+        assert got == reference_greedy(weights, cfg, prompt)
+
+
+def test_dummy_weights_run(folder: Path) -> None:
+    eng = engine(folder, load_format="dummy")
+    got = one_at_a_time(eng, prompts(2, 6, (10, 30)))
+    assert all(len(t) == NEW_TOKENS for t in got)
+
+
+def test_offloaded_prefixes_come_back_with_the_same_tokens(folder: Path, weights, cfg) -> None:  # type: ignore[no-untyped-def]
+    """Every tensor of the layout (raw entries, projections, compressed entries) goes to host
+    memory and back: a device cache of one request at a time keeps no prefix, the host does."""
+    batch = prompts(3, 7, (45, 45))
+    eng = engine(folder, block_size=8, num_kv_blocks=9, kv_offload=("host",),
+                 kv_offload_host_gib=0.01)
+    events = run_staggered(eng, greedy_requests([*batch, *batch], "o", n=6), lambda i: 40 * i)
+    for i, prompt in enumerate(batch):
+        first, again = events[f"o{i}"], events[f"o{i + 3}"]
+        assert (first[0].cached_tokens, again[0].cached_tokens) == (0, 40)  # type: ignore[union-attr]
+        assert tokens(again) == tokens(first) == reference_greedy(weights, cfg, prompt, 6)
+    assert eng.offload.stats().restored_blocks == 15  # type: ignore[union-attr]
+    eng.close()
