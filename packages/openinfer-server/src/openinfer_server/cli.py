@@ -97,6 +97,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", metavar="MODEL",
                    help="a local HuggingFace checkpoint folder or a hub id (e.g. "
                         "Qwen/Qwen3-0.6B); leave out for the built-in demo model")
+    p.add_argument("--demo", metavar="LINE",
+                   help="without MODEL: serve this model line's built-in demo model (e.g. "
+                        "deepseek-v4; `openinfer models` lists the lines with one) "
+                        "(default: the first line's, qwen3's when installed)")
     model = p.add_argument_group("model")
     model.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                        help="auto/safetensors: the checkpoint's weights; dummy: its real shapes "

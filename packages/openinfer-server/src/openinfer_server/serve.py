@@ -69,6 +69,9 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
         parser.error(f"argument --kv-offload: unknown tier {unknown[0]!r} (installed: {known})")
     if "disk" in args.kv_offload and not args.kv_offload_disk_dir:
         parser.error("argument --kv-offload: the disk tier needs --kv-offload-disk-dir DIR")
+    if args.demo is not None and args.model is not None:
+        parser.error("argument --demo: serves a built-in demo model in place of MODEL; give "
+                     "one or the other")
     if args.tensor_parallel_size != 1:
         parser.error("argument --tensor-parallel-size: only 1 is supported for now "
                      "(one GPU per server)")
@@ -96,7 +99,7 @@ def choose_model(args: argparse.Namespace, registries: Registries) -> ModelChoic
     """The checkpoint folder to load: MODEL (local or downloaded), or the demo."""
     dummy = args.load_format == "dummy"
     if args.model is None:
-        line, folder = demo_checkpoint(registries)
+        line, folder = demo_checkpoint(registries, args.demo)
         log.warning("%s (model line %s, %s)", DEMO_NOTICE, line, folder)
         default_names, is_demo = [DEMO_SERVED_NAME], True
     else:

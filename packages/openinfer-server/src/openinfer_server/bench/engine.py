@@ -40,7 +40,7 @@ def load_engine(args: argparse.Namespace, config: EngineConfig) -> Engine:
 
 def _model_folder(args: argparse.Namespace, registries: Registries) -> Path:
     if args.model is None:
-        line, folder = demo_checkpoint(registries)
+        line, folder = demo_checkpoint(registries, args.demo)
         log.warning("benchmarking the built-in demo model (model line %s, %s)", line, folder)
         return folder
     # With --load-format dummy the engine makes the weights: only config and tokenizer needed.
