@@ -51,7 +51,8 @@ def test_a_line_without_a_default(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flags, message", [
     (["--tool-call-parser", "nope"],
-     "argument --tool-call-parser: unknown tool-call parser 'nope' (installed: deepseek_v4, hermes, none)"),
+     "argument --tool-call-parser: unknown tool-call parser 'nope' (installed: deepseek_v4, "
+     "hermes, none)"),
     (["--reasoning-parser", "nope"], "argument --reasoning-parser: unknown reasoning parser "
                                      "'nope' (installed: deepseek_r1, qwen3)"),
     (["--tool-call-parser", "none", "--enable-auto-tool-choice"],
