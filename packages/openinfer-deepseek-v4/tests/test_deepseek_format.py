@@ -10,9 +10,12 @@ import json
 import torch
 from dsv4_checkpoints import to_deepseek
 
+from openinfer_core.weights.random_checkpoint import RandomCheckpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.deepseek_names import weights_from_deepseek
+from openinfer_deepseek_v4.dummy_weights import DummyTensors
 from openinfer_deepseek_v4.hf_names import weights_from_transformers
+from openinfer_deepseek_v4.quantized import Fp4Experts, Fp8Linear
 from openinfer_deepseek_v4.reference import forward
 
 
@@ -36,3 +39,36 @@ def test_deepseek_format_loads_its_dequantized_copy(model, config) -> None:  # t
     with torch.no_grad():
         torch.testing.assert_close(forward(ids, ours, cfg), forward(ids, want, cfg),
                                    rtol=0, atol=0)
+
+
+def test_weights_kept_in_their_formats_give_the_dequantized_logits(model, config) -> None:  # type: ignore[no-untyped-def]
+    """The GPU's path: FP8 linears and FP4 experts stay quantized and are dequantized inside
+    the ops; the logits are those of the dequantized weights (fp32: up to summation order)."""
+    cfg = DeepseekV4Config.from_dict(json.loads(config.to_json_string()))
+    native, _ = to_deepseek(dict(model.state_dict()), cfg)
+    kept = weights_from_deepseek(native, cfg, dtype=torch.float32, keep_quantized=True)
+    plain = weights_from_deepseek(native, cfg, dtype=torch.float32)
+    assert isinstance(kept.layers[1].attention.q_b, Fp8Linear)
+    assert isinstance(kept.layers[1].attention.o_a, Fp8Linear)
+    assert isinstance(kept.layers[1].moe.gate_up, Fp4Experts) and kept.layers[1].moe.down is None
+    ids = torch.randint(0, config.vocab_size, (23,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(forward(ids, kept, cfg), forward(ids, plain, cfg),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_dummy_weights_in_the_checkpoint_formats(config) -> None:  # type: ignore[no-untyped-def]
+    """`--load-format dummy` on the GPU: FP8 and FP4 tensors with scales whose dequantized
+    values have about the checkpoint's spread, and a forward that runs."""
+    cfg = DeepseekV4Config.from_dict(json.loads(config.to_json_string()))
+    tensors = DummyTensors(RandomCheckpoint("unused", std=0.02), cfg, torch.float32,
+                           torch.device("cpu"), formats=True)
+    w = weights_from_deepseek(tensors, cfg, dtype=torch.float32, keep_quantized=True)
+    q_b = w.layers[0].attention.q_b
+    experts = w.layers[2].moe.gate_up
+    assert isinstance(q_b, Fp8Linear) and q_b.weight.dtype == torch.float8_e4m3fn
+    assert isinstance(experts, Fp4Experts) and experts.gate_up.dtype == torch.uint8
+    assert 0.015 < q_b.dequant(torch.float32).std().item() < 0.027
+    assert 0.005 < experts.dequant_gate_up(torch.float32)[0].std().item() < 0.03
+    logits = forward(torch.arange(9), w, cfg)
+    assert logits.shape == (9, cfg.vocab_size) and bool(logits.isfinite().all())

@@ -9,12 +9,13 @@ its own names for the embedding, the head and its hyper-connection (accepted her
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
 from openinfer_core.errors import WeightLoadError
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.quantized import Fp4Experts, Fp8Linear, Weight
 from openinfer_deepseek_v4.reference import (
     AttentionWeights,
     CompressorWeights,
@@ -111,27 +112,60 @@ def deepseek_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
 
 
 def weights_from_deepseek(state: Mapping[str, torch.Tensor], cfg: DeepseekV4Config,
-                          dtype: torch.dtype = torch.bfloat16) -> ModelWeights:
-    """Errors (`WeightLoadError`) name a missing or mis-shaped tensor."""
+                          dtype: torch.dtype = torch.bfloat16, *,
+                          keep_quantized: bool = False) -> ModelWeights:
+    """Errors (`WeightLoadError`) name a missing or mis-shaped tensor. With `keep_quantized`,
+    FP8 linears and FP4 routed experts stay in their formats (`quantized.Fp8Linear`,
+    `quantized.Fp4Experts`), for the kernels that dequantize in registers."""
     state = _Canonical(state)
     shapes = deepseek_shapes(cfg)
 
-    def get(name: str) -> torch.Tensor:
+    def raw(name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
         if name not in state:
             raise WeightLoadError(f"the checkpoint has no tensor {name!r}")
-        t = state[name]
-        scale_name = name.removesuffix(".weight") + ".scale"
-        scale = state.get(scale_name)
+        return state[name], state.get(name.removesuffix(".weight") + ".scale")
+
+    def get(name: str) -> torch.Tensor:
+        t, scale = raw(name)
         if scale is not None and t.dtype == torch.float8_e4m3fn:
             t = dequant_fp8_blocks_ref(t, scale, dtype=dtype)
         elif scale is not None and t.dtype in (torch.int8, torch.uint8):
             t = dequant_fp4_ref(t, scale, dtype=dtype)
         elif t.is_floating_point():
             t = t.to(torch.float32 if keeps_fp32(name) else dtype)
-        if tuple(t.shape) != shapes[name]:
-            raise WeightLoadError(f"tensor {name!r} has shape {list(t.shape)}, expected "
-                                  f"{list(shapes[name])} from config.json")
+        _check_shape(name, tuple(t.shape), shapes[name])
         return t
+
+    def weight(*names: str) -> Weight:
+        """A linear's weight (rows of several stacked), FP8 kept as it is where asked and the
+        row blocks allow it."""
+        parts = [raw(n) for n in names]
+        fp8 = all(s is not None and t.dtype == torch.float8_e4m3fn for t, s in parts)
+        if not (keep_quantized and fp8 and all(t.shape[0] % 128 == 0 for t, _ in parts[:-1])):
+            return torch.cat([get(n) for n in names]) if len(names) > 1 else get(names[0])
+        for n, (t, s) in zip(names, parts, strict=True):
+            _check_shape(n, tuple(t.shape), shapes[n])
+            assert s is not None
+            _check_shape(n.removesuffix(".weight") + ".scale", tuple(s.shape),
+                         tuple(-(-d // 128) for d in shapes[n]))
+        return Fp8Linear(torch.cat([t for t, _ in parts]),
+                         torch.cat([s.view(torch.uint8) for _, s in parts if s is not None]))
+
+    def experts(f: str) -> tuple[torch.Tensor | Fp4Experts, torch.Tensor | None]:
+        ids = range(cfg.num_experts)
+        first, scale = raw(f"{f}.experts.0.w1.weight")
+        if not (keep_quantized and scale is not None and first.dtype in (torch.int8,
+                                                                          torch.uint8)):
+            return (torch.stack([torch.cat([get(f"{f}.experts.{e}.w1.weight"),
+                                            get(f"{f}.experts.{e}.w3.weight")]) for e in ids]),
+                    torch.stack([get(f"{f}.experts.{e}.w2.weight") for e in ids]))
+        packed: dict[str, list[torch.Tensor]] = {"w": [], "s": [], "dw": [], "ds": []}
+        for e in ids:
+            for key, names in (("", ("w1", "w3")), ("d", ("w2",))):
+                pairs = [_fp4(f"{f}.experts.{e}.{n}.weight", raw, shapes) for n in names]
+                packed[key + "w"].append(torch.cat([w for w, _ in pairs]))
+                packed[key + "s"].append(torch.cat([s for _, s in pairs]))
+        return Fp4Experts(*(torch.stack(packed[k]) for k in ("w", "s", "dw", "ds"))), None
 
     def hc(prefix: str) -> HyperConnectionWeights:
         return HyperConnectionWeights(get(f"{prefix}_fn"), get(f"{prefix}_base"),
@@ -145,28 +179,44 @@ def weights_from_deepseek(state: Mapping[str, torch.Tensor], cfg: DeepseekV4Conf
     for i, kind in enumerate(cfg.attention_kinds):
         a, f = f"layers.{i}.attn", f"layers.{i}.ffn"
         attention = AttentionWeights(
-            q_a=get(f"{a}.wq_a.weight"), q_a_norm=get(f"{a}.q_norm.weight"),
-            q_b=get(f"{a}.wq_b.weight"), kv=get(f"{a}.wkv.weight"),
-            kv_norm=get(f"{a}.kv_norm.weight"), o_a=get(f"{a}.wo_a.weight"),
-            o_b=get(f"{a}.wo_b.weight"), sinks=get(f"{a}.attn_sink"),
+            q_a=weight(f"{a}.wq_a.weight"), q_a_norm=get(f"{a}.q_norm.weight"),
+            q_b=weight(f"{a}.wq_b.weight"), kv=weight(f"{a}.wkv.weight"),
+            kv_norm=get(f"{a}.kv_norm.weight"), o_a=weight(f"{a}.wo_a.weight"),
+            o_b=weight(f"{a}.wo_b.weight"), sinks=get(f"{a}.attn_sink"),
             compressor=None if kind == "window" else compressor(f"{a}.compressor"),
             indexer=None if kind != "csa" else IndexerWeights(
-                compressor(f"{a}.indexer.compressor"), get(f"{a}.indexer.wq_b.weight"),
+                compressor(f"{a}.indexer.compressor"), weight(f"{a}.indexer.wq_b.weight"),
                 get(f"{a}.indexer.weights_proj.weight")))
-        experts = range(cfg.num_experts)
+        gate_up, down = experts(f)
         moe = MoEWeights(
             gate=get(f"{f}.gate.weight"),
             bias=None if cfg.hash_layers[i] else get(f"{f}.gate.bias"),
             tid2eid=get(f"{f}.gate.tid2eid") if cfg.hash_layers[i] else None,
-            gate_up=torch.stack([torch.cat([get(f"{f}.experts.{e}.w1.weight"),
-                                            get(f"{f}.experts.{e}.w3.weight")])
-                                 for e in experts]),
-            down=torch.stack([get(f"{f}.experts.{e}.w2.weight") for e in experts]),
-            shared_gate_up=torch.cat([get(f"{f}.shared_experts.w1.weight"),
-                                      get(f"{f}.shared_experts.w3.weight")]),
-            shared_down=get(f"{f}.shared_experts.w2.weight"))
+            gate_up=gate_up, down=down,
+            shared_gate_up=weight(f"{f}.shared_experts.w1.weight",
+                                  f"{f}.shared_experts.w3.weight"),
+            shared_down=weight(f"{f}.shared_experts.w2.weight"))
         layers.append(LayerWeights(hc(f"layers.{i}.hc_attn"), get(f"layers.{i}.attn_norm.weight"),
                                    attention, hc(f"layers.{i}.hc_ffn"),
                                    get(f"layers.{i}.ffn_norm.weight"), moe))
     return ModelWeights(embed=get("embed.weight"), layers=layers, hc_head=hc("hc_head"),
                         norm=get("norm.weight"), lm_head=get("head.weight"))
+
+
+def _check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
+    if got != want:
+        raise WeightLoadError(f"tensor {name!r} has shape {list(got)}, expected {list(want)} "
+                              "from config.json")
+
+
+def _fp4(name: str, raw: Callable[[str], tuple[torch.Tensor, torch.Tensor | None]],
+         shapes: Mapping[str, tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An FP4 weight's packed codes and scales (as bytes), shapes checked."""
+    packed, scale = raw(name)
+    rows, cols = shapes[name]
+    if scale is None or packed.dtype not in (torch.int8, torch.uint8):
+        raise WeightLoadError(f"tensor {name!r}: the other routed experts are FP4, this one "
+                              "is not")
+    _check_shape(name, tuple(packed.shape), (rows, cols // 2))
+    _check_shape(name.removesuffix(".weight") + ".scale", tuple(scale.shape), (rows, cols // 32))
+    return packed.view(torch.uint8), scale.view(torch.uint8)

@@ -46,7 +46,7 @@ def write_demo_checkpoint(dest: Path) -> Path:
     from openinfer_core.weights.safetensors_writer import write_safetensors
     from openinfer_deepseek_v4.config import DeepseekV4Config
     from openinfer_deepseek_v4.deepseek_names import deepseek_shapes
-    from openinfer_deepseek_v4.weights import DummyTensors
+    from openinfer_deepseek_v4.dummy_weights import DummyTensors
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def demo_checkpoint() -> Path:
     """The demo checkpoint's folder, written on first use under the openinfer cache
     ($OPENINFER_CACHE_DIR, default ~/.cache/openinfer)."""
     here = Path(__file__)
-    key = version_key(here.read_bytes(), here.with_name("weights.py").read_bytes(),
+    key = version_key(here.read_bytes(), here.with_name("dummy_weights.py").read_bytes(),
                       json.dumps([DEMO_CONFIG, GENERATION_CONFIG, DEMO_SEED]))
     return cached_demo("demo-deepseek-v4", key, write_demo_checkpoint)
 

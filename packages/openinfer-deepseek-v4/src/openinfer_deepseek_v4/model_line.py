@@ -28,7 +28,10 @@ class DeepseekV4ModelLine:
         ckpt = open_checkpoint(model_dir, options.load_format,
                                std=float(config.get("initializer_range", 0.02)))
         try:
-            weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device)
+            # On the GPU the FP8/FP4 weights stay in their formats (V4-Flash fits no other
+            # way); the CPU path dequantizes them at load, for the plain-torch reference ops.
+            weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device,
+                                   keep_quantized=options.device.type == "cuda")
         finally:
             ckpt.close()
         # The attention backend is not used: the sparse, compressed attention runs its own

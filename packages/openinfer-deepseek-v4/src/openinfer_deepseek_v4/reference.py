@@ -13,17 +13,18 @@ from functools import partial
 import torch
 
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.quantized import (
+    Fp4Experts,
+    Weight,
+    grouped_linear,
+    linear,
+    routed_experts,
+)
 from openinfer_kernels.compress import compress_kv_ref
-from openinfer_kernels.gemm import grouped_linear_ref
 from openinfer_kernels.indexer import indexer_scores_ref
 from openinfer_kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
-from openinfer_kernels.moe import (
-    moe_experts_ref,
-    route_hash_ref,
-    route_topk_ref,
-    swiglu_clamped_ref,
-)
+from openinfer_kernels.moe import route_hash_ref, route_topk_ref, swiglu_clamped_ref
 from openinfer_kernels.rotary import rotary_interleaved_ref
 from openinfer_kernels.sparse_attention import sink_attention_ref
 
@@ -39,19 +40,19 @@ class CompressorWeights:
 @dataclass(frozen=True, slots=True)
 class IndexerWeights:
     compressor: CompressorWeights
-    q_b: torch.Tensor  # [heads * d, q_lora_rank]
+    q_b: Weight  # [heads * d, q_lora_rank]
     weights_proj: torch.Tensor  # [heads, H]
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionWeights:
-    q_a: torch.Tensor  # [q_lora_rank, H]
+    q_a: Weight  # [q_lora_rank, H]
     q_a_norm: torch.Tensor
-    q_b: torch.Tensor  # [heads * D, q_lora_rank]
-    kv: torch.Tensor  # [D, H]
+    q_b: Weight  # [heads * D, q_lora_rank]
+    kv: Weight  # [D, H]
     kv_norm: torch.Tensor
-    o_a: torch.Tensor  # [groups * o_lora_rank, heads * D / groups]
-    o_b: torch.Tensor  # [H, groups * o_lora_rank]
+    o_a: Weight  # [groups * o_lora_rank, heads * D / groups]
+    o_b: Weight  # [H, groups * o_lora_rank]
     sinks: torch.Tensor  # [heads]
     compressor: CompressorWeights | None  # the layers with compressed KV
     indexer: IndexerWeights | None  # the ratio-4 layers
@@ -81,9 +82,9 @@ def project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
             positions: torch.Tensor, freqs: torch.Tensor) -> Projected:
     """x [T, H] (the normed collapsed streams) at `positions` -> the queries and raw entries."""
     t, eps = x.shape[0], cfg.rms_norm_eps
-    q_residual = rms_norm(x @ w.q_a.t(), w.q_a_norm, eps)
-    q = rms_norm((q_residual @ w.q_b.t()).view(t, cfg.num_heads, cfg.head_dim), None, eps)
-    kv = rms_norm(x @ w.kv.t(), w.kv_norm, eps)
+    q_residual = rms_norm(linear(x, w.q_a), w.q_a_norm, eps)
+    q = rms_norm(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim), None, eps)
+    kv = rms_norm(linear(x, w.kv), w.kv_norm, eps)
     return Projected(q_residual, rotary_interleaved_ref(q, positions, freqs),
                      rotary_interleaved_ref(kv, positions, freqs))
 
@@ -119,7 +120,7 @@ def compressed_picks(x: torch.Tensor, q_residual: torch.Tensor, positions: torch
         return torch.where(picks < ((positions + 1) // ratio)[:, None], picks, -1)
     assert w.indexer is not None
     t, idx = x.shape[0], w.indexer
-    q = (q_residual @ idx.q_b.t()).view(t, cfg.index_n_heads, cfg.index_head_dim)
+    q = linear(q_residual, idx.q_b).view(t, cfg.index_n_heads, cfg.index_head_dim)
     scores = indexer_scores_ref(rotary_interleaved_ref(q, positions, freqs), index_keys,
                                 x @ idx.weights_proj.t(),
                                 softmax_scale=cfg.index_head_dim ** -0.5,
@@ -133,8 +134,8 @@ def attend(q: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor, w: Atten
     head's sink, the values' rotation undone, then the grouped output projection: [T, H]."""
     out = sink_attention_ref(q, entries, valid, w.sinks, cfg.head_dim ** -0.5)
     out = rotary_interleaved_ref(out, positions, freqs, inverse=True)  # values carried rotary
-    grouped = grouped_linear_ref(out.reshape(q.shape[0], cfg.o_groups, -1), w.o_a)
-    return grouped.reshape(q.shape[0], -1) @ w.o_b.t()
+    grouped = grouped_linear(out.reshape(q.shape[0], cfg.o_groups, -1), w.o_a)
+    return linear(grouped.reshape(q.shape[0], -1), w.o_b)
 
 
 def attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
@@ -177,10 +178,10 @@ class MoEWeights:
     gate: torch.Tensor  # [E, H] router
     bias: torch.Tensor | None  # [E] selection bias (score layers)
     tid2eid: torch.Tensor | None  # [vocab, k] token id -> experts (hash layers)
-    gate_up: torch.Tensor  # [E, 2I, H]
-    down: torch.Tensor  # [E, H, I]
-    shared_gate_up: torch.Tensor  # [2I, H]
-    shared_down: torch.Tensor  # [H, I]
+    gate_up: torch.Tensor | Fp4Experts  # [E, 2I, H], or every expert's FP4 weights
+    down: torch.Tensor | None  # [E, H, I] (None with FP4 experts)
+    shared_gate_up: Weight  # [2I, H]
+    shared_down: Weight  # [H, I]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +213,9 @@ def moe(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
     else:
         assert w.bias is not None
         weights, ids = route_topk_ref(logits, w.bias, cfg.top_k, cfg.routed_scaling_factor)
-    routed = moe_experts_ref(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit)
-    shared = swiglu_clamped_ref(x @ w.shared_gate_up.t(), cfg.swiglu_limit) @ w.shared_down.t()
+    routed = routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit)
+    shared = linear(swiglu_clamped_ref(linear(x, w.shared_gate_up), cfg.swiglu_limit),
+                    w.shared_down)
     return routed + shared
 
 

@@ -1,8 +1,8 @@
 """DeepSeek-V4 weights from a checkpoint folder, in whichever names it uses: DeepSeek's (its HF
 repository, FP8/FP4 or not; also what transformers' `save_pretrained` writes) or transformers'
 module names (a state dict saved as it is). `--load-format dummy` makes them up at DeepSeek's
-names and shapes. Read a tensor at a time, onto the device; quantized weights are
-dequantized to the model's dtype (no FP8/FP4 GEMMs yet)."""
+names and shapes (`dummy_weights.py`). Read a tensor at a time, onto the device; quantized
+weights are dequantized to the model's dtype, or kept in their formats for the kernels."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_core.weights.random_checkpoint import RandomCheckpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.deepseek_names import deepseek_shapes, keeps_fp32, weights_from_deepseek
+from openinfer_deepseek_v4.deepseek_names import weights_from_deepseek
+from openinfer_deepseek_v4.dummy_weights import DummyTensors
 from openinfer_deepseek_v4.hf_names import weights_from_transformers
 from openinfer_deepseek_v4.reference import ModelWeights
 
@@ -22,9 +23,14 @@ _FP32_IN_TRANSFORMERS = ("_hc.", "hc_head.", ".sinks", "position_bias", "e_score
 
 
 def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: DeepseekV4Config, *,
-                 dtype: torch.dtype, device: torch.device) -> ModelWeights:
+                 dtype: torch.dtype, device: torch.device,
+                 keep_quantized: bool = False) -> ModelWeights:
+    """With `keep_quantized`, FP8 and FP4 weights stay in their formats (and dummy weights are
+    made in them: V4-Flash's formats at its shapes)."""
     if isinstance(ckpt, RandomCheckpoint):
-        return weights_from_deepseek(DummyTensors(ckpt, cfg, dtype, device), cfg, dtype=dtype)
+        return weights_from_deepseek(DummyTensors(ckpt, cfg, dtype, device,
+                                                  formats=keep_quantized),
+                                     cfg, dtype=dtype, keep_quantized=keep_quantized)
     names = ckpt.names()
     if any(".self_attn." in name for name in names):  # transformers' module names
 
@@ -33,7 +39,7 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: DeepseekV4Config, *,
 
         return weights_from_transformers(_CheckpointTensors(ckpt, names, device, cast), cfg)
     return weights_from_deepseek(_CheckpointTensors(ckpt, names, device, None), cfg,
-                                 dtype=dtype)
+                                 dtype=dtype, keep_quantized=keep_quantized)
 
 
 class _CheckpointTensors(Mapping[str, torch.Tensor]):
@@ -59,32 +65,3 @@ class _CheckpointTensors(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._names)
-
-
-class DummyTensors(Mapping[str, torch.Tensor]):
-    """Random tensors (`RandomCheckpoint`) for every name DeepSeek-V4 reads; the hash layers'
-    token -> experts tables spread the tokens over the experts."""
-
-    def __init__(self, ckpt: RandomCheckpoint, cfg: DeepseekV4Config, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self._ckpt, self._cfg, self._dtype, self._device = ckpt, cfg, dtype, device
-        self._shapes = deepseek_shapes(cfg)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        shape = self._shapes[name]
-        if name.endswith("tid2eid"):
-            cfg = self._cfg
-            tokens = torch.arange(cfg.vocab_size, device=self._device)[:, None]
-            spread = torch.arange(cfg.top_k, device=self._device) * (cfg.num_experts // cfg.top_k)
-            return (tokens + spread) % cfg.num_experts
-        dtype = torch.float32 if keeps_fp32(name) else self._dtype
-        return self._ckpt.get(name, shape=shape, dtype=dtype, device=self._device)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._shapes
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._shapes)
-
-    def __len__(self) -> int:
-        return len(self._shapes)

@@ -1,11 +1,21 @@
-"""Mixture-of-experts routing and experts (DeepSeek-V4): the reference ops. No Triton kernel
-yet: they run as written on every device."""
+"""Mixture-of-experts routing and experts (DeepSeek-V4). The routing and bf16 experts are
+reference ops that run as written on every device; the FP4 experts (`fp4_moe_experts`) run
+the reference (dequantize, then `moe_experts_ref`) on CPU and the grouped Triton kernels on
+CUDA."""
 
+from openinfer_kernels.dispatch import by_device, triton_kernels
 from openinfer_kernels.moe.reference import (
+    fp4_moe_experts_ref,
     moe_experts_ref,
     route_hash_ref,
     route_topk_ref,
     swiglu_clamped_ref,
 )
 
-__all__ = ["moe_experts_ref", "route_hash_ref", "route_topk_ref", "swiglu_clamped_ref"]
+_kernels = triton_kernels("openinfer_kernels.moe.triton")
+
+fp4_moe_experts = by_device(fp4_moe_experts_ref,
+                            _kernels.fp4_moe_experts_triton if _kernels else None)
+
+__all__ = ["fp4_moe_experts", "fp4_moe_experts_ref", "moe_experts_ref", "route_hash_ref",
+           "route_topk_ref", "swiglu_clamped_ref"]

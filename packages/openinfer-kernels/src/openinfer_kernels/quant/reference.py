@@ -40,3 +40,12 @@ def dequant_fp4_ref(packed: torch.Tensor, scale: torch.Tensor, group: int = 32,
     codes = torch.stack([byte & 0xF, byte >> 4], dim=-1).flatten(-2).long()
     values = torch.tensor(E2M1_VALUES, device=packed.device)[codes]
     return (values * e8m0_to_float(scale).repeat_interleave(group, 1)).to(dtype)
+
+
+def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp32) times the dequantized FP8 weight: w [N, K] float8_e4m3fn,
+    scale [ceil(N/128), ceil(K/128)] E8M0 (uint8 bytes or float8_e8m0fnu) -> [M, N] in
+    `out_dtype` (default x's). The product in fp32, rounded once."""
+    weight = dequant_fp8_blocks_ref(w, scale, dtype=torch.float32)
+    return (x.float() @ weight.t()).to(out_dtype or x.dtype)

@@ -1,0 +1,172 @@
+"""DeepSeek-V4 decode time per layer at V4-Flash's widths, against the layer's bytes and FLOPs.
+
+A V4-Flash config cut to --layers layers (window, CSA, HCA in turn; the first hash-routed),
+dummy weights in the checkpoint's formats (FP8 linears, FP4 routed experts), B requests with
+--context tokens each; the decode forward (eager) is timed with CUDA events, the embedding and
+head are timed alone and taken off, and the rest is divided by the layers. Floors: the bytes
+the layer must read (every FP8/bf16/fp32 weight of the layer, the FP4 experts the batch's
+routing touches, each request's window and compressed entries) at the copy bandwidth measured
+in the same run, and its FLOPs at the card's dense bf16 peak.
+
+Usage: python dsv4_decode.py [--layers 6] [--batches 1,64] [--context 2048] [--json OUT]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
+
+from dsv4_transformers import transformers_config
+
+from openinfer_core.engine.batch import plan_batch
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.engine import Engine
+from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.request import GenerateRequest
+
+PEAK_BF16 = 989e12  # H100 SXM dense
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    return 2 * src.numel() / (_time(lambda: dst.copy_(src), 20) / 1e3)
+
+
+def _time(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
+    """Median ms of `fn` over `reps` runs, CUDA events."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def layer_cost(engine: Engine, batch: int, context: int) -> tuple[float, float]:
+    """(bytes, FLOPs) of one average layer's decode step for `batch` requests."""
+    cfg, w = engine.model.cfg, engine.model.w
+    total_bytes = flops = 0.0
+    for i, layer in enumerate(w.layers):
+        dense = _tensors(layer)
+        experts = layer.moe.gate_up
+        per_expert = sum(t[0].numel() * t.element_size() for t in
+                         (experts.gate_up, experts.gate_up_scale, experts.down,
+                          experts.down_scale))
+        expert_params = 2 * (experts.gate_up[0].numel() + experts.down[0].numel())
+        touched = cfg.num_experts * (1 - (1 - cfg.top_k / cfg.num_experts) ** batch)
+        kind, ratio = cfg.attention_kinds[i], cfg.compress_ratios[i]
+        entries = cfg.sliding_window + (0 if kind == "window" else
+                                        min(context // ratio, cfg.index_topk)
+                                        if kind == "csa" else context // ratio)
+        kv = batch * entries * cfg.head_dim * 2
+        total_bytes += sum(t.numel() * t.element_size() for t in dense)
+        total_bytes += touched * per_expert + kv
+        params = sum(t.numel() for t in dense if t.dim() == 2) + cfg.top_k * expert_params
+        flops += 2 * batch * params + 4 * batch * cfg.num_heads * entries * cfg.head_dim
+    n = len(w.layers)
+    return total_bytes / n, flops / n
+
+
+def _tensors(layer) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    """Every weight tensor of a layer except the routed experts."""
+    out: list[torch.Tensor] = []
+
+    def walk(obj) -> None:  # type: ignore[no-untyped-def]
+        if isinstance(obj, torch.Tensor):
+            out.append(obj)
+        elif hasattr(obj, "__slots__") and obj is not layer.moe.gate_up:
+            for name in obj.__slots__:
+                walk(getattr(obj, name))
+
+    walk(layer)
+    return [t for t in out if t.dim() > 0 and t.dtype != torch.int64]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    folder = Path(tempfile.mkdtemp(prefix="dsv4-decode-"))
+    config = json.loads(transformers_config(args.layers).to_json_string())
+    config["architectures"] = ["DeepseekV4ForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
+
+    write_tokenizer_files(folder)
+    engine = Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
+                                 max_model_len=args.context + 64, max_num_seqs=max(batches),
+                                 num_kv_blocks=max(batches) * (args.context // 16 + 8) + 8,
+                                 enforce_eager=True))
+    bandwidth = copy_bandwidth()
+    rows = []
+    for b in batches:
+        rows.append(_measure(engine, b, args.context, args.reps, bandwidth))
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"\nDeepSeek-V4 decode per layer, V4-Flash widths, {args.layers} layers, context "
+          f"{args.context}, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print("| batch | step ms | per layer ms | bytes/layer MB | floor ms | × floor | "
+          "GFLOP/layer | FLOP floor ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['batch']} | {r['step_ms']:.2f} | {r['layer_ms']:.3f} | "
+              f"{r['layer_bytes'] / 1e6:.0f} | {r['bytes_floor_ms']:.3f} | "
+              f"{r['layer_ms'] / r['bytes_floor_ms']:.1f} | {r['layer_flops'] / 1e9:.1f} | "
+              f"{r['flops_floor_ms']:.4f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "bandwidth": bandwidth,
+                                               "layers": args.layers}, indent=2))
+
+
+@torch.inference_mode()
+def _measure(engine: Engine, batch: int, context: int, reps: int,
+             bandwidth: float) -> dict[str, float]:
+    from openinfer_deepseek_v4.reference import embed_streams, head_logits
+
+    model, cfg = engine.model, engine.model.cfg
+    seqs = [Seq.from_request(GenerateRequest(f"d{batch}-{i}", tuple(
+        (i * 7919 + j * 31) % 120000 + 2 for j in range(context + 1)))) for i in range(batch)]
+    try:
+        for s in seqs:  # prefill each request's context, one at a time
+            assert engine.kv.allocate(s.request_id, context)
+            model.forward(plan_batch([ScheduledRow(s, context, True)],
+                                     engine.kv).to_device(model.device))
+            s.num_computed_tokens = context
+        for s in seqs:
+            assert engine.kv.allocate(s.request_id, context + 1)
+        step = plan_batch([ScheduledRow(s, 1, True) for s in seqs],
+                          engine.kv).to_device(model.device)
+        step_ms = _time(lambda: model.forward(step), reps)
+        ids = step.input_ids
+        ends_ms = _time(lambda: head_logits(embed_streams(ids, model.w, cfg), model.w, cfg),
+                        reps)
+    finally:
+        for s in seqs:
+            engine.kv.free(s.request_id)
+    layer_ms = (step_ms - ends_ms) / len(model.w.layers)
+    layer_bytes, layer_flops = layer_cost(engine, batch, context)
+    return {"batch": batch, "step_ms": step_ms, "ends_ms": ends_ms, "layer_ms": layer_ms,
+            "layer_bytes": layer_bytes, "layer_flops": layer_flops,
+            "bytes_floor_ms": layer_bytes / bandwidth * 1e3,
+            "flops_floor_ms": layer_flops / PEAK_BF16 * 1e3}
+
+
+if __name__ == "__main__":
+    main()

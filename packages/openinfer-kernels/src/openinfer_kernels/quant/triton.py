@@ -1,0 +1,203 @@
+# mypy: disable-error-code="no-untyped-def"
+"""FP8 block-scaled linear layers with bf16 (or fp32) activations: the weight stays e4m3 in
+memory and is dequantized in registers, so the result is `x @ dequant(w).T` up to summation
+order (e4m3 times a power of two is exact in bf16 and fp32).
+
+A program owns BLOCK_N weight rows, BLOCK_M activation rows and a 1/SPLIT_K share of K. One
+activation row (decode) multiplies on the CUDA cores, BLOCK_K up to 512 bytes of each weight
+row per step, so enough bytes are in flight to stream the weight at the bandwidth floor; more
+rows use `tl.dot` with the weight tile as the left operand (its rows fill the MMA's 64-row
+side, the few activation rows its narrow side). With SPLIT_K > 1 the shares land in an fp32
+workspace that `sum_slices` adds in a fixed order: no atomics, the same bits every run.
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.attention.triton import _dot
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+BLOCK = 128  # the FP8 scale block, both ways
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Tile:
+    """BLOCK_M = 1 takes the CUDA-core path (any BLOCK_K that is a power of two); otherwise
+    BLOCK_K divides 128, so a K step sits inside one scale block."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def e8m0_to_fp32(byte, EXTRA: tl.constexpr):
+    """E8M0 bytes -> fp32 2^(byte - 127 + EXTRA), built from exponent bits (exact, no exp2):
+    byte 255 is NaN, a result past fp32's range inf, 2^-127 the one subnormal (byte 0)."""
+    e = byte.to(tl.int32)
+    field = e + EXTRA
+    bits = tl.where(field >= 255, 0x7F800000, tl.where(field <= 0, 0x00400000, field << 23))
+    bits = tl.where(e == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rows1(x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+    """[BLOCK_N] fp32: one activation row times weight rows `rn` over K in [k_start, k_end);
+    each SUB-wide piece of a step (SUB = min(BLOCK_K, 128)) summed, then scaled."""
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    s_rows = s_ptr + (rn // 128)[:, None] * stride_sn
+    for k in range(k_start, k_end, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_end
+        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+        prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
+        part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
+        kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
+        s = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & (kb * 128 < k_end)[None, :],
+                    other=127)
+        acc += tl.sum(part * e8m0_to_fp32(s, 0), axis=1)
+    return acc
+
+
+@triton.jit
+def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, stride_wn,
+           stride_sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """[BLOCK_N, BLOCK_M] fp32, transposed: weight rows `rn` times activation rows `rm`."""
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    s_rows = s_ptr + (rn // 128) * stride_sn
+    x_rows = x_ptr + rm[:, None].to(tl.int64) * stride_xm
+    for k in range(k_start, k_end, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_end
+        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        s = e8m0_to_fp32(tl.load(s_rows + k // 128, mask=n_ok, other=127), 0)
+        w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
+        acc += _dot(w, tl.trans(x), PRECISION, UPCAST)
+    return acc
+
+
+# M follows the batch size: not specialized, so every CUDA-graph size shares one variant.
+@triton.jit(do_not_specialize=["M"])
+def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
+                       k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+                       UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share."""
+    pdl_enter(PDL)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if BLOCK_M == 1:
+        acc = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn, n_ok, k_start, k_end,
+                     stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB)
+        out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        acc2 = _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm,
+                      stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+        out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
+        tl.store(out2, acc2.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+
+@triton.jit
+def _sum_slices_kernel(part_ptr, out_ptr, ROWS, COLS, stride_s, stride_r, SLICES: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < ROWS * COLS
+    row = offs // COLS
+    col = offs % COLS
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(SLICES):  # a fixed order: the same sum every run
+        total += tl.load(part_ptr + s * stride_s + row * stride_r + col, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_slices(part: torch.Tensor, out: torch.Tensor, slices: int, stride_s: int,
+               stride_r: int) -> None:
+    """out [R, C] contiguous = sum over s < slices of part[s * stride_s + r * stride_r + c]
+    (fp32 elements), added in the order of s."""
+    rows, cols = out.shape
+    block = 1024
+    _sum_slices_kernel[(triton.cdiv(rows * cols, block),)](
+        part, out, rows, cols, stride_s, stride_r, SLICES=slices, BLOCK=block,
+        **pdl_launch(out))
+
+
+def fp8_tile(m: int, n: int, k: int, dtype: torch.dtype, sms: int) -> Fp8Tile:
+    """A heuristic tile: the decode path for one row, narrow MMA tiles up to 32 rows, 128-wide
+    tiles beyond; K split until there are about two programs per SM."""
+    if m == 1:
+        bm, bn, bk, warps, stages = 1, 16, 512, 4, 3
+    elif m <= 32:
+        bm, bn, bk, warps, stages = (16 if m <= 16 else 32), 64, 128, 4, 4
+    else:
+        bm, bn, bk, warps, stages = (64 if m <= 64 else 128), 128, 128, 8, 3
+    if dtype == torch.float32 and bm > 1:  # fp32 tiles take twice the shared memory
+        bk, stages = 64, 2
+    programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    split = max(1, min(triton.cdiv(k, bk), 2 * sms // programs))
+    return Fp8Tile(bm, bn, bk, split, warps, stages)
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or x.stride(1) != 1:
+        raise ValueError(f"fp8_block_linear: x [M, K] (K contiguous) and w [N, K], got x "
+                         f"{tuple(x.shape)} strides {x.stride()}, w {tuple(w.shape)}")
+    if w.dtype != torch.float8_e4m3fn or not w.is_contiguous():
+        raise ValueError(f"fp8_block_linear: w must be contiguous float8_e4m3fn, got {w.dtype}")
+    want = (triton.cdiv(w.shape[0], BLOCK), triton.cdiv(w.shape[1], BLOCK))
+    if tuple(scale.shape) != want or scale.element_size() != 1 or scale.stride(-1) != 1:
+        raise ValueError(f"fp8_block_linear: scale must be E8M0 bytes of shape {want}, got "
+                         f"{scale.dtype} {tuple(scale.shape)}")
+
+
+def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                            out_dtype: torch.dtype | None = None,
+                            tile: Fp8Tile | None = None) -> torch.Tensor:
+    """x [M, K] bf16/fp32 (K contiguous), w [N, K] float8_e4m3fn contiguous, scale
+    [ceil(N/128), ceil(K/128)] E8M0 (uint8 or float8_e8m0fnu) -> [M, N] in `out_dtype`
+    (default x's); `tile` overrides the heuristic (benchmarks)."""
+    _check(x, w, scale)
+    (m, k), n = x.shape, w.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if m == 0:
+        return out
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+    tile = tile or fp8_tile(m, n, k, x.dtype, sms)
+    k_per_split = triton.cdiv(triton.cdiv(k, tile.split_k), tile.block_k) * tile.block_k
+    split = triton.cdiv(k, k_per_split)  # no empty shares
+    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
+                                                device=x.device)
+    s = scale.view(torch.uint8)
+    grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_m), split)
+    _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
+                             k_per_split, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                             BLOCK_K=tile.block_k, SUB=min(tile.block_k, BLOCK),
+                             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+                             UPCAST=not x.is_cuda, num_warps=tile.num_warps,
+                             num_stages=tile.num_stages, **pdl_launch(x))
+    if split > 1:
+        sum_slices(target, out, split, m * n, n)
+    return out

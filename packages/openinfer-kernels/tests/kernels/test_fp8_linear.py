@@ -1,0 +1,111 @@
+"""FP8 block-scaled linear (weight e4m3 + E8M0 per 128 x 128 block, activations bf16/fp32)
+against its reference, dequantize-then-matmul in fp32: odd shapes whose N and K no tile and no
+scale block divides, both kernel paths (one row on the CUDA cores, more rows through tl.dot),
+K split into shares summed in a fixed order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import openinfer_kernels.quant as quant
+from openinfer_kernels.quant import dequant_fp8_blocks_ref, fp8_block_linear_ref
+from openinfer_kernels.quant.triton import Fp8Tile, fp8_block_linear_triton
+
+# The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# The dequantized weight is exact in both dtypes (e4m3 times a power of two), so the only
+# differences are the summation order (fp32: a few ulps of the largest partial sum, ~1e-5 at
+# K ~ 300 and |terms| ~ 10) and, for bf16 output, its one rounding (2^-8 relative).
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-3), torch.bfloat16: dict(rtol=2**-7, atol=2e-2)}
+
+TILES = {
+    "heuristic": None,
+    "rows1-k512-split2": Fp8Tile(1, 16, 512, split_k=2),
+    "rows1-k64-split3": Fp8Tile(1, 16, 64, split_k=3),  # steps narrower than a scale block
+    "dot-n32-k64-split3": Fp8Tile(16, 32, 64, split_k=3),
+    "dot-n64-k128": Fp8Tile(16, 64, 128),
+}
+
+
+def make(m: int, n: int, k: int, dtype: torch.dtype, seed: int
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, an e4m3 weight and NaN-free scale bytes (2^-7 .. 2^3) on DEVICE."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k), generator=g).to(dtype)
+    w = (4 * torch.randn((n, k), generator=g)).to(torch.float8_e4m3fn)
+    scale = torch.randint(120, 131, (-(-n // 128), -(-k // 128)), generator=g,
+                          dtype=torch.uint8)
+    return x.to(DEVICE), w.to(DEVICE), scale.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 150, 300), (3, 150, 300), (17, 200, 130),
+                                           (2, 40, 70)])
+def test_fp8_linear_matches_reference(m: int, n: int, k: int, tile: str,
+                                      dtype: torch.dtype) -> None:
+    x, w, scale = make(m, n, k, dtype, seed=m * 1000 + n + k)
+    out = fp8_block_linear_triton(x, w, scale, tile=TILES[tile])
+    assert out.shape == (m, n) and out.dtype == dtype
+    torch.testing.assert_close(out.float(), fp8_block_linear_ref(x, w, scale).float(),
+                               **TOL[dtype])
+
+
+def test_reference_is_the_dequantized_matmul() -> None:
+    x, w, scale = make(3, 130, 260, torch.float32, seed=0)
+    want = x.cpu() @ dequant_fp8_blocks_ref(w.cpu(), scale.cpu(), dtype=torch.float32).t()
+    torch.testing.assert_close(fp8_block_linear_ref(x.cpu(), w.cpu(), scale.cpu()), want)
+
+
+def test_e8m0_scales_and_fp32_output() -> None:
+    """float8_e8m0fnu scales read as their bytes; bf16 activations with an fp32 output keep
+    the accumulator unrounded."""
+    x, w, scale = make(5, 140, 200, torch.bfloat16, seed=1)
+    out = fp8_block_linear_triton(x, w, scale.view(torch.float8_e8m0fnu),
+                                  out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, fp8_block_linear_ref(x, w, scale, torch.float32),
+                               rtol=1e-5, atol=1e-3)
+
+
+def test_split_k_is_deterministic() -> None:
+    x, w, scale = make(3, 100, 300, torch.bfloat16, seed=2)
+    tile = TILES["dot-n32-k64-split3"]
+    first = fp8_block_linear_triton(x, w, scale, tile=tile)
+    assert all(torch.equal(first, fp8_block_linear_triton(x, w, scale, tile=tile))
+               for _ in range(3))
+
+
+def test_bad_operands_are_refused() -> None:
+    x, w, scale = make(2, 40, 70, torch.bfloat16, seed=3)
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        fp8_block_linear_triton(x, w.float(), scale)
+    with pytest.raises(ValueError, match=r"shape \(1, 1\)"):
+        fp8_block_linear_triton(x, w, scale.repeat(2, 1))
+    with pytest.raises(ValueError, match="K contiguous"):
+        fp8_block_linear_triton(x.t().contiguous().t(), w, scale)
+
+
+def test_the_dispatching_op_is_the_reference_on_cpu() -> None:
+    x, w, scale = make(3, 40, 70, torch.float32, seed=4)
+    x, w, scale = x.cpu(), w.cpu(), scale.cpu()
+    assert torch.equal(quant.fp8_block_linear(x, w, scale), fp8_block_linear_ref(x, w, scale))
+
+
+# V4-Flash's FP8 projections, weight [N, K] (spec §2, §5): q_a, q_b, kv, o_a's eight groups
+# as one, o_b, the shared expert's gate_up and down, the indexer's q_b.
+V4_SHAPES = [(1024, 4096), (32768, 1024), (512, 4096), (8192, 4096), (4096, 8192),
+             (4096, 4096), (4096, 2048), (8192, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 7, 64, 2048])
+@pytest.mark.parametrize(("n", "k"), V4_SHAPES)
+def test_v4_flash_shapes(m: int, n: int, k: int) -> None:
+    x, w, scale = make(m, n, k, torch.bfloat16, seed=m + n + k)
+    out = fp8_block_linear_triton(x, w, scale)
+    torch.testing.assert_close(out.float(), fp8_block_linear_ref(x, w, scale).float(),
+                               rtol=2**-7, atol=0.5)  # |out| ~ 4 * 2^3 * sqrt(K): up to ~2000
+    assert torch.equal(out, fp8_block_linear_triton(x, w, scale))
