@@ -1,9 +1,19 @@
-"""DeepSeek-V4's KV compressor: the reference op. No Triton kernel yet."""
+"""DeepSeek-V4's KV compressor. `compress_pool` pools a step's closing windows on the paged
+cache: a Triton kernel on CUDA tensors, `compress_pool_ref` on CPU. The whole-sequence and
+chunked references (`compress_kv_ref`, `compress_chunk_ref`) are the model reference's."""
 
 from openinfer_kernels.compress.reference import (
     compress_chunk_ref,
     compress_kv_ref,
+    compress_pool_ref,
     compressor_state,
 )
+from openinfer_kernels.dispatch import by_device, triton_kernels
 
-__all__ = ["compress_chunk_ref", "compress_kv_ref", "compressor_state"]
+_kernels = triton_kernels("openinfer_kernels.compress.triton")
+
+compress_pool = by_device(compress_pool_ref,
+                          _kernels.compress_pool_triton if _kernels else None)
+
+__all__ = ["compress_chunk_ref", "compress_kv_ref", "compress_pool", "compress_pool_ref",
+           "compressor_state"]

@@ -6,7 +6,9 @@ the first halves of window j-1's tokens beside the second halves of window j's (
 ratio 4; window -1 is empty).
 
 This is the whole-sequence form: the entries of a prefix from its projections. (The serving
-path keeps the open window's projections per sequence and emits an entry when it closes.)"""
+path keeps the open window's projections per sequence and emits an entry when it closes.)
+`compress_pool_ref` is the paged serving form: each token's projections sit in a paged pool,
+and a step pools the entries whose windows it closes straight into a paged entry pool."""
 
 from __future__ import annotations
 
@@ -83,8 +85,45 @@ def compress_chunk_ref(kv: torch.Tensor, gate: torch.Tensor, start: int,
         else:
             pool_kv, pool_gate = state_kv[ratio:], state_gate[ratio:]
         closed.append(_entries(pool_kv[None].to(kv.dtype), pool_gate[None], norm_weight,
-                               norm_eps, torch.tensor([pos + 1 - ratio]), freqs))
+                               norm_eps, torch.tensor([pos + 1 - ratio], device=kv.device), freqs))
         state_kv[:ratio], state_gate[:ratio] = state_kv[ratio:], state_gate[ratio:]
     if not closed:
         return kv.new_zeros(0, width)
     return torch.cat(closed)
+
+
+def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
+                      position_bias: torch.Tensor, norm_weight: torch.Tensor,
+                      freqs: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                      query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
+                      overlap: bool, norm_eps: float) -> None:
+    """A step's new entries on the paged cache, written into `entries` (mutated; nothing else
+    is). projections [blocks, block_size, 2 c d]: each token's kv | gate row (`compress_kv_ref`'s
+    kv and gate side by side), this step's included, at slot table[p // block_size] *
+    block_size + p % block_size of position p; entries [blocks, entries_per_block, d]: entry j
+    in the block of its window's last token (j + 1) ratio - 1, row (that token's offset in the
+    block) // ratio. Request b (block_tables [B, max_blocks], seq_lens [B], query_start_loc
+    [B + 1], as in a ForwardBatch) adds tokens seq_len - n .. seq_len - 1 (n its new tokens)
+    and gets every entry whose window they close, made by `compress_chunk_ref` from its
+    window's rows (the window before it too, with `overlap`). max_query_len, the kernel's grid
+    bound, is unused here."""
+    del max_query_len
+    block_size, per_block = projections.shape[1], entries.shape[1]
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, seq_len in enumerate(lens):
+        first = seq_len - (starts[b + 1] - starts[b])
+        lo, end = first // ratio, seq_len // ratio
+        if end <= lo:
+            continue
+        start = (max(lo - 1, 0) if overlap else lo) * ratio
+        pos = torch.arange(start, end * ratio, device=projections.device)
+        table = block_tables[b].long()
+        rows = projections.flatten(0, 1)[table[pos // block_size] * block_size
+                                         + pos % block_size]
+        kv, gate = rows.chunk(2, dim=-1)
+        state = compressor_state(ratio, kv.shape[1], device=kv.device)
+        made = compress_chunk_ref(kv, gate, start, state, position_bias, norm_weight, freqs,
+                                  ratio=ratio, overlap=overlap, norm_eps=norm_eps)
+        last = torch.arange(lo + 1, end + 1, device=projections.device) * ratio - 1
+        slots = table[last // block_size] * per_block + (last % block_size) // ratio
+        entries.flatten(0, 1)[slots] = made[lo - start // ratio:].to(entries.dtype)

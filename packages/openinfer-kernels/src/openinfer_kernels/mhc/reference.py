@@ -6,7 +6,10 @@ doubly stochastic by Sinkhorn-Knopp iterations, mixes the streams into themselve
 
     u = sum_i pre_i H_i;   H'_k = post_k f(u) + sum_j comb[j, k] H_j
 
-(spec: shared deepseek-v4.md §4). The weights are computed in fp32 from the fp32 streams."""
+(spec: shared deepseek-v4.md §4). The weights are computed in fp32 from the fp32 streams.
+
+`hc_pre_ref` and `hc_post_ref` are one sublayer's step split around the sublayer, composed
+exactly as the model's `around` composes the pieces: the Triton path's oracle."""
 
 from __future__ import annotations
 
@@ -62,3 +65,25 @@ def hc_head_ref(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
     (fn [N, N D], base [N], scale [1]), then `hc_collapse_ref`: [T, N, D] -> [T, D]."""
     pre = torch.sigmoid(_mixes(streams, fn, norm_eps) * scale.float() + base.float()) + hc_eps
     return hc_collapse_ref(streams, pre)
+
+
+def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+               norm_weight: torch.Tensor, *, hc_eps: float, norm_eps: float,
+               sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Everything before a sublayer: the weights (`hc_weights_ref`), the collapse, and the
+    layer's RMSNorm (weight norm_weight [D]) of the collapsed vector, in fp32 and rounded to the
+    streams' dtype once at the end, as the model's `rms_norm` does. streams [T, N, D] ->
+    (x [T, D] in the streams' dtype: the sublayer's input, post [T, N] fp32, comb [T, N, N]
+    fp32). `norm_eps` serves both norms, as in the model."""
+    pre, post, comb = hc_weights_ref(streams, fn, base, scale, hc_eps=hc_eps, norm_eps=norm_eps,
+                                     sinkhorn_iters=sinkhorn_iters)
+    collapsed = hc_collapse_ref(streams, pre).float()
+    normed = collapsed * torch.rsqrt(collapsed.square().mean(-1, keepdim=True) + norm_eps)
+    return (norm_weight.float() * normed).to(streams.dtype), post, comb
+
+
+def hc_post_ref(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
+                comb: torch.Tensor) -> torch.Tensor:
+    """Everything after a sublayer: `hc_expand_ref` of its output out [T, D] with hc_pre's post
+    [T, N] and comb [T, N, N] -> the new streams [T, N, D] (a new tensor)."""
+    return hc_expand_ref(streams, out, post, comb)

@@ -1,0 +1,138 @@
+"""DeepSeek-V4-Flash's mHC and compressor kernels against their bytes floors: hc_pre and hc_post
+at T = 1, 64, 2048 tokens (hidden 4096, N = 4, bf16 streams), beside the torch references on
+the same GPU, and the compressor's pooling for a decode step of 64 requests (every request
+closing a window: the step's worst case; and none: the usual step). A floor is the bytes the
+op must move (read + written) over the copy bandwidth measured in the same run. Each figure is
+one call's share of a CUDA graph that runs the op back to back over enough distinct copies of
+its inputs (>= 128 MB) that none is still in the 50 MB L2, as across a model's layers.
+
+Usage (on the GPU machine, from the repo root):
+    PYTHONPATH=packages/openinfer-kernels/src python benchmarks/device/dsv4_mhc_bench.py"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from openinfer_kernels.compress import compress_pool_ref
+from openinfer_kernels.compress.triton import compress_pool_triton
+from openinfer_kernels.mhc import hc_post_ref, hc_pre_ref
+from openinfer_kernels.mhc.triton import hc_post_triton, hc_pre_triton
+from openinfer_kernels.rotary import rope_frequencies
+
+N, D, EPS = 4, 4096, 1e-6
+HC = dict(hc_eps=EPS, norm_eps=EPS, sinkhorn_iters=20)
+COPY_BYTES = 128 << 20
+
+
+def per_call_us(calls: list[Callable[[], object]]) -> float:
+    """One call's share of a CUDA graph of `calls` (each on its own inputs), best of 5."""
+    for call in calls:
+        call()  # compiles, and sizes the graph's pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / len(calls))
+    return best
+
+
+def copy_gbps() -> float:
+    """Bytes moved (read + written) per second by a 1 GiB device-to-device copy."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = per_call_us([lambda: dst.copy_(src)] * 4)
+    return 2 * src.numel() / (us * 1e-6) / 1e9
+
+
+def copies(nbytes: int) -> int:
+    return max(2, min(64, -(-COPY_BYTES // max(nbytes, 1))))
+
+
+def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for t in (1, 64, 2048):
+        fn_bytes = (2 + N) * N * N * D * 4
+        pre_bytes = t * N * D * 2 + fn_bytes + t * (D * 2 + N * 4 + N * N * 4)
+        post_bytes = t * N * D * 2 * 2 + t * D * 2 + t * (N + N * N) * 4
+        inputs = []
+        for _ in range(copies(pre_bytes)):
+            streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
+            fn = torch.randn((2 + N) * N, N * D, device="cuda", generator=g) * (N * D) ** -0.5
+            inputs.append((streams, fn, torch.randn((2 + N) * N, device="cuda", generator=g),
+                           torch.rand(3, device="cuda", generator=g) + 0.5,
+                           torch.ones(D, device="cuda", dtype=torch.bfloat16)))
+        x, post, comb = hc_pre_triton(*inputs[0], **HC)
+        want = hc_pre_ref(*inputs[0], **HC)
+        torch.testing.assert_close(x, want[0], rtol=2**-7, atol=2**-4)
+        torch.testing.assert_close(comb, want[2], rtol=1e-5, atol=1e-6)
+        for name, op in (("hc_pre triton", hc_pre_triton), ("hc_pre torch ref", hc_pre_ref)):
+            us = per_call_us([lambda a=a, op=op: op(*a, **HC) for a in inputs])
+            rows.append((f"{name} T={t}", us, pre_bytes / gbps * 1e-3, pre_bytes / 1e6))
+        outs = [(a[0], torch.randn(t, D, device="cuda", generator=g).bfloat16(), post, comb)
+                for a in inputs]
+        torch.testing.assert_close(hc_post_triton(*outs[0]), hc_post_ref(*outs[0]),
+                                   rtol=2**-7, atol=2**-4)
+        for name, op in (("hc_post triton", hc_post_triton), ("hc_post torch ref", hc_post_ref)):
+            us = per_call_us([lambda a=a, op=op: op(*a) for a in outs])
+            rows.append((f"{name} T={t}", us, post_bytes / gbps * 1e-3, post_bytes / 1e6))
+    return rows
+
+
+def pool_rows(gbps: float) -> list[tuple[str, float, float, float]]:
+    """A decode step of 64 requests, block size 64, contexts ~ 2-3k tokens."""
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    freqs = rope_frequencies(64, 160000.0, yarn_factor=16, original_max_positions=65536).cuda()
+    for name, ratio, overlap, d in (("CSA r4 d512", 4, True, 512),
+                                    ("indexer r4 d128", 4, True, 128),
+                                    ("HCA r128 d512", 128, False, 512)):
+        c, batch, block_size, per_seq = (2 if overlap else 1), 64, 64, 48
+        blocks = batch * per_seq
+        projections = torch.randn(blocks, block_size, 2 * c * d, device="cuda",
+                                  generator=g).bfloat16()
+        entries = torch.zeros(blocks, -(-block_size // ratio), d, device="cuda",
+                              dtype=torch.bfloat16)
+        bias = torch.randn(ratio, c * d, device="cuda", generator=g)
+        norm = torch.ones(d, device="cuda", dtype=torch.bfloat16)
+        qsl = torch.arange(batch + 1, device="cuda", dtype=torch.int32)
+        kw = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
+        for closing in (True, False):
+            calls = []
+            for _ in range(16):  # each call its own tables: its windows are not in L2
+                tables = torch.randperm(blocks, device="cuda", generator=g).view(batch, per_seq)
+                lens = torch.randint(2048 // ratio, 3000 // ratio, (batch,), device="cuda",
+                                     generator=g) * ratio + (0 if closing else 1)
+                args = (bias, norm, freqs, tables.to(torch.int32), lens.to(torch.int32), qsl, 1)
+                calls.append(partial(compress_pool_triton, projections, entries, *args, **kw))
+            got, want = entries.clone(), entries.clone()
+            compress_pool_triton(projections, got, *args, **kw)
+            compress_pool_ref(projections, want, *args, **kw)
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-5)
+            nbytes = batch * (c * ratio * 2 * d * 2 + d * 2) if closing else 0
+            us = per_call_us(calls)
+            rows.append((f"pool {name} B=64 {'all close' if closing else 'none close'}", us,
+                         nbytes / gbps * 1e-3, nbytes / 1e6))
+    return rows
+
+
+def main() -> None:
+    gbps = copy_gbps()
+    print(f"{torch.cuda.get_device_name()}: copy {gbps:.0f} GB/s (read + write)", flush=True)
+    print(f"{'op':40} {'us':>9} {'floor us':>9} {'MB':>8} {'floor/us':>8}")
+    for name, us, floor, mb in mhc_rows(gbps) + pool_rows(gbps):
+        print(f"{name:40} {us:9.2f} {floor:9.2f} {mb:8.2f} {floor / us:8.0%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+# mypy: disable-error-code="no-untyped-def"
+"""mHC around a sublayer in three launches: `hc_pre` (before it) is a split-K mix projection
+plus a per-token kernel, `hc_post` (after it) one kernel.
+
+1. `_mix_kernel`: the [T, N D] streams times fn^T ([N D, M], M = (2 + N) N, or N for the head)
+   and each row's sum of squares, over a 1/SPLIT share of N D per program, into an fp32
+   workspace ([SPLIT, T, M_PAD] and [SPLIT, T]). Few tokens multiply on the CUDA cores; 16 or
+   more go through `tl.dot` at fp32 accuracy ("tf32x3" on the GPU, "ieee" fp32 elsewhere).
+   The weightless RMS of the streams scales the product afterwards rather than the streams
+   before it (the spec's order; the reference's differs by fp32 rounding only).
+2. `_weights_kernel`, one program per token: adds the SPLIT shares in a fixed order (so results
+   do not depend on timing), then sigmoid pre/post, the comb softmax and its Sinkhorn-Knopp
+   iterations on an N x N tile in registers, the collapse sum_i pre_i H_i over the whole row,
+   rounded to the streams' dtype, and the layer's RMSNorm in fp32 rounded once (the model's
+   `rms_norm`). The head's form stops after the collapse.
+3. `_expand_kernel`: H'_k = post_k out + sum_j comb[j, k] H_j with the reference's rounding
+   points: the weights to the streams' dtype first, each of the two terms rounded, their sum
+   rounded. (The mypy line above: @triton.jit functions annotate only their constexpr
+   parameters.)"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+
+@triton.jit
+def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, T, K, K_PER, stride_xt, M: tl.constexpr,
+                M_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+                USE_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    pid_t, pid_s = tl.program_id(0), tl.program_id(1)
+    rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    rm = tl.arange(0, M_PAD)
+    t_ok, m_ok = rt < T, rm < M
+    k_lo = pid_s * K_PER
+    k_hi = tl.minimum(k_lo + K_PER, K)
+    acc = tl.zeros([BLOCK_T, M_PAD], dtype=tl.float32)
+    ssq = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_hi
+        x = tl.load(x_ptr + rt[:, None].to(tl.int64) * stride_xt + rk[None, :],
+                    mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+        w = tl.load(fn_ptr + rm[:, None] * K + rk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        ssq += tl.sum(x * x, axis=1)
+        if USE_DOT:
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
+        else:
+            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    out = (pid_s * T + rt)[:, None] * M_PAD + rm[None, :]
+    tl.store(part_ptr + out, acc, mask=t_ok[:, None])
+    tl.store(ssq_ptr + pid_s * T + rt, ssq, mask=t_ok)
+
+
+@triton.jit
+def _sinkhorn(logits, hc_eps, iters):
+    """[N, N] logits -> rows softmaxed (+ hc_eps), then columns and rows normalised in turn,
+    `iters` column passes in all."""
+    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    c = e / tl.sum(e, axis=1)[:, None] + hc_eps
+    c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    for _ in range(iters - 1):
+        c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
+        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    return c
+
+
+@triton.jit
+def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr, post_ptr,
+                    comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
+                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
+                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_enter(PDL)
+    t = tl.program_id(0)
+    rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
+    s_ok, d_ok = rs < SPLIT, rd < D
+    inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0), axis=0)
+                       / (N * D) + norm_eps)
+    row = part_ptr + (rs * T + t) * M_PAD  # [SPLIT_PAD] pointers: this token's shares
+    pre = tl.sum(tl.load(row[:, None] + rn[None, :], mask=s_ok[:, None], other=0.0), axis=0)
+    pre = tl.sigmoid(pre * inv_rms * tl.load(scale_ptr) + tl.load(base_ptr + rn)) + hc_eps
+    if not HEAD:
+        post = tl.sum(tl.load(row[:, None] + N + rn[None, :], mask=s_ok[:, None], other=0.0), 0)
+        post = 2 * tl.sigmoid(post * inv_rms * tl.load(scale_ptr + 1)
+                              + tl.load(base_ptr + N + rn))
+        tl.store(post_ptr + t * N + rn, post)
+        nn = rn[:, None] * N + rn[None, :]
+        comb = tl.sum(tl.load(row[:, None, None] + 2 * N + nn[None, :, :],
+                              mask=s_ok[:, None, None], other=0.0), axis=0)
+        comb = _sinkhorn(comb * inv_rms * tl.load(scale_ptr + 2)
+                         + tl.load(base_ptr + 2 * N + nn), hc_eps, iters)
+        tl.store(comb_ptr + t * N * N + nn, comb)
+    h = tl.load(x_ptr + t.to(tl.int64) * stride_xt + rn[:, None] * stride_xn + rd[None, :],
+                mask=d_ok[None, :], other=0.0)
+    out_ty = y_ptr.dtype.element_ty
+    u = tl.sum(pre[:, None] * h.to(tl.float32), axis=0).to(out_ty).to(tl.float32)
+    if not HEAD:
+        w = tl.load(norm_w_ptr + rd, mask=d_ok, other=0.0).to(tl.float32)
+        u = w * (u * tl.rsqrt(tl.sum(u * u, axis=0) / D + norm_eps))
+    tl.store(y_ptr + t.to(tl.int64) * D + rd, u.to(out_ty), mask=d_ok)
+
+
+@triton.jit
+def _expand_kernel(x_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, stride_xt, stride_xn,
+                   stride_ot, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.arange(0, N)
+    rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = rd < D
+    ty = new_ptr.dtype.element_ty
+    mixed = tl.zeros([N, BLOCK_D], dtype=tl.float32)
+    for j in tl.static_range(N):  # sum_j comb[j, k] H_j, j in order
+        c = tl.load(comb_ptr + t * N * N + j * N + rn).to(ty).to(tl.float32)
+        h = tl.load(x_ptr + t * stride_xt + j * stride_xn + rd, mask=d_ok, other=0.0)
+        mixed += c[:, None] * h.to(tl.float32)[None, :]
+    post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
+    out = tl.load(out_ptr + t * stride_ot + rd, mask=d_ok, other=0.0).to(tl.float32)
+    spread = (post[:, None] * out[None, :]).to(ty).to(tl.float32)
+    new = spread + mixed.to(ty).to(tl.float32)
+    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new.to(ty),
+             mask=d_ok[None, :])
+
+
+def _rows(streams: torch.Tensor) -> torch.Tensor:
+    """streams with each token's [N, D] contiguous (a no-op for the model's streams)."""
+    return (streams if streams.stride(2) == 1 and streams.stride(1) == streams.shape[2]
+            else streams.contiguous())
+
+
+def _mixes(streams: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Launch `_mix_kernel`: (shares [SPLIT, T, M_PAD], sums of squares [SPLIT, T], SPLIT)."""
+    t, k = streams.shape[0], streams.shape[1] * streams.shape[2]
+    m = fn.shape[0]
+    m_pad = max(16, triton.next_power_of_2(m))
+    use_dot = t >= 16
+    if use_dot:
+        block_t, block_k = min(64, triton.next_power_of_2(t)), 64
+    else:  # a [BLOCK_T, M_PAD, BLOCK_K] product in registers: keep it near 4K elements
+        block_t = triton.next_power_of_2(t)
+        block_k = max(16, 128 // block_t)
+    tiles = triton.cdiv(t, block_t)
+    # ~2 programs per SM of an H100, each with at least 4 K blocks.
+    split = max(1, min(triton.cdiv(264, tiles), k // (4 * block_k)))
+    k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per)
+    part = torch.empty((split, t, m_pad), dtype=torch.float32, device=streams.device)
+    ssq = torch.empty((split, t), dtype=torch.float32, device=streams.device)
+    precision = "tf32x3" if streams.is_cuda else "ieee"
+    _mix_kernel[(tiles, split)](
+        streams, fn, part, ssq, t, k, k_per, streams.stride(0), M=m, M_PAD=m_pad,
+        BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot, PRECISION=precision,
+        num_warps=4, **pdl_launch(streams))
+    return part, ssq, split
+
+
+def _check(streams: torch.Tensor, fn: torch.Tensor, *, head: bool) -> None:
+    n = streams.shape[1] if streams.dim() == 3 else 0
+    m = n if head else (2 + n) * n
+    if not n or n & (n - 1) or fn.shape != (m, n * streams.shape[2]):
+        raise ValueError(f"mHC: need streams [T, N, D] with N a power of two and fn "
+                         f"[{'N' if head else '(2 + N) N'}, N D]; got {tuple(streams.shape)} "
+                         f"and {tuple(fn.shape)}")
+
+
+def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+             norm_weight: torch.Tensor | None, hc_eps: float, norm_eps: float,
+             sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both launches of hc_pre (norm_weight given) or hc_head (None): (y, post, comb)."""
+    _check(streams, fn, head=norm_weight is None)
+    streams, fn = _rows(streams), fn.contiguous()
+    t, n, d = streams.shape
+    y = torch.empty((t, d), dtype=streams.dtype, device=streams.device)
+    post = torch.empty((t, n), dtype=torch.float32, device=streams.device)
+    comb = torch.empty((t, n, n), dtype=torch.float32, device=streams.device)
+    if t == 0:
+        return y, post, comb
+    part, ssq, split = _mixes(streams, fn)
+    block_d = triton.next_power_of_2(d)
+    _weights_kernel[(t,)](
+        streams, part, ssq, base.float().contiguous(), scale.float().contiguous(),
+        norm_weight if norm_weight is not None else y, y, post, comb, t, split,
+        streams.stride(0), streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d,
+        M_PAD=part.shape[2], SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
+        HEAD=norm_weight is None, num_warps=max(4, min(16, n * block_d // 1024)),
+        **pdl_launch(streams))
+    return y, post, comb
+
+
+def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
+                  scale: torch.Tensor, norm_weight: torch.Tensor, *, hc_eps: float,
+                  norm_eps: float, sinkhorn_iters: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`hc_pre_ref` in two launches: streams [T, N, D] (bf16 or fp32), fn [(2 + N) N, N D],
+    base [(2 + N) N], scale [3], norm_weight [D] -> (x [T, D] in the streams' dtype, post
+    [T, N] fp32, comb [T, N, N] fp32). No host synchronisation: safe in CUDA graphs."""
+    return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps, sinkhorn_iters)
+
+
+def hc_head_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
+                   scale: torch.Tensor, *, hc_eps: float, norm_eps: float) -> torch.Tensor:
+    """`hc_head_ref` in two launches: streams [T, N, D], fn [N, N D], base [N], scale [1] ->
+    [T, D] in the streams' dtype."""
+    return _weights(streams, fn, base, scale, None, hc_eps, norm_eps, 1)[0]
+
+
+def hc_post_triton(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
+                   comb: torch.Tensor) -> torch.Tensor:
+    """`hc_post_ref` in one launch: streams [T, N, D], the sublayer's out [T, D] (the streams'
+    dtype, rows may be strided), post [T, N] and comb [T, N, N] fp32 -> new streams [T, N, D]
+    (contiguous, the streams' dtype)."""
+    t, n, d = streams.shape
+    if out.shape != (t, d) or post.shape != (t, n) or comb.shape != (t, n, n) or n & (n - 1):
+        raise ValueError(f"hc_post: need streams [T, N, D] (N a power of two), out [T, D], post "
+                         f"[T, N], comb [T, N, N]; got {tuple(streams.shape)}, "
+                         f"{tuple(out.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
+    streams = _rows(streams)
+    out = out if out.stride(-1) == 1 else out.contiguous()
+    post, comb = post.float().contiguous(), comb.float().contiguous()
+    new = torch.empty((t, n, d), dtype=streams.dtype, device=streams.device)
+    if t == 0:
+        return new
+    block_d = min(1024, triton.next_power_of_2(d))
+    _expand_kernel[(t, triton.cdiv(d, block_d))](
+        streams, out, post, comb, new, streams.stride(0), streams.stride(1), out.stride(0),
+        N=n, D=d, BLOCK_D=block_d, num_warps=4, **pdl_launch(streams))
+    return new
