@@ -19,3 +19,17 @@ def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor,
     logits = torch.cat([scores, sinks.float()[None, :, None].expand(q.shape[0], -1, 1)], dim=-1)
     probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
     return torch.einsum("thk,tkd->thd", probs.to(kv.dtype), kv).to(q.dtype)
+
+
+def sparse_sink_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, entry_pool: torch.Tensor,
+                              window_slots: torch.Tensor, picked_slots: torch.Tensor,
+                              sinks: torch.Tensor, scale: float) -> torch.Tensor:
+    """`sink_attention_ref` with each query's entries read from two pools of rows: q [T, H, D];
+    kv_pool [S1, D] (raw entries) and entry_pool [S2, D] (compressed entries), one dtype;
+    window_slots [T, W] and picked_slots [T, K] int, rows of kv_pool and entry_pool, -1 where
+    there is none; sinks [H] fp32 -> [T, H, D] in q's dtype. A query with no entry at all
+    gives 0: only its sink is left, and the sink carries no value."""
+    entries = torch.cat([kv_pool[window_slots.clamp(min=0).long()],
+                         entry_pool[picked_slots.clamp(min=0).long()]], dim=1)
+    valid = torch.cat([window_slots >= 0, picked_slots >= 0], dim=1)
+    return sink_attention_ref(q, entries, valid, sinks, scale)

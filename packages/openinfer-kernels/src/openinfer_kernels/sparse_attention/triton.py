@@ -1,0 +1,204 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Triton sparse attention with per-head sinks over gathered rows (DeepSeek-V4's MQA: one KV
+head, K = V), and its launcher.
+
+Program = (query token, tile of BLOCK_H query heads, split). It reads each entry row of its
+share once for all heads of its tile (a [BLOCK_H, D] x [D, BLOCK_N] product), keeps an online
+softmax (running max and sum, fp32 accumulator, exp2 with log2(e) in the scale), and adds the
+sink to the denominator at the end. The entry list (W window rows, then K picked rows) is split
+among programs (flash-decoding), so one decode token still fills the GPU; `_merge_kernel`
+weighs the splits by their log-sum-exp and adds the sink there. The launch depends on shapes
+only (no host sync): safe to capture in a CUDA graph.
+
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot; under the interpreter (UPCAST) in fp32, since its bf16 tl.dot is wrong (triton
+    3.9 multiplies the bit patterns); bf16 x bf16 in fp32 is exact, as on the tensor cores."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _attend_rows(q, acc, m_i, l_i, pool_ptr, slots_ptr, offs, n_mask, stride_row, offs_d,
+                 d_mask, scale_log2, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold the rows named by `slots_ptr[offs]` (masked offsets and slots < 0 skipped) into the
+    running softmax of the heads of `q`. A head that has seen nothing keeps max -inf; it is
+    shifted by 0 instead, so its weights are exp2(-inf) = 0 rather than NaN."""
+    slots = tl.load(slots_ptr + offs, mask=n_mask, other=-1)
+    valid = slots >= 0
+    rows = tl.load(pool_ptr + slots.to(tl.int64)[:, None] * stride_row + offs_d[None, :],
+                   mask=valid[:, None] & d_mask[None, :], other=0.0)
+    scores = _dot(q, tl.trans(rows), PRECISION, UPCAST) * scale_log2
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(scores - m_shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # Probabilities rounded to the rows' dtype for the PV product, as the reference does.
+    acc = acc * alpha[:, None] + _dot(p.to(rows.dtype), rows, PRECISION, UPCAST)
+    return acc, m_new, l_i
+
+
+@triton.jit(do_not_specialize=["num_splits", "chunk"])
+def _sparse_kernel(
+    q_ptr, kv_ptr, entry_ptr, window_ptr, picked_ptr, sinks_ptr, out_ptr, part_out_ptr,
+    part_lse_ptr, scale_log2, num_splits, chunk, num_heads, num_window, num_picked,
+    stride_qt, stride_qh, stride_kv, stride_entry, stride_wt, stride_pt, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    split = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = heads < num_heads
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    # Entry i < W is window row i, the others picked row i - W; this split owns [start, end).
+    start = split * chunk
+    end = tl.minimum(start + chunk, num_window + num_picked)
+    window_end = tl.minimum(end, num_window)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for tile in range(start, window_end, BLOCK_N):
+        offs = tile + tl.arange(0, BLOCK_N)
+        acc, m_i, l_i = _attend_rows(q, acc, m_i, l_i, kv_ptr, window_ptr + token * stride_wt,
+                                     offs, offs < window_end, stride_kv, offs_d, d_mask,
+                                     scale_log2, PRECISION, UPCAST)
+    for tile in range(tl.maximum(start, num_window), end, BLOCK_N):
+        offs = tile + tl.arange(0, BLOCK_N)
+        acc, m_i, l_i = _attend_rows(q, acc, m_i, l_i, entry_ptr,
+                                     picked_ptr + token * stride_pt - num_window, offs,
+                                     offs < end, stride_entry, offs_d, d_mask, scale_log2,
+                                     PRECISION, UPCAST)
+    mask = h_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        # Scratch [T, H, num_splits, BLOCK_D] and [T, H, num_splits]; a split that saw nothing
+        # stores (0, -inf) and weighs nothing in the merge.
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        part = (token * num_heads + heads) * num_splits + split
+        tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+                 acc / l_safe[:, None], mask=mask)
+        tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=h_mask)
+    else:
+        # The sink joins the denominator only: exp(sink) with a zero value.
+        sink = tl.load(sinks_ptr + heads, mask=h_mask, other=0.0) * 1.4426950408889634
+        top = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - top)
+        out = acc * alpha[:, None] / (l_i * alpha + tl.exp2(sink - top))[:, None]
+        tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_kernel(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, num_splits, num_heads,
+                  stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    part = (token * num_heads + head) * num_splits + offs_s
+    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+    sink = tl.load(sinks_ptr + head) * 1.4426950408889634
+    top = tl.maximum(tl.max(lse, 0), sink)
+    weight = tl.exp2(lse - top)
+    parts = tl.load(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(weight[:, None] * parts, 0) / (tl.sum(weight, 0) + tl.exp2(sink - top))
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@functools.lru_cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few splits keep the merge in play
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def plan(num_tokens: int, num_heads: int, head_dim: int, entries: int,
+         device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_N, num_splits, num_warps) from the shapes alone (never the slot
+    values: a CUDA graph replays them changed). Splits fill every SM about twice, each with at
+    least two tiles of rows."""
+    block_h = 16 if head_dim > 128 else min(64, max(16, triton.next_power_of_2(num_heads)))
+    block_n = 32 if head_dim > 128 else 64
+    programs = num_tokens * triton.cdiv(num_heads, block_h)
+    wanted = triton.cdiv(2 * _sm_count(device), max(1, programs))
+    splits = max(1, min(MAX_SPLITS, wanted, triton.cdiv(entries, 2 * block_n)))
+    return block_h, block_n, splits, 8 if head_dim > 128 else 4
+
+
+def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
+                                 entry_pool: torch.Tensor, window_slots: torch.Tensor,
+                                 picked_slots: torch.Tensor, sinks: torch.Tensor, scale: float,
+                                 *, num_splits: int | None = None, block_h: int | None = None,
+                                 block_n: int | None = None,
+                                 num_warps: int | None = None) -> torch.Tensor:
+    """`sparse_sink_attention_ref`'s contract on CUDA (or the interpreter). The pools' rows,
+    q's head dim and the slot rows must be contiguous in their last dim. The keywords override
+    the plan's tiles (tests, benchmarks/device/dsv4_attention_bench.py)."""
+    num_tokens, num_heads, head_dim = q.shape
+    window, picked = window_slots.shape[1], picked_slots.shape[1]
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    for name, t in (("q", q), ("kv_pool", kv_pool), ("entry_pool", entry_pool),
+                    ("window_slots", window_slots), ("picked_slots", picked_slots)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"sparse_sink_attention needs {name} contiguous in its last dim")
+    planned = plan(num_tokens, num_heads, head_dim, window + picked, q.device)
+    block_h = block_h or planned[0]
+    block_n = block_n or planned[1]
+    splits = num_splits or planned[2]
+    num_warps = num_warps or planned[3]
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be 1..{MAX_SPLITS}, not {splits}")
+    chunk = triton.cdiv(triton.cdiv(max(window + picked, 1), splits), block_n) * block_n
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    part_out = part_lse = out  # unused with one split
+    if splits > 1:
+        part_out = torch.empty(num_tokens, num_heads, splits, block_d, dtype=torch.float32,
+                               device=q.device)
+        part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
+                               device=q.device)
+    sinks = sinks.float().contiguous()
+    _sparse_kernel[(num_tokens, triton.cdiv(num_heads, block_h), splits)](
+        q, kv_pool, entry_pool, window_slots, picked_slots, sinks, out, part_out, part_lse,
+        scale * LOG2E, splits, chunk, num_heads, window, picked,
+        q.stride(0), q.stride(1), kv_pool.stride(0), entry_pool.stride(0),
+        window_slots.stride(0), picked_slots.stride(0), out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLIT=splits > 1, BLOCK_H=block_h, BLOCK_N=block_n,
+        BLOCK_D=block_d, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        UPCAST=q.device.type != "cuda", num_warps=num_warps, num_stages=2, **pdl_launch(q))
+    if splits > 1:
+        _merge_kernel[(num_tokens, num_heads)](
+            part_out, part_lse, sinks, out, splits, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, num_warps=4,
+            **pdl_launch(q))
+    return out
