@@ -4,6 +4,7 @@ whole-sequence attention. Plain torch (the reference ops), so CPU first."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -13,7 +14,14 @@ from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kv_cache import LayerCache, allocate_layers, kv_bytes_per_block
 from openinfer_deepseek_v4.paged_attention import paged_attention, step_requests
-from openinfer_deepseek_v4.reference import ModelWeights, around, embed_streams, head_logits, moe
+from openinfer_deepseek_v4.reference import (
+    HyperConnectionWeights,
+    ModelWeights,
+    embed_streams,
+    logits,
+    moe,
+)
+from openinfer_kernels.mhc import hc_head, hc_post, hc_pre
 from openinfer_kvcache import PagedKVManager
 
 
@@ -53,10 +61,24 @@ class DeepseekV4Model:
         cfg, requests = self.cfg, step_requests(batch)
         streams = embed_streams(batch.input_ids, self.w, cfg)
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
-            streams = around(streams, layer.attn_hc, layer.attn_norm,
-                             partial(paged_attention, w=layer.attention, cfg=cfg, layer=i,
-                                     cache=cache, batch=batch, requests=requests), cfg)
-            streams = around(streams, layer.ffn_hc, layer.ffn_norm,
-                             partial(moe, token_ids=batch.input_ids, w=layer.moe, cfg=cfg), cfg)
+            streams = _around(streams, layer.attn_hc, layer.attn_norm,
+                              partial(paged_attention, w=layer.attention, cfg=cfg, layer=i,
+                                      cache=cache, batch=batch, requests=requests), cfg)
+            streams = _around(streams, layer.ffn_hc, layer.ffn_norm,
+                              partial(moe, token_ids=batch.input_ids, w=layer.moe, cfg=cfg), cfg)
         # Only the rows that sample need the head.
-        return head_logits(streams[batch.logits_indices], self.w, cfg)
+        rows = streams[batch.logits_indices]
+        w = self.w.hc_head
+        collapsed = hc_head(rows, w.fn, w.base, w.scale, hc_eps=cfg.hc_eps,
+                            norm_eps=cfg.rms_norm_eps)
+        return logits(collapsed, self.w, cfg)
+
+
+def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,
+            sublayer: Callable[[torch.Tensor], torch.Tensor],
+            cfg: DeepseekV4Config) -> torch.Tensor:
+    """`reference.around` in two ops (Triton kernels on the GPU): the mixing weights, collapse
+    and norm before the sublayer, the expansion after."""
+    x, post, comb = hc_pre(streams, hc.fn, hc.base, hc.scale, norm, hc_eps=cfg.hc_eps,
+                           norm_eps=cfg.rms_norm_eps, sinkhorn_iters=cfg.hc_sinkhorn_iters)
+    return hc_post(streams, sublayer(x), post, comb)

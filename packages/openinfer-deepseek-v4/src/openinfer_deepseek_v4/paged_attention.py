@@ -21,7 +21,7 @@ from openinfer_deepseek_v4.reference import (
     project,
     window_positions,
 )
-from openinfer_kernels.compress import compress_chunk_ref, compressor_state
+from openinfer_kernels.compress import compress_pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +65,13 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         part.projections.flatten(0, 1)[batch.slot_mapping] = torch.cat(
             compressor_inputs(x, weights), dim=-1)
 
+    for part, weights, overlap in parts:
+        compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
+                      freqs, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                      batch.max_query_len, ratio=part.ratio, overlap=overlap,
+                      norm_eps=cfg.rms_norm_eps)
     keys, valid = [], []
     for r in requests:
-        for part, weights, overlap in parts:
-            _pool_closed_windows(part, weights, r, freqs, overlap, cfg.rms_norm_eps)
         k, v = _request_keys(x[r.rows], p.q_residual[r.rows], batch.positions[r.rows], r, w,
                              cfg, cache, freqs)
         keys.append(k)
@@ -78,27 +81,6 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
                          for k in keys])
     mask = torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in valid])
     return attend(p.q, entries, mask, w, cfg, batch.positions, freqs)
-
-
-def _pool_closed_windows(part: CompressedCache, w: CompressorWeights, r: StepRequest,
-                         freqs: torch.Tensor, overlap: bool, eps: float) -> None:
-    """Entries j whose window ends in this step ((j + 1) * ratio - 1 in r.first..r.last), from
-    the projections in the cache, into their slots. With `overlap` entry j also pools window
-    j - 1, so the pooling starts a window early (and that window's entry, remade, is dropped)."""
-    ratio, block_size = part.ratio, part.projections.shape[1]
-    first, end = r.first // ratio, (r.last + 1) // ratio
-    if end <= first:
-        return
-    start = (max(first - 1, 0) if overlap else first) * ratio
-    positions = torch.arange(start, end * ratio, device=r.table.device)
-    rows = part.projections.flatten(0, 1)[token_slots(r.table, positions, block_size)]
-    kv, gate = rows.chunk(2, dim=-1)
-    made = compress_chunk_ref(kv, gate, start, compressor_state(ratio, kv.shape[1],
-                                                                device=kv.device),
-                              w.position_bias, w.norm, freqs, ratio=ratio, overlap=overlap,
-                              norm_eps=eps)
-    slots = part.entry_slots(r.table, torch.arange(first, end, device=r.table.device))
-    part.entries.flatten(0, 1)[slots] = made[first - start // ratio:]
 
 
 def _request_keys(x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor,

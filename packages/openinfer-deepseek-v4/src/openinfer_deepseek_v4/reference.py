@@ -241,6 +241,11 @@ def head_logits(streams: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -
     head = w.hc_head
     last = hc_head_ref(streams, head.fn, head.base, head.scale, hc_eps=cfg.hc_eps,
                        norm_eps=cfg.rms_norm_eps)
+    return logits(last, w, cfg)
+
+
+def logits(last: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """The collapsed last hidden states [T, H] -> fp32 logits [T, vocab]: norm, projection."""
     return (rms_norm(last, w.norm, cfg.rms_norm_eps) @ w.lm_head.t()).float()
 
 
