@@ -1,6 +1,8 @@
 """The DeepSeek-V4 forward pass over a mixed batch of prefill chunks and decode tokens on the
 paged cache of `kv_cache`: `reference.forward` with `paged_attention` in place of the
-whole-sequence attention. Plain torch (the reference ops), so CPU first."""
+whole-sequence attention, batched over the step's requests. Its ops are openinfer-kernels'
+(Triton on the GPU, their plain-torch references on CPU); the weights stay in FP8/FP4 on the
+GPU (`quantized.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kv_cache import LayerCache, allocate_layers, kv_bytes_per_block
-from openinfer_deepseek_v4.paged_attention import paged_attention, step_requests
+from openinfer_deepseek_v4.paged_attention import paged_attention
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
@@ -58,12 +60,12 @@ class DeepseekV4Model:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.layers is None:
             raise RuntimeError("create_kv_cache() must run before forward()")
-        cfg, requests = self.cfg, step_requests(batch)
+        cfg = self.cfg
         streams = embed_streams(batch.input_ids, self.w, cfg)
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
             streams = _around(streams, layer.attn_hc, layer.attn_norm,
                               partial(paged_attention, w=layer.attention, cfg=cfg, layer=i,
-                                      cache=cache, batch=batch, requests=requests), cfg)
+                                      cache=cache, batch=batch), cfg)
             streams = _around(streams, layer.ffn_hc, layer.ffn_norm,
                               partial(moe, token_ids=batch.input_ids, w=layer.moe, cfg=cfg), cfg)
         # Only the rows that sample need the head.

@@ -118,14 +118,20 @@ def compressed_picks(x: torch.Tensor, q_residual: torch.Tensor, positions: torch
     if index_keys is None:
         picks = torch.arange(num_entries, device=x.device).expand(x.shape[0], -1)
         return torch.where(picks < ((positions + 1) // ratio)[:, None], picks, -1)
+    q, weights = indexer_inputs(x, q_residual, positions, w, cfg, freqs)
+    scores = indexer_scores_ref(q, index_keys, weights, softmax_scale=cfg.index_head_dim ** -0.5,
+                                weights_scale=cfg.index_n_heads ** -0.5)
+    return indexer_topk_ordered_ref(scores, positions, ratio=ratio, top_k=cfg.index_topk)
+
+
+def indexer_inputs(x: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor,
+                   w: AttentionWeights, cfg: DeepseekV4Config,
+                   freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indexer's queries [T, heads, d] (rotated) and per-head weights [T, heads]."""
     assert w.indexer is not None
     t, idx = x.shape[0], w.indexer
     q = linear(q_residual, idx.q_b).view(t, cfg.index_n_heads, cfg.index_head_dim)
-    scores = indexer_scores_ref(rotary_interleaved_ref(q, positions, freqs), index_keys,
-                                x @ idx.weights_proj.t(),
-                                softmax_scale=cfg.index_head_dim ** -0.5,
-                                weights_scale=cfg.index_n_heads ** -0.5)
-    return indexer_topk_ordered_ref(scores, positions, ratio=ratio, top_k=cfg.index_topk)
+    return rotary_interleaved_ref(q, positions, freqs), linear(x, idx.weights_proj)
 
 
 def attend(q: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor, w: AttentionWeights,
@@ -133,9 +139,16 @@ def attend(q: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor, w: Atten
     """Each query (q [T, heads, D]) over its own entries ([T, K, D], `valid` [T, K]) and its
     head's sink, the values' rotation undone, then the grouped output projection: [T, H]."""
     out = sink_attention_ref(q, entries, valid, w.sinks, cfg.head_dim ** -0.5)
+    return attention_output(out, w, cfg, positions, freqs)
+
+
+def attention_output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
+                     positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """The attention's per-head outputs [T, heads, D] -> [T, H]: the values' rotation undone,
+    then the grouped output projection."""
     out = rotary_interleaved_ref(out, positions, freqs, inverse=True)  # values carried rotary
-    grouped = grouped_linear(out.reshape(q.shape[0], cfg.o_groups, -1), w.o_a)
-    return linear(grouped.reshape(q.shape[0], -1), w.o_b)
+    grouped = grouped_linear(out.reshape(out.shape[0], cfg.o_groups, -1), w.o_a)
+    return linear(grouped.reshape(out.shape[0], -1), w.o_b)
 
 
 def attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
