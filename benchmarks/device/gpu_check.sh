@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [pdl] [flashinfer] [ttft]
+# [gemm] [pdl] [flashinfer] [ttft] [dsv4]
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -58,8 +58,25 @@ if has tests; then
   timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     packages/openinfer-kernels/tests packages/openinfer-offload/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
-  timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu 2>&1 \
-    | tail -40 | tee "$OUT/golden_tests.log"
+  timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
+    --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/golden_tests.log"
+fi
+if has dsv4; then
+  DSV4_TESTS="test_fp8_linear test_fp4_moe test_sparse_attention test_indexer test_mhc test_compress_triton"
+  stage "DeepSeek-V4 kernel tests, compiled, every size"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+    $(for t in $DSV4_TESTS; do echo packages/openinfer-kernels/tests/kernels/$t.py; done) 2>&1 \
+    | tail -25 | tee "$OUT/dsv4_kernel_tests.log"
+  stage "DeepSeek-V4 kernels against their read floors"
+  timeout 150 python3 benchmarks/device/dsv4_gemm_bench.py 2>&1 | tee "$OUT/dsv4-gemm.log" | tail -30
+  timeout 150 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
+  timeout 90 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -15
+  stage "DeepSeek-V4 golden gate vs transformers (V4-Flash widths, 3 layers, FP8/FP4 weights, bf16)"
+  timeout 480 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
+    tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -20 | tee "$OUT/dsv4_golden.log"
+  stage "DeepSeek-V4 decode time per layer, batch 1 and 64 (V4-Flash widths)"
+  timeout 300 python3 benchmarks/device/dsv4_decode.py --layers ${DSV4_LAYERS:-6} \
+    --json "$OUT/dsv4-decode.json" 2>&1 | tail -8
 fi
 if has latency; then
   stage "batch-1 latency, Qwen3-4B"

