@@ -20,16 +20,18 @@ def transformers_config(layers: int, **overrides: Any) -> Any:
     import transformers
 
     kinds = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
-    return transformers.DeepseekV4Config(
+    settings: dict[str, Any] = dict(
         num_hidden_layers=layers, layer_types=[kinds[i % 3] for i in range(layers)],
         mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(layers)],
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
         rope_scaling={"type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
-                      "original_max_position_embeddings": 65536}, **overrides)
+                      "original_max_position_embeddings": 65536})
+    return transformers.DeepseekV4Config(**(settings | overrides))
 
 
-def _dense(w: torch.Tensor | Fp8Linear) -> torch.Tensor:
-    return w.dequant(torch.bfloat16) if isinstance(w, Fp8Linear) else w
+def _dense(w: torch.Tensor | Fp8Linear, dtype: torch.dtype) -> torch.Tensor:
+    # e4m3 and e2m1 times a power of two are exact in bf16: no rounding in either dtype
+    return w.dequant(dtype) if isinstance(w, Fp8Linear) else w
 
 
 def _hc(prefix: str, hc: HyperConnectionWeights,
@@ -42,7 +44,7 @@ def _compressor(prefix: str, c: CompressorWeights) -> Iterator[tuple[str, Any]]:
                 (f"{prefix}.position_bias", c.position_bias), (f"{prefix}.kv_norm.weight", c.norm))
 
 
-def transformers_tensors(w: ModelWeights, cfg: DeepseekV4Config
+def transformers_tensors(w: ModelWeights, cfg: DeepseekV4Config, dtype: torch.dtype
                          ) -> Iterator[tuple[str, Any]]:
     """(transformers' parameter name, tensor or a function making it) for every weight."""
     yield "model.embed_tokens.weight", w.embed
@@ -58,7 +60,7 @@ def transformers_tensors(w: ModelWeights, cfg: DeepseekV4Config
         yield f"{p}.post_attention_layernorm.weight", layer.ffn_norm
         for name, t in (("q_a_proj", a.q_a), ("q_b_proj", a.q_b), ("kv_proj", a.kv),
                         ("o_a_proj", a.o_a), ("o_b_proj", a.o_b)):
-            yield f"{s}.{name}.weight", lambda t=t: _dense(t)
+            yield f"{s}.{name}.weight", lambda t=t: _dense(t, dtype)
         yield f"{s}.q_a_norm.weight", a.q_a_norm
         yield f"{s}.kv_norm.weight", a.kv_norm
         yield f"{s}.sinks", a.sinks
@@ -67,7 +69,7 @@ def transformers_tensors(w: ModelWeights, cfg: DeepseekV4Config
         if a.indexer is not None:
             idx = f"{s}.compressor.indexer"
             yield from _compressor(idx, a.indexer.compressor)
-            yield f"{idx}.q_b_proj.weight", lambda t=a.indexer.q_b: _dense(t)
+            yield f"{idx}.q_b_proj.weight", lambda t=a.indexer.q_b: _dense(t, dtype)
             yield f"{idx}.scorer.weights_proj.weight", a.indexer.weights_proj
         m, moe = f"{p}.mlp", layer.moe
         yield f"{m}.gate.weight", moe.gate
@@ -77,28 +79,30 @@ def transformers_tensors(w: ModelWeights, cfg: DeepseekV4Config
             yield f"{m}.gate.e_score_correction_bias", moe.bias
         if isinstance(moe.gate_up, Fp4Experts):
             experts = moe.gate_up
-            yield f"{m}.experts.gate_up_proj", lambda e=experts: e.dequant_gate_up(torch.bfloat16)
-            yield f"{m}.experts.down_proj", lambda e=experts: e.dequant_down(torch.bfloat16)
+            yield f"{m}.experts.gate_up_proj", lambda e=experts: e.dequant_gate_up(dtype)
+            yield f"{m}.experts.down_proj", lambda e=experts: e.dequant_down(dtype)
         else:
             yield f"{m}.experts.gate_up_proj", moe.gate_up
             yield f"{m}.experts.down_proj", moe.down
-        shared_gate_up = _dense(moe.shared_gate_up)
+        shared_gate_up = _dense(moe.shared_gate_up, dtype)
         inter = shared_gate_up.shape[0] // 2
         yield f"{m}.shared_experts.gate_proj.weight", shared_gate_up[:inter]
         yield f"{m}.shared_experts.up_proj.weight", shared_gate_up[inter:]
-        yield f"{m}.shared_experts.down_proj.weight", lambda t=moe.shared_down: _dense(t)
+        yield f"{m}.shared_experts.down_proj.weight", lambda t=moe.shared_down: _dense(t, dtype)
 
 
 @torch.no_grad()
-def transformers_model(config: Any, w: ModelWeights, cfg: DeepseekV4Config) -> Any:
-    """transformers' model on the GPU in bf16 (its fp32 modules in fp32, as `from_pretrained`
-    keeps them) with `w`'s weights; every parameter and persistent buffer is set."""
+def transformers_model(config: Any, w: ModelWeights, cfg: DeepseekV4Config, *,
+                       device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> Any:
+    """transformers' model on `device` in `dtype` (its fp32 modules in fp32, as
+    `from_pretrained` keeps them) with `w`'s weights; every parameter and persistent buffer is
+    set."""
     import transformers
 
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(dtype)
     try:
-        with torch.device("cuda"):
+        with torch.device(device):
             model = transformers.DeepseekV4ForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(previous)
@@ -108,7 +112,7 @@ def transformers_model(config: Any, w: ModelWeights, cfg: DeepseekV4Config) -> A
             t.data = t.data.float()
     state = dict(model.state_dict())
     seen = set()
-    for name, value in transformers_tensors(w, cfg):
+    for name, value in transformers_tensors(w, cfg, dtype):
         tensor = value() if callable(value) else value
         target = state[name]
         if tuple(target.shape) != tuple(tensor.shape):
