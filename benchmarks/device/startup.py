@@ -2,6 +2,12 @@
 (the engine's own start-up log: imports, weights, KV cache, CUDA graphs, warm-up), the kernel
 variants a cold start compiles, and the idle resident memory of the API process and of the
 engine process.
+
+Both starts share one start-up cache folder (OPENINFER_STARTUP_CACHE_DIR, the step memory
+measured by the cold start) and one Triton cache, both empty before the cold start. "timeline_s"
+gives when each milestone's log line arrived, in seconds from the spawn: the engine process
+started (api_spawned_engine), its imports done, engine ready, server ready, and the CUDA graphs
+left for idle time all captured (graphs_done, after ready).
 Usage: python startup.py MODEL_DIR [--load-format dummy|auto] [--json PATH] [extra serve flags]."""
 
 from __future__ import annotations
@@ -24,6 +30,21 @@ from pathlib import Path
 IMPORTED = re.compile(r"engine modules .* imported in ([\d.]+) s")
 ENGINE_READY = re.compile(r"engine ready in ([\d.]+) s \((.*)\)")
 PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s")
+# Milestones, by the log line that marks them (engine/cuda_graphs.py, compile_ahead.py, ...).
+MILESTONES = {
+    "api_spawned_engine": re.compile(r"\[2/4\] engine process"),
+    "engine_imported": IMPORTED,
+    "engine_ready": ENGINE_READY,
+    "server_ready": re.compile(r"\bready in [\d.]+ s: http"),
+    "graphs_done": re.compile(r"CUDA graphs: every bucket captured"),
+}
+NOTES = {  # what the start chose, as logged
+    "compile_ahead": re.compile(r"compile ahead: (on|off)"),
+    "step_memory": re.compile(r"step memory: .*\((cached|measured)\)"),
+    "graphs_left_for_idle": re.compile(r"(\d+) left to capture when idle"),
+    "engine_rss_after_start_mb": re.compile(r"host memory: (\d+) MB resident"),
+}
+GRAPHS_WAIT_S = 30.0  # after ready, for the graphs left for idle time, before the RSS
 
 
 def _rss_mb(pid: int) -> float:
@@ -55,6 +76,20 @@ def _breakdown(lines: list[str]) -> dict[str, float]:
     return out
 
 
+def _timeline(stamped: list[tuple[float, str]]) -> tuple[dict[str, float], dict[str, str]]:
+    """When each milestone's line arrived (s from the spawn), and what the start chose."""
+    times: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    for at, line in stamped:
+        for name, pattern in MILESTONES.items():
+            if name not in times and pattern.search(line):
+                times[name] = round(at, 3)
+        for name, pattern in NOTES.items():
+            if m := pattern.search(line):
+                notes[name] = m.group(1)
+    return times, notes
+
+
 def _gpu_mb(pid: int) -> float | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
@@ -69,32 +104,43 @@ def _gpu_mb(pid: int) -> float | None:
     return None
 
 
-def one_start(model: str, cache: str, port: int, extra: list[str]) -> dict[str, object]:
-    env = dict(os.environ, TRITON_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
+def one_start(model: str, cache: str, startup_cache: str, port: int,
+              extra: list[str]) -> dict[str, object]:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache, OPENINFER_STARTUP_CACHE_DIR=startup_cache,
+               PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "openinfer_server.cli", "serve", model,
                              "--port", str(port), *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    lines: list[str] = []
+    stamped: list[tuple[float, str]] = []
     assert proc.stderr is not None
-    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    stderr = proc.stderr
+
+    def read() -> None:
+        for line in stderr:
+            stamped.append((time.perf_counter() - started, line))
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
         while True:
             if proc.poll() is not None:
                 reader.join(5)
-                raise RuntimeError(f"server exited: {''.join(lines)[-3000:]}")
+                raise RuntimeError(f"server exited: {''.join(x for _, x in stamped)[-3000:]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
                     break
             except OSError:
                 time.sleep(0.05)
         ready = time.perf_counter() - started
+        _wait_for_graphs(stamped)
         time.sleep(3)  # idle
         engine = _children(proc.pid)  # the engine process (and multiprocessing's tracker)
-        return {"ready_s": ready, "phases_s": _breakdown(lines),
-                "idle_rss_mb": _rss_mb(proc.pid),
+        lines = [line for _, line in stamped]
+        timeline, notes = _timeline(stamped)
+        return {"ready_s": ready, "phases_s": _breakdown(lines), "timeline_s": timeline,
+                "notes": notes, "idle_rss_mb": _rss_mb(proc.pid),
                 "engine_rss_mb": sum(_rss_mb(pid) for pid in engine),
                 "gpu_mb": _gpu_mb(proc.pid) or next(
                     (mb for pid in engine if (mb := _gpu_mb(pid))), None)}
@@ -104,6 +150,16 @@ def one_start(model: str, cache: str, port: int, extra: list[str]) -> dict[str, 
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _wait_for_graphs(stamped: list[tuple[float, str]]) -> None:
+    """Until the graphs left for idle time are captured (or none were left)."""
+    deadline = time.perf_counter() + GRAPHS_WAIT_S
+    while time.perf_counter() < deadline:
+        times, notes = _timeline(stamped)
+        if "graphs_done" in times or notes.get("graphs_left_for_idle", "0") == "0":
+            return
+        time.sleep(0.1)
 
 
 def _compiled(cache: str) -> dict[str, int]:
@@ -122,12 +178,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8123)
     args, extra = ap.parse_known_args()
     cache = tempfile.mkdtemp(prefix="triton-cache-")
+    startup_cache = tempfile.mkdtemp(prefix="openinfer-startup-")
     try:
-        cold = one_start(args.model, cache, args.port, extra)
+        cold = one_start(args.model, cache, startup_cache, args.port, extra)
         cold["compiled_kernels"] = _compiled(cache)
-        warm = one_start(args.model, cache, args.port, extra)
+        warm = one_start(args.model, cache, startup_cache, args.port, extra)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(startup_cache, ignore_errors=True)
     report = {"cold": cold, "warm": warm, "model": args.model, "flags": extra}
     print(json.dumps(report, indent=2))
     if args.json:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -34,8 +34,10 @@ from openinfer_core.errors import OpenInferError
 from openinfer_core.interfaces.chat import ChatEncoderFactory
 from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess
 from openinfer_core.registry import import_target
-from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.parser_choice import ParserChoice
+
+if TYPE_CHECKING:  # imported when read (jinja2 and the tokenizers), beside the engine's start
+    from openinfer_core.text.tokenizer import Tokenizer
 
 log = logging.getLogger("openinfer.server")
 
@@ -133,6 +135,8 @@ def prepare(frontend: Frontend) -> None:
 
 
 def _load_tokenizer(frontend: Frontend) -> Tokenizer:
+    from openinfer_core.text.tokenizer import Tokenizer
+
     log.info("[3/4] tokenizer: %s", frontend.folder)
     encoder = None
     if frontend.chat_encoder is not None:

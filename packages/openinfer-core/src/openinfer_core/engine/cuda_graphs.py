@@ -12,13 +12,22 @@ token bucket T over min(T, max_batch) request slots. The attention kernels of su
 each request's tokens on the device, so any spread of T tokens replays correctly; tokens past
 the step's are padding (writing into block 0, owned by no request) and so are the request slots
 past its requests (no query). These steps are the ones whose eager launches cost more host time
-than the GPU spends on them: a warm prefix-cache hit is such a step."""
+than the GPU spends on them: a warm prefix-cache hit is such a step.
+
+Capturing every bucket at start costs ~0.1 s each. `capture(start_only=True)` captures the
+buckets a start needs most (`start_buckets`: small decodes, and the largest decode and mixed
+graphs, which also size the shared memory pool) and leaves the rest pending; the engine thread
+captures them one at a time when idle (`capture_next`), never while a step is in flight. Until
+a step's bucket is captured it replays a captured one at most `PAD_RATIO` times as large, or
+runs eagerly."""
 
 from __future__ import annotations
 
 import gc
 import logging
 import time
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +37,9 @@ from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
+
+START_DECODE_MAX = 16  # decode buckets up to this one are captured at start
+PAD_RATIO = 2  # a step may replay a captured bucket up to this many times its own bucket
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -47,6 +59,26 @@ def mixed_buckets(max_tokens: int) -> list[int]:
     sizes += list(range(64, min(max_tokens, 513), 64))
     sizes += list(range(768, max_tokens, 256))
     return sorted({*(s for s in sizes if s < max_tokens), max_tokens})
+
+
+def start_buckets(decode: Sequence[int], mixed: Sequence[int]) -> set[tuple[str, int]]:
+    """The (kind, size) graphs captured at start when the rest may wait: decode buckets up
+    to `START_DECODE_MAX`, the largest decode bucket and the largest mixed one."""
+    keep = {("decode", b) for b in decode if b <= START_DECODE_MAX}
+    keep |= {("decode", decode[-1])} if decode else set()
+    return keep | ({("mixed", mixed[-1])} if mixed else set())
+
+
+def pick_bucket(buckets: Sequence[int], captured: Collection[int], n: int) -> int | None:
+    """The captured bucket a step of `n` rows (or tokens) replays: the smallest captured one
+    >= n, if it is at most `PAD_RATIO` times the bucket n belongs to; else None (eager)."""
+    own = next((s for s in buckets if s >= n), None)
+    if own is None:
+        return None
+    if own in captured:
+        return own
+    larger = [s for s in captured if s >= n]
+    return min(larger) if larger and min(larger) <= PAD_RATIO * own else None
 
 
 def stage_mixed(staging: np.ndarray, batch: HostBatch, bucket: int, slots: int) -> None:
@@ -108,51 +140,83 @@ class CudaGraphRunner:
         self._mixed_logits: dict[int, torch.Tensor] = {}
         self.capture_seconds = 0.0
         self.replays = {"decode": 0, "mixed": 0}
+        self._pool: Any = None  # the graphs' shared memory pool
+        self.pending: list[tuple[str, int]] = []  # buckets not captured yet, next first
 
-    def capture(self) -> None:
-        """Warm every bucket up (compiling its kernels), then capture, largest first so the
-        smaller graphs reuse the larger ones' memory pool."""
+    def capture(self, start_only: bool = False) -> None:
+        """Warm the buckets up (compiling their kernels), then capture, largest first so the
+        smaller graphs reuse the larger ones' memory pool. `start_only`: only
+        `start_buckets`, the others go to `pending` (smallest first) for `capture_next`."""
         started = time.perf_counter()
+        every = [("decode", b) for b in self.buckets] + [("mixed", t) for t in self.mixed]
+        now = start_buckets(self.buckets, self.mixed) if start_only else set(every)
+        self.pending = sorted((k for k in every if k not in now), key=lambda k: (k[1], k[0]))
+        self._capture_all(sorted(now, key=lambda k: -k[1]))
+        self.capture_seconds = time.perf_counter() - started
+        log.info("CUDA graphs: captured %d decode batch sizes and %d mixed-step token counts "
+                 "in %.2f s; %d left to capture when idle", len(self._graphs),
+                 len(self._mixed_graphs), self.capture_seconds, len(self.pending))
+
+    def capture_next(self) -> bool:
+        """Capture the next pending bucket; whether more are pending. Engine thread, between
+        steps, with no step in flight: the warm-up forward runs over the graph buffers (reset
+        to padding first, so it writes only into the padding block 0)."""
+        if not self.pending:
+            return False
+        key = self.pending.pop(0)
+        started = time.perf_counter()
+        self._reset_buffers()
+        self._capture_all([key], collect=False)  # a full collection costs more than a capture
+        log.debug("CUDA graph %s %d captured in %.3f s", *key, time.perf_counter() - started)
+        if not self.pending:
+            log.info("CUDA graphs: every bucket captured")
+        return bool(self.pending)
+
+    def _capture_all(self, keys: list[tuple[str, int]], collect: bool = True) -> None:
         # No garbage collection while capturing: freeing some other engine's graphs or events
         # in the middle of a capture invalidates it.
-        gc.collect()
+        if collect:
+            gc.collect()
         gc.disable()
         try:
-            self._capture()
+            self._capture(keys)
         finally:
             gc.enable()
-        self.capture_seconds = time.perf_counter() - started
-        mixed = (f" and {len(self.mixed)} mixed-step token counts "
-                 f"({self.mixed[0]}..{self.mixed[-1]})" if self.mixed else "")
-        log.info("CUDA graphs: captured %d decode batch sizes (1..%d)%s in %.2f s",
-                 len(self.buckets), self.buckets[-1], mixed, self.capture_seconds)
 
-    def _capture(self) -> None:
-        batches = {("decode", b): self._batch(b) for b in self.buckets}
-        batches |= {("mixed", t): self._mixed_batch(t) for t in self.mixed}
+    def _capture(self, keys: list[tuple[str, int]]) -> None:
+        batches = {k: self._batch(k[1]) if k[0] == "decode" else self._mixed_batch(k[1])
+                   for k in keys}
         compile_ahead(self.model, batches.values(), "CUDA-graph")
         with torch.inference_mode():
             for batch in batches.values():
                 self.model.forward(batch)
             torch.cuda.synchronize(self.device)
-            pool = torch.cuda.graph_pool_handle()
-            for (kind, size), batch in sorted(batches.items(), key=lambda kv: -kv[0][1]):
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            for (kind, size), batch in batches.items():
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=self._pool):
                     logits = self.model.forward(batch)
                 graphs, outputs = ((self._graphs, self._logits) if kind == "decode"
                                    else (self._mixed_graphs, self._mixed_logits))
                 graphs[size], outputs[size] = graph, logits
             torch.cuda.synchronize(self.device)
 
+    def _reset_buffers(self) -> None:
+        """The buffers as at start: every token padding, in block 0."""
+        for buf in (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
+                    self.mixed_query_start_loc, self.mixed_logits_indices):
+            buf.zero_()
+        self.seq_lens.fill_(1)
+
     def can_run(self, batch: HostBatch) -> bool:
         if batch.is_decode:
-            return batch.num_seqs <= self.buckets[-1] and bool(self._graphs)
+            return pick_bucket(self.buckets, self._graphs, batch.num_seqs) is not None
         num_tokens = len(batch.input_ids)
-        if not self._mixed_graphs or not 0 < num_tokens <= self.mixed[-1]:
+        if num_tokens < 1:
             return False
-        bucket = next(s for s in self.mixed if s >= num_tokens)
-        return (batch.num_seqs <= min(bucket, self.max_batch)
+        bucket = pick_bucket(self.mixed, self._mixed_graphs, num_tokens)
+        return (bucket is not None and batch.num_seqs <= min(bucket, self.max_batch)
                 and batch.block_tables.shape[1] <= self.block_tables.shape[1])
 
     def run(self, batch: HostBatch,
@@ -170,7 +234,8 @@ class CudaGraphRunner:
 
     def _run_decode(self, batch: HostBatch) -> torch.Tensor:
         b = batch.num_seqs
-        bucket = next(s for s in self.buckets if s >= b)
+        bucket = pick_bucket(self.buckets, self._graphs, b)
+        assert bucket is not None, "can_run said no"
         staging = self._staging.numpy()
         staging[:4, b:bucket] = 0
         staging[3, b:bucket] = 1  # padding rows see one token, in block 0
@@ -187,7 +252,8 @@ class CudaGraphRunner:
 
     def _run_mixed(self, batch: HostBatch) -> torch.Tensor:
         t, k = len(batch.input_ids), len(batch.logits_indices)
-        bucket = next(s for s in self.mixed if s >= t)
+        bucket = pick_bucket(self.mixed, self._mixed_graphs, t)
+        assert bucket is not None, "can_run said no"
         slots = min(bucket, self.max_batch)
         stage_mixed(self._staging.numpy(), batch, bucket, slots)
         self._copy_tokens(bucket)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import time
 import traceback
 from pathlib import Path
 
+import torch
+
+from openinfer_core.engine import compile_ahead, startup_cache
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
-from openinfer_core.engine.loader import load_engine_parts
+from openinfer_core.engine.host_memory import release_host_memory
+from openinfer_core.engine.loader import LoadedEngineParts, load_engine_parts
 from openinfer_core.engine.offload import KVOffload
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
@@ -27,13 +32,22 @@ from openinfer_core.sampling.sampler import Sampler
 log = logging.getLogger("openinfer")
 
 RESTORE_POLL_S = 0.0002
+# "start": a serving engine captures only the graphs a start needs most and the rest when
+# idle; "all" (the default until the GPU shows deferring costs no throughput: under load from
+# the first second an engine is never idle, and the steps whose graphs wait run eagerly).
+GRAPHS_AT_START_ENV = "OPENINFER_CUDA_GRAPHS_AT_START"
 
 
 class Engine:
     """Synchronous core. `add_request` and `abort` may be called from any thread (they only
-    enqueue); `step` must always be called from the same thread."""
+    enqueue); `step` must always be called from the same thread.
 
-    def __init__(self, config: EngineConfig, plugins: PluginManager | None = None) -> None:
+    `defer_graphs`: capture only the CUDA graphs a start needs most and leave the rest to
+    `idle_work` (the engine process's loop calls it when idle); off, every graph is captured
+    here, as offline users (`LLM`, the benchmarks) that never call `idle_work` need."""
+
+    def __init__(self, config: EngineConfig, plugins: PluginManager | None = None, *,
+                 defer_graphs: bool = False) -> None:
         self.config = config
         start = time.perf_counter()
         plugins = plugins or get_plugin_manager()
@@ -57,17 +71,15 @@ class Engine:
             self.scheduler.offload = self.offload
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=getattr(self.model, "sampling_kernels", None))
-        marks = [time.perf_counter()]
-        self.graphs = self._capture_graphs(config)
-        marks.append(time.perf_counter())
-        warm_up_eager_steps(config, self.model, self.graphs.mixed[-1]
-                            if self.graphs is not None and self.graphs.mixed else 0)
-        marks.append(time.perf_counter())
+        defer_graphs = defer_graphs and os.environ.get(GRAPHS_AT_START_ENV, "all") == "start"
+        self.graphs = self._first_steps(config, parts, defer_graphs)
+        compile_ahead.mark_compiled()
+        self._host_memory_released = False  # by the first `idle_work`, after ready
         # Where the start-up went, for the log and benchmarks/device/startup.py.
-        self.startup_seconds = {**parts.seconds, "cuda_graphs": marks[1] - marks[0],
-                                "warm_up": marks[2] - marks[1]}
-        self.startup_seconds["other"] = marks[2] - start - sum(self.startup_seconds.values())
-        log.info("engine ready in %.2f s (%s)", marks[2] - start, ", ".join(
+        self.startup_seconds = dict(parts.seconds)
+        self.startup_seconds["other"] = (time.perf_counter() - start
+                                         - sum(self.startup_seconds.values()))
+        log.info("engine ready in %.2f s (%s)", time.perf_counter() - start, ", ".join(
             f"{name.replace('_', ' ')} {value:.2f} s"
             for name, value in self.startup_seconds.items()))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
@@ -98,7 +110,57 @@ class Engine:
         """Whether steps overlap (`EngineConfig.async_scheduling`)."""
         return self._overlap is not None
 
-    def _capture_graphs(self, config: EngineConfig) -> CudaGraphRunner | None:
+    def idle_work(self) -> bool:
+        """Work for an idle engine (no step in flight, none waiting): first give the host
+        memory that loading left behind back, then capture the pending CUDA graphs, one per
+        call. Whether more is left; the caller polls for requests in between, so a request
+        waits at most one capture. Engine thread."""
+        if self.has_work():
+            return False
+        if not self._host_memory_released:
+            self._host_memory_released = True
+            release_host_memory()
+            return self.graphs is not None and bool(self.graphs.pending)
+        if self.graphs is None or not self.graphs.pending:
+            return False
+        more = self.graphs.capture_next()
+        if not more:
+            release_host_memory()  # what the captures left
+        return more
+
+    def _first_steps(self, config: EngineConfig, parts: LoadedEngineParts,
+                     defer: bool) -> CudaGraphRunner | None:
+        """Capture the CUDA graphs, then the eager warm-up steps, timed. They run the largest
+        steps after the KV cache took its memory: if the step's memory came from the start-up
+        cache and they run out, the cached value was wrong; it is dropped, so that the next
+        start measures again."""
+        try:
+            graphs = self._capture_graphs(config, defer, parts.seconds)
+            started = time.perf_counter()
+            warm_up_eager_steps(config, self.model, graphs.mixed[-1]
+                                if graphs is not None and graphs.mixed else 0)
+            parts.seconds["warm_up"] = time.perf_counter() - started
+        except torch.OutOfMemoryError:
+            key = parts.step_memory.cache_key if parts.step_memory is not None else None
+            if key is None:
+                raise
+            startup_cache.drop("step-memory", key)
+            raise RuntimeError(
+                "the largest step ran out of device memory with the step memory read from the "
+                f"start-up cache ({startup_cache.cache_dir()}); the entry is dropped: start "
+                "again to measure it") from None
+        return graphs
+
+    def _capture_graphs(self, config: EngineConfig, defer: bool,
+                        seconds: dict[str, float]) -> CudaGraphRunner | None:
+        started = time.perf_counter()
+        graphs = self._new_graph_runner(config)
+        if graphs is not None:
+            graphs.capture(start_only=defer)
+        seconds["cuda_graphs"] = time.perf_counter() - started
+        return graphs
+
+    def _new_graph_runner(self, config: EngineConfig) -> CudaGraphRunner | None:
         model = self.model
         if model.device.type != "cuda" or config.enforce_eager:
             return None
@@ -109,9 +171,7 @@ class Engine:
         max_blocks = -(-model.max_model_len // self.kv.block_size)
         mixed = min(int(getattr(model, "cuda_graph_max_tokens", 0)),
                     config.max_num_batched_tokens)
-        graphs = CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks, mixed)
-        graphs.capture()
-        return graphs
+        return CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks, mixed)
 
     # -- any thread ----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from openinfer_core.engine import compile_ahead
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.engine.memory import step_memory_bytes
+from openinfer_core.engine.memory import StepMemory, profile_key, step_memory
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import LoadOptions, Model
@@ -35,6 +36,8 @@ class LoadedEngineParts:
     eos_token_ids: tuple[int, ...]
     hf_config: dict[str, Any]
     seconds: dict[str, float]  # start-up phases: "weights", "kv_cache"
+    # How the step's memory was budgeted (CUDA only): a cached value is checked by the warm-up.
+    step_memory: StepMemory | None = None
 
 
 def eos_token_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
@@ -64,7 +67,11 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
         load_format="dummy" if config.load_format == "dummy" else "safetensors"))
     loaded = time.perf_counter()
-    num_blocks = kv_blocks(config, model, device)
+    key = profile_key(config, model, hf_config, backend_name) if device.type == "cuda" else {}
+    compile_ahead.plan(model, key)
+    step = (step_memory(config, model, key)
+            if device.type == "cuda" and config.num_kv_blocks is None else None)
+    num_blocks = kv_blocks(config, model, device, step)
     kv = model.create_kv_cache(num_blocks, config.block_size)
     kv.enable_prefix_caching = config.enable_prefix_caching
     log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
@@ -72,22 +79,24 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
              "on" if config.enable_prefix_caching else "off")
     seconds = {"weights": loaded - start, "kv_cache": time.perf_counter() - loaded}
     return LoadedEngineParts(model, kv, entry.name, eos_token_ids(model_dir, hf_config),
-                             hf_config, seconds)
+                             hf_config, seconds, step)
 
 
-def kv_blocks(config: EngineConfig, model: Model, device: torch.device) -> int:
+def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
+              step: StepMemory | None = None) -> int:
     """Blocks (padding included) that fit the memory budget, but no more than every sequence
-    at full length could use."""
+    at full length could use. `step`: what a step needs besides (CUDA: required)."""
     per_block = model.kv_bytes_per_block(config.block_size)
     useful = config.max_num_seqs * -(-model.max_model_len // config.block_size) + 1
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     if device.type == "cuda":
-        step = step_memory_bytes(config, model)
+        if step is None:
+            raise ValueError("kv_blocks on CUDA needs the step's memory")
         free, total = torch.cuda.mem_get_info(device)
         # Keep (1 - utilization) of the card untouched, and room for the largest step (and
         # for the offload tiers' staging buffer).
-        budget = free - (1.0 - config.gpu_memory_utilization) * total - step
+        budget = free - (1.0 - config.gpu_memory_utilization) * total - step.bytes
         if config.kv_offload:
             budget -= OFFLOAD_DEVICE_BYTES
     else:

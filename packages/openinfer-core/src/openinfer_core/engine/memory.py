@@ -3,15 +3,21 @@
 Before the KV cache is sized, one forward of the largest step the scheduler can build
 (`max_num_batched_tokens` tokens, `max_num_seqs` sampled rows) runs on a temporary KV cache;
 its peak allocation is what activations need. The sampler's working copies of the logits and
-the CUDA graphs' own memory pool are added on top."""
+the CUDA graphs' own memory pool are added on top.
+
+The peak is kept in the start-up cache (startup_cache.py): a later start of the same model,
+limits, dtype and device reads it back, with a margin, and skips the forward."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from openinfer_core.engine import startup_cache
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
@@ -46,8 +52,48 @@ def _profile_batch(num_tokens: int, num_logits: int, max_len: int, block_size: i
         max_query_len=max(lens), max_seq_len=max(lens))
 
 
-def step_memory_bytes(config: EngineConfig, model: Model) -> int:
-    """Peak bytes one step needs on the device beyond weights and KV (CUDA only)."""
+@dataclass(frozen=True, slots=True)
+class StepMemory:
+    """Bytes a step needs beyond weights and KV; `cache_key` is set when they came from the
+    start-up cache (so a start that proves them wrong can drop the entry)."""
+
+    bytes: int
+    cache_key: dict[str, Any] | None = None
+
+
+def profile_key(config: EngineConfig, model: Model, hf_config: dict[str, Any],
+                attention: str) -> dict[str, Any]:
+    """What the forward's peak depends on (startup_cache.py's key for it)."""
+    device = model.device
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "hf_config": hf_config, "model": f"{type(model).__module__}.{type(model).__qualname__}",
+        "model_source": startup_cache.source_digest(model), "attention": attention,
+        "dtype": str(getattr(model, "dtype", "")), "max_model_len": model.max_model_len,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_seqs": config.max_num_seqs, "block_size": config.block_size,
+        "device": props.name, "device_memory": props.total_memory,
+        "torch": torch.__version__, "env": startup_cache.kernel_env(),
+    }
+
+
+def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> StepMemory:
+    """Peak bytes one step needs on the device beyond weights and KV (CUDA only): the cached
+    forward peak for `key` plus a margin, else measured (and stored)."""
+    cached = startup_cache.load("step-memory", key)
+    if cached is not None:
+        forward_peak, source, cache_key = startup_cache.with_margin(cached), "cached", key
+    else:
+        forward_peak, source, cache_key = profile_forward_peak(config, model), "measured", None
+        startup_cache.store("step-memory", key, forward_peak)
+    sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
+    log.info("step memory: forward of %d tokens peaks at %.2f GiB (%s); sampler %.2f GiB",
+             config.max_num_batched_tokens, forward_peak / 2**30, source, sampler / 2**30)
+    return StepMemory(forward_peak + sampler + _GRAPH_POOL_MARGIN, cache_key)
+
+
+def profile_forward_peak(config: EngineConfig, model: Model) -> int:
+    """Peak bytes, above what is allocated now, of one forward of the largest step."""
     device = model.device
     num_tokens = config.max_num_batched_tokens
     num_logits = min(config.max_num_seqs, num_tokens)
@@ -65,7 +111,4 @@ def step_memory_bytes(config: EngineConfig, model: Model) -> int:
     forward_peak = torch.cuda.max_memory_allocated(device) - before
     model.create_kv_cache(2, config.block_size)  # drop the profiling cache
     torch.cuda.empty_cache()
-    sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
-    log.info("step memory: forward of %d tokens peaks at %.2f GiB; sampler %.2f GiB",
-             num_tokens, forward_peak / 2**30, sampler / 2**30)
-    return forward_peak + sampler + _GRAPH_POOL_MARGIN
+    return int(forward_peak)

@@ -89,6 +89,8 @@ class EngineCore:
         try:
             while not self._stopping:
                 busy = self.engine.has_work()
+                if not busy and self.engine.idle_work():
+                    busy = True  # more idle work is left: poll for requests, do not block
                 t0 = time.perf_counter()
                 self._receive(0 if busy else IDLE_POLL_MS)
                 t1 = time.perf_counter()
@@ -206,11 +208,15 @@ def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
     logging.getLogger("openinfer").setLevel(log_level.upper())
     try:
         start = time.perf_counter()
+        from openinfer_core.engine.early_start import prefetch_checkpoint, start_device
+
+        prefetch_checkpoint(config.model, config.load_format)
+        start_device(config.device)  # imports torch, then the context starts beside the rest
         from openinfer_core.engine.engine import Engine
 
         log.info("engine modules (torch, kernels, model lines) imported in %.2f s",
                  time.perf_counter() - start)
-        engine = Engine(config)
+        engine = Engine(config, defer_graphs=True)
         core = EngineCore(engine, addresses, control)
     except OpenInferError as exc:  # the user's to fix: the message says how
         control.send(("error", str(exc)))

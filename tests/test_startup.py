@@ -1,0 +1,210 @@
+"""Fast start: the start-up cache of the step's memory, the compile-ahead stamps, the CUDA
+graphs left for idle time, and the engine's idle work (all on CPU: graphs and kernels are
+stood in for by fakes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from openinfer_core.engine import compile_ahead, startup_cache
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.cuda_graphs import (
+    graph_buckets,
+    mixed_buckets,
+    pick_bucket,
+    start_buckets,
+)
+from openinfer_core.engine.early_start import prefetch_checkpoint, start_device
+from openinfer_core.engine.engine import Engine
+from openinfer_core.engine.host_memory import release_host_memory, resident_bytes
+from openinfer_core.engine.memory import StepMemory
+from openinfer_core.request import GenerateRequest
+
+KEY = {"hf_config": {"hidden_size": 64}, "max_num_batched_tokens": 8192, "device": "H100"}
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(startup_cache.DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(startup_cache.CACHE_ENV, raising=False)
+    return tmp_path
+
+
+def test_a_stored_peak_reads_back_for_the_same_key_only(cache: Path) -> None:
+    assert startup_cache.load("step-memory", KEY) is None
+    startup_cache.store("step-memory", KEY, 3 << 30)
+    assert startup_cache.load("step-memory", KEY) == 3 << 30
+    for changed in ({**KEY, "max_num_batched_tokens": 4096}, {**KEY, "device": "H200"},
+                    {**KEY, "hf_config": {"hidden_size": 65}}):
+        assert startup_cache.load("step-memory", changed) is None
+    assert startup_cache.load("other-kind", KEY) is None
+
+
+def test_a_file_whose_key_or_value_is_wrong_is_ignored(cache: Path) -> None:
+    startup_cache.store("step-memory", KEY, 1 << 30)
+    (path,) = cache.glob("step-memory-*.json")
+    entry = json.loads(path.read_text())
+    for bad in ({**entry, "key": {**KEY, "device": "H200"}}, {**entry, "value": -1},
+                {**entry, "value": "big"}, {**entry, "value": True},
+                {**entry, "schema": startup_cache.SCHEMA + 1}):
+        path.write_text(json.dumps(bad))
+        assert startup_cache.load("step-memory", KEY) is None
+    path.write_text("{not json")
+    assert startup_cache.load("step-memory", KEY) is None
+
+
+def test_drop_and_the_off_switch(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    startup_cache.store("step-memory", KEY, 1 << 30)
+    startup_cache.drop("step-memory", KEY)
+    assert startup_cache.load("step-memory", KEY) is None
+    monkeypatch.setenv(startup_cache.CACHE_ENV, "0")
+    startup_cache.store("step-memory", KEY, 1 << 30)
+    assert not list(cache.iterdir())
+
+
+def test_a_cached_peak_is_budgeted_with_a_margin() -> None:
+    peak = 2 << 30
+    assert startup_cache.with_margin(peak) >= peak * 1.1 + (128 << 20) - 1
+
+
+def test_kernel_env_leaves_out_places_and_start_up_switches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENINFER_LINEAR", "cublas")
+    monkeypatch.setenv("OPENINFER_CACHE_DIR", "/tmp/x")
+    monkeypatch.setenv("OPENINFER_COMPILE_AHEAD", "1")
+    env = startup_cache.kernel_env()
+    assert env["OPENINFER_LINEAR"] == "cublas"
+    assert "OPENINFER_CACHE_DIR" not in env and "OPENINFER_COMPILE_AHEAD" not in env
+
+
+@pytest.mark.parametrize("max_batch, max_tokens, expected", [
+    (256, 2048, {("decode", 1), ("decode", 2), ("decode", 4), ("decode", 8), ("decode", 16),
+                 ("decode", 256), ("mixed", 2048)}),
+    (3, 0, {("decode", 1), ("decode", 2), ("decode", 3)}),
+])
+def test_start_buckets(max_batch: int, max_tokens: int,
+                       expected: set[tuple[str, int]]) -> None:
+    assert start_buckets(graph_buckets(max_batch), mixed_buckets(max_tokens)) == expected
+
+
+@pytest.mark.parametrize("n, captured, expected", [
+    (5, {1, 2, 4, 8, 16, 256}, 8),  # its own bucket
+    (20, {1, 2, 4, 8, 16, 256}, None),  # 256 pads 32 eightfold: eager
+    (20, {1, 2, 4, 8, 16, 48, 256}, 48),  # 48 <= 2 x 32
+    (33, {1, 2, 4, 8, 16, 64, 256}, 64),
+    (257, {256}, None),  # past the largest bucket
+    (1, set(), None),
+])
+def test_pick_bucket(n: int, captured: set[int], expected: int | None) -> None:
+    assert pick_bucket(graph_buckets(256), captured, n) == expected
+
+
+class _FakeCudaModel:
+    device = torch.device("cuda")
+
+    def compile_ahead(self) -> None:  # only its presence matters to `plan`
+        raise AssertionError("not called by plan")
+
+
+def test_compile_ahead_auto_runs_once_per_setup(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(compile_ahead.MODE_ENV, raising=False)
+    model: Any = _FakeCudaModel()
+    assert compile_ahead.plan(model, KEY)  # cold: compile ahead
+    compile_ahead.mark_compiled()
+    assert list((tmp_path / compile_ahead.STAMPS).iterdir())
+    assert not compile_ahead.plan(model, KEY)  # warm: the stamp is there
+    assert compile_ahead.plan(model, {**KEY, "max_num_batched_tokens": 1})  # another setup
+    monkeypatch.setenv(compile_ahead.MODE_ENV, "1")
+    assert compile_ahead.plan(model, KEY)
+    monkeypatch.setenv(compile_ahead.MODE_ENV, "0")
+    assert not compile_ahead.plan(model, {**KEY, "max_num_batched_tokens": 2})
+    compile_ahead.mark_compiled()  # nothing planned: no stamp
+    assert len(list((tmp_path / compile_ahead.STAMPS).iterdir())) == 1
+
+
+def test_compile_ahead_is_off_on_the_cpu() -> None:
+    model: Any = SimpleNamespace(device=torch.device("cpu"), compile_ahead=lambda: None)
+    assert not compile_ahead.plan(model, {})
+
+
+class _FakeGraphs:
+    """Stands in for CudaGraphRunner's idle-capture interface."""
+
+    def __init__(self, pending: list[tuple[str, int]]) -> None:
+        self.pending = list(pending)
+        self.captured: list[tuple[str, int]] = []
+
+    def capture_next(self) -> bool:
+        self.captured.append(self.pending.pop(0))
+        return bool(self.pending)
+
+
+def test_idle_work_frees_host_memory_then_captures_one_graph_per_call(qwen3_dir: Path) -> None:
+    engine = Engine(EngineConfig(model=str(qwen3_dir), device="cpu", num_kv_blocks=64),
+                    defer_graphs=True)
+    fake = _FakeGraphs([("decode", 32), ("mixed", 64)])
+    engine.graphs = fake  # type: ignore[assignment]
+    assert engine.idle_work()  # host memory; graphs still pending
+    assert fake.captured == []
+    engine.add_request(GenerateRequest("r", (1, 2, 3)))
+    assert not engine.idle_work()  # a request waits: no capture
+    while engine.has_work():
+        engine.step()
+    assert engine.idle_work() and fake.captured == [("decode", 32)]
+    assert not engine.idle_work() and fake.captured == [("decode", 32), ("mixed", 64)]
+    assert not engine.idle_work()
+
+
+def test_a_cached_step_memory_that_runs_out_is_dropped(
+        qwen3_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import openinfer_core.engine.engine as engine_module
+
+    startup_cache.store("step-memory", KEY, 1 << 20)
+    load = engine_module.load_engine_parts
+
+    def load_with_cached_step(config: EngineConfig, plugins: Any) -> Any:
+        parts = load(config, plugins)
+        parts.step_memory = StepMemory(1 << 20, KEY)  # as if read from the cache
+        return parts
+
+    def out_of_memory(*args: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(engine_module, "load_engine_parts", load_with_cached_step)
+    monkeypatch.setattr(engine_module, "warm_up_eager_steps", out_of_memory)
+    with pytest.raises(RuntimeError, match="the entry is dropped"):
+        Engine(EngineConfig(model=str(qwen3_dir), device="cpu", num_kv_blocks=64))
+    assert startup_cache.load("step-memory", KEY) is None
+
+
+def test_idle_work_without_graphs(qwen3_dir: Path) -> None:
+    engine = Engine(EngineConfig(model=str(qwen3_dir), device="cpu", num_kv_blocks=64),
+                    defer_graphs=True)
+    assert engine.graphs is None
+    assert not engine.idle_work() and not engine.idle_work()
+
+
+def test_release_host_memory_keeps_what_is_live() -> None:
+    live = torch.arange(1 << 16)
+    release_host_memory()
+    assert int(live[-1]) == (1 << 16) - 1
+    rss = resident_bytes()
+    assert rss is None or rss > 0
+
+
+def test_early_start(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    thread = prefetch_checkpoint(tmp_path, "auto")
+    assert thread is not None
+    thread.join(5)
+    assert prefetch_checkpoint(tmp_path, "dummy") is None
+    assert prefetch_checkpoint(tmp_path / "empty", "auto") is None
+    assert start_device("cpu") is None
