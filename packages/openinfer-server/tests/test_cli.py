@@ -156,7 +156,6 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
     (["--scheduler", "lifo"], "--scheduler: unknown scheduler 'lifo' (installed: fcfs"),
     (["--attention-backend", "flash"],
      "--attention-backend: unknown attention backend 'flash' (installed: "),
-    (["--tensor-parallel-size", "2"], "--tensor-parallel-size: only 1 is supported"),
     (["--kv-offload", "host,tape"], "--kv-offload: unknown tier 'tape' (installed: disk, host"),
     (["--kv-offload", "host,disk"], "the disk tier needs --kv-offload-disk-dir DIR"),
 ])
@@ -267,3 +266,13 @@ def test_unwritable_cache_is_a_clear_error(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: could not write the demo model (")
     assert "set OPENINFER_CACHE_DIR to a writable folder" in err
+
+
+def test_tensor_parallel_size_reaches_the_engine_config() -> None:
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    args = parser.parse_args(["serve", "--device", "cpu", "-tp", "2"])
+    config = engine_config(args, parser, get_plugin_manager().registries)
+    assert config.tensor_parallel_size == 2

@@ -1,4 +1,6 @@
-"""The Qwen3 forward pass over a mixed batch of prefill chunks and decode tokens on paged KV."""
+"""The Qwen3 forward pass over a mixed batch of prefill chunks and decode tokens on paged KV;
+under tensor parallelism, one rank's shard of it, meeting the other ranks' in all-reduces after
+the embedding, o_proj and down, and an all-gather of the logits."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import torch.nn.functional as F
 
 from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_core.interfaces.kv import KVManager
-from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
@@ -24,15 +26,21 @@ from openinfer_kernels.compile_ahead import compile_ahead
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
-from openinfer_qwen3.weights import LayerWeights, Qwen3Weights
+from openinfer_qwen3.weights import LayerWeights, Qwen3Shard, Qwen3Weights
 
 
 class Qwen3Model:
-    """Weights, rotary table and KV buffer of one Qwen3 model on one device."""
+    """Weights, rotary table and KV buffer of one Qwen3 model on one device; with `tp`, of
+    the rank's shard (`shard`; `self.cfg` then has the rank's head counts and MLP width)."""
 
     def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, attention: AttentionBackend,
-                 *, max_model_len: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.cfg = cfg
+                 *, max_model_len: int, device: torch.device, dtype: torch.dtype,
+                 tp: TensorParallelGroup | None = None, shard: Qwen3Shard | None = None) -> None:
+        if (tp is None) != (shard is None):
+            raise ValueError("a tensor-parallel Qwen3Model needs both `tp` and `shard`")
+        self.tp = tp
+        self.shard = shard
+        self.cfg = cfg if shard is None else shard.local_config(cfg)
         self.w = weights
         self.attention = attention
         # A backend's `attend_appended`, when it has one: then q/k norm + rotary also appends.
@@ -50,6 +58,7 @@ class Qwen3Model:
         self.sampling_kernels = SAMPLING_KERNELS
         self.compile_ahead = compile_ahead
         self.weight_bytes = weights.decode_bytes()
+        self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:
         return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,
@@ -72,25 +81,46 @@ class Qwen3Model:
         if self.kv is None:
             raise RuntimeError("create_kv_cache() must run before forward()")
         eps = self.cfg.rms_norm_eps
-        hidden = embedding(batch.input_ids, self.w.embed)
+        tp = self.tp
+        hidden = self._embed(batch.input_ids)
         residual = hidden
         # The previous layer's MLP activation and down weight: its down projection runs with
-        # this layer's add + norm (`linear_add_rms_norm`: a split-K sum inside the norm).
+        # this layer's add + norm (`linear_add_rms_norm`: a split-K sum inside the norm),
+        # except under tensor parallelism, where the ranks' partial sums meet first.
         pending: tuple[torch.Tensor, torch.Tensor] | None = None
         for n, layer in enumerate(self.w.layers):
             if pending is None:
                 x = rms_norm(hidden, layer.input_norm, eps)
-            else:
+            elif tp is None:
                 x, residual = linear_add_rms_norm(*pending, residual, layer.input_norm, eps)
+            else:
+                x, residual = fused_add_rms_norm(tp.all_reduce(linear(*pending)), residual,
+                                                 layer.input_norm, eps)
             hidden = self._attention(n, layer, x, batch)
             x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm, eps)
             pending = (linear_silu_mul(x, layer.gate_up), layer.down)
         assert pending is not None
-        hidden = linear(*pending)
+        hidden = linear(*pending) if tp is None else tp.all_reduce(linear(*pending))
         # Only rows that sample need the final norm and the vocabulary projection.
         rows = batch.logits_indices
         last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm, eps)
-        return lm_head_logits(last, self.w.lm_head)
+        logits = lm_head_logits(last, self.w.lm_head)
+        if tp is None:
+            return logits
+        logits = tp.all_gather(logits)  # [S, size * padded part]: the vocabulary, padded
+        return logits if logits.shape[1] == self.vocab_size else (
+            logits[:, :self.vocab_size].contiguous())
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[T, H]: under tensor parallelism each rank looks up the ids of its vocabulary part
+        (zero rows for the others) and the sum over ranks is the lookup."""
+        if self.tp is None or self.shard is None:
+            return embedding(token_ids, self.w.embed)
+        part = self.shard.vocab.rows
+        local = token_ids - part.start
+        outside = (local < 0) | (local >= len(part))
+        rows = embedding(local.masked_fill(outside, 0), self.w.embed)
+        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
 
     def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,
                    batch: ForwardBatch) -> torch.Tensor:
@@ -112,4 +142,5 @@ class Qwen3Model:
             q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                 batch.positions, self.cos_sin)
             out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
-        return linear(out.reshape(t, cfg.q_size), layer.o_proj)
+        out = linear(out.reshape(t, cfg.q_size), layer.o_proj)
+        return out if self.tp is None else self.tp.all_reduce(out)

@@ -1,4 +1,5 @@
-"""The Qwen3 model line: what the engine calls to load a Qwen3 checkpoint."""
+"""The Qwen3 model line: what the engine calls to load a Qwen3 checkpoint (or, under tensor
+parallelism, one rank's shard of it)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
-from openinfer_qwen3.weights import load_weights
+from openinfer_qwen3.weights import Qwen3Shard, load_weights
 
 
 class Qwen3ModelLine:
     name: ClassVar[str] = "qwen3"
+    supports_tensor_parallel: ClassVar[bool] = True
 
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen3Model:
@@ -25,11 +27,16 @@ class Qwen3ModelLine:
                 f"max_model_len {max_len} exceeds the model's max_position_embeddings "
                 f"{cfg.max_position_embeddings}"
             )
+        tp = options.tensor_parallel
+        shard = None if tp is None else Qwen3Shard.of(cfg, tp.rank, tp.size)
         ckpt = open_checkpoint(model_dir, options.load_format,
                                std=float(config.get("initializer_range", 0.02)))
         try:
-            weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device)
+            weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device,
+                                   shard=shard)
         finally:
             ckpt.close()
-        return Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,
-                          device=options.device, dtype=options.dtype)
+        model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,
+                           device=options.device, dtype=options.dtype, tp=tp, shard=shard)
+        model.weights_bytes_read = getattr(ckpt, "bytes_read", None)
+        return model

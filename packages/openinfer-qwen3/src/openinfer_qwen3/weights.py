@@ -1,18 +1,54 @@
-"""Qwen3 tensors from a HuggingFace checkpoint: names mapped, q/k/v and gate/up fused at load."""
+"""Qwen3 tensors from a HuggingFace checkpoint: names mapped, q/k/v and gate/up fused at load;
+under tensor parallelism only the rank's slices are read (`Qwen3Shard`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint
+from openinfer_core.distributed.sharding import (
+    HeadShard,
+    VocabShard,
+    attention_heads,
+    split_range,
+    vocab_shard,
+)
+from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint, get_part
 from openinfer_qwen3.config import Qwen3Config
+
+
+@dataclass(frozen=True, slots=True)
+class Qwen3Shard:
+    """The part of Qwen3 one tensor-parallel rank holds: q/k/v and gate/up are split by output
+    rows (column-parallel), o and down by input columns (row-parallel: their outputs are
+    partial sums, all-reduced), the embedding and LM head by vocabulary rows; norms are
+    replicated. Rank 0 of 1 holds everything."""
+
+    heads: HeadShard
+    intermediate: range
+    vocab: VocabShard
+
+    @classmethod
+    def of(cls, cfg: Qwen3Config, rank: int = 0, size: int = 1) -> Qwen3Shard:
+        return cls(attention_heads(cfg.num_heads, cfg.num_kv_heads, rank, size),
+                   split_range(cfg.intermediate_size, size, rank),
+                   vocab_shard(cfg.vocab_size, rank, size))
+
+    def local_config(self, cfg: Qwen3Config) -> Qwen3Config:
+        """`cfg` with this rank's head counts and MLP width (the vocabulary stays whole: it
+        is the size of the logits every rank returns)."""
+        return dataclasses.replace(cfg, num_heads=len(self.heads.q_heads),
+                                   num_kv_heads=len(self.heads.kv_heads),
+                                   intermediate_size=len(self.intermediate))
 
 
 @dataclass(slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [H]
+    # Shapes at one rank; a tensor-parallel rank holds its heads' and MLP columns' parts.
     qkv: torch.Tensor  # [q_size + 2 * kv_size, H]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor  # [D]
@@ -25,10 +61,10 @@ class LayerWeights:
 
 @dataclass(slots=True)
 class Qwen3Weights:
-    embed: torch.Tensor  # [V, H]
+    embed: torch.Tensor  # [V, H] (a rank's [padded vocabulary part, H])
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
+    lm_head: torch.Tensor  # like `embed`; the embedding itself when tied
 
     def decode_bytes(self) -> int:
         """Bytes one decode step reads: every weight once, except an untied embedding table,
@@ -42,37 +78,55 @@ class Qwen3Weights:
 
 
 def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype: torch.dtype,
-                 device: torch.device) -> Qwen3Weights:
-    """Read every tensor Qwen3 needs, checking shapes against `cfg` (errors name the tensor)."""
+                 device: torch.device, shard: Qwen3Shard | None = None) -> Qwen3Weights:
+    """Read every tensor Qwen3 needs (only `shard`'s slices of them; default: all), checking
+    full shapes against `cfg` (errors name the tensor). The embedding and LM head get zero
+    rows up to `shard.vocab.padded`."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shard = shard or Qwen3Shard.of(cfg)
+    q_rows = _scaled(shard.heads.q_heads, d)
+    kv_rows = _scaled(shard.heads.kv_heads, d)
 
-    def get(name: str, *shape: int) -> torch.Tensor:
-        return ckpt.get(name, shape=shape, dtype=dtype, device=device)
+    def get(name: str, *shape: int, dim: int = 0, part: range | None = None) -> torch.Tensor:
+        if part is None or len(part) == shape[dim]:
+            return ckpt.get(name, shape=shape, dtype=dtype, device=device)
+        return get_part(ckpt, name, shape=shape, dim=dim, part=part, dtype=dtype, device=device)
 
     layers = []
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        qkv = torch.cat([get(attn + "q_proj.weight", cfg.q_size, h),
-                         get(attn + "k_proj.weight", cfg.kv_size, h),
-                         get(attn + "v_proj.weight", cfg.kv_size, h)])
+        qkv = torch.cat([get(attn + "q_proj.weight", cfg.q_size, h, part=q_rows),
+                         get(attn + "k_proj.weight", cfg.kv_size, h, part=kv_rows),
+                         get(attn + "v_proj.weight", cfg.kv_size, h, part=kv_rows)])
         bias = None
         if cfg.attention_bias:
-            bias = torch.cat([get(attn + "q_proj.bias", cfg.q_size),
-                              get(attn + "k_proj.bias", cfg.kv_size),
-                              get(attn + "v_proj.bias", cfg.kv_size)])
+            bias = torch.cat([get(attn + "q_proj.bias", cfg.q_size, part=q_rows),
+                              get(attn + "k_proj.bias", cfg.kv_size, part=kv_rows),
+                              get(attn + "v_proj.bias", cfg.kv_size, part=kv_rows)])
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight", h),
             qkv=qkv,
             qkv_bias=bias,
             q_norm=get(attn + "q_norm.weight", d),
             k_norm=get(attn + "k_norm.weight", d),
-            o_proj=get(attn + "o_proj.weight", h, cfg.q_size),
+            o_proj=get(attn + "o_proj.weight", h, cfg.q_size, dim=1, part=q_rows),
             post_norm=get(p + "post_attention_layernorm.weight", h),
-            gate_up=torch.cat([get(mlp + "gate_proj.weight", i, h),
-                               get(mlp + "up_proj.weight", i, h)]),
-            down=get(mlp + "down_proj.weight", h, i),
+            gate_up=torch.cat([get(mlp + "gate_proj.weight", i, h, part=shard.intermediate),
+                               get(mlp + "up_proj.weight", i, h, part=shard.intermediate)]),
+            down=get(mlp + "down_proj.weight", h, i, dim=1, part=shard.intermediate),
         ))
-    embed = get("model.embed_tokens.weight", cfg.vocab_size, h)
-    lm_head = embed if cfg.tie_word_embeddings else get("lm_head.weight", cfg.vocab_size, h)
+
+    def vocab_rows(name: str) -> torch.Tensor:
+        rows = get(name, cfg.vocab_size, h, part=shard.vocab.rows)
+        missing = shard.vocab.padded - rows.shape[0]
+        return F.pad(rows, (0, 0, 0, missing)) if missing else rows
+
+    embed = vocab_rows("model.embed_tokens.weight")
+    lm_head = embed if cfg.tie_word_embeddings else vocab_rows("lm_head.weight")
     return Qwen3Weights(embed, layers, get("model.norm.weight", h), lm_head)
+
+
+def _scaled(heads: range, head_dim: int) -> range:
+    """The weight rows (or columns) of `heads`."""
+    return range(heads.start * head_dim, heads.stop * head_dim)

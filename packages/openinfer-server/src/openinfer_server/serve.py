@@ -72,9 +72,6 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
     if args.demo is not None and args.model is not None:
         parser.error("argument --demo: serves a built-in demo model in place of MODEL; give "
                      "one or the other")
-    if args.tensor_parallel_size != 1:
-        parser.error("argument --tensor-parallel-size: only 1 is supported for now "
-                     "(one GPU per server)")
     try:
         config = EngineConfig(
             model="", device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
@@ -87,7 +84,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             async_scheduling=args.async_scheduling, kv_offload=args.kv_offload,
             kv_offload_host_gib=args.kv_offload_host_gib,
             kv_offload_disk_dir=args.kv_offload_disk_dir,
-            kv_offload_disk_gib=args.kv_offload_disk_gib)
+            kv_offload_disk_gib=args.kv_offload_disk_gib,
+            tensor_parallel_size=args.tensor_parallel_size)
         config.check_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")

@@ -47,9 +47,13 @@ class EngineConfig:
     kv_offload_host_gib: float = 8.0  # pinned host memory, allocated at start
     kv_offload_disk_dir: str | None = None  # the disk tier's directory (kept across restarts)
     kv_offload_disk_gib: float = 64.0  # the disk tier's bound
+    # Ranks the model is split over (`--tensor-parallel-size`): one process per GPU (CPU: all
+    # on the CPU, gloo), started by the engine (openinfer_core.distributed).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        positive = ("max_num_seqs", "max_num_batched_tokens", "block_size")
+        positive = ("max_num_seqs", "max_num_batched_tokens", "block_size",
+                    "tensor_parallel_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,6 +96,11 @@ class EngineConfig:
         if index >= count:
             raise InvalidParameterError(
                 "device", f"{self.device} was asked for but {count} GPU(s) are visible")
+        if index + self.tensor_parallel_size > count:
+            raise InvalidParameterError(
+                "tensor_parallel_size", f"{self.tensor_parallel_size} ranks from {self.device} "
+                f"need GPUs {index}..{index + self.tensor_parallel_size - 1}, but {count} "
+                "GPU(s) are visible")
 
     def torch_device(self) -> torch.device:
         import torch

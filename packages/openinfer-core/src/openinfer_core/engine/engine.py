@@ -24,6 +24,7 @@ from openinfer_core.engine.warmup import warm_up_eager_steps
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
+from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
 from openinfer_core.plugins import PluginManager, get_plugin_manager
 from openinfer_core.request import GenerateRequest
@@ -211,10 +212,13 @@ class Engine:
         return self._extras.emit(events)
 
     def close(self) -> None:
-        """Let the offload tiers finish their copies and writes. Engine thread, or after it
-        stopped."""
+        """Let the offload tiers finish their copies and writes, then stop what the model
+        started (tensor-parallel workers). Engine thread, or after it stopped."""
         if self.offload is not None:
             self.offload.close()
+        close_model = getattr(self.model, "close", None)
+        if close_model is not None:
+            close_model()
 
     def _plain_step(self, events: list[TokenEvent]) -> None:
         batch = self.scheduler.schedule()
@@ -226,6 +230,8 @@ class Engine:
             fwd = self.runner.forward(batch)
             launched = self.runner.sample(fwd, self._extras.token_mask(fwd))
             sampled = launched.result()
+        except ModelFailedError:
+            raise  # no step can run any more: the engine stops (its users end every request)
         except Exception as exc:
             # The batch fails, the engine lives: every request in it gets Error.
             log.error("step failed: %s", traceback.format_exc())

@@ -63,9 +63,17 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     log.info("loading %s with model line %r (%s, %s, attention=%s)", model_dir, entry.name,
              device, dtype, backend_name)
     start = time.perf_counter()
-    model: Model = entry.load().load(model_dir, hf_config, LoadOptions(
+    options = LoadOptions(
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
-        load_format="dummy" if config.load_format == "dummy" else "safetensors"))
+        load_format="dummy" if config.load_format == "dummy" else "safetensors")
+    model: Model
+    if config.tensor_parallel_size > 1:
+        from openinfer_core.distributed import TensorParallelModel
+
+        model = TensorParallelModel.start(entry.load(), model_dir, hf_config, options,
+                                          config.tensor_parallel_size)
+    else:
+        model = entry.load().load(model_dir, hf_config, options)
     loaded = time.perf_counter()
     key = profile_key(config, model, hf_config, backend_name) if device.type == "cuda" else {}
     compile_ahead.plan(model, key)

@@ -24,6 +24,7 @@ import traceback
 from openinfer_core.engine.runner import Launched, ModelRunner
 from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.events import TokenEvent
+from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler
 
 log = logging.getLogger("openinfer")
@@ -65,6 +66,8 @@ class OverlappedLoop:
                         previous = None
                     mask = self.extras.token_mask(fwd)
                 self._in_flight = self.runner.sample(fwd, mask)
+            except ModelFailedError:
+                raise  # no step can run any more: the engine stops (its users end every request)
             except Exception as exc:
                 log.error("step failed: %s", traceback.format_exc())
                 events.extend(self.scheduler.fail(batch, f"engine error: {exc!r}"))
@@ -75,6 +78,8 @@ class OverlappedLoop:
     def _finish(self, launched: Launched) -> list[TokenEvent]:
         try:
             sampled = launched.result()
+        except ModelFailedError:
+            raise
         except Exception as exc:
             log.error("step failed: %s", traceback.format_exc())
             return self.scheduler.fail(launched.output, f"engine error: {exc!r}")

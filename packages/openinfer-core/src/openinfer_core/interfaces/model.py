@@ -83,6 +83,32 @@ class Model(Protocol):
         ...
 
 
+class ModelFailedError(RuntimeError):
+    """Raised by `Model.forward` when the model cannot run any further step (a
+    tensor-parallel rank died or a collective failed or timed out): unlike any other forward
+    error, which fails only its batch, the engine ends every request with an error and stops."""
+
+
+@runtime_checkable
+class TensorParallelGroup(Protocol):
+    """The ranks a tensor-parallel model is split over, as its model line sees them: each
+    rank's `forward` runs the same batch and calls these collectives in the same order. Every
+    call blocks until all ranks made it, or raises when a rank died or the group's timeout
+    passed. Implemented by `openinfer_core.distributed.TorchTensorParallelGroup`."""
+
+    rank: int  # 0 .. size - 1; rank 0 is the engine's process and returns the logits
+    size: int
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place; returns `x`."""
+        ...
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` (same shape on all ranks), concatenated along the last dim in rank
+        order: [..., size * x.shape[-1]]."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
     device: torch.device
@@ -90,11 +116,21 @@ class LoadOptions:
     attention: AttentionBackend
     max_model_len: int | None = None
     load_format: str = "safetensors"  # or "dummy": random weights at the config's shapes
+    # Set: load only this rank's shard (`openinfer_core.distributed.sharding` says which
+    # slices) and make `forward` run the collectives; only lines whose class has
+    # `supports_tensor_parallel = True` are given one.
+    tensor_parallel: TensorParallelGroup | None = None
 
 
 @runtime_checkable
 class ModelLine(Protocol):
-    """A model family. Registered through `openinfer_register_models` as `"module:Class"`."""
+    """A model family. Registered through `openinfer_register_models` as `"module:Class"`.
+
+    Optional: `supports_tensor_parallel: ClassVar[bool]` (absent means False): `load` honours
+    `LoadOptions.tensor_parallel`, the returned model's `kv_bytes_per_block` is rank 0's (no
+    rank's shard may be larger) and its `forward` returns the full-vocabulary logits on every
+    rank. `--tensor-parallel-size N` (`openinfer_core.distributed.TensorParallelModel`) then
+    calls `load` once per rank, each in its own process."""
 
     name: ClassVar[str]
 

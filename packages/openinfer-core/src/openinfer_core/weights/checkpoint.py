@@ -29,6 +29,7 @@ class Checkpoint:
         self._handles: dict[str, Any] = {}
         self._read: dict[str, torch.Tensor] = {}  # whole-shard reads not yet taken
         self._shards_read: set[str] = set()
+        self.bytes_read = 0  # tensor bytes handed out by `get` and `get_part`
 
     def _index(self) -> dict[str, str]:
         index_path = self.folder / INDEX_FILE
@@ -98,7 +99,34 @@ class Checkpoint:
                 tensor = self._handle(name).get_tensor(name)
             except Exception as exc:
                 raise WeightLoadError(f"cannot read tensor {name!r}: {exc}") from exc
+        self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor.to(device=device, dtype=dtype or tensor.dtype)
+
+    def get_part(self, name: str, *, shape: tuple[int, ...], dim: int, part: range,
+                 dtype: torch.dtype | None = None,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+        """Rows (`dim` 0) or columns (`dim` 1) `part` of tensor `name`, whose full shape is
+        checked against `shape`: only those bytes are read from the memory map (a tensor-
+        parallel rank's shard). Whole-shard reads do not apply."""
+        self._check_part(name, shape, dim, part)
+        try:
+            view = self._handle(name).get_slice(name)
+            index = (slice(part.start, part.stop),) if dim == 0 else (
+                slice(None), slice(part.start, part.stop))
+            tensor = view[index]
+        except Exception as exc:
+            raise WeightLoadError(f"cannot read part of tensor {name!r}: {exc}") from exc
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor.to(device=device, dtype=dtype or tensor.dtype)
+
+    def _check_part(self, name: str, shape: tuple[int, ...], dim: int, part: range) -> None:
+        if self.shape(name) != tuple(shape):
+            raise WeightLoadError(
+                f"tensor {name!r} in {str(self.folder)!r} has shape {list(self.shape(name))}, "
+                f"expected {list(shape)} from config.json"
+            )
+        if dim not in (0, 1) or dim >= len(shape) or not 0 <= part.start <= part.stop <= shape[dim]:
+            raise ValueError(f"part {part} of dim {dim} is not within {name!r} {list(shape)}")
 
     def _from_shard(self, name: str, device: torch.device) -> torch.Tensor | None:
         """Tensor `name` from its shard, read whole onto `device` the first time one of its
@@ -113,6 +141,18 @@ class Checkpoint:
     def close(self) -> None:
         self._handles.clear()
         self._read.clear()
+
+
+def get_part(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[int, ...],
+             dim: int, part: range, dtype: torch.dtype | None = None,
+             device: torch.device | str = "cpu") -> torch.Tensor:
+    """`Checkpoint.get_part` for either kind of checkpoint: a dummy one makes the whole
+    tensor (its values depend on the name only, so every rank's part matches one model) and
+    keeps the part."""
+    if isinstance(ckpt, Checkpoint):
+        return ckpt.get_part(name, shape=shape, dim=dim, part=part, dtype=dtype, device=device)
+    whole = ckpt.get(name, shape=shape, dtype=dtype, device=device)
+    return whole.narrow(dim, part.start, len(part)).clone()
 
 
 def open_checkpoint(model_dir: str | Path, load_format: str = "safetensors", *,

@@ -1,0 +1,70 @@
+"""The tensor-parallel process group over torch.distributed: NCCL on CUDA, gloo on CPU.
+
+Each rank's process joins the default process group through a file store in a folder the
+launcher made (one host); every collective inherits the group's timeout, so no wait is
+unbounded. One group per process at a time: `close()` before building another."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("openinfer")
+
+
+class TorchTensorParallelGroup:
+    """`interfaces.model.TensorParallelGroup` over torch.distributed's default group.
+
+    The collectives take device tensors and never synchronise the host with the device
+    (all-reduce in place, all-gather into one preallocated tensor), so they can be captured in
+    CUDA graphs once the engine captures tensor-parallel steps. Engine thread only."""
+
+    def __init__(self, rank: int, size: int, device: torch.device, store_path: Path,
+                 timeout_s: float) -> None:
+        self.rank = rank
+        self.size = size
+        self.device = device
+        self.timeout_s = timeout_s
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if dist.is_initialized():
+            raise RuntimeError("a torch.distributed process group already exists in this "
+                               "process: close the other tensor-parallel model first")
+        store = dist.FileStore(str(store_path), size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+        self._closed = False
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty((self.size, *x.shape), dtype=x.dtype, device=x.device)
+        if x.is_cuda:
+            dist.all_gather_into_tensor(out, x)
+        else:  # gloo has no all_gather_into_tensor
+            dist.all_gather(list(out.unbind(0)), x)
+        return out.movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
+
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """`x` from rank `src` on every rank, in place; returns `x`."""
+        dist.broadcast(x, src)
+        return x
+
+    def close(self) -> None:
+        """Leave the group (idempotent). After a failed collective the group may be broken:
+        leaving it then is logged, not raised (the failure itself was raised already)."""
+        if self._closed:
+            return
+        self._closed = True
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a broken group: nothing left to do with it
+                log.warning("leaving the tensor-parallel group failed: %s", exc)

@@ -1,0 +1,290 @@
+"""`--tensor-parallel-size N`: rank 0 of a model split over N processes, behind the `Model`
+protocol, so the engine loop does not change.
+
+The engine's process is rank 0: it loads shard 0 through the model line itself and spawns one
+worker process per other rank (`worker.py`), each loading its own shard and KV cache (the
+same block count). Each step `forward` publishes the batch's header once over a ZeroMQ XPUB,
+broadcasts its device tensors over the group, then runs shard 0; the shards' collectives
+meet inside the model line's forward, and rank 0 returns the full-vocabulary logits.
+
+Failure: every wait is bounded (collectives by the group's timeout, start-up by
+`start_timeout_s`); a dead worker or a failed collective makes `forward` raise
+`ModelFailedError`, and every later call too."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from openinfer_core.distributed.batch_wire import header_of, pack
+from openinfer_core.distributed.group import TorchTensorParallelGroup
+from openinfer_core.distributed.worker import WorkerSpec, run_worker
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.model import (
+    ForwardBatch,
+    LoadOptions,
+    Model,
+    ModelFailedError,
+)
+
+log = logging.getLogger("openinfer")
+
+# Seconds any collective may wait for the other ranks (a layer's compute on the slowest rank,
+# a first-step kernel compile): past it the step fails instead of hanging.
+TIMEOUT_ENV = "OPENINFER_TP_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 1800.0  # loading a shard: large checkpoints from slow disks
+
+
+def _target(obj: type) -> str:
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+class TensorParallelModel:
+    """Rank 0's face of a tensor-parallel model (`interfaces.model.Model`). Build it with
+    `start`; `close()` stops the workers (the engine thread, or after it stopped)."""
+
+    cuda_graph_safe = False  # the workers would have to replay the same graphs: not yet
+
+    def __init__(self, local: Model, group: TorchTensorParallelGroup,
+                 workers: list[_Worker], publisher: zmq.Socket[bytes], context: zmq.Context[Any],
+                 folder: Path, threads: int) -> None:
+        self.local = local
+        self.group = group
+        self.workers = workers
+        self.vocab_size = local.vocab_size
+        self.max_model_len = local.max_model_len
+        self.device = local.device
+        self.size = group.size
+        self.weight_bytes = getattr(local, "weight_bytes", 0)  # rank 0's, read per device
+        self.sampling_kernels = getattr(local, "sampling_kernels", None)
+        self._publisher = publisher
+        self._context = context
+        self._folder = folder
+        self._threads = threads  # torch's thread count to restore on close (CPU), or 0
+        self._failed: str | None = None
+        self._closed = False
+
+    @classmethod
+    def start(cls, line: Any, model_dir: Path, config: dict[str, Any], options: LoadOptions,
+              size: int, *, timeout_s: float | None = None,
+              start_timeout_s: float = START_TIMEOUT_S) -> TensorParallelModel:
+        """Spawn ranks 1..size-1, load shard 0 here, and wait until every rank is loaded.
+        `line` is the model line class (`supports_tensor_parallel` must be set)."""
+        if not getattr(line, "supports_tensor_parallel", False):
+            raise ModelConfigError(
+                f"model line {getattr(line, 'name', line)!r} does not support tensor "
+                "parallelism: use --tensor-parallel-size 1")
+        if timeout_s is None:
+            timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        folder = Path(tempfile.mkdtemp(prefix="openinfer-tp-"))
+        context: zmq.Context[Any] = zmq.Context()
+        publisher = context.socket(zmq.XPUB)
+        publisher.setsockopt(zmq.XPUB_VERBOSE, 1)  # one message per subscriber that joins
+        publisher.setsockopt(zmq.SNDHWM, 0)  # never drop a step
+        publisher.setsockopt(zmq.LINGER, 0)
+        address = f"ipc://{folder}/batches"
+        publisher.bind(address)
+        threads = 0
+        if options.device.type == "cpu":  # the ranks share the cores
+            threads = torch.get_num_threads()
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        base = _spec_base(line, model_dir, config, options, size, folder, address, timeout_s)
+        workers = [_Worker.spawn(dataclasses.replace(
+            base, rank=r, device=_rank_device(options.device, r))) for r in range(1, size)]
+        group = None
+        try:
+            group = TorchTensorParallelGroup(0, size, options.device, folder / "store",
+                                             timeout_s)
+            local = line.load(model_dir, config,
+                              dataclasses.replace(options, tensor_parallel=group))
+            deadline = time.monotonic() + start_timeout_s
+            for worker in workers:
+                worker.wait_for("ready", deadline)
+            _wait_subscribers(publisher, size - 1, deadline)
+        except BaseException:
+            _stop_workers(workers, timeout=0.0)
+            if group is not None:
+                group.close()
+            context.destroy(linger=0)
+            shutil.rmtree(folder, ignore_errors=True)
+            if threads:
+                torch.set_num_threads(threads)
+            raise
+        log.info("tensor parallel: %d ranks (%s), worker pids %s", size, options.device,
+                 [w.process.pid for w in workers])
+        return cls(local, group, workers, publisher, context, folder, threads)
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """Rank 0's: its shard is the largest (`sharding` gives earlier ranks the larger
+        parts), and every rank allocates the same number of blocks."""
+        return self.local.kv_bytes_per_block(block_size)
+
+    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
+        self._publish(("kv", num_blocks, block_size))
+        kv = self.local.create_kv_cache(num_blocks, block_size)
+        deadline = time.monotonic() + self.group.timeout_s
+        try:
+            for worker in self.workers:
+                worker.wait_for("kv", deadline)
+        except ModelFailedError as exc:
+            self._failed = str(exc)
+            raise
+        return kv
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Every rank runs `batch`; returns rank 0's logits (the full vocabulary)."""
+        if self._failed is not None:
+            raise ModelFailedError(self._failed)
+        dead = [w.rank for w in self.workers if not w.process.is_alive()]
+        if dead:
+            raise self._fail(f"rank(s) {dead} died before this step")
+        try:
+            self._publish(("forward", header_of(batch)))
+            self.group.broadcast(pack(batch))
+            return self.local.forward(batch)
+        except Exception as exc:
+            raise self._fail(f"{type(exc).__name__}: {exc}") from exc
+
+    def _publish(self, message: tuple[Any, ...]) -> None:
+        self._publisher.send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _fail(self, why: str) -> ModelFailedError:
+        """The group is out of step for good: say why, with what the workers said."""
+        multiprocessing.connection.wait([w.process.sentinel for w in self.workers], 1.0)
+        notes = [note for w in self.workers if (note := w.describe_exit()) is not None]
+        self._failed = (f"tensor parallelism failed ({self.size} ranks): {why}"
+                        + "".join(f"\n{n}" for n in notes if n not in why))
+        log.error("%s", self._failed)
+        return ModelFailedError(self._failed)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the workers (asked, then killed after `timeout`) and leave the group.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._failed is None:
+            with contextlib.suppress(zmq.ZMQError):  # the workers are killed below anyway
+                self._publish(("stop",))
+        _stop_workers(self.workers, timeout)
+        self.group.close()
+        self._context.destroy(linger=0)
+        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._threads:
+            torch.set_num_threads(self._threads)
+
+
+class _Worker:
+    """A spawned rank and the pipe it answers on."""
+
+    def __init__(self, rank: int, process: BaseProcess,
+                 conn: multiprocessing.connection.Connection) -> None:
+        self.rank = rank
+        self.process = process
+        self.conn = conn
+        self.error: str | None = None  # the traceback it sent before dying
+
+    @classmethod
+    def spawn(cls, spec: WorkerSpec) -> _Worker:
+        context = multiprocessing.get_context("spawn")
+        conn, child_end = context.Pipe()
+        process = context.Process(target=run_worker, args=(spec, child_end),
+                                  name=f"openinfer-tp{spec.rank}", daemon=True)
+        process.start()
+        child_end.close()
+        return cls(spec.rank, process, conn)
+
+    def wait_for(self, kind: str, deadline: float) -> Any:
+        """The payload of this worker's next message, which must be `kind`; raises
+        `ModelFailedError` when it dies, reports an error, or `deadline` passes."""
+        while True:
+            left = deadline - time.monotonic()
+            ready = multiprocessing.connection.wait([self.conn, self.process.sentinel],
+                                                    max(0.0, left))
+            if self.conn in ready:
+                try:
+                    got, payload = self.conn.recv()
+                except EOFError:
+                    got, payload = "error", None
+                if got == kind:
+                    return payload
+                if got == "error":
+                    self.error = payload
+                    self.process.join(5)
+                    raise ModelFailedError(self.describe_exit() or f"rank {self.rank} failed")
+            elif ready:  # the sentinel: dead without a word
+                self.process.join(5)
+                raise ModelFailedError(self.describe_exit() or f"rank {self.rank} died")
+            elif left <= 0:
+                raise ModelFailedError(f"tensor-parallel rank {self.rank} (pid "
+                                       f"{self.process.pid}) did not answer {kind!r} in time")
+
+    def describe_exit(self) -> str | None:
+        """Why this worker is gone (None while it runs)."""
+        if self.error is None and self.conn.poll():
+            try:
+                got, payload = self.conn.recv()
+                self.error = payload if got == "error" else None
+            except (EOFError, OSError):
+                pass
+        if self.process.is_alive() and self.error is None:
+            return None
+        what = (f"tensor-parallel rank {self.rank} (pid {self.process.pid}) exited with code "
+                f"{self.process.exitcode}" if not self.process.is_alive()
+                else f"tensor-parallel rank {self.rank} (pid {self.process.pid}) failed")
+        return what if self.error is None else f"{what}:\n{self.error}"
+
+
+def _spec_base(line: Any, model_dir: Path, config: dict[str, Any], options: LoadOptions,
+               size: int, folder: Path, address: str, timeout_s: float) -> WorkerSpec:
+    return WorkerSpec(
+        rank=0, size=size, model_line=_target(line), attention=_target(type(options.attention)),
+        model_dir=str(model_dir), hf_config=config, device=str(options.device),
+        dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,
+        load_format=options.load_format, store_path=str(folder / "store"),
+        batch_address=address, timeout_s=timeout_s,
+        num_threads=torch.get_num_threads() if options.device.type == "cpu" else 0,
+        log_level=logging.getLevelName(log.getEffectiveLevel()).lower())
+
+
+def _rank_device(device: torch.device, rank: int) -> str:
+    """Rank r's device: the r-th GPU after rank 0's; the CPU for all on CPU."""
+    if device.type == "cuda":
+        return f"cuda:{(device.index or 0) + rank}"
+    return str(device)
+
+
+def _wait_subscribers(publisher: zmq.Socket[bytes], count: int, deadline: float) -> None:
+    """Until `count` workers subscribed to the XPUB: a message published before a
+    subscription arrives would be lost (ZeroMQ's slow joiner)."""
+    for _ in range(count):
+        left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        if not publisher.poll(left_ms):
+            raise ModelFailedError("tensor-parallel workers did not subscribe in time")
+        publisher.recv()
+
+
+def _stop_workers(workers: list[_Worker], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(5)
+        worker.conn.close()

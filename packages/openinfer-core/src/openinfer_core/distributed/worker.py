@@ -1,0 +1,126 @@
+"""A tensor-parallel rank other than 0: its own process, its own shard and KV cache.
+
+    join the group, load the shard, say `ready` on the pipe
+    loop: wait for rank 0's next message (checking that rank 0 lives)
+          kv      -> allocate the KV cache, say `kv` on the pipe
+          forward -> receive the batch's broadcast, run the shard's forward (collectives inside)
+          stop    -> leave
+
+Any failure is reported on the pipe (`error`, the traceback) and ends the process: rank 0's
+collectives then fail at once (gloo: the connection closes) or at their timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from openinfer_core.distributed.batch_wire import BatchHeader, empty_flat, unpack
+from openinfer_core.distributed.group import TorchTensorParallelGroup
+from openinfer_core.interfaces.model import LoadOptions, Model
+from openinfer_core.registry import import_target
+
+log = logging.getLogger("openinfer")
+
+POLL_MS = 1000  # how often an idle worker checks that rank 0 is alive
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Everything a worker needs to load its shard (picklable: it crosses a spawn)."""
+
+    rank: int
+    size: int
+    model_line: str  # "module:Class"
+    attention: str  # "module:Class", built as cls()
+    model_dir: str
+    hf_config: dict[str, Any]
+    device: str
+    dtype: str  # torch dtype name, e.g. "float32"
+    max_model_len: int | None
+    load_format: str
+    store_path: str  # the group's file store
+    batch_address: str  # rank 0's ZeroMQ XPUB
+    timeout_s: float
+    num_threads: int  # torch intra-op threads on CPU (0: torch's default)
+    log_level: str
+
+
+def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
+    """The worker process's entry point. It outlives no rank 0: an idle worker polls for it,
+    and a busy one's collectives fail when rank 0's end of the group closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
+    logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
+                        format=f"%(levelname)s %(asctime)s [tp{spec.rank}] %(message)s")
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+    context = zmq.Context()
+    group = None
+    try:
+        batches = context.socket(zmq.SUB)
+        batches.setsockopt(zmq.RCVHWM, 0)
+        batches.setsockopt(zmq.SUBSCRIBE, b"")
+        batches.connect(spec.batch_address)
+        device = torch.device(spec.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        group = TorchTensorParallelGroup(spec.rank, spec.size, device, Path(spec.store_path),
+                                         spec.timeout_s)
+        model = _load(spec, group, device)
+        conn.send(("ready", getattr(model, "weights_bytes_read", None)))
+        _serve(model, group, batches, conn, device)
+    except BaseException:
+        with contextlib.suppress(OSError):  # rank 0 is gone: nobody to tell
+            conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1) from None
+    finally:
+        if group is not None:
+            group.close()
+        context.destroy(linger=0)
+
+
+def _load(spec: WorkerSpec, group: TorchTensorParallelGroup, device: torch.device) -> Model:
+    options = LoadOptions(device=device, dtype=getattr(torch, spec.dtype),
+                          attention=import_target(spec.attention)(),
+                          max_model_len=spec.max_model_len, load_format=spec.load_format,
+                          tensor_parallel=group)
+    model: Model = import_target(spec.model_line).load(Path(spec.model_dir), spec.hf_config,
+                                                      options)
+    return model
+
+
+@torch.inference_mode()
+def _serve(model: Model, group: TorchTensorParallelGroup, batches: zmq.Socket[bytes],
+           conn: multiprocessing.connection.Connection, device: torch.device) -> None:
+    parent = os.getppid()
+    while True:
+        if not batches.poll(POLL_MS):
+            if os.getppid() != parent:
+                log.error("rank 0 died: stopping")
+                return
+            continue
+        message = pickle.loads(batches.recv())
+        kind = message[0]
+        if kind == "forward":
+            header: BatchHeader = message[1]
+            flat = group.broadcast(empty_flat(header, device))
+            model.forward(unpack(header, flat))
+        elif kind == "kv":
+            model.create_kv_cache(message[1], message[2])
+            conn.send(("kv", None))
+        elif kind == "stop":
+            return
+        else:
+            raise RuntimeError(f"unknown message from rank 0: {kind!r}")
+
