@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [pdl] [flashinfer] [ttft] [dsv4]
+# [gemm] [pdl] [flashinfer] [ttft] [dsv4] [tp] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -60,6 +60,28 @@ if has tests; then
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
   timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
     --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/golden_tests.log"
+fi
+if has tp; then
+  M32=/tmp/qwen3-32b
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$M32')"
+  stage "tensor parallelism: TP=2 against one GPU, Qwen3-8B shapes, teacher-forced"
+  timeout 400 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_gpu.py 2>&1 \
+    | tail -15 | tee "$OUT/tp_tests.log"
+  for size in 8b 32b; do
+    model=$M8; [ "$size" = 32b ] && model=$M32
+    for tp in 1 2; do
+      stage "batch-1 latency, Qwen3-${size^^}, TP=$tp"
+      timeout 240 python3 -m openinfer_server.cli bench latency $model --load-format dummy \
+        --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
+        --tensor-parallel-size $tp --result-file "$OUT/latency-qwen3-$size-tp$tp.json" \
+        | grep -E "TPOT|floor"
+      stage "offline throughput 128/128 x 512, Qwen3-${size^^}, TP=$tp"
+      timeout 300 python3 -m openinfer_server.cli bench throughput $model --load-format dummy \
+        --max-num-seqs 512 --max-model-len 4608 --num-prompts 512 --input-len 128 \
+        --output-len 128 --tensor-parallel-size $tp \
+        --result-file "$OUT/throughput-$size-128-tp$tp.json" | tail -3
+    done
+  done
 fi
 if has dsv4; then
   DSV4_TESTS="test_fp8_linear test_fp4_moe test_sparse_attention test_indexer test_mhc test_compress_triton"

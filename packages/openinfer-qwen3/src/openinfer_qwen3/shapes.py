@@ -28,6 +28,9 @@ QWEN3_SHAPES: dict[str, dict[str, Any]] = {
                  "tie_word_embeddings": True},
     "Qwen3-8B": {**_COMMON, "hidden_size": 4096, "intermediate_size": 12288,
                  "tie_word_embeddings": False},
+    "Qwen3-32B": {**_COMMON, "hidden_size": 5120, "intermediate_size": 25600,
+                  "num_attention_heads": 64, "num_hidden_layers": 64,
+                  "tie_word_embeddings": False},
 }
 
 
