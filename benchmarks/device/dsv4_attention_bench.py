@@ -13,39 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections.abc import Callable
 
 import torch
+from cuda_timing import copy_bandwidth, median_us
 
 from openinfer_kernels.indexer import indexer_topk_paged_ref
 from openinfer_kernels.indexer.triton import indexer_topk_paged_triton, indexer_topk_triton
 from openinfer_kernels.sparse_attention import sparse_sink_attention_ref
 from openinfer_kernels.sparse_attention.triton import plan, sparse_sink_attention_triton
 
-HEADS, DIM, WINDOW, PICKED = 64, 512, 128, 512
-INDEX_HEADS, INDEX_DIM, TOP_K, RATIO, BLOCK = 64, 128, 512, 4, 64
-
 
 def median_ms(fn: Callable[[], object], reps: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_us(fn, reps) / 1e3
 
 
-def read_bandwidth() -> float:
-    """Bytes read per second by a 1 GiB device-to-device copy."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return src.numel() / (median_ms(lambda: dst.copy_(src), reps=20) / 1e3)
+HEADS, DIM, WINDOW, PICKED = 64, 512, 128, 512
+INDEX_HEADS, INDEX_DIM, TOP_K, RATIO, BLOCK = 64, 128, 512, 4, 64
 
 
 def attention_case(batch: int, kind: str) -> tuple[tuple[object, ...], int]:
@@ -136,12 +120,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     args = ap.parse_args()
-    bandwidth = read_bandwidth()
+    bandwidth = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy reads {bandwidth / 1e12:.2f} TB/s")
     rows = attention_rows(bandwidth) + indexer_rows(bandwidth)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"read_bandwidth": bandwidth, "rows": rows}, f, indent=1)
+            json.dump({"copy_bandwidth": bandwidth, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

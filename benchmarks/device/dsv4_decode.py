@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 
+from cuda_timing import copy_bandwidth, median_us
 from dsv4_transformers import transformers_config
 
 from openinfer_core.engine.batch import plan_batch
@@ -32,27 +33,6 @@ from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
 
 PEAK_BF16 = 989e12  # H100 SXM dense
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    return 2 * src.numel() / (_time(lambda: dst.copy_(src), 20) / 1e3)
-
-
-def _time(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
-    """Median ms of `fn` over `reps` runs, CUDA events."""
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def layer_cost(engine: Engine, batch: int, context: int) -> tuple[float, float]:
@@ -153,10 +133,10 @@ def _measure(engine: Engine, batch: int, context: int, reps: int,
             assert engine.kv.allocate(s.request_id, context + 1)
         step = plan_batch([ScheduledRow(s, 1, True) for s in seqs],
                           engine.kv).to_device(model.device)
-        step_ms = _time(lambda: model.forward(step), reps)
+        step_ms = median_us(lambda: model.forward(step), reps) / 1e3
         ids = step.input_ids
-        ends_ms = _time(lambda: head_logits(embed_streams(ids, model.w, cfg), model.w, cfg),
-                        reps)
+        ends_ms = median_us(lambda: head_logits(embed_streams(ids, model.w, cfg), model.w, cfg),
+                            reps) / 1e3
     finally:
         for s in seqs:
             engine.kv.free(s.request_id)

@@ -10,10 +10,9 @@ Usage: python benchmarks/device/dsv4_gemm_bench.py [--reps 50]"""
 from __future__ import annotations
 
 import argparse
-import statistics
-from collections.abc import Callable
 
 import torch
+from cuda_timing import copy_bandwidth, median_us
 
 from openinfer_kernels.moe import fp4_moe_experts_ref
 from openinfer_kernels.moe.triton import fp4_moe_experts_triton
@@ -26,28 +25,6 @@ FP8_SHAPES = {  # name: weight [N, K]
     "o_b": (4096, 8192), "shared gate_up": (4096, 4096), "shared down": (4096, 2048),
     "indexer q_b": (8192, 1024)}
 HIDDEN, INTER, EXPERTS, TOP_K = 4096, 2048, 256, 6
-
-
-def median_us(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
-def copy_gbps() -> float:
-    """Device-to-device copy of 1 GiB: bytes read + written per second."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = median_us(lambda: dst.copy_(src), 20)
-    return 2 * src.numel() / us / 1e3
 
 
 def row(name: str, us: float, nbytes: float, flops: float, gbps: float) -> None:
@@ -100,7 +77,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=50)
     args = p.parse_args()
-    gbps = copy_gbps()
+    gbps = copy_bandwidth() / 1e9
     print(f"{torch.cuda.get_device_name()}: copy {gbps:.0f} GB/s, {PEAK_FLOPS / 1e12:.0f} "
           f"TFLOP/s bf16 dense")
     print(f"{'op':28s} {'us':>9s} {'bytes us':>9s} {'flop us':>9s} {'/floor':>7s}")

@@ -11,10 +11,10 @@ Usage (on the GPU machine, from the repo root):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
+from cuda_timing import copy_bandwidth, graph_per_call_us
 
 from openinfer_kernels.compress import compress_pool_ref
 from openinfer_kernels.compress.triton import compress_pool_triton
@@ -25,33 +25,6 @@ from openinfer_kernels.rotary import rope_frequencies
 N, D, EPS = 4, 4096, 1e-6
 HC = dict(hc_eps=EPS, norm_eps=EPS, sinkhorn_iters=20)
 COPY_BYTES = 128 << 20
-
-
-def per_call_us(calls: list[Callable[[], object]]) -> float:
-    """One call's share of a CUDA graph of `calls` (each on its own inputs), best of 5."""
-    for call in calls:
-        call()  # compiles, and sizes the graph's pool
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / len(calls))
-    return best
-
-
-def copy_gbps() -> float:
-    """Bytes moved (read + written) per second by a 1 GiB device-to-device copy."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = per_call_us([lambda: dst.copy_(src)] * 4)
-    return 2 * src.numel() / (us * 1e-6) / 1e9
 
 
 def copies(nbytes: int) -> int:
@@ -77,14 +50,14 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
         torch.testing.assert_close(x, want[0], rtol=2**-7, atol=2**-4)
         torch.testing.assert_close(comb, want[2], rtol=1e-5, atol=1e-6)
         for name, op in (("hc_pre triton", hc_pre_triton), ("hc_pre torch ref", hc_pre_ref)):
-            us = per_call_us([lambda a=a, op=op: op(*a, **HC) for a in inputs])
+            us = graph_per_call_us([lambda a=a, op=op: op(*a, **HC) for a in inputs])
             rows.append((f"{name} T={t}", us, pre_bytes / gbps * 1e-3, pre_bytes / 1e6))
         outs = [(a[0], torch.randn(t, D, device="cuda", generator=g).bfloat16(), post, comb)
                 for a in inputs]
         torch.testing.assert_close(hc_post_triton(*outs[0]), hc_post_ref(*outs[0]),
                                    rtol=2**-7, atol=2**-4)
         for name, op in (("hc_post triton", hc_post_triton), ("hc_post torch ref", hc_post_ref)):
-            us = per_call_us([lambda a=a, op=op: op(*a) for a in outs])
+            us = graph_per_call_us([lambda a=a, op=op: op(*a) for a in outs])
             rows.append((f"{name} T={t}", us, post_bytes / gbps * 1e-3, post_bytes / 1e6))
     return rows
 
@@ -120,14 +93,14 @@ def pool_rows(gbps: float) -> list[tuple[str, float, float, float]]:
             compress_pool_ref(projections, want, *args, **kw)
             torch.testing.assert_close(got, want, rtol=2**-7, atol=2**-5)
             nbytes = batch * (c * ratio * 2 * d * 2 + d * 2) if closing else 0
-            us = per_call_us(calls)
+            us = graph_per_call_us(calls)
             rows.append((f"pool {name} B=64 {'all close' if closing else 'none close'}", us,
                          nbytes / gbps * 1e-3, nbytes / 1e6))
     return rows
 
 
 def main() -> None:
-    gbps = copy_gbps()
+    gbps = copy_bandwidth() / 1e9
     print(f"{torch.cuda.get_device_name()}: copy {gbps:.0f} GB/s (read + write)", flush=True)
     print(f"{'op':40} {'us':>9} {'floor us':>9} {'MB':>8} {'floor/us':>8}")
     for name, us, floor, mb in mhc_rows(gbps) + pool_rows(gbps):

@@ -90,3 +90,30 @@ def _picks(found: list[tuple[int, torch.Tensor]]) -> Picks:
     found.sort(key=lambda item: item[0])
     rows = torch.stack([p for _, p in found])
     return Picks([pos for pos, _ in found], rows[:, :TOP].long(), rows[:, TOP:].float())
+
+
+def gate_row(name: str, picks: list[Picks], reference: list[torch.Tensor],
+             which: list[int]) -> dict[str, object]:
+    """The golden gate's numbers (DESIGN §7) for `picks` against transformers' logprobs
+    `reference[which[n]]` of each sequence: regret of our pick, |Δ logprob| over our top 8
+    (mean, p99), and the worst pick (our top-3 logprobs beside transformers' for the same ids:
+    a near-tie in ours that transformers orders the other way is bf16 noise, not a wrong
+    forward)."""
+    regrets, deltas = [], []
+    for p, i in zip(picks, which, strict=True):
+        ref = reference[i][p.positions]  # [P, V]
+        best = ref.max(dim=-1).values
+        regrets.append(best - ref.gather(1, p.top_ids[:, :1]).squeeze(1))
+        deltas.append((p.top_logprobs - ref.gather(1, p.top_ids)).abs().flatten())
+    regret, delta = torch.cat(regrets), torch.cat(deltas)
+    seq_of = torch.cat([torch.full((len(p.positions),), n) for n, p in enumerate(picks)])
+    worst = int(regret.argmax())
+    n = int(seq_of[worst])
+    k = worst - sum(len(q.positions) for q in picks[:n])
+    ref_row = reference[which[n]][picks[n].positions[k]]
+    worst_pick = {"position": picks[n].positions[k],
+                  "ours": picks[n].top_logprobs[k, :3].tolist(),
+                  "theirs": ref_row[picks[n].top_ids[k, :3]].tolist()}
+    return {"case": name, "positions": int(regret.numel()), "regret_max": regret.max().item(),
+            "dlogprob_mean": delta.mean().item(), "dlogprob_p99": delta.quantile(0.99).item(),
+            "regret_over_0.1": int((regret > 0.1).sum().item()), "worst_pick": worst_pick}

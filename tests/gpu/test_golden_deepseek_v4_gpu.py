@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from dsv4_transformers import transformers_config, transformers_model
-from forced import Picks, run_forced
+from forced import Picks, gate_row, run_forced
 
 pytestmark = pytest.mark.gpu
 
@@ -80,17 +80,7 @@ def reference(engine, sequences: list[list[int]]) -> list[torch.Tensor]:  # type
 
 def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],
              which: list[int]) -> None:
-    regrets, deltas = [], []
-    for p, i in zip(picks, which, strict=True):
-        ref = reference[i][p.positions]
-        best = ref.max(dim=-1).values
-        regrets.append(best - ref.gather(1, p.top_ids[:, :1]).squeeze(1))
-        deltas.append((p.top_logprobs - ref.gather(1, p.top_ids)).abs().flatten())
-    regret, delta = torch.cat(regrets), torch.cat(deltas)
-    row = {"case": f"dsv4-{LAYERS}layers-{name}", "positions": int(regret.numel()),
-           "regret_max": regret.max().item(), "dlogprob_mean": delta.mean().item(),
-           "dlogprob_p99": delta.quantile(0.99).item(),
-           "regret_over_0.1": int((regret > 0.1).sum().item())}
+    row = gate_row(f"dsv4-{LAYERS}layers-{name}", picks, reference, which)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "golden_gpu.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, run_forced
+from forced import Picks, gate_row, run_forced
 
 from openinfer_kernels.gemm import triton_linear_on
 
@@ -102,26 +102,7 @@ def engine(checkpoint: Path, reference: list[torch.Tensor]):  # type: ignore[no-
 
 def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],
              which: list[int]) -> None:
-    regrets, deltas = [], []
-    for p, i in zip(picks, which, strict=True):
-        ref = reference[i][p.positions]  # [P, V]
-        best = ref.max(dim=-1).values
-        regrets.append(best - ref.gather(1, p.top_ids[:, :1]).squeeze(1))
-        deltas.append((p.top_logprobs - ref.gather(1, p.top_ids)).abs().flatten())
-    regret, delta = torch.cat(regrets), torch.cat(deltas)
-    # The worst pick: our top-3 logprobs beside transformers' for the same ids (a near-tie in
-    # ours that transformers orders the other way is bf16 noise, not a wrong forward).
-    seq_of = torch.cat([torch.full((len(p.positions),), n) for n, p in enumerate(picks)])
-    worst = int(regret.argmax())
-    p = picks[int(seq_of[worst])]
-    k = worst - sum(len(q.positions) for q in picks[:int(seq_of[worst])])
-    ref_row = reference[which[int(seq_of[worst])]][p.positions[k]]
-    worst_pick = {"position": p.positions[k], "ours": p.top_logprobs[k, :3].tolist(),
-                  "theirs": ref_row[p.top_ids[k, :3]].tolist()}
-    row = {"case": name, "positions": int(regret.numel()), "regret_max": regret.max().item(),
-           "dlogprob_mean": delta.mean().item(),
-           "dlogprob_p99": delta.quantile(0.99).item(),
-           "regret_over_0.1": int((regret > 0.1).sum().item()), "worst_pick": worst_pick}
+    row = gate_row(name, picks, reference, which)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "golden_gpu.jsonl").open("a") as f:
         f.write(json.dumps(row) + "\n")
