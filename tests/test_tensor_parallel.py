@@ -17,6 +17,7 @@ from tp_helpers import tp2_engine
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.distributed import TensorParallelModel
+from openinfer_core.errors import ModelConfigError
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.weights import Qwen3Shard, load_weights
@@ -111,3 +112,23 @@ def test_each_rank_reads_only_its_shard(qwen3_dirs: dict[str, Path], name: str) 
         assert torch.equal(torch.cat([p.layers[n].down for p in parts], 1), layer.down)
     vocab = torch.cat([p.embed[:len(s.vocab.rows)] for p, s in zip(parts, shards, strict=True)])
     assert torch.equal(vocab, whole.embed)
+
+
+def test_expert_parallel_is_refused_for_a_line_without_experts(
+        qwen3_dirs: dict[str, Path]) -> None:
+    path = qwen3_dirs[sorted(SPECS)[0]]
+    with pytest.raises(ModelConfigError, match="no routed experts"):
+        Engine(EngineConfig(model=str(path), device="cpu", tensor_parallel_size=2,
+                            enable_expert_parallel=True))
+
+
+def test_the_expert_parallel_flag_reaches_the_engine_config() -> None:
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.cli import build_parser
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    for argv, want in ((["-tp", "2", "--enable-expert-parallel"], True), (["-tp", "2"], False)):
+        args = parser.parse_args(["serve", "--device", "cpu", *argv])
+        config = engine_config(args, parser, get_plugin_manager().registries)
+        assert config.enable_expert_parallel is want

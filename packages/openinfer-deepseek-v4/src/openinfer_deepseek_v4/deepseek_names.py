@@ -9,13 +9,13 @@ its own names for the embedding, the head and its hyper-connection (accepted her
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
+import torch.nn.functional as F
 
-from openinfer_core.errors import WeightLoadError
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.quantized import Fp4Experts, Fp8Linear, Weight
+from openinfer_deepseek_v4.quantized import Fp4Experts
 from openinfer_deepseek_v4.reference import (
     AttentionWeights,
     CompressorWeights,
@@ -25,7 +25,8 @@ from openinfer_deepseek_v4.reference import (
     ModelWeights,
     MoEWeights,
 )
-from openinfer_kernels.quant import dequant_fp4_ref, dequant_fp8_blocks_ref
+from openinfer_deepseek_v4.shard import DeepseekV4Shard
+from openinfer_deepseek_v4.tensor_reader import Cut, TensorReader, stored_part, stored_shape
 
 # transformers' save_pretrained names (after the `model.` prefix) -> DeepSeek's. (Reversing
 # its compressor's `norm` -> `kv_norm` rename also renames the attention's own `kv_norm`.)
@@ -65,6 +66,12 @@ class _Canonical(Mapping[str, torch.Tensor]):
 
     def __len__(self) -> int:
         return len(self._names)
+
+    def part(self, name: str, dim: int, part: range) -> torch.Tensor:
+        return stored_part(self._state, self._names[name], dim, part)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return stored_shape(self._state, self._names[name])
 
 
 def deepseek_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
@@ -112,60 +119,34 @@ def deepseek_shapes(cfg: DeepseekV4Config) -> dict[str, tuple[int, ...]]:
 
 
 def weights_from_deepseek(state: Mapping[str, torch.Tensor], cfg: DeepseekV4Config,
-                          dtype: torch.dtype = torch.bfloat16, *,
-                          keep_quantized: bool = False) -> ModelWeights:
+                          dtype: torch.dtype = torch.bfloat16, *, keep_quantized: bool = False,
+                          shard: DeepseekV4Shard | None = None) -> ModelWeights:
     """Errors (`WeightLoadError`) name a missing or mis-shaped tensor. With `keep_quantized`,
     FP8 linears and FP4 routed experts stay in their formats (`quantized.Fp8Linear`,
-    `quantized.Fp4Experts`), for the kernels that dequantize in registers."""
-    state = _Canonical(state)
-    shapes = deepseek_shapes(cfg)
-
-    def raw(name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if name not in state:
-            raise WeightLoadError(f"the checkpoint has no tensor {name!r}")
-        return state[name], state.get(name.removesuffix(".weight") + ".scale")
-
-    def get(name: str) -> torch.Tensor:
-        t, scale = raw(name)
-        if scale is not None and t.dtype == torch.float8_e4m3fn:
-            t = dequant_fp8_blocks_ref(t, scale, dtype=dtype)
-        elif scale is not None and t.dtype in (torch.int8, torch.uint8):
-            t = dequant_fp4_ref(t, scale, dtype=dtype)
-        elif t.is_floating_point():
-            t = t.to(torch.float32 if keeps_fp32(name) else dtype)
-        _check_shape(name, tuple(t.shape), shapes[name])
-        return t
-
-    def weight(*names: str) -> Weight:
-        """A linear's weight (rows of several stacked), FP8 kept as it is where asked and the
-        row blocks allow it."""
-        parts = [raw(n) for n in names]
-        fp8 = all(s is not None and t.dtype == torch.float8_e4m3fn for t, s in parts)
-        if not (keep_quantized and fp8 and all(t.shape[0] % 128 == 0 for t, _ in parts[:-1])):
-            return torch.cat([get(n) for n in names]) if len(names) > 1 else get(names[0])
-        for n, (t, s) in zip(names, parts, strict=True):
-            _check_shape(n, tuple(t.shape), shapes[n])
-            assert s is not None
-            _check_shape(n.removesuffix(".weight") + ".scale", tuple(s.shape),
-                         tuple(-(-d // 128) for d in shapes[n]))
-        return Fp8Linear(torch.cat([t for t, _ in parts]),
-                         torch.cat([s.view(torch.uint8) for _, s in parts if s is not None]))
+    `quantized.Fp4Experts`), for the kernels that dequantize in registers. With `shard`, only
+    that tensor-parallel rank's slices and experts (`shard.DeepseekV4Shard`); the embedding
+    and head get zero rows up to `shard.vocab.padded`."""
+    r = TensorReader(_Canonical(state), deepseek_shapes(cfg), dtype, keep_quantized, keeps_fp32)
+    shard = shard or DeepseekV4Shard.of(cfg)
+    get, weight = r.get, r.weight
+    d, lora = cfg.head_dim, cfg.o_lora_rank
+    heads = Cut(0, shard.heads)
+    q_rows = Cut(0, range(shard.heads.start * d, shard.heads.stop * d))
+    groups = range(shard.groups.start * lora, shard.groups.stop * lora)
 
     def experts(f: str) -> tuple[torch.Tensor | Fp4Experts, torch.Tensor | None]:
-        ids = range(cfg.num_experts)
-        first, scale = raw(f"{f}.experts.0.w1.weight")
-        if not (keep_quantized and scale is not None and first.dtype in (torch.int8,
-                                                                          torch.uint8)):
-            return (torch.stack([torch.cat([get(f"{f}.experts.{e}.w1.weight"),
-                                            get(f"{f}.experts.{e}.w3.weight")]) for e in ids]),
-                    torch.stack([get(f"{f}.experts.{e}.w2.weight") for e in ids]))
-        packed: dict[str, list[torch.Tensor]] = {"w": [], "s": [], "dw": [], "ds": []}
-        for e in ids:
-            for key, names in (("", ("w1", "w3")), ("d", ("w2",))):
-                pairs = [_fp4(f"{f}.experts.{e}.{n}.weight", raw, shapes) for n in names]
-                packed[key + "w"].append(torch.cat([w for w, _ in pairs]))
-                packed[key + "s"].append(torch.cat([s for _, s in pairs]))
-        return Fp4Experts(*(torch.stack(packed[k]) for k in ("w", "s", "dw", "ds"))), None
+        rows, cols = Cut(0, shard.intermediate), Cut(1, shard.intermediate)
+        names = [f"{f}.experts.{e}" for e in shard.experts]
+        packed = _fp4_experts(r, names, rows, cols) if keep_quantized else None
+        if packed is not None:
+            return packed, None
+        return (torch.stack([torch.cat([get(f"{e}.w1.weight", rows), get(f"{e}.w3.weight", rows)])
+                             for e in names]),
+                torch.stack([get(f"{e}.w2.weight", cols) for e in names]))
+
+    def vocab(name: str) -> torch.Tensor:
+        rows = get(name, Cut(0, shard.vocab.rows))
+        return F.pad(rows, (0, 0, 0, shard.vocab.padded - rows.shape[0]))
 
     def hc(prefix: str) -> HyperConnectionWeights:
         return HyperConnectionWeights(get(f"{prefix}_fn"), get(f"{prefix}_base"),
@@ -180,9 +161,11 @@ def weights_from_deepseek(state: Mapping[str, torch.Tensor], cfg: DeepseekV4Conf
         a, f = f"layers.{i}.attn", f"layers.{i}.ffn"
         attention = AttentionWeights(
             q_a=weight(f"{a}.wq_a.weight"), q_a_norm=get(f"{a}.q_norm.weight"),
-            q_b=weight(f"{a}.wq_b.weight"), kv=weight(f"{a}.wkv.weight"),
-            kv_norm=get(f"{a}.kv_norm.weight"), o_a=weight(f"{a}.wo_a.weight"),
-            o_b=weight(f"{a}.wo_b.weight"), sinks=get(f"{a}.attn_sink"),
+            q_b=weight(f"{a}.wq_b.weight", cut=q_rows), kv=weight(f"{a}.wkv.weight"),
+            kv_norm=get(f"{a}.kv_norm.weight"),
+            o_a=weight(f"{a}.wo_a.weight", cut=Cut(0, groups)),
+            o_b=weight(f"{a}.wo_b.weight", cut=Cut(1, groups)),
+            sinks=get(f"{a}.attn_sink", heads),
             compressor=None if kind == "window" else compressor(f"{a}.compressor"),
             indexer=None if kind != "csa" else IndexerWeights(
                 compressor(f"{a}.indexer.compressor"), weight(f"{a}.indexer.wq_b.weight"),
@@ -194,29 +177,25 @@ def weights_from_deepseek(state: Mapping[str, torch.Tensor], cfg: DeepseekV4Conf
             tid2eid=get(f"{f}.gate.tid2eid") if cfg.hash_layers[i] else None,
             gate_up=gate_up, down=down,
             shared_gate_up=weight(f"{f}.shared_experts.w1.weight",
-                                  f"{f}.shared_experts.w3.weight"),
-            shared_down=weight(f"{f}.shared_experts.w2.weight"))
+                                  f"{f}.shared_experts.w3.weight", cut=Cut(0, shard.shared)),
+            shared_down=weight(f"{f}.shared_experts.w2.weight", cut=Cut(1, shard.shared)))
         layers.append(LayerWeights(hc(f"layers.{i}.hc_attn"), get(f"layers.{i}.attn_norm.weight"),
                                    attention, hc(f"layers.{i}.hc_ffn"),
                                    get(f"layers.{i}.ffn_norm.weight"), moe))
-    return ModelWeights(embed=get("embed.weight"), layers=layers, hc_head=hc("hc_head"),
-                        norm=get("norm.weight"), lm_head=get("head.weight"))
+    return ModelWeights(embed=vocab("embed.weight"), layers=layers, hc_head=hc("hc_head"),
+                        norm=get("norm.weight"), lm_head=vocab("head.weight"))
 
 
-def _check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:
-    if got != want:
-        raise WeightLoadError(f"tensor {name!r} has shape {list(got)}, expected {list(want)} "
-                              "from config.json")
-
-
-def _fp4(name: str, raw: Callable[[str], tuple[torch.Tensor, torch.Tensor | None]],
-         shapes: Mapping[str, tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """An FP4 weight's packed codes and scales (as bytes), shapes checked."""
-    packed, scale = raw(name)
-    rows, cols = shapes[name]
-    if scale is None or packed.dtype not in (torch.int8, torch.uint8):
-        raise WeightLoadError(f"tensor {name!r}: the other routed experts are FP4, this one "
-                              "is not")
-    _check_shape(name, tuple(packed.shape), (rows, cols // 2))
-    _check_shape(name.removesuffix(".weight") + ".scale", tuple(scale.shape), (rows, cols // 32))
-    return packed.view(torch.uint8), scale.view(torch.uint8)
+def _fp4_experts(r: TensorReader, experts: list[str], rows: Cut,
+                 cols: Cut) -> Fp4Experts | None:
+    """`experts` (their `rows` of w1 and w3, `cols` of w2) stacked in FP4; None when they are
+    not all FP4 or the cut splits the scale groups."""
+    packed: dict[str, list[torch.Tensor]] = {"w": [], "s": [], "dw": [], "ds": []}
+    for e in experts:
+        for key, names, cut in (("", ("w1", "w3"), rows), ("d", ("w2",), cols)):
+            pairs = [r.fp4(f"{e}.{n}.weight", cut) for n in names]
+            if any(p is None for p in pairs):
+                return None
+            packed[key + "w"].append(torch.cat([p[0] for p in pairs if p is not None]))
+            packed[key + "s"].append(torch.cat([p[1] for p in pairs if p is not None]))
+    return Fp4Experts(*(torch.stack(packed[k]) for k in ("w", "s", "dw", "ds")))

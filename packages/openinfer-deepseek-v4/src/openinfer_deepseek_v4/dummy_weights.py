@@ -65,11 +65,17 @@ class DummyTensors(Mapping[str, torch.Tensor]):
         return math.floor(math.log2(self._ckpt.std / spread))
 
     def _scale(self, weight: str) -> torch.Tensor:
-        rows, cols = self._shapes[weight]
-        shape = ((-(-rows // 128), -(-cols // 128)) if _FP8.search(weight)
-                 else (rows, cols // 32))
-        return torch.full(shape, 127 + self._exponent(weight), dtype=torch.uint8,
-                          device=self._device)
+        return torch.full(self.shape(weight.removesuffix(".weight") + ".scale"),
+                          127 + self._exponent(weight), dtype=torch.uint8, device=self._device)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """As stored: FP4 codes two per byte, scales per block (no tensor made)."""
+        if self._formats and name.endswith(".scale"):
+            rows, cols = self._shapes[name.removesuffix(".scale") + ".weight"]
+            fp8 = _FP8.search(name.removesuffix(".scale") + ".weight")
+            return (-(-rows // 128), -(-cols // 128)) if fp8 else (rows, cols // 32)
+        shape = self._shapes[name]
+        return (shape[0], shape[1] // 2) if self._formats and _FP4.search(name) else shape
 
     def __contains__(self, name: object) -> bool:
         return name in self._shapes or (self._formats and name in self._names)

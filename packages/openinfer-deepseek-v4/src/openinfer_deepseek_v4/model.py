@@ -2,7 +2,9 @@
 paged cache of `kv_cache`: `reference.forward` with `paged_attention` in place of the
 whole-sequence attention, batched over the step's requests. Its ops are openinfer-kernels'
 (Triton on the GPU, their plain-torch references on CPU); the weights stay in FP8/FP4 on the
-GPU (`quantized.py`)."""
+GPU (`quantized.py`). Under tensor parallelism, one rank's shard (`shard.py`): it meets the
+other ranks' in an all-reduce after the embedding, each attention and each MoE (or the
+exchanges of `expert_parallel.py`), and an all-gather of the logits."""
 
 from __future__ import annotations
 
@@ -12,33 +14,45 @@ from functools import partial
 import torch
 
 from openinfer_core.interfaces.kv import KVManager
-from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
 from openinfer_deepseek_v4.kv_cache import LayerCache, allocate_layers, kv_bytes_per_block
 from openinfer_deepseek_v4.paged_attention import paged_attention
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
-    embed_streams,
     logits,
     moe,
 )
+from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_kernels.mhc import hc_head, hc_post, hc_pre
 from openinfer_kvcache import PagedKVManager
 
 
 class DeepseekV4Model:
-    """Weights and paged cache of one DeepSeek-V4 model on one device."""
+    """Weights and paged cache of one DeepSeek-V4 model on one device; with `tp`, of the
+    rank's shard (`shard`; `self.cfg` stays the whole model's, `self.attn_cfg` has the rank's
+    heads). Every rank keeps the whole KV cache (one KV head, replicated)."""
 
     def __init__(self, cfg: DeepseekV4Config, weights: ModelWeights, *, max_model_len: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
+                 device: torch.device, dtype: torch.dtype, tp: TensorParallelGroup | None = None,
+                 shard: DeepseekV4Shard | None = None) -> None:
+        if (tp is None) != (shard is None):
+            raise ValueError("a tensor-parallel DeepseekV4Model needs both `tp` and `shard`")
         self.cfg = cfg
+        self.attn_cfg = cfg if shard is None else shard.local_config(cfg)
         self.w = weights
+        self.tp = tp
+        self.shard = shard
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = dtype
         self.layers: list[LayerCache] | None = None
+        self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
+        self._expert_starts = (None if shard is None or not shard.expert_parallel else
+                               torch.tensor(shard.expert_starts, device=device))
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_bytes_per_block(self.cfg, block_size, self.dtype)
@@ -61,19 +75,54 @@ class DeepseekV4Model:
         if self.layers is None:
             raise RuntimeError("create_kv_cache() must run before forward()")
         cfg = self.cfg
-        streams = embed_streams(batch.input_ids, self.w, cfg)
+        streams = self._embed(batch.input_ids).unsqueeze(1).expand(-1, cfg.hc_mult, -1)
+        streams = streams.contiguous()
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
-            streams = _around(streams, layer.attn_hc, layer.attn_norm,
-                              partial(paged_attention, w=layer.attention, cfg=cfg, layer=i,
-                                      cache=cache, batch=batch), cfg)
-            streams = _around(streams, layer.ffn_hc, layer.ffn_norm,
-                              partial(moe, token_ids=batch.input_ids, w=layer.moe, cfg=cfg), cfg)
-        # Only the rows that sample need the head.
+            attend = partial(paged_attention, w=layer.attention, cfg=self.attn_cfg, layer=i,
+                             cache=cache, batch=batch)
+            streams = _around(streams, layer.attn_hc, layer.attn_norm, self._reduced(attend),
+                              cfg)
+            ffn: Callable[[torch.Tensor], torch.Tensor]
+            if self._expert_starts is not None:
+                assert self.tp is not None
+                ffn = partial(expert_parallel_moe, token_ids=batch.input_ids, w=layer.moe,
+                              cfg=cfg, starts=self._expert_starts, group=self.tp)
+            else:
+                ffn = self._reduced(partial(moe, token_ids=batch.input_ids, w=layer.moe,
+                                            cfg=cfg))
+            streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg)
+        # Only the rows that sample need the head (none in a step of prefill chunks only; the
+        # head's ops take no empty batch, and every rank skips the all-gather alike).
         rows = streams[batch.logits_indices]
+        if rows.shape[0] == 0:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
         w = self.w.hc_head
         collapsed = hc_head(rows, w.fn, w.base, w.scale, hc_eps=cfg.hc_eps,
                             norm_eps=cfg.rms_norm_eps)
-        return logits(collapsed, self.w, cfg)
+        out = logits(collapsed, self.w, cfg)
+        if self.tp is None:
+            return out
+        out = self.tp.all_gather(out)  # [S, size * padded part]: the vocabulary, padded
+        return out if out.shape[1] == self.vocab_size else out[:, :self.vocab_size].contiguous()
+
+    def _reduced(self, sublayer: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`sublayer` whose output is a rank's partial sum, summed over the ranks."""
+        tp = self.tp
+        if tp is None:
+            return sublayer
+        return lambda x: tp.all_reduce(sublayer(x))
+
+    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[T, H]: under tensor parallelism each rank looks up the ids of its vocabulary part
+        (zero rows for the others) and the sum over ranks is the lookup."""
+        if self.tp is None or self.shard is None:
+            return self.w.embed[token_ids]
+        part = self.shard.vocab.rows
+        local = token_ids - part.start
+        outside = (local < 0) | (local >= len(part))
+        rows = self.w.embed[local.masked_fill(outside, 0)]
+        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
 
 
 def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,

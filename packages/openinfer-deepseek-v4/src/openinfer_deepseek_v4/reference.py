@@ -220,16 +220,25 @@ def moe(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
         cfg: DeepseekV4Config) -> torch.Tensor:
     """Routed experts (by token id in the hash layers, by biased top-k otherwise) plus the
     shared expert: x [T, H] -> [T, H]."""
+    weights, ids = route(x, token_ids, w, cfg)
+    routed = routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit)
+    return routed + shared_expert(x, w, cfg)
+
+
+def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
+          cfg: DeepseekV4Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts: (weights [T, k] fp32, global expert ids [T, k] int64)."""
     logits = x @ w.gate.t()
     if w.tid2eid is not None:
-        weights, ids = route_hash_ref(logits, w.tid2eid, token_ids, cfg.routed_scaling_factor)
-    else:
-        assert w.bias is not None
-        weights, ids = route_topk_ref(logits, w.bias, cfg.top_k, cfg.routed_scaling_factor)
-    routed = routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit)
-    shared = linear(swiglu_clamped_ref(linear(x, w.shared_gate_up), cfg.swiglu_limit),
-                    w.shared_down)
-    return routed + shared
+        return route_hash_ref(logits, w.tid2eid, token_ids, cfg.routed_scaling_factor)
+    assert w.bias is not None
+    return route_topk_ref(logits, w.bias, cfg.top_k, cfg.routed_scaling_factor)
+
+
+def shared_expert(x: torch.Tensor, w: MoEWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """x [T, H] -> [T, H]."""
+    return linear(swiglu_clamped_ref(linear(x, w.shared_gate_up), cfg.swiglu_limit),
+                  w.shared_down)
 
 
 def around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,

@@ -162,7 +162,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                          metavar="GIB", help="most the disk tier keeps; least recently used "
                                              "blocks go first (default %(default)s)")
     engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
-                        metavar="N", help="GPUs to shard the model over; only 1 for now")
+                        metavar="N", help="GPUs to shard the model over, one worker process "
+                                          "each (NCCL on CUDA, gloo on CPU; default %(default)s)")
+    engine.add_argument("--enable-expert-parallel", action="store_true",
+                        help="split the routed experts whole over the tensor-parallel ranks, "
+                             "tokens sent to their experts' ranks (models with routed experts "
+                             "only; default: every expert's width is split)")
 
 
 def _add_server_arguments(p: argparse.ArgumentParser) -> None:

@@ -85,7 +85,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             kv_offload_host_gib=args.kv_offload_host_gib,
             kv_offload_disk_dir=args.kv_offload_disk_dir,
             kv_offload_disk_gib=args.kv_offload_disk_gib,
-            tensor_parallel_size=args.tensor_parallel_size)
+            tensor_parallel_size=args.tensor_parallel_size,
+            enable_expert_parallel=args.enable_expert_parallel)
         config.check_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")

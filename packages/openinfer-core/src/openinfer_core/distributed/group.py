@@ -21,7 +21,8 @@ class TorchTensorParallelGroup:
 
     The collectives take device tensors and never synchronise the host with the device
     (all-reduce in place, all-gather into one preallocated tensor), so they can be captured in
-    CUDA graphs once the engine captures tensor-parallel steps. Engine thread only."""
+    CUDA graphs once the engine captures tensor-parallel steps; `all_to_all` is the exception
+    when it exchanges its counts. Engine thread only."""
 
     def __init__(self, rank: int, size: int, device: torch.device, store_path: Path,
                  timeout_s: float) -> None:
@@ -51,6 +52,22 @@ class TorchTensorParallelGroup:
         else:  # gloo has no all_gather_into_tensor
             dist.all_gather(list(out.unbind(0)), x)
         return out.movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
+
+    def all_to_all(self, x: torch.Tensor, send_counts: list[int],
+                   recv_counts: list[int] | None = None) -> tuple[torch.Tensor, list[int]]:
+        """See `interfaces.model.TensorParallelGroup.all_to_all`. gloo and NCCL both take
+        uneven and empty parts."""
+        if len(send_counts) != self.size or sum(send_counts) != x.shape[0]:
+            raise ValueError(f"send_counts {send_counts} do not split {x.shape[0]} rows over "
+                             f"{self.size} ranks")
+        if recv_counts is None:
+            sent = torch.tensor(send_counts, dtype=torch.int64, device=x.device)
+            got = torch.empty_like(sent)
+            dist.all_to_all_single(got, sent)
+            recv_counts = got.tolist()
+        out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts)
+        return out, recv_counts
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
         """`x` from rank `src` on every rank, in place; returns `x`."""

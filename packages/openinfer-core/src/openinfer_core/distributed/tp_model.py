@@ -51,6 +51,15 @@ DEFAULT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 1800.0  # loading a shard: large checkpoints from slow disks
 
 
+def check_expert_parallel(line: Any, asked: bool) -> None:
+    """Refuse `--enable-expert-parallel` for a model line without routed experts (or that
+    cannot split them)."""
+    if asked and not getattr(line, "supports_expert_parallel", False):
+        raise ModelConfigError(
+            f"model line {getattr(line, 'name', line)!r} has no routed experts to split: "
+            "leave out --enable-expert-parallel")
+
+
 def _target(obj: type) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
@@ -90,6 +99,7 @@ class TensorParallelModel:
             raise ModelConfigError(
                 f"model line {getattr(line, 'name', line)!r} does not support tensor "
                 "parallelism: use --tensor-parallel-size 1")
+        check_expert_parallel(line, options.expert_parallel)
         if timeout_s is None:
             timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
         folder = Path(tempfile.mkdtemp(prefix="openinfer-tp-"))
@@ -257,7 +267,8 @@ def _spec_base(line: Any, model_dir: Path, config: dict[str, Any], options: Load
         rank=0, size=size, model_line=_target(line), attention=_target(type(options.attention)),
         model_dir=str(model_dir), hf_config=config, device=str(options.device),
         dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,
-        load_format=options.load_format, store_path=str(folder / "store"),
+        load_format=options.load_format, expert_parallel=options.expert_parallel,
+        store_path=str(folder / "store"),
         batch_address=address, timeout_s=timeout_s,
         num_threads=torch.get_num_threads() if options.device.type == "cpu" else 0,
         log_level=logging.getLevelName(log.getEffectiveLevel()).lower())

@@ -50,6 +50,7 @@ class WorkerSpec:
     dtype: str  # torch dtype name, e.g. "float32"
     max_model_len: int | None
     load_format: str
+    expert_parallel: bool
     store_path: str  # the group's file store
     batch_address: str  # rank 0's ZeroMQ XPUB
     timeout_s: float
@@ -94,7 +95,7 @@ def _load(spec: WorkerSpec, group: TorchTensorParallelGroup, device: torch.devic
     options = LoadOptions(device=device, dtype=getattr(torch, spec.dtype),
                           attention=import_target(spec.attention)(),
                           max_model_len=spec.max_model_len, load_format=spec.load_format,
-                          tensor_parallel=group)
+                          tensor_parallel=group, expert_parallel=spec.expert_parallel)
     model: Model = import_target(spec.model_line).load(Path(spec.model_dir), spec.hf_config,
                                                       options)
     return model

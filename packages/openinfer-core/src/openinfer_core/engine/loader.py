@@ -65,8 +65,14 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     start = time.perf_counter()
     options = LoadOptions(
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
-        load_format="dummy" if config.load_format == "dummy" else "safetensors")
+        load_format="dummy" if config.load_format == "dummy" else "safetensors",
+        expert_parallel=config.enable_expert_parallel and config.tensor_parallel_size > 1)
     model: Model
+    if config.enable_expert_parallel and not getattr(entry.load(), "supports_expert_parallel",
+                                                     False):
+        raise ModelConfigError(
+            f"model line {entry.name!r} has no routed experts to split over ranks: leave out "
+            "--enable-expert-parallel")
     if config.tensor_parallel_size > 1:
         from openinfer_core.distributed import TensorParallelModel
 

@@ -108,6 +108,16 @@ class TensorParallelGroup(Protocol):
         order: [..., size * x.shape[-1]]."""
         ...
 
+    def all_to_all(self, x: torch.Tensor, send_counts: list[int],
+                   recv_counts: list[int] | None = None) -> tuple[torch.Tensor, list[int]]:
+        """Exchange rows: x [R, ...] holds, in rank order, `send_counts[r]` rows for each rank
+        r (sum = R; zero is fine). Returns the rows received, in rank order (the rows from rank
+        r are `recv_counts[r]` of them, in the order r sent them), and `recv_counts`. Without
+        `recv_counts` the ranks first exchange their counts (on the GPU that reads them back to
+        the host: a sync); a reply along the same routes passes the counts it received.
+        Expert parallelism's dispatch and combine."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class LoadOptions:
@@ -120,6 +130,10 @@ class LoadOptions:
     # slices) and make `forward` run the collectives; only lines whose class has
     # `supports_tensor_parallel = True` are given one.
     tensor_parallel: TensorParallelGroup | None = None
+    # With `tensor_parallel`: split the routed experts over the ranks whole (each token's rows
+    # go to its experts' ranks and back, `TensorParallelGroup.all_to_all`) instead of splitting
+    # every expert's width. Only lines whose class has `supports_expert_parallel = True`.
+    expert_parallel: bool = False
 
 
 @runtime_checkable
@@ -130,7 +144,9 @@ class ModelLine(Protocol):
     `LoadOptions.tensor_parallel`, the returned model's `kv_bytes_per_block` is rank 0's (no
     rank's shard may be larger) and its `forward` returns the full-vocabulary logits on every
     rank. `--tensor-parallel-size N` (`openinfer_core.distributed.TensorParallelModel`) then
-    calls `load` once per rank, each in its own process."""
+    calls `load` once per rank, each in its own process. `supports_expert_parallel:
+    ClassVar[bool]` (absent means False): a line with routed experts that honours
+    `LoadOptions.expert_parallel` (`--enable-expert-parallel`; refused for the others)."""
 
     name: ClassVar[str]
 
