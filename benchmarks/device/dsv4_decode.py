@@ -2,8 +2,9 @@
 
 A V4-Flash config cut to --layers layers (window, CSA, HCA in turn; the first hash-routed),
 dummy weights in the checkpoint's formats (FP8 linears, FP4 routed experts), B requests with
---context tokens each; the decode forward (eager) is timed with CUDA events, the embedding and
-head are timed alone and taken off, and the rest is divided by the layers. Floors: the bytes
+--context tokens each; the decode forward is timed eagerly with CUDA events (the host's launches
+included) and, where it captures, as a CUDA graph (the GPU's time); the embedding and head are
+timed alone the same way and taken off, and the rest is divided by the layers. Floors: the bytes
 the layer must read (every FP8/bf16/fp32 weight of the layer, the FP4 experts the batch's
 routing touches, each request's window and compressed entries) at the copy bandwidth measured
 in the same run, and its FLOPs at the card's dense bf16 peak.
@@ -22,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
 
-from cuda_timing import copy_bandwidth, median_us
+from cuda_timing import copy_bandwidth, graph_per_call_us, median_us
 from dsv4_transformers import transformers_config
 
 from openinfer_core.engine.batch import plan_batch
@@ -102,14 +103,16 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
     print(f"\nDeepSeek-V4 decode per layer, V4-Flash widths, {args.layers} layers, context "
           f"{args.context}, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    print("| batch | step ms | per layer ms | bytes/layer MB | floor ms | × floor | "
-          "GFLOP/layer | FLOP floor ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| batch | eager step ms | eager ms/layer | graph ms/layer | bytes/layer MB | "
+          "floor ms | graph × floor | GFLOP/layer | FLOP floor ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['batch']} | {r['step_ms']:.2f} | {r['layer_ms']:.3f} | "
-              f"{r['layer_bytes'] / 1e6:.0f} | {r['bytes_floor_ms']:.3f} | "
-              f"{r['layer_ms'] / r['bytes_floor_ms']:.1f} | {r['layer_flops'] / 1e9:.1f} | "
-              f"{r['flops_floor_ms']:.4f} |")
+        graph = r["graph_layer_ms"]
+        shown = ("-", "-") if graph is None else (
+            f"{graph:.3f}", f"{graph / r['bytes_floor_ms']:.1f}")
+        print(f"| {r['batch']} | {r['step_ms']:.2f} | {r['layer_ms']:.3f} | {shown[0]} | "
+              f"{r['layer_bytes'] / 1e6:.0f} | {r['bytes_floor_ms']:.3f} | {shown[1]} | "
+              f"{r['layer_flops'] / 1e9:.1f} | {r['flops_floor_ms']:.4f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "bandwidth": bandwidth,
                                                "layers": args.layers}, indent=2))
@@ -117,7 +120,7 @@ def main() -> None:
 
 @torch.inference_mode()
 def _measure(engine: Engine, batch: int, context: int, reps: int,
-             bandwidth: float) -> dict[str, float]:
+             bandwidth: float) -> dict[str, float | None]:
     from openinfer_deepseek_v4.reference import embed_streams, head_logits
 
     model, cfg = engine.model, engine.model.cfg
@@ -135,14 +138,24 @@ def _measure(engine: Engine, batch: int, context: int, reps: int,
                           engine.kv).to_device(model.device)
         step_ms = median_us(lambda: model.forward(step), reps) / 1e3
         ids = step.input_ids
-        ends_ms = median_us(lambda: head_logits(embed_streams(ids, model.w, cfg), model.w, cfg),
-                            reps) / 1e3
+        def ends() -> torch.Tensor:
+            return head_logits(embed_streams(ids, model.w, cfg), model.w, cfg)
+
+        ends_ms = median_us(ends, reps) / 1e3
+        try:  # the decode step in a CUDA graph, as the engine would replay it
+            graph_layer_ms: float | None = (
+                graph_per_call_us([lambda: model.forward(step)]) / 1e3
+                - graph_per_call_us([ends]) / 1e3) / len(model.w.layers)
+        except RuntimeError as e:
+            print(f"batch {batch}: the decode step does not capture: {e}", flush=True)
+            graph_layer_ms = None
     finally:
         for s in seqs:
             engine.kv.free(s.request_id)
     layer_ms = (step_ms - ends_ms) / len(model.w.layers)
     layer_bytes, layer_flops = layer_cost(engine, batch, context)
     return {"batch": batch, "step_ms": step_ms, "ends_ms": ends_ms, "layer_ms": layer_ms,
+            "graph_layer_ms": graph_layer_ms,
             "layer_bytes": layer_bytes, "layer_flops": layer_flops,
             "bytes_floor_ms": layer_bytes / bandwidth * 1e3,
             "flops_floor_ms": layer_flops / PEAK_BF16 * 1e3}

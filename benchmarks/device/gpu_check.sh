@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [pdl] [flashinfer] [ttft] [dsv4] [tp] (tp: on nvidia-h200-x2)
+# [gemm] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -86,19 +86,40 @@ fi
 if has dsv4; then
   DSV4_TESTS="test_fp8_linear test_fp4_moe test_sparse_attention test_indexer test_mhc test_compress_triton"
   stage "DeepSeek-V4 kernel tests, compiled, every size"
-  timeout 300 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+  timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     $(for t in $DSV4_TESTS; do echo packages/openinfer-kernels/tests/kernels/$t.py; done) 2>&1 \
     | tail -25 | tee "$OUT/dsv4_kernel_tests.log"
   stage "DeepSeek-V4 kernels against their read floors"
-  timeout 150 python3 benchmarks/device/dsv4_gemm_bench.py 2>&1 | tee "$OUT/dsv4-gemm.log" | tail -30
-  timeout 150 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
-  timeout 90 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -15
+  timeout 60 python3 benchmarks/device/dsv4_gemm_bench.py 2>&1 | tee "$OUT/dsv4-gemm.log" | tail -30
+  timeout 60 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
+  timeout 45 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -15
+fi
+if has dsv4 || has dsv4model; then
   stage "DeepSeek-V4 golden gate vs transformers (V4-Flash widths, 3 layers, FP8/FP4 weights, bf16)"
-  timeout 480 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
-    tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -20 | tee "$OUT/dsv4_golden.log"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
+    tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/dsv4_golden.log"
   stage "DeepSeek-V4 decode time per layer, batch 1 and 64 (V4-Flash widths)"
-  timeout 300 python3 benchmarks/device/dsv4_decode.py --layers ${DSV4_LAYERS:-6} \
+  timeout 150 python3 benchmarks/device/dsv4_decode.py --layers ${DSV4_LAYERS:-6} \
     --json "$OUT/dsv4-decode.json" 2>&1 | tail -8
+  # V4-Flash cut to DSV4_BENCH_LAYERS layers (all 43 need two H200s): the engine's own
+  # batch-1 latency with CUDA graphs against the weight-read floor of the same layers.
+  D4=/tmp/dsv4-flash-cut
+  python3 - "$D4" "${DSV4_BENCH_LAYERS:-12}" <<'PY'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "tests/gpu")
+from dsv4_transformers import transformers_config
+from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+config = json.loads(transformers_config(int(sys.argv[2])).to_json_string())
+config["architectures"] = ["DeepseekV4ForCausalLM"]
+(out / "config.json").write_text(json.dumps(config))
+write_tokenizer_files(out)
+PY
+  stage "DeepSeek-V4 batch-1 latency, ${DSV4_BENCH_LAYERS:-12} of V4-Flash's layers"
+  timeout 240 python3 -m openinfer_server.cli bench latency $D4 --load-format dummy --max-num-seqs 4 \
+    --max-model-len 4096 --input-len 128 2048 --output-len 64 --num-iters 3 \
+    --result-file "$OUT/latency-dsv4-cut.json" 2>&1 | tail -12
 fi
 if has latency; then
   stage "batch-1 latency, Qwen3-4B"

@@ -92,6 +92,25 @@ def transformers_tensors(w: ModelWeights, cfg: DeepseekV4Config, dtype: torch.dt
 
 
 @torch.no_grad()
+def _cast_norms_once(model: Any) -> None:
+    """transformers before 5.2x multiplied its RMSNorm weight (kept in fp32) by the normed
+    bf16 input and returned fp32, which its own next bf16 linear refuses; later releases
+    multiply in fp32 and cast once at the end. Every release gets the later form here (the
+    GPU image's transformers is older than the development machine's)."""
+    import types
+
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+        f = x.float()
+        normed = f * torch.rsqrt(f.square().mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * normed).to(x.dtype)
+
+    for module in model.modules():
+        if isinstance(module, m.DeepseekV4RMSNorm):
+            module.forward = types.MethodType(forward, module)
+
+
 def transformers_model(config: Any, w: ModelWeights, cfg: DeepseekV4Config, *,
                        device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> Any:
     """transformers' model on `device` in `dtype` (its fp32 modules in fp32, as
@@ -106,6 +125,7 @@ def transformers_model(config: Any, w: ModelWeights, cfg: DeepseekV4Config, *,
             model = transformers.DeepseekV4ForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(previous)
+    _cast_norms_once(model)
     keep = model._keep_in_fp32_modules_strict
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.is_floating_point() and any(k in name for k in keep):

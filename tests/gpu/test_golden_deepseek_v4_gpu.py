@@ -51,8 +51,7 @@ def engine(folder: Path):  # type: ignore[no-untyped-def]
     from openinfer_core.engine.engine import Engine
 
     return Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
-                               max_model_len=4096, max_num_seqs=16, num_kv_blocks=2048,
-                               enforce_eager=True))
+                               max_model_len=4096, max_num_seqs=16, num_kv_blocks=2048))
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +117,16 @@ def test_mixed_batch_with_chunked_prefill(engine, sequences, reference) -> None:
 
     picks = run_forced(engine, [sequences[i] for i in which], plan, use_graphs=False)
     _compare("mixed-chunked-512", picks, reference, which)
+
+
+def test_decodes_in_cuda_graphs(engine, sequences, reference) -> None:  # type: ignore[no-untyped-def]
+    """Each prompt in one eager prefill, then every sequence's decodes together, replayed
+    from the engine's captured graphs (widths from max_model_len, padding rows)."""
+    assert engine.graphs is not None, "the model should be captured in CUDA graphs"
+    which = list(range(len(sequences)))
+    before = engine.graphs.replays["decode"]
+    picks = run_forced(engine, sequences,
+                       lambda step, i, done: len(sequences[i]) - DECODES if step == 0 else 1,
+                       use_graphs=True)
+    assert engine.graphs.replays["decode"] - before == DECODES - 1
+    _compare("decode-cuda-graphs", picks, reference, which)

@@ -82,6 +82,8 @@ def run_rank(rank: int, store: str, conn: multiprocessing.connection.Connection)
             for name, ids in CASES.items():
                 x, token_ids = case_inputs(ids)
                 out[name, hashed] = expert_parallel_moe(x, token_ids, w, cfg, starts, group)
-        conn.send(out)
+        # As numpy: a pickled tensor passes a file descriptor that the receiver must fetch
+        # from this process, which may have exited by then.
+        conn.send({key: t.numpy() for key, t in out.items()})
     finally:
         group.close()

@@ -72,3 +72,33 @@ def test_dummy_weights_in_the_checkpoint_formats(config) -> None:  # type: ignor
     assert 0.005 < experts.dequant_gate_up(torch.float32)[0].std().item() < 0.03
     logits = forward(torch.arange(9), w, cfg)
     assert logits.shape == (9, cfg.vocab_size) and bool(logits.isfinite().all())
+
+
+def test_decode_weight_bytes_count_the_picked_experts_in_their_formats(model, config) -> None:  # type: ignore[no-untyped-def]
+    """The benchmarks' floor: every held byte of the weights (FP8/FP4 where kept), less the
+    embedding table but one row, less the routed experts a token does not pick, less the
+    hash layers' id tables (a token reads k of its ids)."""
+    import dataclasses
+
+    from openinfer_deepseek_v4.model import decode_weight_bytes
+
+    def flat(obj: object) -> list[torch.Tensor]:
+        if isinstance(obj, torch.Tensor):
+            return [obj]
+        return ([t for item in obj for t in flat(item)] if isinstance(obj, (tuple, list))
+                else [])
+
+    cfg = DeepseekV4Config.from_dict(json.loads(config.to_json_string()))
+    native, _ = to_deepseek(dict(model.state_dict()), cfg)
+    for keep in (True, False):
+        w = weights_from_deepseek(native, cfg, dtype=torch.float32, keep_quantized=keep)
+        held = sum(t.numel() * t.element_size() for t in flat(dataclasses.astuple(w))
+                   if t.dtype != torch.int64)
+        moe = w.layers[1].moe
+        experts = flat(dataclasses.astuple(moe.gate_up)) if keep else [moe.gate_up, moe.down]
+        assert isinstance(moe.gate_up, Fp4Experts) == keep
+        per_expert = sum(t[0].numel() * t.element_size() for t in experts if t is not None)
+        row = w.embed[0].numel() * w.embed.element_size()
+        want = (held - w.embed.numel() * w.embed.element_size() + row
+                - cfg.num_layers * (cfg.num_experts - cfg.top_k) * per_expert)
+        assert decode_weight_bytes(w, cfg.top_k) == want

@@ -42,7 +42,7 @@ def two_ranks() -> dict[tuple[str, bool], list[torch.Tensor]]:
                 if process.is_alive():
                     process.kill()
     assert all(p.exitcode == 0 for p in processes), [p.exitcode for p in processes]
-    return {key: [out[key] for out in outs] for key in outs[0]}
+    return {key: [torch.from_numpy(out[key]) for out in outs] for key in outs[0]}
 
 
 @pytest.mark.parametrize("hashed", [True, False], ids=["hash-routed", "score-routed"])

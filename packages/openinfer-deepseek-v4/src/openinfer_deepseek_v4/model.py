@@ -8,7 +8,8 @@ exchanges of `expert_parallel.py`), and an all-gather of the logits."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import torch
@@ -22,6 +23,7 @@ from openinfer_deepseek_v4.paged_attention import paged_attention
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
+    layer_freqs,
     logits,
     moe,
 )
@@ -51,8 +53,15 @@ class DeepseekV4Model:
         self.dtype = dtype
         self.layers: list[LayerCache] | None = None
         self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
+        # Each layer's rotary frequencies, on the device once (the kernels read them there).
+        self._freqs = [layer_freqs(cfg, i).to(device) for i in range(cfg.num_layers)]
         self._expert_starts = (None if shard is None or not shard.expert_parallel else
                                torch.tensor(shard.expert_starts, device=device))
+        # A decode step syncs nothing with the host and its widths follow `max_seq_len`
+        # (the graphs are captured with max_model_len): capturable on one GPU. Under tensor
+        # parallelism the engine captures nothing yet.
+        self.cuda_graph_safe = device.type == "cuda" and tp is None
+        self.weight_bytes = decode_weight_bytes(weights, cfg.top_k)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_bytes_per_block(self.cfg, block_size, self.dtype)
@@ -79,7 +88,7 @@ class DeepseekV4Model:
         streams = streams.contiguous()
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
             attend = partial(paged_attention, w=layer.attention, cfg=self.attn_cfg, layer=i,
-                             cache=cache, batch=batch)
+                             cache=cache, batch=batch, freqs=self._freqs[i])
             streams = _around(streams, layer.attn_hc, layer.attn_norm, self._reduced(attend),
                               cfg)
             ffn: Callable[[torch.Tensor], torch.Tensor]
@@ -123,6 +132,35 @@ class DeepseekV4Model:
         outside = (local < 0) | (local >= len(part))
         rows = self.w.embed[local.masked_fill(outside, 0)]
         return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+
+
+def decode_weight_bytes(w: ModelWeights, top_k: int) -> int:
+    """Bytes of weights a batch-1 decode step reads (the benchmarks' floor): every weight
+    but the embedding table (one row of it) and the routed experts (`top_k` of each layer's),
+    in the formats they are held in."""
+    total = w.embed[0].numel() * w.embed.element_size()
+    for layer in w.layers:
+        experts = [e for e in (layer.moe.gate_up, layer.moe.down) if e is not None]
+        total += top_k * sum(t[0].numel() * t.element_size()
+                             for e in experts for t in _tensors(e))
+        total += sum(t.numel() * t.element_size() for t in _tensors(layer, skip=experts)
+                     if t.is_floating_point() or t.element_size() == 1)
+    return total + sum(t.numel() * t.element_size()
+                       for t in _tensors(w, skip=[w.embed, *w.layers]))
+
+
+def _tensors(obj: object, skip: Sequence[object] | None = None) -> Iterator[torch.Tensor]:
+    """The tensors in a tree of weight dataclasses, leaving out the subtrees in `skip`."""
+    if skip is not None and any(obj is s for s in skip):
+        return
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from _tensors(item, skip)
+    elif dataclasses.is_dataclass(obj):
+        for field in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, field.name), skip)
 
 
 def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,

@@ -23,7 +23,6 @@ from openinfer_deepseek_v4.reference import (
     attention_output,
     compressor_inputs,
     indexer_inputs,
-    layer_freqs,
     project,
     window_positions,
 )
@@ -33,11 +32,11 @@ from openinfer_kernels.sparse_attention import sparse_sink_attention
 
 
 def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, layer: int,
-                    cache: LayerCache, batch: ForwardBatch) -> torch.Tensor:
-    """x [T, H] (the step's normed collapsed streams) -> [T, H]. Mutates the layer's cache:
-    the step's raw entries, compressor projections and newly closed compressed entries."""
+                    cache: LayerCache, batch: ForwardBatch, freqs: torch.Tensor) -> torch.Tensor:
+    """x [T, H] (the step's normed collapsed streams) -> [T, H], `freqs` the layer's rotary
+    frequencies on x's device (`reference.layer_freqs`). Mutates the layer's cache: the step's
+    raw entries, compressor projections and newly closed compressed entries."""
     kind = cfg.attention_kinds[layer]
-    freqs = layer_freqs(cfg, layer)
     p = project(x, w, cfg, batch.positions, freqs)
     cache.kv.flatten(0, 1)[batch.slot_mapping] = p.kv
     parts: list[tuple[CompressedCache, CompressorWeights, bool]] = []
