@@ -11,6 +11,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+TABLE_LOGS = {"dsv4-gemm.log", "dsv4-mhc.log"}
 DROP = {"ttfts", "itls", "e2els", "input_lens", "output_lens", "errors", "latencies"}
 
 
@@ -47,9 +48,12 @@ def main() -> None:
             run[path.stem] = slim(json.loads(path.read_text()))
         elif path.suffix == ".jsonl":
             run[path.stem] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        elif (path.name.startswith(("kernel_tests", "golden_tests", "flashinfer_tests"))
+        elif (path.name.startswith(("kernel_tests", "golden_tests", "flashinfer_tests",
+                                    "dsv4_kernel_tests", "dsv4_golden"))
               and path.suffix == ".log"):
             run[path.stem] = path.read_text().strip().splitlines()[-1]
+        elif path.name in TABLE_LOGS:  # printed tables, kept whole
+            run[path.stem] = path.read_text().strip().splitlines()
     text = json.dumps(run, indent=1) + "\n"
     for path in out.iterdir():  # the device's own folder is no one's business: write $OUT
         text = re.sub(r'"/[^"]*/' + re.escape(path.name) + '"', f'"$OUT/{path.name}"', text)

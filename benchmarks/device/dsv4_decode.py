@@ -14,9 +14,11 @@ Usage: python dsv4_decode.py [--layers 6] [--batches 1,64] [--context 2048] [--j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,6 +32,7 @@ from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
 from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
 
@@ -76,6 +79,44 @@ def _tensors(layer) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
     return [t for t in out if t.dim() > 0 and t.dtype != torch.int64]
 
 
+def make_engine(layers: int, max_batch: int, context: int) -> Engine:
+    """An eager engine on a V4-Flash config cut to `layers` layers, dummy FP8/FP4 weights, KV
+    room for `max_batch` requests of `context` tokens."""
+    folder = Path(tempfile.mkdtemp(prefix="dsv4-decode-"))
+    config = json.loads(transformers_config(layers).to_json_string())
+    config["architectures"] = ["DeepseekV4ForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
+
+    write_tokenizer_files(folder)
+    return Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
+                               max_model_len=context + 64, max_num_seqs=max_batch,
+                               num_kv_blocks=max_batch * (context // 16 + 8) + 8,
+                               enforce_eager=True))
+
+
+@contextlib.contextmanager
+def decode_step(engine: Engine, batch: int, context: int) -> Iterator[ForwardBatch]:
+    """`batch` requests prefilled to `context` tokens each, and the device batch of their
+    next decode step; their KV blocks are freed on exit."""
+    model = engine.model
+    seqs = [Seq.from_request(GenerateRequest(f"d{batch}-{i}", tuple(
+        (i * 7919 + j * 31) % 120000 + 2 for j in range(context + 1)))) for i in range(batch)]
+    try:
+        for s in seqs:  # prefill each request's context, one at a time
+            assert engine.kv.allocate(s.request_id, context)
+            model.forward(plan_batch([ScheduledRow(s, context, True)],
+                                     engine.kv).to_device(model.device))
+            s.num_computed_tokens = context
+        for s in seqs:
+            assert engine.kv.allocate(s.request_id, context + 1)
+        yield plan_batch([ScheduledRow(s, 1, True) for s in seqs],
+                         engine.kv).to_device(model.device)
+    finally:
+        for s in seqs:
+            engine.kv.free(s.request_id)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=6)
@@ -85,17 +126,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    folder = Path(tempfile.mkdtemp(prefix="dsv4-decode-"))
-    config = json.loads(transformers_config(args.layers).to_json_string())
-    config["architectures"] = ["DeepseekV4ForCausalLM"]
-    (folder / "config.json").write_text(json.dumps(config))
-    from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
-
-    write_tokenizer_files(folder)
-    engine = Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
-                                 max_model_len=args.context + 64, max_num_seqs=max(batches),
-                                 num_kv_blocks=max(batches) * (args.context // 16 + 8) + 8,
-                                 enforce_eager=True))
+    engine = make_engine(args.layers, max(batches), args.context)
     bandwidth = copy_bandwidth()
     rows = []
     for b in batches:
@@ -124,20 +155,10 @@ def _measure(engine: Engine, batch: int, context: int, reps: int,
     from openinfer_deepseek_v4.reference import embed_streams, head_logits
 
     model, cfg = engine.model, engine.model.cfg
-    seqs = [Seq.from_request(GenerateRequest(f"d{batch}-{i}", tuple(
-        (i * 7919 + j * 31) % 120000 + 2 for j in range(context + 1)))) for i in range(batch)]
-    try:
-        for s in seqs:  # prefill each request's context, one at a time
-            assert engine.kv.allocate(s.request_id, context)
-            model.forward(plan_batch([ScheduledRow(s, context, True)],
-                                     engine.kv).to_device(model.device))
-            s.num_computed_tokens = context
-        for s in seqs:
-            assert engine.kv.allocate(s.request_id, context + 1)
-        step = plan_batch([ScheduledRow(s, 1, True) for s in seqs],
-                          engine.kv).to_device(model.device)
+    with decode_step(engine, batch, context) as step:
         step_ms = median_us(lambda: model.forward(step), reps) / 1e3
         ids = step.input_ids
+
         def ends() -> torch.Tensor:
             return head_logits(embed_streams(ids, model.w, cfg), model.w, cfg)
 
@@ -149,9 +170,6 @@ def _measure(engine: Engine, batch: int, context: int, reps: int,
         except RuntimeError as e:
             print(f"batch {batch}: the decode step does not capture: {e}", flush=True)
             graph_layer_ms = None
-    finally:
-        for s in seqs:
-            engine.kv.free(s.request_id)
     layer_ms = (step_ms - ends_ms) / len(model.w.layers)
     layer_bytes, layer_flops = layer_cost(engine, batch, context)
     return {"batch": batch, "step_ms": step_ms, "ends_ms": ends_ms, "layer_ms": layer_ms,

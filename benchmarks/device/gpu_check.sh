@@ -98,6 +98,9 @@ if has dsv4 || has dsv4model; then
   stage "DeepSeek-V4 golden gate vs transformers (V4-Flash widths, 3 layers, FP8/FP4 weights, bf16)"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
     tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/dsv4_golden.log"
+  stage "DeepSeek-V4 decode step, kernel by kernel (3 layers, batch 1 and 64)"
+  timeout 150 python3 benchmarks/device/dsv4_profile.py --json "$OUT/dsv4-profile.json" 2>&1 \
+    | tee "$OUT/dsv4-profile.log" | tail -70
   stage "DeepSeek-V4 decode time per layer, batch 1 and 64 (V4-Flash widths)"
   timeout 150 python3 benchmarks/device/dsv4_decode.py --layers ${DSV4_LAYERS:-6} \
     --json "$OUT/dsv4-decode.json" 2>&1 | tail -8
