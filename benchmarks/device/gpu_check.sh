@@ -67,6 +67,9 @@ if has tp; then
   stage "tensor parallelism: TP=2 against one GPU, Qwen3-8B shapes, teacher-forced"
   timeout 400 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_gpu.py 2>&1 \
     | tail -15 | tee "$OUT/tp_tests.log"
+  stage "tensor and expert parallelism: DeepSeek-V4 (3 layers against one GPU; all 43 layers served)"
+  timeout 900 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_deepseek_v4_gpu.py \
+    2>&1 | tail -15 | tee "$OUT/tp_dsv4_tests.log"
   for size in 8b 32b; do
     model=$M8; [ "$size" = 32b ] && model=$M32
     for tp in 1 2; do
