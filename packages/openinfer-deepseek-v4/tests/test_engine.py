@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import random
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
 from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
+from engine_runs import run_staggered, tokens
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.sequence import Sequence as Seq
-from openinfer_core.events import Scheduled, Token, TokenEvent
+from openinfer_core.events import Scheduled
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.plugins import PluginManager
 from openinfer_deepseek_v4.config import DeepseekV4Config
@@ -86,30 +86,10 @@ def reference_greedy(weights: ModelWeights, cfg: DeepseekV4Config, prompt: Seque
     return ids[len(prompt):].tolist()
 
 
-def run_staggered(eng: Engine, requests: Sequence[GenerateRequest],
-                  arrival_step: Callable[[int], int]) -> dict[str, list[TokenEvent]]:
-    """Add request i at step arrival_step(i); step until every request has ended."""
-    events: dict[str, list[TokenEvent]] = defaultdict(list)
-    pending = sorted(range(len(requests)), key=arrival_step)
-    step = 0
-    while pending or eng.has_work():
-        while pending and arrival_step(pending[0]) <= step:
-            eng.add_request(requests[pending.pop(0)])
-        for ev in eng.step():
-            events[ev.request_id].append(ev)
-        step += 1
-        assert step < 10_000, "engine did not finish"
-    return dict(events)
-
-
 def greedy_requests(batch: Sequence[tuple[int, ...]], tag: str,
                     n: int = NEW_TOKENS) -> list[GenerateRequest]:
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     return [GenerateRequest(f"{tag}{i}", p, params) for i, p in enumerate(batch)]
-
-
-def tokens(events: Sequence[TokenEvent]) -> list[int]:
-    return [e.token_id for e in events if isinstance(e, Token)]
 
 
 def one_at_a_time(eng: Engine, batch: Sequence[tuple[int, ...]]) -> list[list[int]]:

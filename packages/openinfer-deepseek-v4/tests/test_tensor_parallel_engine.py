@@ -10,19 +10,18 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
 from dsv4_checkpoints import random_model, write_model_folder
+from engine_runs import run_staggered, tokens
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.distributed import TensorParallelModel
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.sequence import Sequence as Seq
-from openinfer_core.events import Token, TokenEvent
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
@@ -86,22 +85,6 @@ def prompt_logits(eng: Engine, token_ids: Sequence[int]) -> torch.Tensor:
         eng.kv.free(seq.request_id)
 
 
-def run_staggered(eng: Engine, requests: Sequence[GenerateRequest],
-                  arrival_step: Callable[[int], int]) -> dict[str, list[int]]:
-    """Add request i at step arrival_step(i); step until all ended: tokens per request."""
-    events: dict[str, list[TokenEvent]] = defaultdict(list)
-    pending = sorted(range(len(requests)), key=arrival_step)
-    step = 0
-    while pending or eng.has_work():
-        while pending and arrival_step(pending[0]) <= step:
-            eng.add_request(requests[pending.pop(0)])
-        for ev in eng.step():
-            events[ev.request_id].append(ev)
-        step += 1
-        assert step < 10_000, "engine did not finish"
-    return {k: [e.token_id for e in v if isinstance(e, Token)] for k, v in events.items()}
-
-
 def test_prefill_logits_match_one_rank(one: Engine, two: Engine) -> None:
     for ids in prompts(3, seed=1, lengths=(1, 45)):
         ref, got = prompt_logits(one, ids), prompt_logits(two, ids)
@@ -124,7 +107,8 @@ def test_greedy_staggered_chunked_batch_matches_one_rank(one: Engine, two: Engin
     results = []
     for eng in (one, two):
         requests = [GenerateRequest(f"s{i}", p, GREEDY) for i, p in enumerate(batch)]
-        results.append(run_staggered(eng, requests, arrival_step=lambda i: 2 * i))
+        events = run_staggered(eng, requests, arrival_step=lambda i: 2 * i)
+        results.append({rid: tokens(evs) for rid, evs in events.items()})
         assert eng.kv.num_used_blocks == 0
     for i in range(len(batch)):
         assert len(results[0][f"s{i}"]) == GREEDY.max_tokens
