@@ -314,13 +314,15 @@ fi
 if has startup; then
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
   timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
-  stage "serve to ready, cold and warm, CUDA graphs past the start buckets deferred (OPENINFER_CUDA_GRAPHS_AT_START=start)"
-  OPENINFER_CUDA_GRAPHS_AT_START=start timeout 240 python3 benchmarks/device/startup.py $M4 \
-    --load-format dummy --json "$OUT/startup-qwen3-4b-deferred.json"
-  stage "serve to ready, cold and warm, no compile-ahead (OPENINFER_COMPILE_AHEAD=0: the old default)"
-  OPENINFER_COMPILE_AHEAD=0 timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy \
-    --json "$OUT/startup-qwen3-4b-no-ahead.json"
-  stage "serve to ready, a real Qwen3-4B checkpoint from disk: memory map, then whole shards"
+  if [ -n "${STARTUP_AB:-}" ]; then  # the A/Bs of runs 43-48
+    stage "serve to ready, cold and warm, CUDA graphs past the start buckets deferred (OPENINFER_CUDA_GRAPHS_AT_START=start)"
+    OPENINFER_CUDA_GRAPHS_AT_START=start timeout 240 python3 benchmarks/device/startup.py $M4 \
+      --load-format dummy --json "$OUT/startup-qwen3-4b-deferred.json"
+    stage "serve to ready, cold and warm, no compile-ahead (OPENINFER_COMPILE_AHEAD=0: the old default)"
+    OPENINFER_COMPILE_AHEAD=0 timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy \
+      --json "$OUT/startup-qwen3-4b-no-ahead.json"
+  fi
+  stage "serve to ready, a real Qwen3-4B checkpoint: from the page cache, then from the disk"
   REAL=/tmp/qwen3-4b-real
   [ -f $REAL/model.safetensors.index.json ] || timeout 300 python3 - "$REAL" <<'PY'
 import sys
@@ -330,8 +332,10 @@ write_config_folder("Qwen3-4B", sys.argv[1])
 write_random_weights(sys.argv[1], sys.argv[1])
 PY
   timeout 240 python3 benchmarks/device/startup.py $REAL --json "$OUT/startup-qwen3-4b-real-mmap.json"
-  OPENINFER_WEIGHT_READ=shards timeout 240 python3 benchmarks/device/startup.py $REAL \
-    --json "$OUT/startup-qwen3-4b-real-shards.json"
+  timeout 240 python3 benchmarks/device/startup.py $REAL --cold-disk \
+    --json "$OUT/startup-qwen3-4b-real-disk.json"
+  [ -n "${STARTUP_AB:-}" ] && OPENINFER_WEIGHT_READ=shards timeout 240 python3 \
+    benchmarks/device/startup.py $REAL --json "$OUT/startup-qwen3-4b-real-shards.json"
 fi
 stage "summary"
 python3 benchmarks/device/summary.py "$OUT"

@@ -55,6 +55,26 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _rss_by_mapping(pid: int, top: int = 12) -> dict[str, float]:
+    """Resident MB of `pid` by what is mapped (a library's file name, [heap], anonymous), the
+    `top` largest: where an idle engine's host memory goes."""
+    sizes: dict[str, float] = {}
+    name = "?"
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split()
+                if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                    name = Path(head[5]).name if len(head) > 5 else "[anonymous]"
+                elif head and head[0] == "Rss:":
+                    sizes[name] = sizes.get(name, 0.0) + int(head[1]) / 1024
+    except OSError:
+        return {}
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])
+    return {k: round(v, 1) for k, v in largest[:top]} | {
+        "(the rest)": round(sum(v for _, v in largest[top:]), 1)}
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -142,6 +162,7 @@ def one_start(model: str, cache: str, startup_cache: str, port: int,
         return {"ready_s": ready, "phases_s": _breakdown(lines), "timeline_s": timeline,
                 "notes": notes, "idle_rss_mb": _rss_mb(proc.pid),
                 "engine_rss_mb": sum(_rss_mb(pid) for pid in engine),
+                "engine_rss_by_mapping_mb": {str(pid): _rss_by_mapping(pid) for pid in engine},
                 "gpu_mb": _gpu_mb(proc.pid) or next(
                     (mb for pid in engine if (mb := _gpu_mb(pid))), None)}
     finally:
@@ -171,17 +192,36 @@ def _compiled(cache: str) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
+def _evict(folder: str) -> None:
+    """Drop `folder`'s *.safetensors from the page cache (posix_fadvise DONTNEED: no root
+    needed), so the next start reads them from the disk."""
+    for path in Path(folder).glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--json")
     ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--cold-disk", action="store_true",
+                    help="drop the checkpoint's shards from the page cache before each start, so "
+                         "its weights are read from the disk")
     args, extra = ap.parse_known_args()
     cache = tempfile.mkdtemp(prefix="triton-cache-")
     startup_cache = tempfile.mkdtemp(prefix="openinfer-startup-")
     try:
+        if args.cold_disk:
+            _evict(args.model)
         cold = one_start(args.model, cache, startup_cache, args.port, extra)
         cold["compiled_kernels"] = _compiled(cache)
+        if args.cold_disk:
+            _evict(args.model)
         warm = one_start(args.model, cache, startup_cache, args.port, extra)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
