@@ -43,6 +43,7 @@ NOTES = {  # what the start chose, as logged
     "step_memory": re.compile(r"step memory: .*\((cached|measured)\)"),
     "graphs_left_for_idle": re.compile(r"(\d+) left to capture when idle"),
     "engine_rss_after_start_mb": re.compile(r"host memory: (\d+) MB resident"),
+    "engine_rss_by_phase_mb": re.compile(r"after each start-up phase, MB: (.*)$"),
 }
 GRAPHS_WAIT_S = 30.0  # after ready, for the graphs left for idle time, before the RSS
 

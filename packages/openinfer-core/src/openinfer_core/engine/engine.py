@@ -14,7 +14,7 @@ import torch
 from openinfer_core.engine import compile_ahead, startup_cache
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
-from openinfer_core.engine.host_memory import release_host_memory
+from openinfer_core.engine.host_memory import release_host_memory, resident_mb
 from openinfer_core.engine.loader import LoadedEngineParts, load_engine_parts
 from openinfer_core.engine.offload import KVOffload
 from openinfer_core.engine.overlap import OverlappedLoop
@@ -83,6 +83,8 @@ class Engine:
         log.info("engine ready in %.2f s (%s)", time.perf_counter() - start, ", ".join(
             f"{name.replace('_', ' ')} {value:.2f} s"
             for name, value in self.startup_seconds.items()))
+        log.info("resident host memory after each start-up phase, MB: %s", ", ".join(
+            f"{name.replace('_', ' ')} {mb:.0f}" for name, mb in parts.resident_mb.items()))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,
@@ -137,10 +139,12 @@ class Engine:
         start measures again."""
         try:
             graphs = self._capture_graphs(config, defer, parts.seconds)
+            parts.resident_mb["cuda_graphs"] = resident_mb()
             started = time.perf_counter()
             warm_up_eager_steps(config, self.model, graphs.mixed[-1]
                                 if graphs is not None and graphs.mixed else 0)
             parts.seconds["warm_up"] = time.perf_counter() - started
+            parts.resident_mb["warm_up"] = resident_mb()
         except torch.OutOfMemoryError:
             key = parts.step_memory.cache_key if parts.step_memory is not None else None
             if key is None:

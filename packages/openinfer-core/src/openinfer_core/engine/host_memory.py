@@ -27,6 +27,12 @@ def resident_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def resident_mb() -> float:
+    """`resident_bytes` in MB (NaN where unknown), for the start-up log."""
+    rss = resident_bytes()
+    return float("nan") if rss is None else rss / 2**20
+
+
 def release_host_memory() -> None:
     """Collect garbage and hand freed heap pages back to the system (glibc only; elsewhere
     just the collection). Logs what it gave back."""

@@ -14,6 +14,7 @@ import torch
 
 from openinfer_core.engine import compile_ahead
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.host_memory import resident_mb
 from openinfer_core.engine.memory import StepMemory, profile_key, step_memory
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
@@ -36,6 +37,7 @@ class LoadedEngineParts:
     eos_token_ids: tuple[int, ...]
     hf_config: dict[str, Any]
     seconds: dict[str, float]  # start-up phases: "weights", "kv_cache"
+    resident_mb: dict[str, float]  # the process's resident host memory after each phase
     # How the step's memory was budgeted (CUDA only): a cached value is checked by the warm-up.
     step_memory: StepMemory | None = None
 
@@ -63,6 +65,7 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     log.info("loading %s with model line %r (%s, %s, attention=%s)", model_dir, entry.name,
              device, dtype, backend_name)
     start = time.perf_counter()
+    imported_mb = resident_mb()
     options = LoadOptions(
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
         load_format="dummy" if config.load_format == "dummy" else "safetensors",
@@ -81,6 +84,7 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     else:
         model = entry.load().load(model_dir, hf_config, options)
     loaded = time.perf_counter()
+    loaded_mb = resident_mb()
     key = profile_key(config, model, hf_config, backend_name) if device.type == "cuda" else {}
     compile_ahead.plan(model, key)
     step = (step_memory(config, model, key)
@@ -92,8 +96,9 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
              kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
              "on" if config.enable_prefix_caching else "off")
     seconds = {"weights": loaded - start, "kv_cache": time.perf_counter() - loaded}
+    resident = {"imports": imported_mb, "weights": loaded_mb, "kv_cache": resident_mb()}
     return LoadedEngineParts(model, kv, entry.name, eos_token_ids(model_dir, hf_config),
-                             hf_config, seconds, step)
+                             hf_config, seconds, resident, step)
 
 
 def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
