@@ -177,6 +177,8 @@ if has ttft; then
   timeout 200 python3 benchmarks/device/prefill_breakdown.py $M8 --prompt-len 2048 8192 \
     --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b.json" > "$OUT/prefill-breakdown-8b.log" 2>&1
   grep -E "^prompt" "$OUT/prefill-breakdown-8b.log"
+  stage "the elementwise kernels of a layer against their bytes (Qwen3-8B heads)"
+  timeout 120 python3 benchmarks/device/norm_bench.py --json "$OUT/norm-bench.json"
 fi
 if has flashinfer; then
   # Each step's JIT builds come back as fi-jit.tgz.part-* (under the 16 MB a file may have).
