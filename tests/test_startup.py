@@ -200,11 +200,33 @@ def test_release_host_memory_keeps_what_is_live() -> None:
     assert rss is None or rss > 0
 
 
-def test_early_start(tmp_path: Path) -> None:
-    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+def test_early_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        (tmp_path / name).write_bytes(b"\0" * 40_000)
+    opened: list[str] = []
+    real_open = open
+
+    def watched_open(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(Path(path).name)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", watched_open)
+    monkeypatch.setattr("openinfer_core.engine.early_start.PREFETCH_CHUNK", 16_384)
     thread = prefetch_checkpoint(tmp_path, "auto")
     assert thread is not None
     thread.join(5)
+    assert not thread.is_alive()
+    # Both shards read, in the loader's order (meminfo is opened first for the budget).
+    assert [n for n in opened if n.endswith(".safetensors")] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    # With memory for less than one shard, the read-ahead stops inside the first.
+    opened.clear()
+    monkeypatch.setattr("openinfer_core.engine.early_start._available_memory", lambda: 50_000)
+    thread = prefetch_checkpoint(tmp_path, "auto")
+    assert thread is not None
+    thread.join(5)
+    assert [n for n in opened if n.endswith(".safetensors")] == [
+        "model-00001-of-00002.safetensors"]
     assert prefetch_checkpoint(tmp_path, "dummy") is None
     assert prefetch_checkpoint(tmp_path / "empty", "auto") is None
     assert start_device("cpu") is None

@@ -314,6 +314,11 @@ if has offload; then
     ${OFFLOAD_ARGS:-} 2>&1 | tail -30 | tee "$OUT/offload.log"
 fi
 if has startup; then
+  stage "what the engine process imports, by cumulative time (python -X importtime, second run)"
+  python3 -c "import openinfer_core.engine.engine, openinfer_qwen3.model" >/dev/null 2>&1
+  python3 -X importtime -c "import openinfer_core.engine.engine, openinfer_qwen3.model" \
+    2> "$OUT/importtime.log"
+  sort -t'|' -k2 -n -r "$OUT/importtime.log" | head -25
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
   timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
   if [ -n "${STARTUP_AB:-}" ]; then  # the A/Bs of runs 43-48
