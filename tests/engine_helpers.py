@@ -1,11 +1,11 @@
-"""Driving the engine directly in tests: all-position logits, staggered arrivals."""
+"""Driving the engine directly in tests: all-position logits, staggered arrivals (the latter
+from `openinfer_core.testing`, re-exported here)."""
 
 from __future__ import annotations
 
 import json
 import weakref
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,9 +13,13 @@ import torch
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.engine import Engine
 from openinfer_core.engine.sequence import Sequence as Seq
-from openinfer_core.events import Finished, Token, TokenEvent
+from openinfer_core.events import Finished, TokenEvent
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
+from openinfer_core.testing import run_staggered, tokens_of
+
+__all__ = ["engine_block_bytes", "finished_of", "hf_greedy", "prompt_logits", "run_staggered",
+           "tokens_of"]
 
 
 @torch.inference_mode()
@@ -31,27 +35,6 @@ def prompt_logits(engine: Engine, token_ids: Sequence[int]) -> torch.Tensor:
         return engine.model.forward(batch)
     finally:
         engine.kv.free(seq.request_id)
-
-
-def run_staggered(engine: Engine, requests: Sequence[GenerateRequest],
-                  arrival_step: Callable[[int], int],
-                  max_steps: int = 10_000) -> dict[str, list[TokenEvent]]:
-    """Add request i at step arrival_step(i); step until every request has ended."""
-    events: dict[str, list[TokenEvent]] = defaultdict(list)
-    pending = sorted(range(len(requests)), key=arrival_step)
-    step = 0
-    while pending or engine.has_work():
-        while pending and arrival_step(pending[0]) <= step:
-            engine.add_request(requests[pending.pop(0)])
-        for ev in engine.step():
-            events[ev.request_id].append(ev)
-        step += 1
-        assert step < max_steps, "engine did not finish"
-    return dict(events)
-
-
-def tokens_of(events: Sequence[TokenEvent]) -> list[int]:
-    return [e.token_id for e in events if isinstance(e, Token)]
 
 
 def finished_of(events: Sequence[TokenEvent]) -> Finished:

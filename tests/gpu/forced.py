@@ -117,3 +117,19 @@ def gate_row(name: str, picks: list[Picks], reference: list[torch.Tensor],
     return {"case": name, "positions": int(regret.numel()), "regret_max": regret.max().item(),
             "dlogprob_mean": delta.mean().item(), "dlogprob_p99": delta.quantile(0.99).item(),
             "regret_over_0.1": int((regret > 0.1).sum().item()), "worst_pick": worst_pick}
+
+
+def one_at_a_time(engine: Engine, sequences: Sequence[Sequence[int]], decodes: int) -> list[Picks]:
+    """Each sequence alone, eagerly: its prompt (all but the last `decodes` tokens) in one
+    step, then a token a step; logits at every position. Closes the engine after."""
+    try:
+        picks = []
+        for seq in sequences:
+            n = len(seq) - decodes
+            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
+                                use_graphs=False, all_positions=True)
+        return picks
+    finally:
+        engine.close()
+        del engine
+        torch.cuda.empty_cache()

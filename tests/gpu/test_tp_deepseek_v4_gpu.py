@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, run_forced
+from forced import Picks, one_at_a_time
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -66,17 +66,7 @@ def _engine(folder: Path, tp: int, ep: bool, **kw: Any) -> Any:
 
 def _picks(folder: Path, sequences: list[list[int]], tp: int, ep: bool) -> list[Picks]:
     engine = _engine(folder, tp, ep, max_model_len=4096, num_kv_blocks=1024)
-    try:
-        picks = []
-        for seq in sequences:
-            n = len(seq) - DECODES
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=False, all_positions=True)
-        return picks
-    finally:
-        engine.close()
-        del engine
-        torch.cuda.empty_cache()
+    return one_at_a_time(engine, sequences, DECODES)
 
 
 def _record(row: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, run_forced
+from forced import Picks, one_at_a_time
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -48,17 +48,7 @@ def _picks(folder: Path, sequences: list[list[int]], tp: int) -> list[Picks]:
     engine = Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
                                  max_model_len=2048, num_kv_blocks=1024, enforce_eager=True,
                                  tensor_parallel_size=tp))
-    try:
-        picks = []
-        for seq in sequences:
-            n = len(seq) - DECODES
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=False, all_positions=True)
-        return picks
-    finally:
-        engine.close()
-        del engine
-        torch.cuda.empty_cache()
+    return one_at_a_time(engine, sequences, DECODES)
 
 
 def test_tp2_matches_one_gpu(folder: Path, sequences: list[list[int]]) -> None:

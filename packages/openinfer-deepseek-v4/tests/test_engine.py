@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
-from engine_runs import run_staggered, tokens
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.engine.batch import plan_batch
@@ -23,6 +22,8 @@ from openinfer_core.engine.sequence import Sequence as Seq
 from openinfer_core.events import Scheduled
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.plugins import PluginManager
+from openinfer_core.testing import run_staggered
+from openinfer_core.testing import tokens_of as tokens
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.deepseek_names import weights_from_deepseek
 from openinfer_deepseek_v4.hf_names import weights_from_transformers

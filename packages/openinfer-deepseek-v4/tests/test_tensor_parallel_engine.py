@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 from dsv4_checkpoints import random_model, write_model_folder
-from engine_runs import run_staggered, tokens
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.distributed import TensorParallelModel
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.sequence import Sequence as Seq
 from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.testing import run_staggered
+from openinfer_core.testing import tokens_of as tokens
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.model import DeepseekV4Model
