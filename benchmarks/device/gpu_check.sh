@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -136,6 +136,31 @@ if has latency; then
   stage "TTFT 128 / 2048 and TPOT, Qwen3-8B"
   timeout 180 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
     --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"
+fi
+if has fusion; then
+  stage "kernel tests: attention (fused merge too) and the linear, compiled"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests/kernels/test_paged_attention_triton.py \
+    packages/openinfer-kernels/tests/kernels/test_gemm.py 2>&1 | tail -5 | tee "$OUT/fusion_tests.log"
+  OPENINFER_DECODE_MERGE=fused timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 \
+    -m "gpu or not gpu" packages/openinfer-kernels/tests/kernels/test_paged_attention_triton.py \
+    2>&1 | tail -5 | tee -a "$OUT/fusion_tests.log"
+  # Issue 13: o_proj and down with their split-K sum inside the add + norm (tiles for
+  # gemm/tiles.py's SUM_FUSED_TILES), and decode attention's merge inside its split kernel
+  # (OPENINFER_DECODE_MERGE; attention/merge_triton.py's FUSED_DECODE_MERGE is the default).
+  stage "decode attention, merge kernel vs merge inside the split kernel, Qwen3-4B heads"
+  timeout 240 python3 benchmarks/device/decode_merge.py --json "$OUT/decode-merge.json" 2>&1 | tail -12
+  for merge in separate fused; do
+    stage "batch-1 latency, Qwen3-4B, OPENINFER_DECODE_MERGE=$merge"
+    OPENINFER_DECODE_MERGE=$merge timeout 180 python3 -m openinfer_server.cli bench latency $M4 \
+      --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 256 \
+      --num-iters 5 --result-file "$OUT/latency-qwen3-4b-merge-$merge.json" | grep -E "TPOT|floor"
+  done
+fi
+if has tiles; then
+  stage "o_proj / down + add-norm, split-K sum in the norm: tiles for SUM_FUSED_TILES"
+  timeout 480 python3 benchmarks/device/fused_sum_gemm.py --json "$OUT/fused-sum-gemm.json" \
+    2>&1 | tail -80
 fi
 if has gemm; then
   stage "small-batch linear tiles against cuBLAS and the read floor, Qwen3-4B/8B shapes"

@@ -83,6 +83,42 @@ def test_the_tile_table_covers_small_batches_only() -> None:
     assert tiles.tile_for(1, n + 1, k) is None  # a shape nobody measured: cuBLAS
 
 
+def test_a_fused_sum_takes_its_own_tile(monkeypatch):
+    """`SUM_FUSED_TILES` overrides `TILES` for the products whose split-K shares the add +
+    norm sums (`linear_add_rms_norm`), and only for those."""
+    (n, k), (one, _) = next(iter(tiles.TILES.items()))
+    split = Tile(8, 256, 4)
+    monkeypatch.setattr(tiles, "SUM_FUSED_TILES", {(n, k): (split, None)})
+    assert tiles.tile_for(1, n, k, sum_fused=True) == split
+    assert tiles.tile_for(16, n, k, sum_fused=True) is None  # cuBLAS where the pair says so
+    assert tiles.tile_for(1, n, k) == one
+    other = next(shape for shape in tiles.TILES if shape != (n, k))
+    assert tiles.tile_for(1, *other, sum_fused=True) == tiles.TILES[other][0]
+
+
+@pytest.mark.parametrize(("shape", "m", "tile"), [
+    (shape, m, tile) for shape, pair in tiles.SUM_FUSED_TILES.items()
+    for m, tile in zip((1, 5), pair, strict=True) if tile is not None])
+def test_every_fused_sum_tile_is_correct_at_its_shape_scaled_down(shape: tuple[int, int],
+                                                                  m: int, tile: Tile) -> None:
+    """As below, for `SUM_FUSED_TILES`, in the form `linear_add_rms_norm` runs them."""
+    from openinfer_kernels.gemm.triton import linear_add_rms_norm_triton
+    from openinfer_kernels.norm.reference import fused_add_rms_norm_ref
+    from openinfer_kernels.norm.triton import fused_add_rms_norm_triton
+
+    n, k = 37, shape[1]
+    g = torch.Generator().manual_seed(k + m)
+    w = torch.randn((n, k), generator=g).bfloat16().to(DEVICE)
+    x = torch.randn((m, k), generator=g).bfloat16().to(DEVICE)
+    residual = torch.randn((m, n), generator=g).bfloat16().to(DEVICE)
+    norm_w = torch.rand(n, generator=g).bfloat16().to(DEVICE)
+    got = (linear_add_rms_norm_triton(x, w, tile, residual, norm_w, 1e-6) if tile.split_k > 1
+           else fused_add_rms_norm_triton(linear_triton(x, w, tile), residual, norm_w, 1e-6))
+    want = fused_add_rms_norm_ref(linear_ref(x, w), residual, norm_w, 1e-6)
+    for a, b in zip(got, want, strict=True):  # as test_linear_add_rms_norm_is_...
+        torch.testing.assert_close(a.float(), b.float(), rtol=2**-6, atol=0.125)
+
+
 @pytest.mark.parametrize("shape", list(tiles.TILES))
 def test_every_table_tile_is_correct_at_its_shape_scaled_down(shape: tuple[int, int]) -> None:
     """Each tile of the table at its own K and a column count it does not divide (the full N
@@ -169,3 +205,26 @@ def test_the_dispatching_add_norm_op_on_cpu_is_the_composition() -> None:
     want = openinfer_kernels.fused_add_rms_norm(openinfer_kernels.linear(x, w), residual, norm_w,
                                                 1e-6)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="the dispatch picks Triton tiles on CUDA only")
+def test_linear_add_rms_norm_on_cuda_runs_the_fused_sum_tile(monkeypatch):
+    """Qwen3-4B's o_proj shape with a split tile in `SUM_FUSED_TILES`: the dispatching op is
+    the fused form at that tile, bit for bit."""
+    from openinfer_kernels.gemm import triton_linear_on
+    from openinfer_kernels.gemm.triton import linear_add_rms_norm_triton
+
+    if not triton_linear_on(0):
+        pytest.skip("OPENINFER_LINEAR or the GPU keeps these shapes on cuBLAS")
+    split = Tile(8, 512, 4)
+    monkeypatch.setattr(tiles, "SUM_FUSED_TILES", {(2560, 4096): (split, split)})
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn((2560, 4096), generator=g) * 0.02).bfloat16().cuda()
+    norm_w = torch.rand(2560, generator=g).bfloat16().cuda()
+    for m in (1, 5):
+        x = torch.randn((m, 4096), generator=g).bfloat16().cuda()
+        residual = torch.randn((m, 2560), generator=g).bfloat16().cuda()
+        got = openinfer_kernels.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
+        want = linear_add_rms_norm_triton(x, w, split, residual, norm_w, 1e-6)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -85,19 +85,17 @@ class Qwen3Model:
         hidden = self._embed(batch.input_ids)
         residual = hidden
         # The previous layer's MLP activation and down weight: its down projection runs with
-        # this layer's add + norm (`linear_add_rms_norm`: a split-K sum inside the norm),
-        # except under tensor parallelism, where the ranks' partial sums meet first.
+        # this layer's add + norm, as o_proj runs with the post-attention one
+        # (`_project_add_norm`).
         pending: tuple[torch.Tensor, torch.Tensor] | None = None
         for n, layer in enumerate(self.w.layers):
             if pending is None:
                 x = rms_norm(hidden, layer.input_norm, eps)
-            elif tp is None:
-                x, residual = linear_add_rms_norm(*pending, residual, layer.input_norm, eps)
             else:
-                x, residual = fused_add_rms_norm(tp.all_reduce(linear(*pending)), residual,
-                                                 layer.input_norm, eps)
-            hidden = self._attention(n, layer, x, batch)
-            x, residual = fused_add_rms_norm(hidden, residual, layer.post_norm, eps)
+                x, residual = self._project_add_norm(*pending, residual, layer.input_norm)
+            attended = self._attention(n, layer, x, batch)
+            x, residual = self._project_add_norm(attended, layer.o_proj, residual,
+                                                 layer.post_norm)
             pending = (linear_silu_mul(x, layer.gate_up), layer.down)
         assert pending is not None
         hidden = linear(*pending) if tp is None else tp.all_reduce(linear(*pending))
@@ -110,6 +108,16 @@ class Qwen3Model:
         logits = tp.all_gather(logits)  # [S, size * padded part]: the vocabulary, padded
         return logits if logits.shape[1] == self.vocab_size else (
             logits[:, :self.vocab_size].contiguous())
+
+    def _project_add_norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                          norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x @ w.T + residual), x @ w.T + residual). On one device in one
+        `linear_add_rms_norm`, which sums a split-K product's shares inside the norm kernel;
+        under tensor parallelism the ranks' partial products meet in an all-reduce first."""
+        eps = self.cfg.rms_norm_eps
+        if self.tp is None:
+            return linear_add_rms_norm(x, w, residual, norm_weight, eps)
+        return fused_add_rms_norm(self.tp.all_reduce(linear(x, w)), residual, norm_weight, eps)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T, H]: under tensor parallelism each rank looks up the ids of its vocabulary part
@@ -124,6 +132,7 @@ class Qwen3Model:
 
     def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,
                    batch: ForwardBatch) -> torch.Tensor:
+        """The attention heads' output, [T, Hq * D], before o_proj; appends this step's K/V."""
         assert self.kv is not None
         cfg = self.cfg
         t = x.shape[0]
@@ -142,5 +151,4 @@ class Qwen3Model:
             q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                 batch.positions, self.cos_sin)
             out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
-        out = linear(out.reshape(t, cfg.q_size), layer.o_proj)
-        return out if self.tp is None else self.tp.all_reduce(out)
+        return out.reshape(t, cfg.q_size)

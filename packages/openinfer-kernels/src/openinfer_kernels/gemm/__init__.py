@@ -34,14 +34,16 @@ def triton_linear_on(device_index: int) -> bool:
     return _kernels is not None and torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def small_batch_tile(x: torch.Tensor, w: torch.Tensor) -> Tile | None:
-    """The Triton tile for this product, or None where cuBLAS runs it."""
+def small_batch_tile(x: torch.Tensor, w: torch.Tensor, *, sum_fused: bool = False
+                     ) -> Tile | None:
+    """The Triton tile for this product, or None where cuBLAS runs it; `sum_fused`: as
+    `linear_add_rms_norm` runs it (`tiles.SUM_FUSED_TILES`)."""
     if not (_kernels is not None and x.is_cuda and x.dim() == 2 and x.stride(1) == 1
             and w.is_contiguous() and triton_linear_on(x.device.index or 0)):
         return None
     from openinfer_kernels.gemm.tiles import tile_for
 
-    return tile_for(x.shape[0], *w.shape)
+    return tile_for(x.shape[0], *w.shape, sum_fused=sum_fused)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -65,8 +67,8 @@ def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """`fused_add_rms_norm(linear(x, w), residual, norm_weight, eps)`: where `linear` would run
     a split-K Triton tile, the norm kernel sums the K shares itself (one launch fewer, the same
-    numbers)."""
-    tile = small_batch_tile(x, w)
+    numbers). The tile is the one for a fused sum (`tiles.SUM_FUSED_TILES`)."""
+    tile = small_batch_tile(x, w, sum_fused=True)
     if tile is not None and tile.split_k > 1:
         assert _kernels is not None
         return _kernels.linear_add_rms_norm_triton(x, w, tile, residual, norm_weight, eps)

@@ -3,7 +3,12 @@ by benchmarks/device/small_gemm.py (run 37, commit 442902c): for each weight sha
 fastest Triton tile at M = 1 and at M = 16 (used for 2..16 rows), or None where cuBLAS was as
 fast. The gate/up rows are the gated form's (`linear_silu_mul`), which is how models call them.
 Shapes not in the table, and M > 16, stay on cuBLAS. The comments give time / read floor,
-Triton vs cuBLAS, each op's share of a CUDA graph over 1 GB of distinct weights."""
+Triton vs cuBLAS, each op's share of a CUDA graph over 1 GB of distinct weights.
+
+`SUM_FUSED_TILES` overrides `TILES` where the product feeds an add + RMSNorm that sums its
+split-K shares itself (`linear_add_rms_norm`: o_proj and down): there a split tile costs no
+launch of its own, so the best tile may differ from the one measured with the sum as a kernel
+(benchmarks/device/fused_sum_gemm.py measures both forms and prints the rows to put here)."""
 
 from __future__ import annotations
 
@@ -25,9 +30,16 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
 }
 
 
-def tile_for(m: int, n: int, k: int) -> Tile | None:
-    """The table's tile for an [m, k] x [n, k]^T product, or None (cuBLAS)."""
-    pair = TILES.get((n, k))
+# (N, K): (tile at M = 1, tile at M = 16) when the split-K sum is fused into the add + norm.
+# Empty until measured: such products take TILES' tiles.
+SUM_FUSED_TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {}
+
+
+def tile_for(m: int, n: int, k: int, *, sum_fused: bool = False) -> Tile | None:
+    """The table's tile for an [m, k] x [n, k]^T product, or None (cuBLAS). `sum_fused`: the
+    product's split-K shares are summed by the add + norm kernel after it."""
+    pair = SUM_FUSED_TILES.get((n, k)) if sum_fused else None
+    pair = pair or TILES.get((n, k))
     if pair is None or m > 16:
         return None
     return pair[0] if m == 1 else pair[1]
