@@ -28,8 +28,6 @@ from paged_cases import (
 
 import openinfer_kernels
 from openinfer_core.interfaces.attention import AttentionBackend
-from openinfer_kernels.attention import merge_triton
-from openinfer_kernels.attention.merge_triton import merge_counters
 from openinfer_kernels.attention.triton import (
     SPLIT_MAX_QUERIES,
     SPLIT_MAX_TOKENS,
@@ -184,86 +182,6 @@ def test_split_kernel_leaves_padding_tokens_and_requests_alone(num_splits):
         assert torch.equal(out[real:], torch.zeros_like(out[real:]))
 
 
-# --- decode with the merge inside the split kernel ------------------------------------------
-
-
-@pytest.fixture
-def no_merge_kernel(monkeypatch):
-    """The two-kernel path's merge launch fails the test: the split kernel must merge."""
-    class Refused:
-        def __getitem__(self, grid):
-            raise AssertionError("the merge kernel was launched")
-    monkeypatch.setattr(merge_triton, "merge_kernel", Refused())
-
-
-def counters_are_zero() -> bool:
-    return not merge_counters(torch.device(DEVICE)).any()
-
-
-@DTYPES
-@HEADS
-@pytest.mark.parametrize("batch", ["b3-around-a-page", "b7-mixed-lengths"])
-def test_fused_merge_decode_matches_reference(batch, hq, hk, d, dtype, no_merge_kernel):
-    # b7 has a length-1 row (every split but the first empty) and rows of 1 to 300 tokens.
-    case = build(DECODES[batch], hq, hk, d, dtype, seed=20)
-    check(paged_decode(*case.args(d**-0.5), num_splits=4, fused_merge=True), case, d**-0.5)
-    assert counters_are_zero()
-
-
-@pytest.mark.parametrize("num_splits", [2, 3, 5, 16])
-def test_fused_merge_any_number_of_splits(num_splits, no_merge_kernel):
-    # 16 splits of a 17-token context: one page each, most of them empty.
-    case = build(decodes(17, 300, 1, 64), 8, 2, 24, torch.float32, seed=21)
-    check(paged_decode(*case.args(0.2), num_splits=num_splits, fused_merge=True), case, 0.2)
-    assert counters_are_zero()
-
-
-def test_fused_merge_is_the_two_kernel_merge():
-    case = build(decodes(1, 40, 130, 17), 4, 2, 24, torch.float32, seed=22)
-    fused = paged_decode(*case.args(0.2), num_splits=5, fused_merge=True)
-    separate = paged_decode(*case.args(0.2), num_splits=5, fused_merge=False)
-    torch.testing.assert_close(fused, separate, rtol=1e-6, atol=1e-6)  # the sum's order only
-
-
-def test_fused_merge_runs_again_on_its_reset_counters(no_merge_kernel):
-    """A CUDA graph replays the same launch over the same counters: each run must find them
-    at 0 again, with the same lengths (bit for bit the same result) and with new ones."""
-    first = build(decodes(1, 40, 300, 17), 4, 2, 24, torch.float32, seed=23)
-    args = first.args(0.2)
-    once = paged_decode(*args, num_splits=3, fused_merge=True)
-    again = paged_decode(*args, num_splits=3, fused_merge=True)
-    assert torch.equal(once, again) and counters_are_zero()
-    check(again, first, 0.2)
-    second = build(decodes(300, 1, 16, 90), 4, 2, 24, torch.float32, seed=24)
-    check(paged_decode(*second.args(0.2), num_splits=3, fused_merge=True), second, 0.2)
-    assert counters_are_zero()
-
-
-def test_fused_merge_zeroes_padding_and_skips_requests_without_queries(no_merge_kernel):
-    # A decode bucket as the engine pads it: requests of no query, tokens past the requests'.
-    case = build([*decodes(9, 30), Req(context=6, queries=0), Req(context=1, queries=0)],
-                 4, 2, 24, torch.float32, seed=25)
-    real = case.q.shape[0]
-    q = torch.cat([case.q, torch.full((3, 4, 24), float("nan"), device=DEVICE)])
-    out = paged_decode(q, *case.args(0.2)[1:], num_splits=3, fused_merge=True)
-    check(out[:real], case, 0.2)
-    assert torch.equal(out[real:], torch.zeros_like(out[real:]))
-    assert counters_are_zero()
-
-
-def test_the_default_merge_follows_the_switch(monkeypatch):
-    monkeypatch.setattr(merge_triton, "_MERGE_CHOICE", None)
-    for default in (False, True):
-        monkeypatch.setattr(merge_triton, "FUSED_DECODE_MERGE", default)
-        assert merge_triton.fused_decode_merge() is default
-    monkeypatch.setattr(merge_triton, "_MERGE_CHOICE", "separate")
-    assert merge_triton.fused_decode_merge() is False
-    monkeypatch.setattr(merge_triton, "_MERGE_CHOICE", "fused")
-    assert merge_triton.fused_decode_merge() is True
-    case = build(decodes(5, 40), 4, 2, 24, torch.float32, seed=26)
-    check(paged_attention_triton(*case.args(0.3), max_query_len=1), case, 0.3)
-
-
 # --- full size, on the GPU only -------------------------------------------------------------
 
 
@@ -291,42 +209,7 @@ def test_public_op_on_cuda_is_the_kernel():
 
 
 @gpu
-@pytest.mark.parametrize("batch", ["decode-b1-4k", "decode-b1-32k", "decode-b64-1k-2k"])
-def test_qwen3_4b_decode_with_the_fused_merge(batch):
-    case = build(LARGE[batch], **QWEN3_4B, dtype=torch.bfloat16)
-    out = paged_decode(*case.args(128**-0.5), fused_merge=True)
-    check(out, case, 128**-0.5)
-    assert torch.equal(out, paged_decode(*case.args(128**-0.5), fused_merge=True))
-    assert counters_are_zero()
-
-
-@gpu
-def test_fused_merge_replays_in_a_cuda_graph_bit_for_bit():
-    """Many replays of one graph: any merge that read a partial before it was written, or a
-    counter not reset, shows as a replay that differs from the first (the merge's order of
-    sums is fixed, so equal inputs give equal bits)."""
-    case = build(decodes(*torch.randint(1, 3000, (48,),
-                                        generator=torch.Generator().manual_seed(3)).tolist()),
-                 **QWEN3_4B, dtype=torch.bfloat16, seed=27)
-    args = case.args(0.1)
-    paged_decode(*args, fused_merge=True)  # compiles; allocates the counters
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = paged_decode(*args, fused_merge=True)
-    graph.replay()
-    first = out.clone()
-    check(first, case, 0.1)
-    for _ in range(200):
-        graph.replay()
-        assert torch.equal(out, first)
-    assert counters_are_zero()
-
-
-@gpu
-@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused-merge"])
-def test_decode_replays_in_a_cuda_graph_with_new_lengths(fused, monkeypatch):
-    monkeypatch.setattr(merge_triton, "_MERGE_CHOICE", "fused" if fused else "separate")
+def test_decode_replays_in_a_cuda_graph_with_new_lengths():
     # Same shapes, new contents: lengths across split boundaries, other blocks, other queries.
     shapes = dict(**QWEN3_4B, dtype=torch.bfloat16, num_blocks=600, width=200)
     first = build(decodes(1, 40, 300, 17, 3000), seed=7, **shapes)

@@ -1,15 +1,12 @@
 # mypy: disable-error-code="no-untyped-def"
 """Triton paged attention, two kernels (and a merge) and their launchers.
 
-- `_split_kernel` + a merge (`merge_triton.py`), batches of short queries (decode rows,
-  prefix-cache hits, small chunks): the context is split (flash-decoding); program = (query
-  block of one request, kv head, split) attends BLOCK_Q queries x all query heads of one KV
-  group, and the merge weighs the splits by their log-sum-exp. The launch depends on T, B and
-  the head counts only: each program finds its request (binary search over `query_start_loc`)
-  and its share of the context on the device, so one captured CUDA graph replays correctly for
-  any lengths. The merge is a second kernel, or for decode steps
-  (`merge_triton.fused_decode_merge`) the last split program of each (request, kv head) to
-  finish, found with an atomic counter.
+- `_split_kernel` + `_merge_kernel`, batches of short queries (decode rows, prefix-cache hits,
+  small chunks): the context is split (flash-decoding); program = (query block of one request,
+  kv head, split) attends BLOCK_Q queries x all query heads of one KV group, and the merge weighs
+  the splits by their log-sum-exp. The launch depends on T, B and the head counts only: each
+  program finds its request (binary search over `query_start_loc`) and its share of the
+  context on the device, so one captured CUDA graph replays correctly for any lengths.
 - `_prefill_kernel`, long prefill chunks: varlen causal attention over the cached prefix.
   Program = (BLOCK_M queries, request, head).
 
@@ -26,8 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.attention import merge_triton as merge
-from openinfer_kernels.attention.merge_triton import merge_if_last, zero_if_unowned
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 LOG2E = 1.4426950408889634
@@ -203,30 +198,21 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 # Integer arguments that vary from step to step are not specialized on (Triton would compile a
 # variant for 1, for multiples of 16 and for the rest): a step must never wait on the JIT. The
 # split count is one of them (it follows the batch size): every CUDA-graph size shares a variant.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits", "num_tokens"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
-    scale_log2, num_seqs, num_splits, num_tokens,
+    out_ptr, part_out_ptr, part_lse_ptr,
+    scale_log2, num_seqs, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
-    DECODE: tl.constexpr, MERGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr, PDL: tl.constexpr,
+    DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
-    # MERGE (decode with SPLIT only): the grid's first axis covers max(B, T), no merge kernel
-    # follows, and the last split of each (request, kv head) merges (`merge_if_last`).
     pdl_enter(PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if MERGE:
-        if split == 0:
-            zero_if_unowned(out_ptr, query_start_loc_ptr, pid, kv_head, num_seqs, num_tokens,
-                            stride_ot, stride_oh, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
-        if pid >= num_seqs:
-            return
     if DECODE:  # one program per request, which has at most one query
         seq = pid
         q_block = 0
@@ -294,20 +280,46 @@ def _split_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     mask = r_mask[:, None] & d_mask[None, :]
-    out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
-        + offs_d[None, :]
     if not SPLIT:
+        out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
+            + offs_d[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # Scratch is [T, Hq, num_splits, BLOCK_D] and [T, Hq, num_splits], contiguous.
-        rows = tokens * GROUP * tl.num_programs(1) + heads
-        part = rows * num_splits + split
+        part = (tokens * GROUP * tl.num_programs(1) + heads) * num_splits + split
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask)
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
-        if MERGE:
-            merge_if_last(counters_ptr + pid * tl.num_programs(1) + kv_head, part_out_ptr,
-                          part_lse_ptr, out_ptrs, rows, r_mask, offs_d, d_mask, num_splits,
-                          BLOCK_Q * BLOCK_G, BLOCK_D)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+def _merge_kernel(
+    query_start_loc_ptr, part_out_ptr, part_lse_ptr, out_ptr, num_seqs, num_splits, stride_ot,
+    stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
+        # Padding past the requests' tokens (a CUDA graph's bucket): no split wrote it.
+        tl.store(out_ptrs, tl.zeros([BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
+                 mask=d_mask)
+        return
+    s_mask = offs_s < num_splits
+    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + offs_s
+    lse = tl.load(part_lse_ptr + part, mask=s_mask, other=float("-inf"))
+    # All splits empty (a zero-length context): weights 0 everywhere, output 0, not NaN.
+    lse_max = tl.maximum(tl.max(lse, 0), -1e30)
+    weight = tl.exp2(lse - lse_max)
+    parts = tl.load(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    total = tl.sum(weight, 0)
+    out = tl.sum(weight[:, None] * parts, 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @functools.lru_cache
@@ -339,16 +351,15 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
 def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float, max_query_len: int,
-                num_splits: int | None = None, *, fused_merge: bool | None = None,
-                block_n: int = 64, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
+                num_stages: int = 2) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
     depend only on the shapes and `max_query_len`: safe to capture in a CUDA graph, which then
     replays correctly for any lengths and any spread of up to T tokens over the B requests.
-    `fused_merge` (default `merge_triton.fused_decode_merge()`): a decode step's splits merge
-    inside the split kernel, not in a second one. `block_n`, `num_warps` and `num_stages` are the
-    launch's tile settings (benchmarks/device/decode_attention.py)."""
+    `block_n`, `num_warps` and `num_stages` are the launch's tile settings
+    (benchmarks/device/decode_attention.py)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -366,30 +377,24 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     splits = num_splits or num_splits_for(batch if decode else num_tokens // block_q + 1,
                                           kv_heads, q.device)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    part_out = part_lse = counters = out  # unused when there is one split / no fused merge
+    part_out = part_lse = out  # unused when there is one split
     if splits > 1:
         part_out = torch.empty(num_tokens, num_heads, splits, block_d, dtype=torch.float32,
                                device=q.device)
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
                                device=q.device)
-    # Past the counters' capacity (a batch of over 8192 requests of 8 kv heads), two kernels.
-    fused = (splits > 1 and decode and batch * kv_heads <= merge.MERGE_COUNTERS
-             and (merge.fused_decode_merge() if fused_merge is None else fused_merge))
-    if fused:
-        counters = merge.merge_counters(q.device)
-        programs = max(batch, num_tokens)  # programs past B zero the padding tokens
     _split_kernel[(programs, kv_heads, splits)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        counters, scale * LOG2E, batch, splits, num_tokens,
+        scale * LOG2E, batch, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
-        MERGE=fused, BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         **_dot_options(q), num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
     )
-    if splits > 1 and not fused:
-        merge.merge_kernel[(num_tokens, num_heads)](
+    if splits > 1:
+        _merge_kernel[(num_tokens, num_heads)](
             query_start_loc, part_out, part_lse, out, batch, splits, out.stride(0),
             out.stride(1), HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(max(splits, MAX_SPLITS)),  # one variant up to 16
@@ -401,11 +406,10 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float,
-                 num_splits: int | None = None, *, fused_merge: bool | None = None,
-                 **tiles: int) -> torch.Tensor:
+                 num_splits: int | None = None, **tiles: int) -> torch.Tensor:
     """`paged_split` when every request has at most one query."""
     return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
-                       num_splits, fused_merge=fused_merge, **tiles)
+                       num_splits, **tiles)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
