@@ -140,9 +140,10 @@ fi
 if has fusion; then
   # Issue 13: o_proj and down with their split-K sum inside the add + norm (gemm/tiles.py's
   # SUM_FUSED_TILES, picked by the tiles stage).
-  stage "kernel tests: the linear, compiled"
+  stage "kernel tests: the linear and q/k norm + rotary, compiled"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests/kernels/test_gemm.py 2>&1 | tail -5 | tee "$OUT/fusion_tests.log"
+    packages/openinfer-kernels/tests/kernels/test_gemm.py \
+    packages/openinfer-kernels/tests/kernels/test_qk_norm_rope.py 2>&1 | tail -5 | tee "$OUT/fusion_tests.log"
   for size in 4b 8b; do
     stage "batch-1 latency, Qwen3-${size^^}"
     model=$M4; [ $size = 8b ] && model=$M8

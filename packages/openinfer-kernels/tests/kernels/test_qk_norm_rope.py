@@ -8,7 +8,11 @@ import torch
 
 import openinfer_kernels
 from openinfer_kernels.norm_rope import qk_norm_rope_append_ref, qk_norm_rope_ref
-from openinfer_kernels.norm_rope.triton import qk_norm_rope_append_triton, qk_norm_rope_triton
+from openinfer_kernels.norm_rope.triton import (
+    heads_per_program,
+    qk_norm_rope_append_triton,
+    qk_norm_rope_triton,
+)
 from openinfer_kernels.rotary import rope_cos_sin
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
@@ -52,10 +56,10 @@ def make(t: int, hq: int, hk: int, d: int, dtype: torch.dtype, fused_qkv: bool, 
     return tuple(a.to(DEVICE) for a in (q, k, q_weight, k_weight, positions, cos_sin))
 
 
-def check(t, hq, hk, d, dtype, fused_qkv):
+def check(t, hq, hk, d, dtype, fused_qkv, heads=None):
     q, k, q_weight, k_weight, positions, cos_sin = make(t, hq, hk, d, dtype, fused_qkv)
     q_before, k_before = q.clone(), k.clone()
-    got = qk_norm_rope_triton(q, k, q_weight, k_weight, EPS, positions, cos_sin)
+    got = qk_norm_rope_triton(q, k, q_weight, k_weight, EPS, positions, cos_sin, heads=heads)
     want = qk_norm_rope_ref(q, k, q_weight, k_weight, EPS, positions, cos_sin)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == dtype and g.is_contiguous()
@@ -67,6 +71,22 @@ def check(t, hq, hk, d, dtype, fused_qkv):
 @pytest.mark.parametrize("case", list(CASES))
 def test_qk_norm_rope_triton_matches_reference(case, dtype):
     check(*CASES[case][:4], dtype, fused_qkv=CASES[case][4])
+
+
+# Several heads a program (prefill steps), the last tile of q or k part-empty where the head
+# count does not divide.
+@pytest.mark.parametrize("heads", [2, 4, 8])
+@pytest.mark.parametrize("case", ["t63-gqa5-1-d24-qkv", "t3-gqa32-8-d128-qkv",
+                                  "t7-gqa4-2-d128-contiguous"])
+def test_head_tiles_match_reference(case, heads):
+    check(*CASES[case][:4], torch.float32, fused_qkv=CASES[case][4], heads=heads)
+    check_append(*CASES[case][:4], torch.float32, fused_qkv=CASES[case][4], heads=heads)
+
+
+def test_heads_per_program():
+    assert heads_per_program(1, 32) == 1 and heads_per_program(63, 32) == 1
+    assert heads_per_program(2048, 32) == 8 and heads_per_program(2048, 5) == 8
+    assert heads_per_program(64, 2) == 2
 
 
 def test_position_zero_is_plain_qk_norm():
@@ -117,7 +137,7 @@ def test_public_op_on_cuda_is_the_kernel():
 
 # --- qk_norm_rope_append: K (rotated) and V written straight into the paged cache -------------
 
-def check_append(t, hq, hk, d, dtype, fused_qkv, block_size=4):
+def check_append(t, hq, hk, d, dtype, fused_qkv, block_size=4, heads=None):
     q, k, q_weight, k_weight, positions, cos_sin = make(t, hq, hk, d, dtype, fused_qkv)
     g = torch.Generator().manual_seed(1)
     v = torch.randn(t, hk, d, generator=g).to(dtype).to(DEVICE)
@@ -128,7 +148,7 @@ def check_append(t, hq, hk, d, dtype, fused_qkv, block_size=4):
     caches = [torch.full((num_blocks, block_size, hk, d), float("nan"), dtype=dtype,
                          device=DEVICE) for _ in range(4)]
     got_q = qk_norm_rope_append_triton(q, k, v, q_weight, k_weight, EPS, positions, cos_sin,
-                                       caches[0], caches[1], slots)
+                                       caches[0], caches[1], slots, heads=heads)
     want_q = qk_norm_rope_append_ref(q, k, v, q_weight, k_weight, EPS, positions, cos_sin,
                                      caches[2], caches[3], slots)
     assert got_q.dtype == dtype and got_q.is_contiguous()

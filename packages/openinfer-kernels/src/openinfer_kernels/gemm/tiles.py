@@ -32,7 +32,13 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
 
 # (N, K): (tile at M = 1, tile at M = 16) when the split-K sum is fused into the add + norm.
 # Empty until measured: such products take TILES' tiles.
-SUM_FUSED_TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {}
+# Measured by fused_sum_gemm.py (run 57, the H100; each against the TILES choice + its add-norm).
+SUM_FUSED_TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
+    (2560, 4096): (Tile(4, 512, 2), Tile(32, 128, 4)),  # 4B o: 11.0 -> 10.1 us, M=16 12.0 -> 11.0
+    (2560, 9728): (Tile(16, 512, 4), Tile(32, 128, 4)),  # 4B down: M=16 23.8 (cuBLAS) -> 22.2 us
+    (4096, 4096): (Tile(16, 512, 2, 8), Tile(32, 256)),  # 8B o: M=1 15.2 -> 14.7 us
+    (4096, 12288): (Tile(16, 512, 2, 8), Tile(64, 128, 4)),  # 8B down: M=16 40.6 -> 39.8 us
+}
 
 
 def tile_for(m: int, n: int, k: int, *, sum_fused: bool = False) -> Tile | None:

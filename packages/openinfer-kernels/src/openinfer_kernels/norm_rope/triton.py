@@ -1,6 +1,7 @@
 # mypy: disable-error-code="no-untyped-def"
-"""Per-head q/k RMSNorm then rotary, in one launch: program (t, h) reads head h of token t (q heads
-first, then k heads) straight from the strided q/k views, normalises it in fp32, rotates it and
+"""Per-head q/k RMSNorm then rotary, in one launch: program (t, j) reads a tile of token t's
+heads (q heads first, then k heads; one head a tile on decode steps, up to 8 on prefill ones,
+`heads_per_program`) straight from the strided q/k views, normalises it in fp32, rotates it and
 writes it once (`qk_norm_rope_append_triton`: the k heads, and v beside them, into the paged
 cache, which saves the step's kv_append launch). Unlike the reference, the normed values stay in
 fp32 between norm and rotation instead of being rounded to the input dtype, so in bf16 the two
@@ -17,45 +18,50 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
-def _norm_rope_head(src, w_ptr, dst, cos_ptr, eps, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                    write=True):
-    # GPT-NeoX halves: element i pairs with i + D/2, so work on the two halves side by side.
-    # `write` False stores nothing (a token whose cache slot is negative).
+def _norm_rope_heads(src, src_stride_h, n_heads, w_ptr, dst, cos_ptr, eps, D: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr, write=True):
+    # Heads 0..n_heads-1 (of a tile of HEADS) of one token: src head h at src + h * src_stride_h,
+    # written contiguously at dst + h * D.
     half: tl.constexpr = D // 2
-    offs = tl.arange(0, BLOCK_HALF)
-    mask = offs < half
-    store = offs < tl.where(write, half, 0)
-    x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
-    inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+    h = tl.arange(0, HEADS)[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (h < n_heads) & (offs < half)
+    store = mask & (offs < tl.where(write, half, 0))
+    head = src + h * src_stride_h
+    x1 = tl.load(head + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(head + half + offs, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
     out_ty = dst.dtype.element_ty
-    # Rounded where transformers rounds: the normalised value, the normed head, cos and sin.
-    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + offs, mask=offs < half, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + half + offs, mask=offs < half, other=0.0).to(tl.float32)
     n1 = ((x1 * inv_rms).to(out_ty).to(tl.float32) * w1).to(out_ty).to(tl.float32)
     n2 = ((x2 * inv_rms).to(out_ty).to(tl.float32) * w2).to(out_ty).to(tl.float32)
-    cos = tl.load(cos_ptr + offs, mask=mask, other=0.0).to(out_ty).to(tl.float32)
-    sin = tl.load(cos_ptr + half + offs, mask=mask, other=0.0).to(out_ty).to(tl.float32)
-    tl.store(dst + offs, (n1 * cos - n2 * sin).to(out_ty), mask=store)
-    tl.store(dst + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=store)
+    cos = tl.load(cos_ptr + offs, mask=offs < half, other=0.0).to(out_ty).to(tl.float32)
+    sin = tl.load(cos_ptr + half + offs, mask=offs < half, other=0.0).to(out_ty).to(tl.float32)
+    out = dst + h * D
+    tl.store(out + offs, (n1 * cos - n2 * sin).to(out_ty), mask=store)
+    tl.store(out + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=store)
 
 
 @triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos_ptr, cos_sin_ptr,
                          q_stride_t, q_stride_h, k_stride_t, k_stride_h, cos_sin_stride, eps,
                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
-                         BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+                         BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
+    # Program (t, j): heads j*HEADS.. of token t's q, then (past the q tiles) of its k.
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    j = tl.program_id(1)
     cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
-    if h < HQ:
-        _norm_rope_head(q_ptr + t * q_stride_t + h * q_stride_h, qw_ptr,
-                        q_out_ptr + (t * HQ + h) * D, cos_ptr, eps, D, BLOCK_HALF)
+    q_tiles: tl.constexpr = (HQ + HEADS - 1) // HEADS
+    if j < q_tiles:
+        h0 = j * HEADS
+        _norm_rope_heads(q_ptr + t * q_stride_t + h0 * q_stride_h, q_stride_h, HQ - h0, qw_ptr,
+                         q_out_ptr + (t * HQ + h0) * D, cos_ptr, eps, D, BLOCK_HALF, HEADS)
     else:
-        kh = h - HQ
-        _norm_rope_head(k_ptr + t * k_stride_t + kh * k_stride_h, kw_ptr,
-                        k_out_ptr + (t * HK + kh) * D, cos_ptr, eps, D, BLOCK_HALF)
+        h0 = (j - q_tiles) * HEADS
+        _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, kw_ptr,
+                         k_out_ptr + (t * HK + h0) * D, cos_ptr, eps, D, BLOCK_HALF, HEADS)
 
 
 @triton.jit
@@ -64,26 +70,39 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
                                 q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
                                 cos_sin_stride, cache_stride_slot, eps, HQ: tl.constexpr,
                                 HK: tl.constexpr, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                                BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    # As _qk_norm_rope_kernel, but a k head goes straight to its cache slot, with its v head
-    # beside it: kv_append fused in.
+                                BLOCK_D: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    j = tl.program_id(1)
     cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
-    if h < HQ:
-        _norm_rope_head(q_ptr + t * q_stride_t + h * q_stride_h, qw_ptr,
-                        q_out_ptr + (t * HQ + h) * D, cos_ptr, eps, D, BLOCK_HALF)
+    q_tiles: tl.constexpr = (HQ + HEADS - 1) // HEADS
+    if j < q_tiles:
+        h0 = j * HEADS
+        _norm_rope_heads(q_ptr + t * q_stride_t + h0 * q_stride_h, q_stride_h, HQ - h0, qw_ptr,
+                         q_out_ptr + (t * HQ + h0) * D, cos_ptr, eps, D, BLOCK_HALF, HEADS)
     else:
-        kh = h - HQ
+        h0 = (j - q_tiles) * HEADS
         slot = tl.load(slot_ptr + t)  # int64: slot * stride indexes the whole cache
-        dst = slot * cache_stride_slot + kh * D
-        _norm_rope_head(k_ptr + t * k_stride_t + kh * k_stride_h, kw_ptr, k_cache_ptr + dst,
-                        cos_ptr, eps, D, BLOCK_HALF, slot >= 0)
-        offs = tl.arange(0, BLOCK_D)
-        mask = offs < tl.where(slot >= 0, D, 0)
-        v = tl.load(v_ptr + t * v_stride_t + kh * v_stride_h + offs, mask=mask)
-        tl.store(v_cache_ptr + dst + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        dst = slot * cache_stride_slot + h0 * D
+        _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, kw_ptr,
+                         k_cache_ptr + dst, cos_ptr, eps, D, BLOCK_HALF, HEADS, slot >= 0)
+        h = tl.arange(0, HEADS)[:, None]
+        offs = tl.arange(0, BLOCK_D)[None, :]
+        mask = (h < HK - h0) & (offs < tl.where(slot >= 0, D, 0))
+        v = tl.load(v_ptr + t * v_stride_t + (h0 + h) * v_stride_h + offs, mask=mask)
+        tl.store(v_cache_ptr + dst + h * D + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def heads_per_program(tokens: int, heads: int) -> int:
+    """Heads one program normalises and rotates: one each for a few tokens (decode: more
+    programs, each short), up to 8 on prefill steps, where a program per head was too small
+    to stream at the read bandwidth (run 57: 4.8x the bytes' floor at 2048 tokens)."""
+    return 1 if tokens < 64 else min(8, triton.next_power_of_2(heads))
+
+
+def _warps(heads: int, block_half: int) -> int:
+    """A warp per 32 pairs of a head's halves, 1 to 4 (8 for the 8-head tiles)."""
+    return max(1, min(8 if heads >= 8 else 4, heads * block_half // 32))
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +111,8 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
                         k_weight: torch.Tensor, eps: float, positions: torch.Tensor,
-                        cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        cos_sin: torch.Tensor, *, heads: int | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """rotary_embedding(qk_rms_norm(q, k, ...), positions, cos_sin) for q ([T, Hq, D]) and k
     ([T, Hk, D]), which may be strided views (e.g. column slices of a fused qkv output); returns
     new contiguous tensors in q's dtype."""
@@ -106,12 +126,12 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
     k_out = torch.empty((t, hk, d), dtype=q.dtype, device=q.device)
     if t:
         block_half = triton.next_power_of_2(d // 2)
-        # A head is small (64 + 64 elements for Qwen3): one warp per 32 pairs, at most four.
-        _qk_norm_rope_kernel[(t, hq + hk)](
+        heads = heads or heads_per_program(t, max(hq, hk))
+        _qk_norm_rope_kernel[(t, triton.cdiv(hq, heads) + triton.cdiv(hk, heads))](
             q, k, q_weight, k_weight, q_out, k_out, positions, cos_sin,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0), eps,
-            HQ=hq, HK=hk, D=d, BLOCK_HALF=block_half, num_warps=max(1, min(4, block_half // 32)),
-            **pdl_launch(q))
+            HQ=hq, HK=hk, D=d, BLOCK_HALF=block_half, HEADS=heads,
+            num_warps=_warps(heads, block_half), **pdl_launch(q))
     return q_out, k_out
 
 
@@ -119,7 +139,8 @@ def qk_norm_rope_append_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
                                positions: torch.Tensor, cos_sin: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               slot_mapping: torch.Tensor) -> torch.Tensor:
+                               slot_mapping: torch.Tensor, *, heads: int | None = None
+                               ) -> torch.Tensor:
     """`qk_norm_rope_triton`, then `kv_append_triton` of the rotated k and of v ([T, Hk, D],
     strided views allowed) into the contiguous caches at `slot_mapping` (negative: skipped), in
     one launch. Returns the rotated q (new, contiguous); mutates the caches."""
@@ -140,10 +161,11 @@ def qk_norm_rope_append_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     q_out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device)
     if t:
         block_half = triton.next_power_of_2(d // 2)
-        _qk_norm_rope_append_kernel[(t, hq + hk)](
+        heads = heads or heads_per_program(t, max(hq, hk))
+        _qk_norm_rope_append_kernel[(t, triton.cdiv(hq, heads) + triton.cdiv(hk, heads))](
             q, k, v, q_weight, k_weight, q_out, k_cache, v_cache, slot_mapping, positions,
             cos_sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), cos_sin.stride(0), k_cache.stride(1), eps, HQ=hq, HK=hk, D=d,
-            BLOCK_HALF=block_half, BLOCK_D=2 * block_half,
-            num_warps=max(1, min(4, block_half // 32)), **pdl_launch(q))
+            BLOCK_HALF=block_half, BLOCK_D=2 * block_half, HEADS=heads,
+            num_warps=_warps(heads, block_half), **pdl_launch(q))
     return q_out
