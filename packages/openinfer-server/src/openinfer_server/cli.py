@@ -10,8 +10,9 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Any
 
 from openinfer_core.errors import OpenInferError
 from openinfer_core.generation_config import GENERATION_CONFIG_MODES
@@ -164,6 +165,22 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
                         metavar="N", help="GPUs to shard the model over, one worker process "
                                           "each (NCCL on CUDA, gloo on CPU; default %(default)s)")
+    nodes = torchrun_defaults(os.environ)
+    engine.add_argument("--nnodes", type=int_at_least(1), default=nodes.get("nnodes", 1),
+                        metavar="N", help="nodes the tensor-parallel ranks span, "
+                        "tensor-parallel-size / N GPUs each (default: torchrun's "
+                        "WORLD_SIZE / LOCAL_WORLD_SIZE, else %(default)s)")
+    engine.add_argument("--node-rank", type=int_at_least(0), default=nodes.get("node_rank", 0),
+                        metavar="R", help="this node's rank; 0 serves the API, the others "
+                        "only lend their GPUs (default: NODE_RANK or torchrun's GROUP_RANK, "
+                        "else %(default)s)")
+    engine.add_argument("--master-addr", default=nodes.get("master_addr", "127.0.0.1"),
+                        metavar="HOST", help="node 0's address, reachable from every node "
+                        "(default: MASTER_ADDR, else %(default)s)")
+    engine.add_argument("--master-port", type=int_at_least(1),
+                        default=nodes.get("master_port", 29500), metavar="PORT",
+                        help="a free TCP port on node 0 for the rendezvous (default: "
+                        "MASTER_PORT, else %(default)s)")
     engine.add_argument("--enable-expert-parallel", action="store_true",
                         help="split the routed experts whole over the tensor-parallel ranks, "
                              "tokens sent to their experts' ranks (models with routed experts "
@@ -295,6 +312,27 @@ def describe_plugins() -> str:
         _table("plugins", plugins),
     ]
     return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"
+
+
+def torchrun_defaults(env: Mapping[str, str]) -> dict[str, Any]:
+    """Defaults for the node flags from torchrun's environment (or a launcher that sets the
+    same variables): MASTER_ADDR, MASTER_PORT, the node's rank (NODE_RANK, else torchrun's
+    GROUP_RANK) and the node count (NNODES, else WORLD_SIZE / LOCAL_WORLD_SIZE)."""
+    found: dict[str, Any] = {}
+    if "MASTER_ADDR" in env:
+        found["master_addr"] = env["MASTER_ADDR"]
+    if env.get("MASTER_PORT", "").isdigit():
+        found["master_port"] = int(env["MASTER_PORT"])
+    rank = env.get("NODE_RANK") or env.get("GROUP_RANK")
+    if rank is not None and rank.isdigit():
+        found["node_rank"] = int(rank)
+    nnodes = env.get("NNODES")
+    if nnodes is None and env.get("WORLD_SIZE", "").isdigit() and env.get(
+            "LOCAL_WORLD_SIZE", "").isdigit() and int(env["LOCAL_WORLD_SIZE"]) > 0:
+        nnodes = str(int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"]))
+    if nnodes is not None and nnodes.isdigit():
+        found["nnodes"] = int(nnodes)
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -86,7 +86,9 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             kv_offload_disk_dir=args.kv_offload_disk_dir,
             kv_offload_disk_gib=args.kv_offload_disk_gib,
             tensor_parallel_size=args.tensor_parallel_size,
-            enable_expert_parallel=args.enable_expert_parallel)
+            enable_expert_parallel=args.enable_expert_parallel, nnodes=args.nnodes,
+            node_rank=args.node_rank, master_addr=args.master_addr,
+            master_port=args.master_port)
         config.check_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")
@@ -140,6 +142,23 @@ def chat_encoder(registries: Registries, folder: Path) -> str | None:
     return str(target)
 
 
+def lend_node(config: EngineConfig) -> int:
+    """`--node-rank N` (N > 0): run this node's tensor-parallel ranks for node 0's engine
+    until it stops them; no API here. The model, flags and weights are node 0's (its path
+    must hold the checkpoint on this node too)."""
+    from openinfer_core.distributed.node_agent import run_node
+    from openinfer_core.distributed.nodes import NodeLayout
+    from openinfer_core.distributed.tp_model import START_TIMEOUT_S
+
+    layout = NodeLayout(config.nnodes, config.node_rank, config.master_addr, config.master_port)
+    log.info("node %d of %d: waiting for node 0 at %s:%d", layout.node_rank, layout.nnodes,
+             layout.master_addr, layout.master_port)
+    try:
+        return run_node(layout, config.device, START_TIMEOUT_S)
+    except KeyboardInterrupt:
+        return 130
+
+
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
           started: float) -> int:
     """Start the engine process, then the HTTP frontend(s) in front of it; returns the exit
@@ -147,6 +166,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
     setup_logging(args.log_level)
     plugins = get_plugin_manager()
     config = engine_config(args, parser, plugins.registries)
+    if config.node_rank > 0:
+        return lend_node(config)
     check_parser_flags(args, parser, plugins.registries)
     try:
         log.info("[1/4] model: %s", args.model or "(built-in demo)")

@@ -1,8 +1,9 @@
 """The tensor-parallel process group over torch.distributed: NCCL on CUDA, gloo on CPU.
 
 Each rank's process joins the default process group through a file store in a folder the
-launcher made (one host); every collective inherits the group's timeout, so no wait is
-unbounded. One group per process at a time: `close()` before building another."""
+launcher made (one host), or a TCP store that rank 0 hosts (several nodes, `nodes.py`); every
+collective inherits the group's timeout, so no wait is unbounded. One group per process at a
+time: `close()` before building another."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class TorchTensorParallelGroup:
     CUDA graphs once the engine captures tensor-parallel steps; `all_to_all` is the exception
     when it exchanges its counts. Engine thread only."""
 
-    def __init__(self, rank: int, size: int, device: torch.device, store_path: Path,
+    def __init__(self, rank: int, size: int, device: torch.device, store: Path | dist.Store,
                  timeout_s: float) -> None:
         self.rank = rank
         self.size = size
@@ -34,7 +35,8 @@ class TorchTensorParallelGroup:
         if dist.is_initialized():
             raise RuntimeError("a torch.distributed process group already exists in this "
                                "process: close the other tensor-parallel model first")
-        store = dist.FileStore(str(store_path), size)
+        if isinstance(store, Path):
+            store = dist.FileStore(str(store), size)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=device if device.type == "cuda" else None)

@@ -28,10 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import zmq
 
 from openinfer_core.distributed.batch_wire import header_of, pack
 from openinfer_core.distributed.group import TorchTensorParallelGroup
+from openinfer_core.distributed.nodes import (
+    NodeLayout,
+    RemoteRank,
+    group_store,
+    open_store,
+    publish,
+)
 from openinfer_core.distributed.worker import WorkerSpec, run_worker
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
@@ -49,6 +57,7 @@ log = logging.getLogger("openinfer")
 TIMEOUT_ENV = "OPENINFER_TP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 1800.0  # loading a shard: large checkpoints from slow disks
+STOP_LINGER_MS = 2000  # for "stop" to leave over TCP before the socket closes
 
 
 def check_expert_parallel(line: Any, asked: bool) -> None:
@@ -71,8 +80,9 @@ class TensorParallelModel:
     cuda_graph_safe = False  # the workers would have to replay the same graphs: not yet
 
     def __init__(self, local: Model, group: TorchTensorParallelGroup,
-                 workers: list[_Worker], publisher: zmq.Socket[bytes], context: zmq.Context[Any],
-                 folder: Path, threads: int) -> None:
+                 workers: list[_Worker | RemoteRank], publisher: zmq.Socket[bytes],
+                 context: zmq.Context[Any], folder: Path, threads: int,
+                 store: dist.Store | None = None) -> None:
         self.local = local
         self.group = group
         self.workers = workers
@@ -86,15 +96,18 @@ class TensorParallelModel:
         self._context = context
         self._folder = folder
         self._threads = threads  # torch's thread count to restore on close (CPU), or 0
+        self._store = store  # several nodes: the TCP store this process hosts
         self._failed: str | None = None
         self._closed = False
 
     @classmethod
     def start(cls, line: Any, model_dir: Path, config: dict[str, Any], options: LoadOptions,
               size: int, *, timeout_s: float | None = None,
-              start_timeout_s: float = START_TIMEOUT_S) -> TensorParallelModel:
-        """Spawn ranks 1..size-1, load shard 0 here, and wait until every rank is loaded.
-        `line` is the model line class (`supports_tensor_parallel` must be set)."""
+              start_timeout_s: float = START_TIMEOUT_S,
+              layout: NodeLayout | None = None) -> TensorParallelModel:
+        """Spawn this node's ranks 1.., load shard 0 here, and wait until every rank (the other
+        nodes' too, `layout`) is loaded. `line` is the model line class
+        (`supports_tensor_parallel` must be set)."""
         if not getattr(line, "supports_tensor_parallel", False):
             raise ModelConfigError(
                 f"model line {getattr(line, 'name', line)!r} does not support tensor "
@@ -102,25 +115,45 @@ class TensorParallelModel:
         check_expert_parallel(line, options.expert_parallel)
         if timeout_s is None:
             timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        layout = layout or NodeLayout()
+        if size % layout.nnodes:
+            raise ModelConfigError(f"--tensor-parallel-size {size} does not split over "
+                                   f"--nnodes {layout.nnodes}: give each node as many ranks")
         folder = Path(tempfile.mkdtemp(prefix="openinfer-tp-"))
         context: zmq.Context[Any] = zmq.Context()
         publisher = context.socket(zmq.XPUB)
         publisher.setsockopt(zmq.XPUB_VERBOSE, 1)  # one message per subscriber that joins
         publisher.setsockopt(zmq.SNDHWM, 0)  # never drop a step
         publisher.setsockopt(zmq.LINGER, 0)
-        address = f"ipc://{folder}/batches"
-        publisher.bind(address)
+        store = None
+        if layout.nnodes > 1:  # the other nodes reach the batches over TCP
+            publisher.bind("tcp://*:0")
+            port = publisher.getsockopt(zmq.LAST_ENDPOINT).decode().rpartition(":")[2]
+            address = f"tcp://{layout.master_addr}:{port}"
+            store = open_store(layout, start_timeout_s, host=True)
+        else:
+            address = f"ipc://{folder}/batches"
+            publisher.bind(address)
         threads = 0
         if options.device.type == "cpu":  # the ranks share the cores
             threads = torch.get_num_threads()
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
         base = _spec_base(line, model_dir, config, options, size, folder, address, timeout_s)
-        workers = [_Worker.spawn(dataclasses.replace(
-            base, rank=r, device=_rank_device(options.device, r))) for r in range(1, size)]
+        if store is not None:
+            base = dataclasses.replace(
+                base, store_path="", nnodes=layout.nnodes,
+                store_address=f"{layout.master_addr}:{layout.master_port}")
+        per_node = layout.ranks_per_node(size)
+        workers: list[_Worker | RemoteRank] = [_Worker.spawn(dataclasses.replace(
+            base, rank=r, device=_rank_device(options.device, r))) for r in range(1, per_node)]
+        if store is not None:
+            publish(store, "spec", base)  # what the other nodes' ranks load
+            workers += [RemoteRank(r, r // per_node, store) for r in range(per_node, size)]
         group = None
         try:
-            group = TorchTensorParallelGroup(0, size, options.device, folder / "store",
-                                             timeout_s)
+            group = TorchTensorParallelGroup(
+                0, size, options.device, folder / "store" if store is None else group_store(store),
+                timeout_s)
             local = line.load(model_dir, config,
                               dataclasses.replace(options, tensor_parallel=group))
             deadline = time.monotonic() + start_timeout_s
@@ -136,9 +169,9 @@ class TensorParallelModel:
             if threads:
                 torch.set_num_threads(threads)
             raise
-        log.info("tensor parallel: %d ranks (%s), worker pids %s", size, options.device,
-                 [w.process.pid for w in workers])
-        return cls(local, group, workers, publisher, context, folder, threads)
+        log.info("tensor parallel: %d ranks (%s) on %d node(s), local worker pids %s", size,
+                 options.device, layout.nnodes, [w.process.pid for w in _local(workers)])
+        return cls(local, group, workers, publisher, context, folder, threads, store)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         """Rank 0's: its shard is the largest (`sharding` gives earlier ranks the larger
@@ -161,7 +194,7 @@ class TensorParallelModel:
         """Every rank runs `batch`; returns rank 0's logits (the full vocabulary)."""
         if self._failed is not None:
             raise ModelFailedError(self._failed)
-        dead = [w.rank for w in self.workers if not w.process.is_alive()]
+        dead = [w.rank for w in self.workers if not w.alive()]
         if dead:
             raise self._fail(f"rank(s) {dead} died before this step")
         try:
@@ -176,7 +209,7 @@ class TensorParallelModel:
 
     def _fail(self, why: str) -> ModelFailedError:
         """The group is out of step for good: say why, with what the workers said."""
-        multiprocessing.connection.wait([w.process.sentinel for w in self.workers], 1.0)
+        multiprocessing.connection.wait([w.process.sentinel for w in _local(self.workers)], 1.0)
         notes = [note for w in self.workers if (note := w.describe_exit()) is not None]
         self._failed = (f"tensor parallelism failed ({self.size} ranks): {why}"
                         + "".join(f"\n{n}" for n in notes if n not in why))
@@ -189,12 +222,16 @@ class TensorParallelModel:
         if self._closed:
             return
         self._closed = True
+        linger = 0
         if self._failed is None:
             with contextlib.suppress(zmq.ZMQError):  # the workers are killed below anyway
                 self._publish(("stop",))
+            if self._store is not None:  # over TCP: let "stop" reach the other nodes
+                linger = STOP_LINGER_MS
         _stop_workers(self.workers, timeout)
+        self._context.destroy(linger=linger)
         self.group.close()
-        self._context.destroy(linger=0)
+        self._store = None  # the TCP store goes: the other nodes' agents stop what is left
         shutil.rmtree(self._folder, ignore_errors=True)
         if self._threads:
             torch.set_num_threads(self._threads)
@@ -219,6 +256,9 @@ class _Worker:
         process.start()
         child_end.close()
         return cls(spec.rank, process, conn)
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
 
     def wait_for(self, kind: str, deadline: float) -> Any:
         """The payload of this worker's next message, which must be `kind`; raises
@@ -291,9 +331,15 @@ def _wait_subscribers(publisher: zmq.Socket[bytes], count: int, deadline: float)
         publisher.recv()
 
 
-def _stop_workers(workers: list[_Worker], timeout: float) -> None:
+def _local(workers: list[_Worker | RemoteRank]) -> list[_Worker]:
+    """The workers this process spawned (not the other nodes')."""
+    return [w for w in workers if isinstance(w, _Worker)]
+
+
+def _stop_workers(workers: list[_Worker | RemoteRank], timeout: float) -> None:
+    """Stop this process's workers (another node's agent stops its own)."""
     deadline = time.monotonic() + timeout
-    for worker in workers:
+    for worker in _local(workers):
         worker.process.join(max(0.0, deadline - time.monotonic()))
         if worker.process.is_alive():
             worker.process.kill()

@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import zmq
 
 from openinfer_core.distributed.batch_wire import BatchHeader, empty_flat, unpack
 from openinfer_core.distributed.group import TorchTensorParallelGroup
+from openinfer_core.distributed.nodes import NodeLayout, group_store, open_store
 from openinfer_core.interfaces.model import LoadOptions, Model
 from openinfer_core.registry import import_target
 
@@ -51,11 +53,14 @@ class WorkerSpec:
     max_model_len: int | None
     load_format: str
     expert_parallel: bool
-    store_path: str  # the group's file store
+    store_path: str  # the group's file store (one node)
     batch_address: str  # rank 0's ZeroMQ XPUB
     timeout_s: float
     num_threads: int  # torch intra-op threads on CPU (0: torch's default)
     log_level: str
+    # Several nodes: the TCP store's "host:port" (in place of store_path) and the node layout.
+    store_address: str = ""
+    nnodes: int = 1
 
 
 def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
@@ -76,7 +81,7 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
         device = torch.device(spec.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        group = TorchTensorParallelGroup(spec.rank, spec.size, device, Path(spec.store_path),
+        group = TorchTensorParallelGroup(spec.rank, spec.size, device, _store(spec),
                                          spec.timeout_s)
         model = _load(spec, group, device)
         conn.send(("ready", getattr(model, "weights_bytes_read", None)))
@@ -89,6 +94,14 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
         if group is not None:
             group.close()
         context.destroy(linger=0)
+
+
+def _store(spec: WorkerSpec) -> Path | dist.Store:
+    if not spec.store_address:
+        return Path(spec.store_path)
+    addr, _, port = spec.store_address.rpartition(":")
+    layout = NodeLayout(nnodes=spec.nnodes, master_addr=addr, master_port=int(port))
+    return group_store(open_store(layout, spec.timeout_s, host=False))
 
 
 def _load(spec: WorkerSpec, group: TorchTensorParallelGroup, device: torch.device) -> Model:

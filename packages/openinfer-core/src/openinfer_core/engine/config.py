@@ -54,14 +54,32 @@ class EngineConfig:
     # ranks (`--enable-expert-parallel`); off: every expert's width is split. Lines with routed
     # experts only; with one rank it changes nothing.
     enable_expert_parallel: bool = False
+    # Several nodes (`--nnodes`, `--node-rank`, `--master-addr`, `--master-port`; torchrun's
+    # variables give the defaults): tensor_parallel_size / nnodes ranks on each node; node 0
+    # runs the engine, the others lend their GPUs (openinfer_core.distributed.nodes).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size",
-                    "tensor_parallel_size")
+                    "tensor_parallel_size", "nnodes")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParameterError(name, f"must be an integer >= 1, got {value!r}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise InvalidParameterError(
+                "tensor_parallel_size", f"{self.tensor_parallel_size} ranks do not split evenly "
+                f"over {self.nnodes} nodes: give every node the same number of GPUs")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise InvalidParameterError(
+                "node_rank", f"must be in 0..{self.nnodes - 1} for {self.nnodes} node(s), got "
+                f"{self.node_rank}")
+        if not 0 < self.master_port < 65536:
+            raise InvalidParameterError("master_port",
+                                        f"must be a TCP port, got {self.master_port}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise InvalidParameterError("max_model_len", f"must be >= 2, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
@@ -100,11 +118,11 @@ class EngineConfig:
         if index >= count:
             raise InvalidParameterError(
                 "device", f"{self.device} was asked for but {count} GPU(s) are visible")
-        if index + self.tensor_parallel_size > count:
+        local = self.tensor_parallel_size // self.nnodes  # ranks on this node
+        if index + local > count:
             raise InvalidParameterError(
-                "tensor_parallel_size", f"{self.tensor_parallel_size} ranks from {self.device} "
-                f"need GPUs {index}..{index + self.tensor_parallel_size - 1}, but {count} "
-                "GPU(s) are visible")
+                "tensor_parallel_size", f"{local} ranks on this node from {self.device} "
+                f"need GPUs {index}..{index + local - 1}, but {count} GPU(s) are visible")
 
     def torch_device(self) -> torch.device:
         import torch

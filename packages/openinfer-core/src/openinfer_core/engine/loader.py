@@ -78,9 +78,12 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
             "--enable-expert-parallel")
     if config.tensor_parallel_size > 1:
         from openinfer_core.distributed import TensorParallelModel
+        from openinfer_core.distributed.nodes import NodeLayout
 
+        layout = NodeLayout(config.nnodes, config.node_rank, config.master_addr,
+                            config.master_port)
         model = TensorParallelModel.start(entry.load(), model_dir, hf_config, options,
-                                          config.tensor_parallel_size)
+                                          config.tensor_parallel_size, layout=layout)
     else:
         model = entry.load().load(model_dir, hf_config, options)
     loaded = time.perf_counter()
