@@ -130,3 +130,61 @@ def test_torchrun_variables_give_the_node_flags() -> None:
     assert torchrun_defaults({"NNODES": "4", "NODE_RANK": "3"}) == {"nnodes": 4,
                                                                    "node_rank": 3}
     assert torchrun_defaults({}) == {}
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_launches_both_nodes(qwen3_dir: Path) -> None:
+    """The documented torchrun form: one `torchrun ... --no-python openinfer serve` a node,
+    torchrun's agent hosting the store. Node 0 answers a completion with rank 1 on node 1;
+    SIGTERM to node 0's server ends both jobs with exit 0."""
+    import json
+    import urllib.request
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    openinfer = Path(sys.executable).with_name("openinfer")
+    port, http = free_port(), free_port()
+    jobs = [subprocess.Popen(
+        [str(torchrun), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), "--no-python",
+         str(openinfer), "serve", str(qwen3_dir), "--device", "cpu", "-tp", "2",
+         "--port", str(http)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        for node in (0, 1)]
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{http}/health", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline and jobs[0].poll() is None, "no server"
+                time.sleep(0.5)
+        body = json.dumps({"model": str(qwen3_dir), "prompt": "hello", "max_tokens": 4})
+        request = urllib.request.Request(f"http://127.0.0.1:{http}/v1/completions",
+                                         body.encode(), {"Content-Type": "application/json"})
+        reply = json.load(urllib.request.urlopen(request, timeout=60))
+        assert reply["usage"]["completion_tokens"] == 4
+        (server,) = children(jobs[0].pid)
+        os.kill(server, signal.SIGTERM)
+        for job in jobs:
+            assert job.wait(timeout=60) == 0, job.stderr.read().decode()[-2000:] \
+                if job.stderr else ""
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
