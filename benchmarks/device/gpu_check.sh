@@ -339,6 +339,9 @@ if has startup; then
   python3 -X importtime -c "import openinfer_core.engine.engine, openinfer_qwen3.model" \
     2> "$OUT/importtime.log"
   sort -t'|' -k2 -n -r "$OUT/importtime.log" | head -25
+  stage "a cold start compiles every start-up kernel in its first compile-ahead round"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -m gpu tests/gpu/test_start_kernels_gpu.py 2>&1 \
+    | tail -15 | tee "$OUT/start_kernels_test.log"
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
   timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
   stage "serve to ready, cold and warm, CUDA graphs past the start buckets deferred (OPENINFER_CUDA_GRAPHS_AT_START=start)"
@@ -349,6 +352,7 @@ if has startup; then
     OPENINFER_COMPILE_AHEAD=0 timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy \
       --json "$OUT/startup-qwen3-4b-no-ahead.json"
   fi
+  [ "${STARTUP_REAL:-1}" = 0 ] || {
   stage "serve to ready, a real Qwen3-4B checkpoint: from the page cache, then from the disk"
   REAL=/tmp/qwen3-4b-real
   [ -f $REAL/model.safetensors.index.json ] || timeout 300 python3 - "$REAL" <<'PY'
@@ -363,6 +367,7 @@ PY
     --json "$OUT/startup-qwen3-4b-real-disk.json"
   [ -n "${STARTUP_AB:-}" ] && OPENINFER_WEIGHT_READ=shards timeout 240 python3 \
     benchmarks/device/startup.py $REAL --json "$OUT/startup-qwen3-4b-real-shards.json"
+  }
 fi
 stage "summary"
 python3 benchmarks/device/summary.py "$OUT"

@@ -84,6 +84,11 @@ def plan(model: Model, key: dict[str, Any]) -> bool:
     return active
 
 
+def is_active() -> bool:
+    """Whether this start compiles ahead (`plan` said so and start-up has not finished)."""
+    return bool(_state["active"])
+
+
 def mark_compiled() -> None:
     """Start-up finished: every kernel it ran is in Triton's cache; later starts of this
     setup need not compile ahead."""

@@ -34,6 +34,7 @@ import torch
 
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.compile_ahead import compile_ahead
+from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -183,6 +184,11 @@ class CudaGraphRunner:
         finally:
             gc.enable()
 
+    def every_batch(self) -> list[ForwardBatch]:
+        """The batches of every bucket's graph, as `capture` runs them (compile ahead)."""
+        return [self._batch(b) for b in self.buckets] + [self._mixed_batch(t)
+                                                         for t in self.mixed]
+
     def _capture(self, keys: list[tuple[str, int]]) -> None:
         batches = {k: self._batch(k[1]) if k[0] == "decode" else self._mixed_batch(k[1])
                    for k in keys}
@@ -298,3 +304,17 @@ class CudaGraphRunner:
             query_start_loc=self.mixed_query_start_loc[:s + 1], seq_lens=self.seq_lens[:s],
             block_tables=self.block_tables[:s], logits_indices=self.mixed_logits_indices[:s],
             max_query_len=t, max_seq_len=self.model.max_model_len)
+
+
+def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | None:
+    """The engine's CUDA-graph runner for `model`, or None where steps run eagerly (not on
+    CUDA, `enforce_eager`, a model that cannot be captured)."""
+    if model.device.type != "cuda" or config.enforce_eager:
+        return None
+    if not getattr(model, "cuda_graph_safe", False):
+        log.info("decode runs eagerly: the model or its attention backend cannot be "
+                 "captured in a CUDA graph")
+        return None
+    max_blocks = -(-model.max_model_len // config.block_size)
+    mixed = min(int(getattr(model, "cuda_graph_max_tokens", 0)), config.max_num_batched_tokens)
+    return CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks, mixed)

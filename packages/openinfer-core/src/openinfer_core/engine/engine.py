@@ -13,7 +13,7 @@ import torch
 
 from openinfer_core.engine import compile_ahead, startup_cache
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.engine.cuda_graphs import CudaGraphRunner
+from openinfer_core.engine.cuda_graphs import CudaGraphRunner, new_graph_runner
 from openinfer_core.engine.host_memory import release_host_memory, resident_mb
 from openinfer_core.engine.loader import LoadedEngineParts, load_engine_parts
 from openinfer_core.engine.offload import KVOffload
@@ -159,24 +159,11 @@ class Engine:
     def _capture_graphs(self, config: EngineConfig, defer: bool,
                         seconds: dict[str, float]) -> CudaGraphRunner | None:
         started = time.perf_counter()
-        graphs = self._new_graph_runner(config)
+        graphs = new_graph_runner(config, self.model)
         if graphs is not None:
             graphs.capture(start_only=defer)
         seconds["cuda_graphs"] = time.perf_counter() - started
         return graphs
-
-    def _new_graph_runner(self, config: EngineConfig) -> CudaGraphRunner | None:
-        model = self.model
-        if model.device.type != "cuda" or config.enforce_eager:
-            return None
-        if not getattr(model, "cuda_graph_safe", False):
-            log.info("decode runs eagerly: the model or its attention backend cannot be "
-                     "captured in a CUDA graph")
-            return None
-        max_blocks = -(-model.max_model_len // self.kv.block_size)
-        mixed = min(int(getattr(model, "cuda_graph_max_tokens", 0)),
-                    config.max_num_batched_tokens)
-        return CudaGraphRunner(model, min(config.max_num_seqs, 512), max_blocks, mixed)
 
     # -- any thread ----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:

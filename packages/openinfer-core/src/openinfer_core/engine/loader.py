@@ -16,6 +16,7 @@ from openinfer_core.engine import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.host_memory import resident_mb
 from openinfer_core.engine.memory import StepMemory, profile_key, step_memory
+from openinfer_core.engine.start_kernels import compile_start_kernels
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import LoadOptions, Model
@@ -90,6 +91,8 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     loaded_mb = resident_mb()
     key = profile_key(config, model, hf_config, backend_name) if device.type == "cuda" else {}
     compile_ahead.plan(model, key)
+    compiled = compile_start_kernels(config, model)
+    compiled_at = time.perf_counter()
     step = (step_memory(config, model, key)
             if device.type == "cuda" and config.num_kv_blocks is None else None)
     num_blocks = kv_blocks(config, model, device, step)
@@ -98,7 +101,8 @@ def load_engine_parts(config: EngineConfig, plugins: PluginManager) -> LoadedEng
     log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
              kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
              "on" if config.enable_prefix_caching else "off")
-    seconds = {"weights": loaded - start, "kv_cache": time.perf_counter() - loaded}
+    seconds = {"weights": loaded - start, "compile_ahead": compiled,
+               "kv_cache": time.perf_counter() - compiled_at}
     resident = {"imports": imported_mb, "weights": loaded_mb, "kv_cache": resident_mb()}
     return LoadedEngineParts(model, kv, entry.name, eos_token_ids(model_dir, hf_config),
                              hf_config, seconds, resident, step)

@@ -29,6 +29,13 @@ _SAMPLER_LOGIT_COPIES = 4  # penalised copy, scaled copy, sorted values and thei
 _GRAPH_POOL_MARGIN = 256 << 20
 
 
+def profile_batch(config: EngineConfig, model: Model) -> HostBatch:
+    """The largest step: `max_num_batched_tokens` in fresh blocks, `max_num_seqs` sampled."""
+    num_tokens = config.max_num_batched_tokens
+    return _profile_batch(num_tokens, min(config.max_num_seqs, num_tokens),
+                          model.max_model_len, config.block_size)
+
+
 def _profile_batch(num_tokens: int, num_logits: int, max_len: int, block_size: int) -> HostBatch:
     """Sequences of at most `max_len` tokens filling `num_tokens`, in fresh blocks 1, 2, ..."""
     lens = [max_len] * (num_tokens // max_len) + ([num_tokens % max_len] if num_tokens % max_len
@@ -95,9 +102,7 @@ def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> Step
 def profile_forward_peak(config: EngineConfig, model: Model) -> int:
     """Peak bytes, above what is allocated now, of one forward of the largest step."""
     device = model.device
-    num_tokens = config.max_num_batched_tokens
-    num_logits = min(config.max_num_seqs, num_tokens)
-    batch = _profile_batch(num_tokens, num_logits, model.max_model_len, config.block_size)
+    batch = profile_batch(config, model)
     model.create_kv_cache(int(batch.block_tables.max()) + 1, config.block_size)
     on_device = batch.to_device(device)
     compile_ahead(model, [on_device], "memory-profile")

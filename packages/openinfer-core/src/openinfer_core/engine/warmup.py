@@ -20,7 +20,7 @@ import torch
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.interfaces.model import Model
+from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
 
@@ -32,6 +32,20 @@ def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: in
     if model.device.type != "cuda":
         return  # no JIT on the CPU path
     started = time.perf_counter()
+    batches = warm_up_batches(config, model, graph_max_tokens)
+    compile_ahead(model, batches, "eager warm-up")
+    with torch.inference_mode():
+        for batch in batches:
+            model.forward(batch)
+    torch.cuda.synchronize(model.device)
+    log.info("warm-up: %d eager step shapes in %.2f s", len(batches),
+             time.perf_counter() - started)
+
+
+def warm_up_batches(config: EngineConfig, model: Model,
+                    graph_max_tokens: int) -> list[ForwardBatch]:
+    """The eager steps to warm up, on the device: short and long requests filling the token
+    budget, and the smallest step past the graphs (`graph_max_tokens`) of each kind."""
     budget = config.max_num_batched_tokens
     shapes = []
     for query, rows in ((SHORT_QUERY, config.max_num_seqs),
@@ -40,15 +54,8 @@ def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: in
         for num_tokens in sorted({min(largest, graph_max_tokens + 64), largest}):
             if num_tokens > graph_max_tokens:
                 shapes.append((num_tokens, query))
-    batches = [padding_requests(num_tokens, query, config.block_size).to_device(model.device)
-               for num_tokens, query in shapes]
-    compile_ahead(model, batches, "eager warm-up")
-    with torch.inference_mode():
-        for batch in batches:
-            model.forward(batch)
-    torch.cuda.synchronize(model.device)
-    log.info("warm-up: %d eager step shapes in %.2f s", len(shapes),
-             time.perf_counter() - started)
+    return [padding_requests(num_tokens, query, config.block_size).to_device(model.device)
+            for num_tokens, query in shapes]
 
 
 def padding_requests(num_tokens: int, query: int, block_size: int) -> HostBatch:

@@ -1,0 +1,51 @@
+"""One compile-ahead round for every forward that start-up runs, before it runs any.
+
+Start-up runs forwards in three phases (the memory profile, each CUDA graph's warm-up, the
+eager warm-up steps), and each compiles ahead only its own kernels: three pools, each waiting
+for its slowest kernel while the others idle. On a cold start, right after the weights load,
+this runs all of those forwards at once in compile-only mode (`compile_ahead`) over a scratch
+KV cache: the profile's step in its fresh blocks, every graph bucket's and every warm-up
+step's in block 0, as their phases will lay them out. The phases' own rounds then find their
+kernels compiled; one that differs (a specialization this could not foresee) compiles there
+as before, never a wrong result."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from openinfer_core.engine import compile_ahead
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.cuda_graphs import new_graph_runner
+from openinfer_core.engine.memory import profile_batch
+from openinfer_core.engine.warmup import warm_up_batches
+from openinfer_core.interfaces.model import ForwardBatch, Model
+
+
+def start_batches(config: EngineConfig, model: Model) -> list[ForwardBatch]:
+    """On the device: the profile's step, every CUDA-graph bucket's batch, the warm-up steps.
+    Needs a KV cache of `profile_blocks` blocks while they run."""
+    profile = profile_batch(config, model).to_device(model.device)
+    graphs = new_graph_runner(config, model)
+    if graphs is None:
+        return [profile, *warm_up_batches(config, model, 0)]
+    mixed_max = graphs.mixed[-1] if graphs.mixed else 0
+    return [profile, *graphs.every_batch(), *warm_up_batches(config, model, mixed_max)]
+
+
+def profile_blocks(config: EngineConfig, model: Model) -> int:
+    return int(profile_batch(config, model).block_tables.max()) + 1
+
+
+def compile_start_kernels(config: EngineConfig, model: Model) -> float:
+    """Compile ahead, in one round, the kernels of every start-up forward (only when this
+    start compiles ahead, `compile_ahead.plan`); the seconds it took."""
+    if not compile_ahead.is_active() or model.device.type != "cuda":
+        return 0.0
+    started = time.perf_counter()
+    model.create_kv_cache(profile_blocks(config, model), config.block_size)
+    compile_ahead.compile_ahead(model, start_batches(config, model), "start-up")
+    model.create_kv_cache(2, config.block_size)  # drop the scratch cache
+    torch.cuda.empty_cache()
+    return time.perf_counter() - started

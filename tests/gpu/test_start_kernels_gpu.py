@@ -1,0 +1,52 @@
+"""A cold start compiles every start-up kernel in its first, single compile-ahead round
+(`engine/start_kernels.py`): the memory profile, the CUDA-graph captures and the eager warm-up
+that follow compile nothing more. Run in a fresh process with an empty Triton cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = """
+import json, sys
+from pathlib import Path
+from openinfer_core.engine import loader
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.engine import Engine
+
+cache = Path(sys.argv[2])
+counts = {}
+first_round = loader.compile_start_kernels
+
+def counted(config, model):
+    seconds = first_round(config, model)
+    counts["after_first_round"] = sorted(p.stem for p in cache.rglob("*.cubin"))
+    return seconds
+
+loader.compile_start_kernels = counted
+Engine(EngineConfig(model=sys.argv[1], device="cuda", max_model_len=1024, max_num_seqs=40,
+                    max_num_batched_tokens=1024))
+counts["after_start"] = sorted(p.stem for p in cache.rglob("*.cubin"))
+print(json.dumps(counts))
+"""
+
+
+def test_later_phases_compile_nothing(qwen3_dirs: dict[str, Path], tmp_path: Path) -> None:
+    cache = tmp_path / "triton"
+    env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "OPENINFER_COMPILE_AHEAD": "1",
+           "OPENINFER_STARTUP_CACHE_DIR": str(tmp_path / "startup")}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(qwen3_dirs["gqa-tied"]), str(cache)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["after_first_round"], "the first round compiled nothing"
+    assert counts["after_start"] == counts["after_first_round"], (
+        "compiled after the first round: "
+        f"{sorted(set(counts['after_start']) - set(counts['after_first_round']))}")
