@@ -1,6 +1,8 @@
 """A cold start compiles every start-up kernel in its first, single compile-ahead round
 (`engine/start_kernels.py`): the memory profile, the CUDA-graph captures and the eager warm-up
-that follow compile nothing more. Run in a fresh process with an empty Triton cache."""
+that follow compile nothing more, with the variants compiled in threads or in the worker
+processes (which must name the same variants: a different one would be compiled again here).
+Run in a fresh process with an empty Triton cache."""
 
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ from pathlib import Path
 from openinfer_core.engine import loader
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
+from openinfer_core.engine.kernel_cache import start_compile_workers
 
 cache = Path(sys.argv[2])
+if sys.argv[3] == "workers":
+    assert start_compile_workers("cuda")
 counts = {}
 first_round = loader.compile_start_kernels
 
@@ -31,18 +36,21 @@ def counted(config, model):
     return seconds
 
 loader.compile_start_kernels = counted
-Engine(EngineConfig(model=sys.argv[1], device="cuda", max_model_len=1024, max_num_seqs=40,
-                    max_num_batched_tokens=1024))
+Engine(EngineConfig(model=sys.argv[1], device="cuda", max_model_len=512, max_num_seqs=40,
+                    max_num_batched_tokens=512))
 counts["after_start"] = sorted(p.stem for p in cache.rglob("*.cubin"))
 print(json.dumps(counts))
 """
 
 
-def test_later_phases_compile_nothing(qwen3_dirs: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["threads", "workers"])
+def test_later_phases_compile_nothing(qwen3_dirs: dict[str, Path], tmp_path: Path,
+                                      where: str) -> None:
     cache = tmp_path / "triton"
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "OPENINFER_COMPILE_AHEAD": "1",
            "OPENINFER_STARTUP_CACHE_DIR": str(tmp_path / "startup")}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(qwen3_dirs["gqa-tied"]), str(cache)],
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(qwen3_dirs["gqa-tied"]), str(cache),
+                           where],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,24 +1,65 @@
 """Compiling Triton kernels ahead, in parallel. Triton compiles a kernel variant the first time
-it is launched (about 0.5-1 s each on the H100's host), so a cold start that captures a few
-dozen CUDA graphs waits on some twenty compilations, one after the other. Within
-`compile_ahead()` a launch only hands its variant to a thread pool (Triton's own
-`AsyncCompileMode`) and launches nothing; leaving it waits for every compilation and keeps the
-results, so the real launches that follow find them compiled. Torch ops run as usual inside
-(over whatever the skipped kernels left in their outputs): a forward run there must not act on
-its results."""
+it is launched (about 0.3-1 s each on the H100's host), so a cold start that captures a few
+dozen CUDA graphs waits on some twenty-five compilations, one after the other. Within
+`compile_ahead()` a launch only has its variant compiled and launches nothing; leaving it waits
+for every compilation, so the real launches that follow find them compiled.
+
+Where: in worker processes when `start_workers` started them, else in a thread pool (Triton's
+own `AsyncCompileMode`). Threads share one GIL, and most of a compilation holds it (the
+front end is Python, the MLIR passes are bound without releasing it): on the H100's host 16
+threads took 7-8 s for 26 variants, barely better than one. A worker process compiles a
+variant from what Triton's launch computed (signature, constexprs, attributes, options,
+target) into Triton's cache on disk, where this process's launch then finds it; the workers
+import torch and Triton while the engine imports its own, so they are ready when the weights
+are. A kernel the workers cannot import by name (one defined inside a function) compiles
+here.
+
+Torch ops run as usual inside (over whatever the skipped kernels left in their outputs): a
+forward run there must not act on its results."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import logging
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger("openinfer")
+
+_workers: dict[str, Any] = {"pool": None, "sent": set()}
+
+
+def start_workers(count: int | None = None) -> None:
+    """Start `count` compile worker processes (default one per core but one, at most 16) and
+    have them import torch and Triton now. Idempotent; `stop_workers` ends them."""
+    if _workers["pool"] is not None:
+        return
+    import multiprocessing
+
+    count = count or max(1, min(16, (os.cpu_count() or 2) - 1))
+    pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_import_compiler)
+    for _ in range(count):  # every worker starts now (they are spawned on demand)
+        pool.submit(os.getpid)
+    _workers["pool"] = pool
+    log.info("compile ahead: %d worker processes starting", count)
+
+
+def stop_workers() -> None:
+    pool = _workers["pool"]
+    if pool is not None:
+        _workers["pool"] = None
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 @contextlib.contextmanager
 def compile_ahead(workers: int | None = None) -> Iterator[None]:
-    """Within: Triton launches compile (in `workers` threads, default one per core up to 16)
-    instead of running. Where triton is not installed, a no-op."""
+    """Within: Triton launches compile (in the worker processes if started, else in
+    `workers` threads, default one per core up to 16) instead of running. Where triton is not
+    installed, a no-op."""
     try:
         from triton.runtime import _async_compile
         from triton.runtime.jit import JITFunction
@@ -30,12 +71,93 @@ def compile_ahead(workers: int | None = None) -> Iterator[None]:
     def compile_only(self, *args, grid, warmup, **kwargs):
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
-    pool = ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1),
-                              thread_name_prefix="triton-compile")
     JITFunction.run = compile_only
     try:
-        with _async_compile.AsyncCompileMode(pool):
-            yield
+        if _workers["pool"] is not None:
+            with _in_workers(JITFunction):
+                yield
+        else:
+            pool = ThreadPoolExecutor(workers or min(16, os.cpu_count() or 1),
+                                      thread_name_prefix="triton-compile")
+            try:
+                with _async_compile.AsyncCompileMode(pool):
+                    yield
+            finally:
+                pool.shutdown()
     finally:
         JITFunction.run = launch
-        pool.shutdown()
+
+
+@contextlib.contextmanager
+def _in_workers(jit_function: Any) -> Iterator[None]:
+    """Send each variant a launch would compile to the worker processes; wait for them all on
+    the way out. A variant already sent (this process's earlier rounds) is not sent again."""
+    compile_here = jit_function._do_compile
+    pool: ProcessPoolExecutor = _workers["pool"]
+    sent: set[Any] = _workers["sent"]
+    jobs: list[Future[None]] = []
+
+    def send(self, key, signature, device, constexprs, options, attrs, warmup):
+        name = _importable_name(self)
+        if name is None:
+            return compile_here(self, key, signature, device, constexprs, options, attrs, warmup)
+        if (name, key) not in sent:
+            sent.add((name, key))
+            target = self.device_caches[device][2]
+            jobs.append(pool.submit(_compile, name, signature, constexprs, attrs,
+                                    options.__dict__, target))
+        return None  # compiled, not loaded: the real launch loads it from Triton's cache
+
+    jit_function._do_compile = send
+    try:
+        yield
+    finally:
+        jit_function._do_compile = compile_here
+        failed = 0
+        for job in jobs:
+            try:
+                job.result()
+            except Exception as exc:  # its first launch compiles it instead
+                failed += 1
+                log.warning("compile ahead: a worker could not compile a kernel: %s", exc)
+        log.debug("compile ahead: %d variants compiled in workers, %d failed", len(jobs), failed)
+
+
+def _importable_name(fn: Any) -> tuple[str, str] | None:
+    """(module, name) that a worker imports to find the Triton function `fn` (through the
+    `fn` of an autotuner or heuristics wrapper), or None."""
+    module, name = fn.fn.__module__, fn.fn.__qualname__
+    if "<locals>" in name:
+        return None
+    try:
+        found = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    while found is not fn and hasattr(found, "fn"):
+        found = found.fn
+    return (module, name) if found is fn else None
+
+
+def _import_compiler() -> None:
+    """A worker's start: what every compilation needs, imported once."""
+    import torch  # noqa: F401  (the kernels' modules import it)
+    import triton.compiler
+    import triton.language  # noqa: F401
+
+
+def _compile(name: tuple[str, str], signature: dict[str, Any], constexprs: dict[Any, Any],
+             attrs: dict[Any, Any], options: dict[str, Any], target: Any) -> None:
+    """In a worker: compile one variant into Triton's cache (what `JITFunction._do_compile`
+    compiles, from the same parts)."""
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+    from triton.runtime.jit import JITFunction
+
+    fn: Any = importlib.import_module(name[0])
+    for part in name[1].split("."):
+        fn = getattr(fn, part)
+    while not isinstance(fn, JITFunction):  # inside an autotuner or heuristics wrapper
+        fn = fn.fn
+    triton_compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)

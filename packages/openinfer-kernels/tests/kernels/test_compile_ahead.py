@@ -1,11 +1,14 @@
 """`compile_ahead`: inside it a Triton launch compiles and launches nothing; after it the same
-launch runs the variant compiled there."""
+launch runs the variant compiled there. The worker processes compile a variant into Triton's
+cache from the parts a launch computes (this runs without a GPU: Triton compiles for a named
+target)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from openinfer_kernels import compile_ahead as ahead
 from openinfer_kernels.compile_ahead import compile_ahead
 
 
@@ -39,3 +42,33 @@ def test_without_a_gpu_it_changes_nothing() -> None:
     with compile_ahead():
         x += 1
     assert torch.equal(x, torch.ones(3))
+
+
+def test_workers_compile_a_variant_into_the_cache(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("triton")
+    from compile_ahead_kernel import add_one
+    from triton.backends.compiler import GPUTarget
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # the workers inherit these
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # they compile, as on the GPU
+    ahead.start_workers(1)
+    try:
+        name = ahead._importable_name(add_one)
+        assert name == ("compile_ahead_kernel", "add_one")
+        job = ahead._workers["pool"].submit(
+            ahead._compile, name, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            {(2,): 128}, {}, {}, GPUTarget("cuda", 90, 32))
+        job.result(timeout=120)
+    finally:
+        ahead.stop_workers()
+    assert [p.name for p in tmp_path.rglob("*.cubin")] == ["add_one.cubin"]
+
+
+def test_a_kernel_defined_in_a_function_compiles_here() -> None:
+    triton = pytest.importorskip("triton")
+
+    @triton.jit
+    def local_kernel(x_ptr):
+        pass
+
+    assert ahead._importable_name(local_kernel) is None

@@ -27,6 +27,12 @@ from typing import Any
 
 import torch
 
+from openinfer_core.engine.kernel_cache import (
+    kernel_sources_digest,
+    mark_kernels_compiled,
+    stop_compile_workers,
+    triton_cache_dir,
+)
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -35,27 +41,6 @@ MODE_ENV = "OPENINFER_COMPILE_AHEAD"
 STAMPS = "openinfer-compiled"  # the stamps' folder inside Triton's cache folder
 
 _state: dict[str, Any] = {"active": os.environ.get(MODE_ENV, "auto") == "1", "stamp": None}
-
-
-def triton_cache_dir() -> Path:
-    """Triton's on-disk kernel cache ($TRITON_CACHE_DIR, default ~/.triton/cache)."""
-    return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
-
-
-def kernel_sources_digest(package: str = "openinfer_kernels") -> str:
-    """A digest of the names, sizes and modification times of `package`'s .py files: it
-    changes when a kernel's source does ('' when the package is not installed)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return ""
-    digest = hashlib.sha256()
-    for root in spec.submodule_search_locations:
-        for path in sorted(Path(root).rglob("*.py")):
-            stat = path.stat()
-            digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
 
 
 def stamp_path(key: dict[str, Any]) -> Path:
@@ -92,12 +77,14 @@ def is_active() -> bool:
 def mark_compiled() -> None:
     """Start-up finished: every kernel it ran is in Triton's cache; later starts of this
     setup need not compile ahead."""
+    stop_compile_workers()
     stamp = _state["stamp"]
     if stamp is None:
         return
     try:
         stamp.parent.mkdir(parents=True, exist_ok=True)
         stamp.touch()
+        mark_kernels_compiled()
     except OSError as exc:
         log.warning("compile ahead: could not write %s (%s)", stamp, exc)
     _state.update(active=False, stamp=None)  # what compiles after start does so on use

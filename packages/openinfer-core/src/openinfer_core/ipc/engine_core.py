@@ -209,7 +209,9 @@ def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
     try:
         start = time.perf_counter()
         from openinfer_core.engine.early_start import prefetch_checkpoint, start_device
+        from openinfer_core.engine.kernel_cache import start_compile_workers
 
+        start_compile_workers(config.device)  # a cold Triton cache: they import beside us
         prefetch_checkpoint(config.model, config.load_format)
         start_device(config.device)  # imports torch, then the context starts beside the rest
         from openinfer_core.engine.engine import Engine
