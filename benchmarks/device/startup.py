@@ -162,6 +162,7 @@ def one_start(model: str, cache: str, startup_cache: str, port: int,
         timeline, notes = _timeline(stamped)
         return {"ready_s": ready, "phases_s": _breakdown(lines), "timeline_s": timeline,
                 "notes": notes, "idle_rss_mb": _rss_mb(proc.pid),
+                "log": [f"{t:7.2f} {line.rstrip()}" for t, line in stamped[-150:]],
                 "engine_rss_mb": sum(_rss_mb(pid) for pid in engine),
                 "engine_rss_by_mapping_mb": {str(pid): _rss_by_mapping(pid) for pid in engine},
                 "gpu_mb": _gpu_mb(proc.pid) or next(

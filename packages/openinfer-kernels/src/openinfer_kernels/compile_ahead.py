@@ -23,13 +23,14 @@ import contextlib
 import importlib
 import logging
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 log = logging.getLogger("openinfer")
 
-_workers: dict[str, Any] = {"pool": None, "sent": set()}
+_workers: dict[str, Any] = {"pool": None, "sent": set(), "ready": []}
 
 
 def start_workers(count: int | None = None) -> None:
@@ -42,8 +43,8 @@ def start_workers(count: int | None = None) -> None:
     count = count or max(1, min(16, (os.cpu_count() or 2) - 1))
     pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"),
                                initializer=_import_compiler)
-    for _ in range(count):  # every worker starts now (they are spawned on demand)
-        pool.submit(os.getpid)
+    # Every worker starts now (they are spawned on demand); each says when it was ready.
+    _workers["ready"] = [pool.submit(time.time) for _ in range(count)]
     _workers["pool"] = pool
     log.info("compile ahead: %d worker processes starting", count)
 
@@ -95,7 +96,8 @@ def _in_workers(jit_function: Any) -> Iterator[None]:
     compile_here = jit_function._do_compile
     pool: ProcessPoolExecutor = _workers["pool"]
     sent: set[Any] = _workers["sent"]
-    jobs: list[Future[None]] = []
+    jobs: list[Future[tuple[float, float]]] = []
+    began = time.time()
 
     def send(self, key, signature, device, constexprs, options, attrs, warmup):
         name = _importable_name(self)
@@ -113,14 +115,19 @@ def _in_workers(jit_function: Any) -> Iterator[None]:
         yield
     finally:
         jit_function._do_compile = compile_here
-        failed = 0
+        spans = []
         for job in jobs:
             try:
-                job.result()
+                spans.append(job.result())
             except Exception as exc:  # its first launch compiles it instead
-                failed += 1
                 log.warning("compile ahead: a worker could not compile a kernel: %s", exc)
-        log.debug("compile ahead: %d variants compiled in workers, %d failed", len(jobs), failed)
+        if spans:
+            ready = [f.result() for f in _workers["ready"] if f.done() and not f.exception()]
+            log.info("compile ahead: %d variants in worker processes (the last of them ready "
+                     "%.2f s after the round began), the first begun %.2f s and the last done "
+                     "%.2f s after it, %.1f s of compiling in all", len(spans),
+                     max(ready, default=began) - began, min(s for s, _ in spans) - began,
+                     max(e for _, e in spans) - began, sum(e - s for s, e in spans))
 
 
 def _importable_name(fn: Any) -> tuple[str, str] | None:
@@ -148,9 +155,9 @@ def _import_compiler() -> None:
 
 
 def _compile(name: tuple[str, str], signature: dict[str, Any], constexprs: dict[Any, Any],
-             attrs: dict[Any, Any], options: dict[str, Any], target: Any) -> None:
+             attrs: dict[Any, Any], options: dict[str, Any], target: Any) -> tuple[float, float]:
     """In a worker: compile one variant into Triton's cache (what `JITFunction._do_compile`
-    compiles, from the same parts)."""
+    compiles, from the same parts); when it began and ended (the clock's seconds)."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
     from triton.runtime.jit import JITFunction
@@ -160,4 +167,6 @@ def _compile(name: tuple[str, str], signature: dict[str, Any], constexprs: dict[
         fn = getattr(fn, part)
     while not isinstance(fn, JITFunction):  # inside an autotuner or heuristics wrapper
         fn = fn.fn
+    started = time.time()
     triton_compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    return started, time.time()
