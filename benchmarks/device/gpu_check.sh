@@ -342,11 +342,25 @@ if has startup; then
   stage "a cold start compiles every start-up kernel in its first compile-ahead round"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -m gpu tests/gpu/test_start_kernels_gpu.py 2>&1 \
     | tail -15 | tee "$OUT/start_kernels_test.log"
+  start_log() {  # $1: a startup.py JSON: each start's phase lines, as the engine logged them
+    python3 - "$1" <<'PY'
+import json, sys
+for kind, start in json.load(open(sys.argv[1])).items():
+    if isinstance(start, dict) and "log" in start:
+        print(f"-- {kind} start, {start['ready_s']:.2f} s")
+        keys = ("compile ahead", "imported", "KV cache", "CUDA graphs", "warm-up", "step memory", "ready")
+        for line in start["log"]:
+            if any(k in line for k in keys):
+                print("  ", line[:230])
+PY
+  }
   stage "serve to ready, cold and warm Triton cache, Qwen3-4B"
   timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy --json "$OUT/startup-qwen3-4b.json"
+  start_log "$OUT/startup-qwen3-4b.json"
   stage "serve to ready, cold and warm, CUDA graphs past the start buckets deferred (OPENINFER_CUDA_GRAPHS_AT_START=start)"
   OPENINFER_CUDA_GRAPHS_AT_START=start timeout 240 python3 benchmarks/device/startup.py $M4 \
     --load-format dummy --json "$OUT/startup-qwen3-4b-deferred.json"
+  start_log "$OUT/startup-qwen3-4b-deferred.json"
   if [ -n "${STARTUP_AB:-}" ]; then  # the A/Bs of runs 43-48
     stage "serve to ready, cold and warm, no compile-ahead (OPENINFER_COMPILE_AHEAD=0: the old default)"
     OPENINFER_COMPILE_AHEAD=0 timeout 240 python3 benchmarks/device/startup.py $M4 --load-format dummy \
