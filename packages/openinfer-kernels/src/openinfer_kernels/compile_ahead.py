@@ -97,6 +97,7 @@ def _in_workers(jit_function: Any) -> Iterator[None]:
     pool: ProcessPoolExecutor = _workers["pool"]
     sent: set[Any] = _workers["sent"]
     jobs: list[Future[tuple[float, float]]] = []
+    names: list[str] = []
     began = time.time()
 
     def send(self, key, signature, device, constexprs, options, attrs, warmup):
@@ -108,6 +109,7 @@ def _in_workers(jit_function: Any) -> Iterator[None]:
             target = self.device_caches[device][2]
             jobs.append(pool.submit(_compile, name, signature, constexprs, attrs,
                                     options.__dict__, target))
+            names.append(name[1])
         return None  # compiled, not loaded: the real launch loads it from Triton's cache
 
     jit_function._do_compile = send
@@ -115,13 +117,16 @@ def _in_workers(jit_function: Any) -> Iterator[None]:
         yield
     finally:
         jit_function._do_compile = compile_here
-        spans = []
-        for job in jobs:
+        spans, slowest = [], []
+        for name, job in zip(names, jobs, strict=True):
             try:
                 spans.append(job.result())
+                slowest.append((spans[-1][1] - spans[-1][0], name))
             except Exception as exc:  # its first launch compiles it instead
-                log.warning("compile ahead: a worker could not compile a kernel: %s", exc)
+                log.warning("compile ahead: a worker could not compile %s: %s", name, exc)
         if spans:
+            log.info("compile ahead: the slowest variants to compile: %s", ", ".join(
+                f"{name} {seconds:.2f} s" for seconds, name in sorted(slowest)[::-1][:4]))
             ready = [f.result() for f in _workers["ready"] if f.done() and not f.exception()]
             log.info("compile ahead: %d variants in worker processes (the last of them ready "
                      "%.2f s after the round began), the first begun %.2f s and the last done "

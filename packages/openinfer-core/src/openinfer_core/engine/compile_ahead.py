@@ -40,7 +40,8 @@ log = logging.getLogger("openinfer")
 MODE_ENV = "OPENINFER_COMPILE_AHEAD"
 STAMPS = "openinfer-compiled"  # the stamps' folder inside Triton's cache folder
 
-_state: dict[str, Any] = {"active": os.environ.get(MODE_ENV, "auto") == "1", "stamp": None}
+_state: dict[str, Any] = {"active": os.environ.get(MODE_ENV, "auto") == "1", "stamp": None,
+                          "covered": False}
 
 
 def stamp_path(key: dict[str, Any]) -> Path:
@@ -53,7 +54,7 @@ def plan(model: Model, key: dict[str, Any]) -> bool:
     ahead; returns the choice."""
     mode = os.environ.get(MODE_ENV, "auto")
     if getattr(model, "compile_ahead", None) is None or model.device.type != "cuda":
-        _state.update(active=False, stamp=None)
+        _state.update(active=False, stamp=None, covered=False)
         return False
     try:
         import triton
@@ -63,7 +64,7 @@ def plan(model: Model, key: dict[str, Any]) -> bool:
         version = ""
     stamp = stamp_path({**key, "triton": version, "kernels": kernel_sources_digest()})
     active = mode == "1" or (mode == "auto" and not stamp.exists())
-    _state.update(active=active, stamp=stamp if active else None)
+    _state.update(active=active, stamp=stamp if active else None, covered=False)
     log.info("compile ahead: %s (%s=%s)", "on" if active else
              "off, this setup's kernels were compiled by an earlier start", MODE_ENV, mode)
     return active
@@ -90,12 +91,16 @@ def mark_compiled() -> None:
     _state.update(active=False, stamp=None)  # what compiles after start does so on use
 
 
-def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str) -> None:
+def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str, *,
+                  every_start_forward: bool = False) -> None:
     """Run `model.forward` over `batches` with the model's kernels compiling instead of
-    launching; the outputs are thrown away."""
+    launching; the outputs are thrown away. `every_start_forward`: these are all the forwards
+    start-up runs (`start_kernels`), so the later phases' rounds are skipped."""
     factory = getattr(model, "compile_ahead", None)
     if factory is None or not _state["active"] or model.device.type != "cuda":
         return
+    if _state.get("covered"):
+        return  # the start-up round compiled these forwards' kernels already
     started = time.perf_counter()
     count = 0
     with torch.inference_mode(), factory():
@@ -103,5 +108,6 @@ def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str) -> N
             model.forward(batch)
             count += 1
     torch.cuda.synchronize(model.device)
+    _state["covered"] = every_start_forward
     log.info("compiled ahead the kernels of %d %s forwards in %.2f s", count, what,
              time.perf_counter() - started)

@@ -5,9 +5,9 @@ eager warm-up steps), and each compiles ahead only its own kernels: three pools,
 for its slowest kernel while the others idle. On a cold start, right after the weights load,
 this runs all of those forwards at once in compile-only mode (`compile_ahead`) over a scratch
 KV cache: the profile's step in its fresh blocks, every graph bucket's and every warm-up
-step's in block 0, as their phases will lay them out. The phases' own rounds then find their
-kernels compiled; one that differs (a specialization this could not foresee) compiles there
-as before, never a wrong result."""
+step's in block 0, as their phases will lay them out. The phases' own rounds are then
+skipped; a kernel variant this could not foresee compiles at its first launch, as without
+compile-ahead, never a wrong result."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def compile_start_kernels(config: EngineConfig, model: Model) -> float:
         return 0.0
     started = time.perf_counter()
     model.create_kv_cache(profile_blocks(config, model), config.block_size)
-    compile_ahead.compile_ahead(model, start_batches(config, model), "start-up")
+    compile_ahead.compile_ahead(model, start_batches(config, model), "start-up",
+                                every_start_forward=True)
     model.create_kv_cache(2, config.block_size)  # drop the scratch cache
     torch.cuda.empty_cache()
     return time.perf_counter() - started
