@@ -18,6 +18,7 @@ import torch
 from openinfer_core.engine import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import new_graph_runner
+from openinfer_core.engine.kernel_cache import stop_compile_workers
 from openinfer_core.engine.memory import profile_batch
 from openinfer_core.engine.warmup import warm_up_batches
 from openinfer_core.interfaces.model import ForwardBatch, Model
@@ -47,6 +48,7 @@ def compile_start_kernels(config: EngineConfig, model: Model) -> float:
     model.create_kv_cache(profile_blocks(config, model), config.block_size)
     compile_ahead.compile_ahead(model, start_batches(config, model), "start-up",
                                 every_start_forward=True)
+    stop_compile_workers()  # their work is done: give their memory back now
     model.create_kv_cache(2, config.block_size)  # drop the scratch cache
     torch.cuda.empty_cache()
     return time.perf_counter() - started
