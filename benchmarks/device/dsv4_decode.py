@@ -152,32 +152,40 @@ def main() -> None:
 @torch.inference_mode()
 def _measure(engine: Engine, batch: int, context: int, reps: int,
              bandwidth: float) -> dict[str, float | None]:
-    from openinfer_deepseek_v4.reference import embed_streams, head_logits
-
-    model, cfg = engine.model, engine.model.cfg
     with decode_step(engine, batch, context) as step:
-        step_ms = median_us(lambda: model.forward(step), reps) / 1e3
-        ids = step.input_ids
-
-        def ends() -> torch.Tensor:
-            return head_logits(embed_streams(ids, model.w, cfg), model.w, cfg)
-
-        ends_ms = median_us(ends, reps) / 1e3
-        try:  # the decode step in a CUDA graph, as the engine would replay it
-            graph_layer_ms: float | None = (
-                graph_per_call_us([lambda: model.forward(step)]) / 1e3
-                - graph_per_call_us([ends]) / 1e3) / len(model.w.layers)
-        except RuntimeError as e:
-            print(f"batch {batch}: the decode step does not capture: {e}", flush=True)
-            graph_layer_ms = None
-    layer_ms = (step_ms - ends_ms) / len(model.w.layers)
+        times = layer_times(engine, step, reps)
     layer_bytes, layer_flops = layer_cost(engine, batch, context)
-    return {"batch": batch, "step_ms": step_ms, "ends_ms": ends_ms, "layer_ms": layer_ms,
-            "graph_layer_ms": graph_layer_ms,
-            "layer_bytes": layer_bytes, "layer_flops": layer_flops,
+    return {"batch": batch, **times, "layer_bytes": layer_bytes, "layer_flops": layer_flops,
             "bytes_floor_ms": layer_bytes / bandwidth * 1e3,
             "flops_floor_ms": layer_flops / PEAK_BF16 * 1e3}
 
+
+@torch.inference_mode()
+def layer_times(engine: Engine, step: ForwardBatch, reps: int) -> dict[str, float | None]:
+    """The decode step `step` timed eagerly (step_ms; ends_ms, the embedding and head alone)
+    and as a CUDA graph where it captures; per layer (layer_ms, graph_layer_ms: None when the
+    step does not capture), the ends taken off."""
+    from openinfer_deepseek_v4.reference import embed_streams, head_logits
+
+    model, cfg = engine.model, engine.model.cfg
+    step_ms = median_us(lambda: model.forward(step), reps) / 1e3
+    ids = step.input_ids
+
+    def ends() -> torch.Tensor:
+        return head_logits(embed_streams(ids, model.w, cfg), model.w, cfg)
+
+    ends_ms = median_us(ends, reps) / 1e3
+    try:  # the decode step in a CUDA graph, as the engine would replay it
+        graph_layer_ms: float | None = (
+            graph_per_call_us([lambda: model.forward(step)]) / 1e3
+            - graph_per_call_us([ends]) / 1e3) / len(model.w.layers)
+    except RuntimeError as e:
+        print(f"batch {step.seq_lens.shape[0]}: the decode step does not capture: {e}",
+              flush=True)
+        graph_layer_ms = None
+    return {"step_ms": step_ms, "ends_ms": ends_ms,
+            "layer_ms": (step_ms - ends_ms) / len(model.w.layers),
+            "graph_layer_ms": graph_layer_ms}
 
 if __name__ == "__main__":
     main()

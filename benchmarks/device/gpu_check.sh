@@ -104,6 +104,8 @@ if has dsv4 || has dsv4model; then
   stage "DeepSeek-V4 decode step, kernel by kernel (3 layers, batch 1 and 64)"
   timeout 150 python3 benchmarks/device/dsv4_profile.py --json "$OUT/dsv4-profile.json" 2>&1 \
     | tee "$OUT/dsv4-profile.log" | tail -70
+  stage "DeepSeek-V4 launches per layer and decode time, eager and graphed (V4-Flash widths)"
+  timeout 240 python3 benchmarks/device/dsv4_launches.py --batches 1,64 --json "$OUT/dsv4-launches.json" 2>&1 | tee "$OUT/dsv4-launches.log" | tail -25
   stage "DeepSeek-V4 decode time per layer, batch 1 and 64 (V4-Flash widths)"
   timeout 150 python3 benchmarks/device/dsv4_decode.py --layers ${DSV4_LAYERS:-6} \
     --json "$OUT/dsv4-decode.json" 2>&1 | tail -8

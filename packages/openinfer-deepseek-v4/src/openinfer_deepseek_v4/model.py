@@ -19,7 +19,7 @@ from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
 from openinfer_deepseek_v4.kv_cache import LayerCache, allocate_layers, kv_bytes_per_block
-from openinfer_deepseek_v4.paged_attention import paged_attention
+from openinfer_deepseek_v4.paged_attention import Rope, paged_attention
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
@@ -28,7 +28,9 @@ from openinfer_deepseek_v4.reference import (
     moe,
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
+from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.mhc import hc_head, hc_post, hc_pre
+from openinfer_kernels.rms_rotary import rope_table
 from openinfer_kvcache import PagedKVManager
 
 
@@ -53,8 +55,16 @@ class DeepseekV4Model:
         self.dtype = dtype
         self.layers: list[LayerCache] | None = None
         self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
-        # Each layer's rotary frequencies, on the device once (the kernels read them there).
-        self._freqs = [layer_freqs(cfg, i).to(device) for i in range(cfg.num_layers)]
+        # Each layer's rotary, on the device once: its frequencies and the cos | sin of every
+        # position (one table per kind of layer: window-only or compressed; max_model_len x
+        # rope_head_dim values each, 128 MB apiece in bf16 at 1M positions).
+        ropes: dict[bool, Rope] = {}
+        for i in range(cfg.num_layers):
+            freqs = layer_freqs(cfg, i).to(device)
+            compressed = cfg.attention_kinds[i] != "window"
+            if compressed not in ropes:
+                ropes[compressed] = Rope(freqs, rope_table(freqs, max_model_len, dtype))
+        self._ropes = [ropes[kind != "window"] for kind in cfg.attention_kinds]
         self._expert_starts = (None if shard is None or not shard.expert_parallel else
                                torch.tensor(shard.expert_starts, device=device))
         # A decode step syncs nothing with the host and its widths follow `max_seq_len`
@@ -86,9 +96,10 @@ class DeepseekV4Model:
         cfg = self.cfg
         streams = self._embed(batch.input_ids).unsqueeze(1).expand(-1, cfg.hc_mult, -1)
         streams = streams.contiguous()
+        slots = StepSlots(batch, self.layers[0].kv.shape[1])
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
             attend = partial(paged_attention, w=layer.attention, cfg=self.attn_cfg, layer=i,
-                             cache=cache, batch=batch, freqs=self._freqs[i])
+                             cache=cache, batch=batch, rope=self._ropes[i], slots=slots)
             streams = _around(streams, layer.attn_hc, layer.attn_norm, self._reduced(attend),
                               cfg)
             ffn: Callable[[torch.Tensor], torch.Tensor]

@@ -3,42 +3,50 @@
 slot. The step is batched: no loop over requests and no host sync (the widths are the step's
 host-known bounds), with the Triton kernels on the GPU and their references on CPU:
 
-1. project the queries and raw entries; write the raw entries and the compressor projections
-   into the step's slots;
+1. project the queries and raw entries (each norm and rotation one `rms_rotary` op, cos and
+   sin from the layer's position table); write the raw entries and the compressor
+   projections into the step's slots;
 2. `compress_pool`: the compressed entries whose windows close in this step;
 3. per query, its keys as slots: the window's raw entries, and the compressed entries it sees
-   (HCA: all; CSA: `indexer_topk_paged`'s picks);
+   (HCA: all; CSA: `indexer_topk_paged`'s picks); the slot arithmetic the layers share is
+   made once a step (`StepSlots`);
 4. `sparse_sink_attention` over those slots, then the output projection."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kv_cache import CompressedCache, LayerCache
-from openinfer_deepseek_v4.reference import (
-    AttentionWeights,
-    CompressorWeights,
-    attention_output,
-    compressor_inputs,
-    indexer_inputs,
-    project,
-    window_positions,
-)
+from openinfer_deepseek_v4.quantized import grouped_linear, linear
+from openinfer_deepseek_v4.reference import AttentionWeights, CompressorWeights, compressor_inputs
+from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.compress import compress_pool
-from openinfer_kernels.indexer import indexer_topk_paged, paged_entry_slots, token_requests
+from openinfer_kernels.indexer import indexer_topk_paged
+from openinfer_kernels.rms_rotary import rms_rotary, rms_rotary_scatter
 from openinfer_kernels.sparse_attention import sparse_sink_attention
 
 
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """A layer's rotary: its frequencies (the compressor's pooling rotates with them) and the
+    cos | sin table of every position made from them (`rms_rotary.rope_table`), on the
+    device."""
+
+    freqs: torch.Tensor  # [R / 2] fp32
+    table: torch.Tensor  # [max_model_len, R] in the model's dtype
+
+
 def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, layer: int,
-                    cache: LayerCache, batch: ForwardBatch, freqs: torch.Tensor) -> torch.Tensor:
-    """x [T, H] (the step's normed collapsed streams) -> [T, H], `freqs` the layer's rotary
-    frequencies on x's device (`reference.layer_freqs`). Mutates the layer's cache: the step's
-    raw entries, compressor projections and newly closed compressed entries."""
+                    cache: LayerCache, batch: ForwardBatch, rope: Rope,
+                    slots: StepSlots) -> torch.Tensor:
+    """x [T, H] (the step's normed collapsed streams) -> [T, H]. Mutates the layer's cache:
+    the step's raw entries, compressor projections and newly closed compressed entries."""
     kind = cfg.attention_kinds[layer]
-    p = project(x, w, cfg, batch.positions, freqs)
-    cache.kv.flatten(0, 1)[batch.slot_mapping] = p.kv
+    q_residual, q = _project(x, w, cfg, batch, rope, cache)
     parts: list[tuple[CompressedCache, CompressorWeights, bool]] = []
     if cache.compressor is not None:
         assert w.compressor is not None
@@ -50,49 +58,62 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         part.projections.flatten(0, 1)[batch.slot_mapping] = torch.cat(
             compressor_inputs(x, weights), dim=-1)
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
-                      freqs, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+                      rope.freqs, batch.block_tables, batch.seq_lens, batch.query_start_loc,
                       batch.max_query_len, ratio=part.ratio, overlap=overlap,
                       norm_eps=cfg.rms_norm_eps)
 
-    requests = token_requests(batch.query_start_loc, x.shape[0])
-    window = window_slots(batch, requests, cfg.sliding_window, cache.kv.shape[1])
+    window = slots.window(cfg.sliding_window)
     pool = cache.kv.new_zeros((0, cfg.head_dim))
     picked = window.new_zeros((x.shape[0], 0))
     if cache.compressor is not None:
         pool = cache.compressor.entries.flatten(0, 1)
-        picked = _picked_slots(x, p.q_residual, batch, requests, w, cfg, cache, freqs)
-    out = sparse_sink_attention(p.q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
+        picked = _picked_slots(x, q_residual, batch, w, cfg, cache, rope, slots)
+    out = sparse_sink_attention(q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
                                 cfg.head_dim ** -0.5)
-    return attention_output(out, w, cfg, batch.positions, freqs)
+    return _output(out, w, cfg, batch.positions, rope)
 
 
-def window_slots(batch: ForwardBatch, requests: torch.Tensor, size: int,
-                 block_size: int) -> torch.Tensor:
-    """[T, size] int32: the raw-entry slots of each query's window (-1 before position 0)."""
-    window, real = window_positions(batch.positions, size)
-    blocks = batch.block_tables.long()[requests.long()[:, None], window // block_size]
-    return torch.where(real, blocks * block_size + window % block_size, -1).to(torch.int32)
+def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch: ForwardBatch,
+             rope: Rope, cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.project` with the raw entries written straight into their cache slots:
+    (q_residual [T, q_lora_rank], q [T, heads, D] normed per head and rotated)."""
+    t, eps, positions = x.shape[0], cfg.rms_norm_eps, batch.positions
+    q_residual = rms_rotary(linear(x, w.q_a), w.q_a_norm, positions, None, eps=eps)
+    q = rms_rotary(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim), None,
+                   positions, rope.table, eps=eps)
+    rms_rotary_scatter(linear(x, w.kv), w.kv_norm, positions, rope.table,
+                       cache.kv.flatten(0, 1), batch.slot_mapping, eps=eps)
+    return q_residual, q
+
+
+def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
+            positions: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """`reference.attention_output`: the values' rotation undone (one `rms_rotary`), the
+    grouped output projection, then o_b."""
+    t = out.shape[0]
+    out = rms_rotary(out, None, positions, rope.table, eps=None, inverse=True)
+    grouped = grouped_linear(out.view(t, cfg.o_groups, -1), w.o_a)
+    return linear(grouped.reshape(t, -1), w.o_b)
 
 
 def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch,
-                  requests: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
-                  cache: LayerCache, freqs: torch.Tensor) -> torch.Tensor:
+                  w: AttentionWeights, cfg: DeepseekV4Config, cache: LayerCache, rope: Rope,
+                  slots: StepSlots) -> torch.Tensor:
     """[T, K] int32: the compressed-entry slots each query attends to (-1: none). CSA: the
     indexer's top k of the entries it sees; HCA: all it sees. K is bounded by the step's
     longest request (`max_seq_len`), so no width depends on device values."""
     part = cache.compressor
     assert part is not None
-    block_size, ratio = part.projections.shape[1], part.ratio
-    most = batch.max_seq_len // ratio
-    if cache.indexer is not None:
-        q, weights = indexer_inputs(x, q_residual, batch.positions, w, cfg, freqs)
-        return indexer_topk_paged(q, weights, cache.indexer.entries, batch.block_tables,
-                                  batch.query_start_loc, batch.positions, ratio=ratio,
-                                  block_size=block_size, top_k=cfg.index_topk,
-                                  softmax_scale=cfg.index_head_dim ** -0.5,
-                                  weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,
-                                  max_entries=most)
-    entries = torch.arange(most, device=x.device).expand(x.shape[0], -1)
-    entries = torch.where(entries < ((batch.positions + 1) // ratio)[:, None], entries, -1)
-    return paged_entry_slots(batch.block_tables, requests, entries, ratio=ratio,
-                             block_size=block_size, slots_per_block=part.entries.shape[1])
+    if cache.indexer is None:
+        return slots.visible_entries(part.ratio, part.entries.shape[1])
+    assert w.indexer is not None
+    idx = w.indexer
+    q = linear(q_residual, idx.q_b).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
+    q = rms_rotary(q, None, batch.positions, rope.table, eps=None)
+    return indexer_topk_paged(q, linear(x, idx.weights_proj), cache.indexer.entries,
+                              batch.block_tables, batch.query_start_loc, batch.positions,
+                              ratio=part.ratio, block_size=part.projections.shape[1],
+                              top_k=cfg.index_topk, softmax_scale=cfg.index_head_dim ** -0.5,
+                              weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,
+                              max_entries=batch.max_seq_len // part.ratio,
+                              requests=slots.requests)

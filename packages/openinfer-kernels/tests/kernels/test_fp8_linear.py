@@ -9,8 +9,16 @@ import pytest
 import torch
 
 import openinfer_kernels.quant as quant
-from openinfer_kernels.quant import dequant_fp8_blocks_ref, fp8_block_linear_ref
-from openinfer_kernels.quant.triton import Fp8Tile, fp8_block_linear_triton
+from openinfer_kernels.quant import (
+    dequant_fp8_blocks_ref,
+    fp8_block_linear_ref,
+    fp8_grouped_linear_ref,
+)
+from openinfer_kernels.quant.triton import (
+    Fp8Tile,
+    fp8_block_linear_triton,
+    fp8_grouped_linear_triton,
+)
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,3 +117,32 @@ def test_v4_flash_shapes(m: int, n: int, k: int) -> None:
     torch.testing.assert_close(out.float(), fp8_block_linear_ref(x, w, scale).float(),
                                rtol=2**-7, atol=0.5)  # |out| ~ 4 * 2^3 * sqrt(K): up to ~2000
     assert torch.equal(out, fp8_block_linear_triton(x, w, scale))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("m", "groups", "rows", "k"), [(1, 3, 128, 300), (5, 2, 256, 130),
+                                                        (17, 3, 128, 70)])
+def test_grouped_linear_is_each_groups_linear(m: int, groups: int, rows: int, k: int,
+                                              dtype: torch.dtype) -> None:
+    """One launch over every group gives what each group's own `fp8_block_linear` gives (the
+    same tile and K split: the same bits), and the reference agrees; x's groups strided."""
+    x, w, scale = make(m, groups * rows, k, dtype, seed=m + groups + k)
+    wide = torch.randn(m, groups, k + 5, device=DEVICE).to(dtype)
+    wide[..., 2:k + 2] = x[:, None, :] * torch.arange(1, groups + 1, device=DEVICE)[:, None]
+    xg = wide[..., 2:k + 2]
+    got = fp8_grouped_linear_triton(xg, w, scale)
+    assert got.shape == (m, groups, rows) and got.dtype == dtype
+    per = rows // 128
+    for g in range(groups):
+        alone = fp8_block_linear_triton(xg[:, g], w[g * rows:(g + 1) * rows],
+                                        scale[g * per:(g + 1) * per])
+        assert torch.equal(got[:, g], alone)
+    want = fp8_grouped_linear_ref(xg.cpu(), w.cpu(), scale.cpu())
+    torch.testing.assert_close(got.float().cpu(), want.float(), **TOL[dtype])
+
+
+def test_grouped_linear_rejects_groups_off_the_scale_blocks() -> None:
+    x, w, scale = make(2, 192, 64, torch.float32, seed=5)
+    for op in (fp8_grouped_linear_triton, fp8_grouped_linear_ref):
+        with pytest.raises(ValueError, match="multiple of 128"):
+            op(x.view(2, 1, 64).expand(2, 2, 64), w, scale)

@@ -15,6 +15,7 @@ from openinfer_kernels.indexer import (
     indexer_topk_paged,
     indexer_topk_paged_ref,
     paged_entry_slots,
+    token_requests,
 )
 from openinfer_kernels.indexer.topk_triton import launch_topk
 from openinfer_kernels.indexer.triton import (
@@ -127,6 +128,18 @@ def test_paged_max_entries_bounds_the_scan() -> None:
     out = indexer_topk_paged_triton(**step, **options)
     assert int(out.max()) < 10
     assert torch.equal(out, indexer_topk_paged_ref(**step, **options))
+
+
+def test_paged_takes_the_callers_requests() -> None:
+    """A step's token -> request map made once (the model shares it across layers) gives the
+    picks the op would find itself."""
+    step, _ = paged_step(5, 40, torch.float32, seed=4)
+    options = dict(ratio=RATIO, block_size=BLOCK_SIZE, top_k=8, softmax_scale=0.25,
+                   weights_scale=0.5, as_slots=True)
+    requests = token_requests(step["query_start_loc"], step["q"].shape[0])
+    want = indexer_topk_paged_ref(**step, **options)
+    assert torch.equal(indexer_topk_paged_ref(**step, **options, requests=requests), want)
+    assert torch.equal(indexer_topk_paged_triton(**step, **options, requests=requests), want)
 
 
 def test_entry_slots_follow_the_block_of_the_last_token() -> None:

@@ -56,19 +56,21 @@ def indexer_topk_paged_ref(q: torch.Tensor, weights: torch.Tensor, index_pool: t
                            block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                            positions: torch.Tensor, *, ratio: int, block_size: int,
                            top_k: int, softmax_scale: float, weights_scale: float,
-                           as_slots: bool = False,
-                           max_entries: int | None = None) -> torch.Tensor:
+                           as_slots: bool = False, max_entries: int | None = None,
+                           requests: torch.Tensor | None = None) -> torch.Tensor:
     """The indexer over the paged cache: q [T, H, d], weights [T, H]; index_pool
     [blocks, slots_per_block, d] (the indexer compressor's entries); block_tables
     [B, max_blocks] and query_start_loc [B + 1] int32 (the step's requests); positions [T].
     -> picks [T, top_k] int32: the query's `indexer_topk_ordered_ref` picks (best first, ties
     to the earlier entry, -1 padded to top_k), as entry numbers j, or with `as_slots` as rows
     of the flattened pool (and of the main compressor's entry pool: the same layout). A query
-    sees at most `max_entries` entries (default: all its position allows)."""
+    sees at most `max_entries` entries (default: all its position allows). `requests`, each
+    token's request (`token_requests`), when the caller has it already."""
     from openinfer_kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 
     num_tokens = q.shape[0]
-    requests = token_requests(query_start_loc, num_tokens)
+    if requests is None:
+        requests = token_requests(query_start_loc, num_tokens)
     picks = torch.full((num_tokens, top_k), -1, dtype=torch.int32, device=q.device)
     pool = index_pool.flatten(0, 1)
     for t in range(num_tokens):

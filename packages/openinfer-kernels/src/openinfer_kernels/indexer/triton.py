@@ -116,8 +116,8 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
                               block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                               positions: torch.Tensor, *, ratio: int, block_size: int,
                               top_k: int, softmax_scale: float, weights_scale: float,
-                              as_slots: bool = False,
-                              max_entries: int | None = None) -> torch.Tensor:
+                              as_slots: bool = False, max_entries: int | None = None,
+                              requests: torch.Tensor | None = None) -> torch.Tensor:
     """`indexer_topk_paged_ref`'s contract. Scratch: [T, max_entries] fp32 scores, where
     `max_entries` (default: what the block table can hold, max_blocks * block_size // ratio)
     bounds every query's visible entries; pass a smaller one (the step's max_seq_len // ratio)
@@ -127,11 +127,14 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
     num_tokens = q.shape[0]
     capacity = block_tables.shape[1] * block_size // ratio
     num_entries = capacity if max_entries is None else min(max_entries, capacity)
-    out = torch.full((num_tokens, top_k), -1, dtype=torch.int32, device=q.device)
     if num_tokens == 0 or num_entries == 0 or top_k == 0:
-        return out
+        return torch.full((num_tokens, top_k), -1, dtype=torch.int32, device=q.device)
+    # every pick is stored (-1 past a query's entries): KP >= top_k
+    out = torch.empty((num_tokens, top_k), dtype=torch.int32, device=q.device)
+    if requests is None:
+        requests = token_requests(query_start_loc, num_tokens)
     paged: dict[str, object] = {
-        "block_tables": block_tables, "requests": token_requests(query_start_loc, num_tokens),
+        "block_tables": block_tables, "requests": requests,
         "positions": positions, "ratio": ratio, "block_size": block_size,
         "slots_per_block": index_pool.shape[1], "as_slots": as_slots}
     scores = torch.empty(num_tokens, num_entries, dtype=torch.float32, device=q.device)

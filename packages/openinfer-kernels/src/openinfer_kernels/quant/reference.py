@@ -49,3 +49,20 @@ def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     `out_dtype` (default x's). The product in fp32, rounded once."""
     weight = dequant_fp8_blocks_ref(w, scale, dtype=torch.float32)
     return (x.float() @ weight.t()).to(out_dtype or x.dtype)
+
+
+def fp8_grouped_linear_ref(x: torch.Tensor, w: torch.Tensor,
+                           scale: torch.Tensor) -> torch.Tensor:
+    """The block-diagonal linear with an FP8 weight: x [M, G, K], w [G R, K] float8_e4m3fn
+    (group g's rows g R..(g + 1) R - 1, R a multiple of the 128-row scale block), scale its
+    E8M0 blocks -> [M, G, R] in x's dtype: group g's inputs times its own rows, each group
+    `fp8_block_linear_ref` of its rows and scales."""
+    if x.dim() != 3 or w.shape[0] % (x.shape[1] * 128):
+        raise ValueError(f"fp8_grouped_linear: need x [M, G, K] and w [G R, K] with R a "
+                         f"multiple of 128; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    groups = x.shape[1]
+    rows = w.shape[0] // groups
+    per = rows // 128
+    return torch.stack([fp8_block_linear_ref(x[:, g], w[g * rows:(g + 1) * rows],
+                                             scale[g * per:(g + 1) * per])
+                        for g in range(groups)], dim=1)

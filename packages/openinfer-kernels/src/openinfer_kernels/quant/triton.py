@@ -94,14 +94,17 @@ def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, s
 # M follows the batch size: not specialized, so every CUDA-graph size shares one variant.
 @triton.jit(do_not_specialize=["M"])
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-                       k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-                       UPCAST: tl.constexpr, PDL: tl.constexpr):
-    """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share."""
+                       k_per_split, rows_per_group, stride_xg, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
+    (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
+    (a tile never straddles groups); one group: rows_per_group = N."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
+    x_ptr += ((pid_n * BLOCK_N) // rows_per_group).to(tl.int64) * stride_xg
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     k_start = split * k_per_split
@@ -173,6 +176,10 @@ def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
                          f"{scale.dtype} {tuple(scale.shape)}")
 
 
+def _sms(x: torch.Tensor) -> int:
+    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+
+
 def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                             out_dtype: torch.dtype | None = None,
                             tile: Fp8Tile | None = None) -> torch.Tensor:
@@ -184,8 +191,36 @@ def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    tile = tile or fp8_tile(m, n, k, x.dtype, sms)
+    _launch(x, w, scale, out, tile or fp8_tile(m, n, k, x.dtype, _sms(x)), n, 0)
+    return out
+
+
+def fp8_grouped_linear_triton(x: torch.Tensor, w: torch.Tensor,
+                              scale: torch.Tensor) -> torch.Tensor:
+    """`fp8_grouped_linear_ref`'s contract in one launch (two when K is split): x [M, G, K]
+    (K contiguous), w [G R, K] float8_e4m3fn contiguous with R a multiple of 128, scale its
+    E8M0 blocks -> [M, G, R] in x's dtype. Each group's tile and K split are what
+    `fp8_block_linear` picks for one group alone, so the result is that of G such calls."""
+    if x.dim() != 3 or w.shape[0] % (x.shape[1] * BLOCK):
+        raise ValueError(f"fp8_grouped_linear: need x [M, G, K] and w [G R, K] with R a "
+                         f"multiple of {BLOCK}; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    (m, groups, k), n = x.shape, w.shape[0]
+    _check(x[:, 0], w, scale)
+    out = torch.empty((m, groups, n // groups), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    rows = n // groups
+    tile = fp8_tile(m, rows, k, x.dtype, _sms(x))
+    if rows % tile.block_n:
+        raise ValueError(f"fp8_grouped_linear: {rows} rows a group do not fill whole tiles")
+    _launch(x, w, scale, out.view(m, n), tile, rows, x.stride(1))
+    return out
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+            tile: Fp8Tile, rows_per_group: int, stride_xg: int) -> None:
+    """out [M, N] contiguous = x W^T; grouped when rows_per_group < N."""
+    m, k, n = x.shape[0], x.shape[-1], w.shape[0]
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split_k), tile.block_k) * tile.block_k
     split = triton.cdiv(k, k_per_split)  # no empty shares
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
@@ -193,11 +228,11 @@ def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
     s = scale.view(torch.uint8)
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_m), split)
     _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
-                             k_per_split, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                             BLOCK_K=tile.block_k, SUB=min(tile.block_k, BLOCK),
+                             k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
+                             BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                             SUB=min(tile.block_k, BLOCK),
                              PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
                              UPCAST=not x.is_cuda, num_warps=tile.num_warps,
                              num_stages=tile.num_stages, **pdl_launch(x))
     if split > 1:
         sum_slices(target, out, split, m * n, n)
-    return out

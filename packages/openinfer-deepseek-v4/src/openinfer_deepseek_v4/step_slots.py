@@ -1,0 +1,62 @@
+"""The slot arithmetic of a step that every DeepSeek-V4 layer would otherwise repeat alike
+(`paged_attention` step 3): each token's request, each query's sliding window as raw-entry
+slots, the compressed entries an HCA query sees. Spec: shared deepseek-v4.md §5.5."""
+
+from __future__ import annotations
+
+import torch
+
+from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_deepseek_v4.reference import window_positions
+from openinfer_kernels.indexer import paged_entry_slots, token_requests
+
+
+class StepSlots:
+    """The slot arithmetic of one step that every layer would repeat alike: each token's
+    request, each query's window of raw-entry slots, the compressed-entry slots a query sees
+    (HCA). Made when a layer first asks, then shared by the step's other layers (a forward
+    makes one; on the GPU each is a few small torch ops, captured with the step). Reads the
+    batch only."""
+
+    def __init__(self, batch: ForwardBatch, block_size: int) -> None:
+        self.batch = batch
+        self.block_size = block_size
+        self._requests: torch.Tensor | None = None
+        self._windows: dict[int, torch.Tensor] = {}
+        self._visible: dict[tuple[int, int], torch.Tensor] = {}
+
+    @property
+    def requests(self) -> torch.Tensor:
+        """[T] int32: each token's request (row of the block tables)."""
+        if self._requests is None:
+            self._requests = token_requests(self.batch.query_start_loc,
+                                            int(self.batch.positions.shape[0]))
+        return self._requests
+
+    def window(self, size: int) -> torch.Tensor:
+        """[T, size] int32: the raw-entry slots of each query's sliding window (-1 before
+        position 0)."""
+        if size not in self._windows:
+            batch, block_size = self.batch, self.block_size
+            window, real = window_positions(batch.positions, size)
+            blocks = batch.block_tables.long()[self.requests.long()[:, None],
+                                               window // block_size]
+            self._windows[size] = torch.where(real, blocks * block_size + window % block_size,
+                                              -1).to(torch.int32)
+        return self._windows[size]
+
+    def visible_entries(self, ratio: int, slots_per_block: int) -> torch.Tensor:
+        """[T, max_seq_len // ratio] int32: the slots of every compressed entry each query
+        sees (entries j < (position + 1) // ratio; -1 past them). The width follows the
+        step's host bound, never device values."""
+        key = (ratio, slots_per_block)
+        if key not in self._visible:
+            batch = self.batch
+            entries = torch.arange(batch.max_seq_len // ratio, device=batch.positions.device)
+            entries = entries.expand(batch.positions.shape[0], -1)
+            entries = torch.where(entries < ((batch.positions + 1) // ratio)[:, None], entries,
+                                  -1)
+            self._visible[key] = paged_entry_slots(
+                batch.block_tables, self.requests, entries, ratio=ratio,
+                block_size=self.block_size, slots_per_block=slots_per_block)
+        return self._visible[key]

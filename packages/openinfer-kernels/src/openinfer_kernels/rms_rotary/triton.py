@@ -1,0 +1,115 @@
+# mypy: disable-error-code="no-untyped-def"
+"""`rms_rotary_ref` and `rms_rotary_scatter_ref` in one launch: program = (token, tile of
+BLOCK_H heads), each head's row of D values in registers: the RMSNorm in fp32 (rounded to the
+output dtype once, after the weight), then the last R dims rotated as pairs with cos and sin
+read from the position's table row, rounded again; the leading D - R dims are stored as
+normed. The output rows are a new tensor, or with SCATTER the pool rows named by `slots`
+(the raw entries of a step into the paged cache). The launch depends on shapes only: safe
+in CUDA graphs. (The mypy line above: @triton.jit functions annotate only their constexpr
+parameters.)"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+
+@triton.jit
+def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num_heads,
+                       max_positions, stride_xt, stride_xh, stride_ot, stride_oh, eps,
+                       D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                       BLOCK_D: tl.constexpr, NORM: tl.constexpr, WEIGHT: tl.constexpr,
+                       INVERSE: tl.constexpr, SCATTER: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    rd = tl.arange(0, BLOCK_D)
+    h_ok, d_ok = heads < num_heads, rd < D
+    mask = h_ok[:, None] & d_ok[None, :]
+    ty = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + token * stride_xt + heads[:, None] * stride_xh + rd[None, :],
+                mask=mask, other=0.0)
+    y = x.to(tl.float32)
+    if NORM:
+        y = y * tl.rsqrt(tl.sum(y * y, axis=1) / D + eps)[:, None]
+        if WEIGHT:
+            y = tl.load(w_ptr + rd, mask=d_ok, other=0.0).to(tl.float32)[None, :] * y
+        y = y.to(ty).to(tl.float32)
+    else:
+        y = x.to(ty).to(tl.float32)
+    if ROPE > 0:
+        # pairs (2i, 2i + 1); pair i rotates by table column i - (D - ROPE) / 2
+        pair = tl.arange(0, BLOCK_D // 2)
+        col = pair - (D - ROPE) // 2
+        rot = (col >= 0) & (pair < D // 2)
+        # a position past the table (a padded row's garbage) reads its last row, not memory
+        pos = tl.minimum(tl.load(pos_ptr + token), max_positions - 1).to(tl.int64)
+        row = table_ptr + pos * ROPE + tl.where(rot, col, 0)
+        cos = tl.load(row, mask=rot, other=1.0).to(tl.float32)
+        sin = tl.load(row + ROPE // 2, mask=rot, other=0.0).to(tl.float32)
+        if INVERSE:
+            sin = -sin
+        even, odd = tl.split(tl.reshape(y, [BLOCK_H, BLOCK_D // 2, 2]))
+        turned = tl.join(even * cos[None, :] - odd * sin[None, :],
+                         odd * cos[None, :] + even * sin[None, :])
+        turned = tl.reshape(turned, [BLOCK_H, BLOCK_D]).to(ty).to(tl.float32)
+        is_rope = (rd >= D - ROPE) & d_ok
+        y = tl.where(is_rope[None, :], turned, y)
+    dst = token
+    if SCATTER:
+        dst = tl.load(slots_ptr + token).to(tl.int64)
+        mask = mask & (tl.zeros([BLOCK_H, 1], tl.int64) + dst >= 0)  # < 0: skip the token
+    tl.store(out_ptr + dst * stride_ot + heads[:, None] * stride_oh + rd[None, :], y.to(ty),
+             mask=mask)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tensor,
+            table: torch.Tensor | None, eps: float | None, inverse: bool, out: torch.Tensor,
+            slots: torch.Tensor | None) -> None:
+    rows = x if x.dim() == 3 else x.unsqueeze(1)
+    dst = out if out.dim() == 3 else out.unsqueeze(1)
+    t, h, d = rows.shape
+    rope = 0 if table is None else table.shape[1]
+    if rows.stride(2) != 1 or dst.stride(2) != 1 or rope > d or rope % 2 or d % 2:
+        raise ValueError(f"rms_rotary: need rows contiguous in their last dim, an even D and "
+                         f"a table of at most D (even) columns; got x {tuple(x.shape)} "
+                         f"strides {x.stride()}, table {None if table is None else table.shape}")
+    if weight is not None and weight.shape != (d,):
+        raise ValueError(f"rms_rotary: weight must be [{d}], got {tuple(weight.shape)}")
+    if t == 0:
+        return
+    block_d = triton.next_power_of_2(d)
+    block_h = max(1, min(triton.next_power_of_2(h), 4096 // block_d))
+    _rms_rotary_kernel[(t, triton.cdiv(h, block_h))](
+        rows, weight if weight is not None else rows, table if table is not None else rows,
+        positions, slots if slots is not None else positions, dst, h,
+        1 if table is None else table.shape[0], rows.stride(0), rows.stride(1),
+        dst.stride(0), dst.stride(1), 0.0 if eps is None else eps, D=d, ROPE=rope,
+        BLOCK_H=block_h, BLOCK_D=block_d, NORM=eps is not None, WEIGHT=weight is not None,
+        INVERSE=inverse, SCATTER=slots is not None,
+        num_warps=4 if block_h * block_d <= 2048 else 8, **pdl_launch(x))
+
+
+def rms_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tensor,
+                      table: torch.Tensor | None, *, eps: float | None,
+                      inverse: bool = False) -> torch.Tensor:
+    """`rms_rotary_ref`'s contract: x [T, D] or [T, H, D] (rows may be strided, D
+    contiguous) -> a new contiguous tensor of x's shape and dtype."""
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _launch(x, weight, positions, table, eps, inverse, out, None)
+    return out
+
+
+def rms_rotary_scatter_triton(x: torch.Tensor, weight: torch.Tensor | None,
+                              positions: torch.Tensor, table: torch.Tensor | None,
+                              pool: torch.Tensor, slots: torch.Tensor, *,
+                              eps: float | None) -> None:
+    """`rms_rotary_scatter_ref`'s contract: x [T, D] into rows `slots` of pool [S, D] (a
+    negative slot skips its token)."""
+    if x.dim() != 2 or pool.dim() != 2 or pool.shape[1] != x.shape[1]:
+        raise ValueError(f"rms_rotary_scatter: need x [T, D] and pool [S, D], got "
+                         f"{tuple(x.shape)} and {tuple(pool.shape)}")
+    _launch(x, weight, positions, table, eps, False, pool, slots)
