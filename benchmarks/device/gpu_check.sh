@@ -87,7 +87,7 @@ if has tp; then
   done
 fi
 if has dsv4; then
-  DSV4_TESTS="test_fp8_linear test_fp4_moe test_sparse_attention test_indexer test_mhc test_compress_triton"
+  DSV4_TESTS="test_fp8_linear test_fp4_moe test_sparse_attention test_indexer test_mhc test_compress_triton test_rms_rotary"
   stage "DeepSeek-V4 kernel tests, compiled, every size"
   timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     $(for t in $DSV4_TESTS; do echo packages/openinfer-kernels/tests/kernels/$t.py; done) 2>&1 \
