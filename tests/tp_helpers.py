@@ -38,3 +38,24 @@ def tp2_engine(model_dir: Path, **config: Any) -> Engine:
     """An engine whose model runs on 2 ranks (gloo on CPU). `engine.model.close()` after."""
     plugins = PluginManager(autoload=True, allowlist={"core", "kernels"}, plugins=[_Plugin()])
     return Engine(EngineConfig(model=str(model_dir), device="cpu", **config), plugins)
+
+
+def run_after_a_rank_died(engine: Engine, request_ids: list[str]) -> None:
+    """Step `engine` until its requests end after a rank died: each ends with the tensor-
+    parallel failure as its error, or a step raises ModelFailedError (which stops a serving
+    engine); at most 100 steps, so nothing waits on the dead rank."""
+    from openinfer_core.events import Error, TokenEvent
+    from openinfer_core.interfaces.model import ModelFailedError
+
+    events: list[TokenEvent] = []
+    try:
+        for _ in range(100):
+            if not engine.has_work():
+                break
+            events += engine.step()
+    except ModelFailedError as exc:
+        assert "rank" in str(exc)
+    else:
+        errors = {e.request_id: e.message for e in events if isinstance(e, Error)}
+        assert sorted(errors) == sorted(request_ids)
+        assert all("tensor parallelism failed" in m for m in errors.values()), errors
