@@ -87,13 +87,15 @@ if has tp; then
   done
 fi
 if has dsv4; then
-  DSV4_TESTS="test_fp8_linear test_fp4_moe test_sparse_attention test_indexer test_mhc test_compress_triton test_rms_rotary"
+  DSV4_TESTS="test_fp8_linear test_fp4_moe test_fp4_moe_decode test_sparse_attention test_indexer test_mhc test_compress_triton test_rms_rotary"
   stage "DeepSeek-V4 kernel tests, compiled, every size"
   timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     $(for t in $DSV4_TESTS; do echo packages/openinfer-kernels/tests/kernels/$t.py; done) 2>&1 \
     | tail -25 | tee "$OUT/dsv4_kernel_tests.log"
   stage "DeepSeek-V4 kernels against their read floors"
   timeout 60 python3 benchmarks/device/dsv4_gemm_bench.py 2>&1 | tee "$OUT/dsv4-gemm.log" | tail -30
+  stage "DeepSeek-V4 FP4 experts at decode sizes: grouped vs decode path, candidate tiles"
+  timeout 180 python3 benchmarks/device/dsv4_moe_sweep.py 2>&1 | tee "$OUT/dsv4-moe-sweep.log" | tail -22
   timeout 60 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
   timeout 45 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -15
 fi

@@ -1,6 +1,8 @@
 """Grouped FP4 experts (e2m1 codes two per byte, an E8M0 scale per 32 inputs) against the
 reference: dequantize, then `moe_experts_ref`. Five experts with one never picked, experts
-repeated across tokens, hidden and intermediate sizes that no tile divides."""
+repeated across tokens, hidden and intermediate sizes that no tile divides. The calls name
+the grouped path: at these few tokens the dispatch would pick the decode path, which
+test_fp4_moe_decode.py covers."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def tolerance(dtype: torch.dtype, want: torch.Tensor) -> dict[str, float]:
 @pytest.mark.parametrize(("t", "k"), [(1, 2), (3, 3), (17, 2)])
 def test_fp4_moe_matches_reference(t: int, k: int, dtype: torch.dtype) -> None:
     case = make(t, hidden=96, inter=160, experts=5, k=k, dtype=dtype, seed=t * 10 + k)
-    out = fp4_moe_experts_triton(**case, limit=LIMIT)
+    out = fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped")
     assert out.shape == (t, 96) and out.dtype == dtype
     want = fp4_moe_experts_ref(**{**case, "x": case["x"].float()}, limit=LIMIT)
     torch.testing.assert_close(out.float(), want, **tolerance(dtype, want))
@@ -60,8 +62,8 @@ def test_many_rows_per_expert_use_wider_tiles() -> None:
     """40 tokens x 3 of 3 experts: 40 rows an expert, tiles of 64 rows (the prefill path)."""
     case = make(40, hidden=64, inter=96, experts=4, k=3, dtype=torch.float32, seed=7, picked=3)
     want = fp4_moe_experts_ref(**case, limit=LIMIT)
-    torch.testing.assert_close(fp4_moe_experts_triton(**case, limit=LIMIT), want,
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped"),
+                               want, rtol=1e-4, atol=1e-4)
 
 
 def test_reference_is_moe_experts_ref_of_the_dequantized_weights() -> None:
@@ -87,8 +89,8 @@ def test_alignment_tiles_each_expert_in_token_order() -> None:
 
 def test_is_deterministic() -> None:
     case = make(9, 64, 96, 5, 3, torch.bfloat16, seed=11)
-    first = fp4_moe_experts_triton(**case, limit=LIMIT)
-    assert all(torch.equal(first, fp4_moe_experts_triton(**case, limit=LIMIT))
+    first = fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped")
+    assert all(torch.equal(first, fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped"))
                for _ in range(2))
 
 
@@ -105,7 +107,7 @@ def test_v4_flash_shapes(t: int) -> None:
     """H=4096, I=2048, E=256, k=6, bf16, against the bf16 reference (which rounds its
     products to bf16 too); run twice: the same bits."""
     case = make(t, 4096, 2048, 256, 6, torch.bfloat16, seed=t, picked=256)
-    out = fp4_moe_experts_triton(**case, limit=10.0)
+    out = fp4_moe_experts_triton(**case, limit=10.0, path="grouped")
     want = fp4_moe_experts_ref(**case, limit=10.0).float()
     torch.testing.assert_close(out.float(), want, rtol=2**-5, atol=2**-5 * want.abs().max())
-    assert torch.equal(out, fp4_moe_experts_triton(**case, limit=10.0))
+    assert torch.equal(out, fp4_moe_experts_triton(**case, limit=10.0, path="grouped"))

@@ -1,7 +1,8 @@
 """Mixture-of-experts routing and experts (DeepSeek-V4). The routing and bf16 experts are
 reference ops that run as written on every device; the FP4 experts (`fp4_moe_experts`) run
-the reference (dequantize, then `moe_experts_ref`) on CPU and the grouped Triton kernels on
-CUDA."""
+the reference (dequantize, then `moe_experts_ref`) on CPU and Triton kernels on CUDA: the
+decode path (`decode.py`, a matrix-vector product per token and expert) for a few tokens, the
+grouped GEMMs (`triton.py`) beyond."""
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
 from openinfer_kernels.moe.reference import (

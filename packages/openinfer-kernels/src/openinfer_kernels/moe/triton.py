@@ -10,9 +10,16 @@ row of y [T * k, H]; and a fixed-order sum of each token's k rows. No atomics: t
 every run. A tile streams only its own expert's weights, so a decode step reads the picked
 experts and nothing else. Weight rows fill the MMA's wide side (BLOCK_N), the tile's few
 tokens its narrow side (BLOCK_M).
+
+A few tokens (`DECODE_MAX_PAIRS` pairs at most) take the decode path instead (`decode.py`):
+matrix-vector products per pair, no routing step, two or three launches. OPENINFER_MOE=decode
+or =grouped forces one path at every size.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
+
+import os
+from typing import Literal
 
 import torch
 import triton
@@ -20,10 +27,19 @@ import triton.language as tl
 
 from openinfer_kernels.attention.triton import _dot
 from openinfer_kernels.moe.align import align_by_expert
+from openinfer_kernels.moe.decode import DecodeTile, fp4_moe_decode
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 from openinfer_kernels.quant.triton import e8m0_to_fp32, sum_slices
 
 GROUP = 32  # inputs per FP4 scale
+# (token, expert) pairs up to which the decode path runs: there each pair streams its expert's
+# weights on its own, so past a few pairs an expert that two tokens picked is read twice.
+# A guess until benchmarks/device/dsv4_moe_sweep.py re-picks it.
+DECODE_MAX_PAIRS = 64
+_CHOICE = os.environ.get("OPENINFER_MOE") or None
+if _CHOICE not in (None, "decode", "grouped"):
+    raise ValueError(f"OPENINFER_MOE must be 'decode' or 'grouped' (or unset: decode up to "
+                     f"{DECODE_MAX_PAIRS} (token, expert) pairs), not {_CHOICE!r}")
 
 
 @triton.jit
@@ -139,17 +155,40 @@ def _check(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: t
 
 def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                            gate_up: torch.Tensor, gate_up_scale: torch.Tensor,
-                           down: torch.Tensor, down_scale: torch.Tensor,
-                           limit: float) -> torch.Tensor:
+                           down: torch.Tensor, down_scale: torch.Tensor, limit: float, *,
+                           path: Literal["auto", "decode", "grouped"] = "auto",
+                           tile: DecodeTile | None = None) -> torch.Tensor:
     """x [T, H] bf16/fp32, ids [T, k] int, weights [T, k] fp32, gate_up [E, 2I, H/2] and
     down [E, H, I/2] packed e2m1 (uint8/int8), scales [E, 2I, H/32], [E, H, I/32] E8M0
-    (uint8/float8_e8m0fnu) -> [T, H] in x's dtype. No host sync (CUDA-graph capturable)."""
+    (uint8/float8_e8m0fnu) -> [T, H] in x's dtype. No host sync (CUDA-graph capturable).
+    `path` and `tile` (the decode path's) override `takes_decode_path` and `decode_tile`
+    (benchmarks, tests)."""
     _check(x, ids, weights, gate_up, gate_up_scale, down, down_scale)
+    (t, hidden), top_k = x.shape, ids.shape[1]
+    if t * top_k == 0:
+        return torch.zeros((t, hidden), dtype=x.dtype, device=x.device)
+    packed = (gate_up.view(torch.uint8), gate_up_scale.view(torch.uint8), down.view(torch.uint8),
+              down_scale.view(torch.uint8))
+    if path == "decode" or (path == "auto" and takes_decode_path(t * top_k)):
+        return fp4_moe_decode(x, ids, weights, *packed, limit, tile)
+    return _grouped(x, ids, weights, *packed, limit)
+
+
+def takes_decode_path(pairs: int) -> bool:
+    """Whether a call of `pairs` (token, expert) pairs runs the decode path: as
+    OPENINFER_MOE says where set, else up to `DECODE_MAX_PAIRS`. A function of the shape
+    only, so a CUDA graph captured at a batch size replays the path it was captured with."""
+    if _CHOICE is not None:
+        return _CHOICE == "decode"
+    return pairs <= DECODE_MAX_PAIRS
+
+
+def _grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+             gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
+             limit: float) -> torch.Tensor:
     (t, hidden), top_k = x.shape, ids.shape[1]
     num_experts, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
-    if t * top_k == 0:
-        return out.zero_()
     tiles = align_by_expert(ids, num_experts, moe_block_m(t * top_k, num_experts))
     h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     y = torch.empty((t * top_k, hidden), dtype=torch.float32, device=x.device)
@@ -163,7 +202,6 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
     n_tiles = tiles.tile_expert.numel()
     for a, w, s, target, n, k, gated in ((x, gate_up, gate_up_scale, h, inter, hidden, True),
                                          (h, down, down_scale, y, hidden, inter, False)):
-        w, s = w.view(torch.uint8), s.view(torch.uint8)
         _expert_kernel[(n_tiles, triton.cdiv(n, block_n))](
             a, w, s, target, *routing, n, k, top_k, a.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), target.stride(0), float(limit), GATED=gated, **common)
