@@ -46,13 +46,13 @@ class DecodeTile:
     num_stages: int = 3
 
 
-# (most tokens, tile): the first row whose bound holds, else the last. Guesses until a GPU
-# sweep (benchmarks/device/dsv4_moe_sweep.py) re-picks them; at one token H / 16 = 256 down
-# programs, split in two to give the H100's 132 SMs about four each.
+# (most tokens, tile): the first row whose bound holds, else the last. Picked by
+# benchmarks/device/dsv4_moe_sweep.py on the H100 at V4-Flash's shapes (run 64): at one token
+# narrow rows with long K steps and down split in two (74.9 us = 2.3x the read floor; grouped
+# 5.1x), from 4 to 16 tokens 32 rows by 512 inputs (1.8-1.9x).
 DECODE_TILES: tuple[tuple[int, DecodeTile], ...] = (
-    (1, DecodeTile(down_split=2)),
-    (4, DecodeTile()),
-    (64, DecodeTile(block_n=32, down_block_n=32)),
+    (1, DecodeTile(block_n=8, block_k=1024, down_block_n=8, down_block_k=1024, down_split=2)),
+    (16, DecodeTile(block_n=32, down_block_n=32)),
 )
 
 
