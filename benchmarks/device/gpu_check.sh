@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -262,6 +262,20 @@ if has serve; then
     [ -z "$tag" ] && timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 --random-output-len 2048 --num-prompts 128 \
       --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
       --result-file "$OUT/serve-8b-2048.json"
+    stop $server
+  done
+fi
+if has deferred; then
+  # Served throughput with load from the first second: every graph captured before ready
+  # (`all`, the default) against only the start buckets (`start`, the rest when idle).
+  for mode in all start; do
+    stage "served throughput right after ready, Qwen3-8B, OPENINFER_CUDA_GRAPHS_AT_START=$mode"
+    OPENINFER_CUDA_GRAPHS_AT_START=$mode python3 -m openinfer_server.cli serve $M8 --load-format dummy \
+      --max-num-seqs 512 --max-model-len 4608 --port 8000 >> "$OUT/serve.log" 2>&1 &
+    server=$!
+    wait_ready $server && timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+      --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf --ignore-eos \
+      --tokenizer $M8 --result-file "$OUT/serve-8b-128-graphs-$mode.json" | grep -E "throughput|TTFT|TPOT"
     stop $server
   done
 fi
