@@ -139,12 +139,6 @@ class CudaGraphRunner:
         self._logits: dict[int, torch.Tensor] = {}
         self._mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._mixed_logits: dict[int, torch.Tensor] = {}
-        # One logits buffer for all graphs (views of it per bucket). A graph kept its own
-        # output before, and the fp32 vocabulary-wide rows of 50 graphs held ~7 GiB for
-        # Qwen3-8B at 512 sequences, outside the step budget (run 72). A step's logits are read
-        # (sampled) before the next step's replay overwrites them, in stream order, as one
-        # bucket's own output always was.
-        self._out: torch.Tensor | None = None
         self.capture_seconds = 0.0
         self.replays = {"decode": 0, "mixed": 0}
         self._pool: Any = None  # the graphs' shared memory pool
@@ -201,11 +195,7 @@ class CudaGraphRunner:
         compile_ahead(self.model, batches.values(), "CUDA-graph")
         with torch.inference_mode():
             for batch in batches.values():
-                logits = self.model.forward(batch)
-            if self._out is None:  # every graph's logits land in this one buffer
-                self._out = torch.empty(self.max_batch, logits.shape[1], dtype=logits.dtype,
-                                        device=self.device)
-            del logits
+                self.model.forward(batch)
             torch.cuda.synchronize(self.device)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
@@ -213,12 +203,9 @@ class CudaGraphRunner:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool):
                     logits = self.model.forward(batch)
-                    out = self._out[:logits.shape[0]]
-                    out.copy_(logits)
-                del logits  # back to the pool, for the next capture's intermediates
                 graphs, outputs = ((self._graphs, self._logits) if kind == "decode"
                                    else (self._mixed_graphs, self._mixed_logits))
-                graphs[size], outputs[size] = graph, out
+                graphs[size], outputs[size] = graph, logits
             torch.cuda.synchronize(self.device)
 
     def _reset_buffers(self) -> None:
