@@ -267,15 +267,25 @@ if has serve; then
 fi
 if has deferred; then
   # Served throughput with load from the first second: every graph captured before ready
-  # (`all`, the default) against only the start buckets (`start`, the rest when idle).
-  for mode in all start; do
+  # (`all`, the default) against only the start buckets (`start`, the rest when idle); each
+  # process's GPU memory sampled every 0.5 s under the load (the peak printed; runs 67, 72).
+  for mode in ${DEFERRED_MODES:-all start}; do
     stage "served throughput right after ready, Qwen3-8B, OPENINFER_CUDA_GRAPHS_AT_START=$mode"
     OPENINFER_CUDA_GRAPHS_AT_START=$mode python3 -m openinfer_server.cli serve $M8 --load-format dummy \
       --max-num-seqs 512 --max-model-len 4608 --port 8000 >> "$OUT/serve.log" 2>&1 &
     server=$!
-    wait_ready $server && timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
-      --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf --ignore-eos \
-      --tokenizer $M8 --result-file "$OUT/serve-8b-128-graphs-$mode.json" | grep -E "throughput|TTFT|TPOT"
+    if wait_ready $server; then
+      (for _ in $(seq 60); do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+         sleep 0.5; done > "$OUT/gpu-memory-$mode.log") &
+      sampler=$!
+      timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+        --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf \
+        --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-graphs-$mode.json" \
+        | grep -E "throughput|TTFT|TPOT|Failed"
+      kill $sampler 2>/dev/null
+      echo "GPU memory per process, peak MiB (pid, used):"
+      sort -t, -k2 -n -r "$OUT/gpu-memory-$mode.log" | sort -s -u -t, -k1,1 | head -4
+    fi
     stop $server
   done
 fi

@@ -1,6 +1,5 @@
-"""The slot arithmetic of a step that every DeepSeek-V4 layer would otherwise repeat alike
-(`paged_attention` step 3): each token's request, each query's sliding window as raw-entry
-slots, the compressed entries an HCA query sees. Spec: shared deepseek-v4.md §5.5."""
+"""`StepSlots`: a step's slot arithmetic, made once and shared by its layers (`paged_attention`
+step 3). Spec: shared deepseek-v4.md §5.5."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from typing import Any
 
 log = logging.getLogger("openinfer")
 
-_workers: dict[str, Any] = {"pool": None, "sent": set(), "ready": []}
+_workers: dict[str, Any] = {"pool": None, "ready": []}
 
 
 def start_workers(count: int | None = None) -> None:
@@ -91,25 +91,22 @@ def compile_ahead(workers: int | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _in_workers(jit_function: Any) -> Iterator[None]:
-    """Send each variant a launch would compile to the worker processes; wait for them all on
-    the way out. A variant already sent (this process's earlier rounds) is not sent again."""
+    """Send each variant a launch would compile to the worker processes, once (this process
+    keeps no compiled kernel, so every launch of it asks again); wait for them all on the way
+    out."""
     compile_here = jit_function._do_compile
     pool: ProcessPoolExecutor = _workers["pool"]
-    sent: set[Any] = _workers["sent"]
-    jobs: list[Future[tuple[float, float]]] = []
-    names: list[str] = []
+    jobs: dict[tuple[Any, ...], Future[tuple[float, float]]] = {}
     began = time.time()
 
     def send(self, key, signature, device, constexprs, options, attrs, warmup):
         name = _importable_name(self)
         if name is None:
             return compile_here(self, key, signature, device, constexprs, options, attrs, warmup)
-        if (name, key) not in sent:
-            sent.add((name, key))
+        if (name, key) not in jobs:
             target = self.device_caches[device][2]
-            jobs.append(pool.submit(_compile, name, signature, constexprs, attrs,
-                                    options.__dict__, target))
-            names.append(name[1])
+            jobs[name, key] = pool.submit(_compile, name, signature, constexprs, attrs,
+                                          options.__dict__, target)
         return None  # compiled, not loaded: the real launch loads it from Triton's cache
 
     jit_function._do_compile = send
@@ -117,22 +114,22 @@ def _in_workers(jit_function: Any) -> Iterator[None]:
         yield
     finally:
         jit_function._do_compile = compile_here
-        spans, slowest = [], []
-        for name, job in zip(names, jobs, strict=True):
+        spans: list[tuple[float, float, str]] = []  # (began, ended, kernel)
+        for ((_, kernel), _), job in jobs.items():
             try:
-                spans.append(job.result())
-                slowest.append((spans[-1][1] - spans[-1][0], name))
+                spans.append((*job.result(), kernel))
             except Exception as exc:  # its first launch compiles it instead
-                log.warning("compile ahead: a worker could not compile %s: %s", name, exc)
+                log.warning("compile ahead: a worker could not compile %s: %s", kernel, exc)
         if spans:
+            slowest = sorted(spans, key=lambda s: s[0] - s[1])[:4]
             log.info("compile ahead: the slowest variants to compile: %s", ", ".join(
-                f"{name} {seconds:.2f} s" for seconds, name in sorted(slowest)[::-1][:4]))
+                f"{kernel} {end - start:.2f} s" for start, end, kernel in slowest))
             ready = [f.result() for f in _workers["ready"] if f.done() and not f.exception()]
             log.info("compile ahead: %d variants in worker processes (the last of them ready "
                      "%.2f s after the round began), the first begun %.2f s and the last done "
                      "%.2f s after it, %.1f s of compiling in all", len(spans),
-                     max(ready, default=began) - began, min(s for s, _ in spans) - began,
-                     max(e for _, e in spans) - began, sum(e - s for s, e in spans))
+                     max(ready, default=began) - began, min(s[0] for s in spans) - began,
+                     max(s[1] for s in spans) - began, sum(s[1] - s[0] for s in spans))
 
 
 def _importable_name(fn: Any) -> tuple[str, str] | None:

@@ -154,7 +154,7 @@ def lend_node(config: EngineConfig) -> int:
     log.info("node %d of %d: waiting for node 0 at %s:%d", layout.node_rank, layout.nnodes,
              layout.master_addr, layout.master_port)
     try:
-        return run_node(layout, config.device, START_TIMEOUT_S)
+        return run_node(layout, config.torch_device(), START_TIMEOUT_S)
     except KeyboardInterrupt:
         return 130
 

@@ -11,29 +11,28 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openinfer_core.distributed.nodes import BEAT_S, NodeLayout, open_store, publish, read
 from openinfer_core.distributed.tp_model import _rank_device, _Worker
 from openinfer_core.distributed.worker import WorkerSpec
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("openinfer")
 
 STOP_GRACE_S = 10.0  # for the ranks to exit after rank 0 went away
 
 
-def run_node(layout: NodeLayout, device: str, timeout_s: float) -> int:
-    """Run this node's ranks until the job ends; the process's exit code (0: rank 0 stopped
-    them; 1: a rank failed or rank 0 went away)."""
-    import torch
-
+def run_node(layout: NodeLayout, base: torch.device, timeout_s: float) -> int:
+    """Run this node's ranks, on `base` and the devices after it, until the job ends; the
+    process's exit code (0: rank 0 stopped them; 1: a rank failed or rank 0 went away)."""
     store = open_store(layout, timeout_s, host=False)
     spec: WorkerSpec = read(store, "spec")  # blocks (up to timeout_s) until rank 0 sets it
     ranks = layout.local_ranks(spec.size)
     log.info("node %d of %d: ranks %d..%d of %d, model %s", layout.node_rank, layout.nnodes,
              ranks.start, ranks.stop - 1, spec.size, spec.model_dir)
-    base = torch.device("cuda" if device in ("auto", "cuda") and torch.cuda.is_available()
-                        else device if device != "auto" else "cpu")
     workers = [_Worker.spawn(dataclasses.replace(
         spec, rank=r, device=_rank_device(base, r - ranks.start))) for r in ranks]
     failed = False

@@ -1,7 +1,9 @@
 """Compiling, in parallel and before they run, the kernels of the forwards that start-up runs
-(the memory profile, each CUDA graph's warm-up, the eager warm-up steps): each calls
-`compile_ahead(model, batches)` first. Only where the model offers `compile_ahead` (a context
-manager factory, e.g. `openinfer_kernels.compile_ahead.compile_ahead`).
+(the memory profile, each CUDA graph's warm-up, the eager warm-up steps), all in one round right
+after the weights load (`start_kernels.compile_start_kernels` calls `compile_ahead` with every
+one of them). Only where the model offers `compile_ahead` (a context manager factory, e.g.
+`openinfer_kernels.compile_ahead.compile_ahead`); a variant the round did not foresee compiles
+at its first launch.
 
 OPENINFER_COMPILE_AHEAD: 1 always, 0 never, auto (default) only on a cold start. A compile-ahead
 pass runs each forward twice (once compiling, its torch ops for real, then for real), which a
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from openinfer_core.engine.kernel_cache import (
+    MODE_ENV,
     kernel_sources_digest,
     mark_kernels_compiled,
     stop_compile_workers,
@@ -37,11 +40,9 @@ from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
 
-MODE_ENV = "OPENINFER_COMPILE_AHEAD"
 STAMPS = "openinfer-compiled"  # the stamps' folder inside Triton's cache folder
 
-_state: dict[str, Any] = {"active": os.environ.get(MODE_ENV, "auto") == "1", "stamp": None,
-                          "covered": False}
+_state: dict[str, Any] = {"active": os.environ.get(MODE_ENV, "auto") == "1", "stamp": None}
 
 
 def stamp_path(key: dict[str, Any]) -> Path:
@@ -54,7 +55,7 @@ def plan(model: Model, key: dict[str, Any]) -> bool:
     ahead; returns the choice."""
     mode = os.environ.get(MODE_ENV, "auto")
     if getattr(model, "compile_ahead", None) is None or model.device.type != "cuda":
-        _state.update(active=False, stamp=None, covered=False)
+        _state.update(active=False, stamp=None)
         return False
     try:
         import triton
@@ -64,7 +65,7 @@ def plan(model: Model, key: dict[str, Any]) -> bool:
         version = ""
     stamp = stamp_path({**key, "triton": version, "kernels": kernel_sources_digest()})
     active = mode == "1" or (mode == "auto" and not stamp.exists())
-    _state.update(active=active, stamp=stamp if active else None, covered=False)
+    _state.update(active=active, stamp=stamp if active else None)
     log.info("compile ahead: %s (%s=%s)", "on" if active else
              "off, this setup's kernels were compiled by an earlier start", MODE_ENV, mode)
     return active
@@ -91,16 +92,12 @@ def mark_compiled() -> None:
     _state.update(active=False, stamp=None)  # what compiles after start does so on use
 
 
-def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str, *,
-                  every_start_forward: bool = False) -> None:
+def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str) -> None:
     """Run `model.forward` over `batches` with the model's kernels compiling instead of
-    launching; the outputs are thrown away. `every_start_forward`: these are all the forwards
-    start-up runs (`start_kernels`), so the later phases' rounds are skipped."""
+    launching; the outputs are thrown away."""
     factory = getattr(model, "compile_ahead", None)
     if factory is None or not _state["active"] or model.device.type != "cuda":
         return
-    if _state.get("covered"):
-        return  # the start-up round compiled these forwards' kernels already
     started = time.perf_counter()
     count = 0
     with torch.inference_mode(), factory():
@@ -108,6 +105,5 @@ def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str, *,
             model.forward(batch)
             count += 1
     torch.cuda.synchronize(model.device)
-    _state["covered"] = every_start_forward
     log.info("compiled ahead the kernels of %d %s forwards in %.2f s", count, what,
              time.perf_counter() - started)

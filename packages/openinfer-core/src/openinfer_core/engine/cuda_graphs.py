@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from openinfer_core.engine.batch import HostBatch
-from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
@@ -192,7 +191,6 @@ class CudaGraphRunner:
     def _capture(self, keys: list[tuple[str, int]]) -> None:
         batches = {k: self._batch(k[1]) if k[0] == "decode" else self._mixed_batch(k[1])
                    for k in keys}
-        compile_ahead(self.model, batches.values(), "CUDA-graph")
         with torch.inference_mode():
             for batch in batches.values():
                 self.model.forward(batch)

@@ -19,7 +19,6 @@ import torch
 
 from openinfer_core.engine import startup_cache
 from openinfer_core.engine.batch import HostBatch
-from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.model import Model
 
@@ -105,7 +104,6 @@ def profile_forward_peak(config: EngineConfig, model: Model) -> int:
     batch = profile_batch(config, model)
     model.create_kv_cache(int(batch.block_tables.max()) + 1, config.block_size)
     on_device = batch.to_device(device)
-    compile_ahead(model, [on_device], "memory-profile")
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)

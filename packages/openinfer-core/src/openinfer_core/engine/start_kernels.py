@@ -1,13 +1,13 @@
 """One compile-ahead round for every forward that start-up runs, before it runs any.
 
 Start-up runs forwards in three phases (the memory profile, each CUDA graph's warm-up, the
-eager warm-up steps), and each compiles ahead only its own kernels: three pools, each waiting
-for its slowest kernel while the others idle. On a cold start, right after the weights load,
+eager warm-up steps). Compiling ahead phase by phase would take three pools, each waiting for
+its slowest kernel while the others idle. So on a cold start, right after the weights load,
 this runs all of those forwards at once in compile-only mode (`compile_ahead`) over a scratch
 KV cache: the profile's step in its fresh blocks, every graph bucket's and every warm-up
-step's in block 0, as their phases will lay them out. The phases' own rounds are then
-skipped; a kernel variant this could not foresee compiles at its first launch, as without
-compile-ahead, never a wrong result."""
+step's in block 0, as their phases will lay them out. The phases then only run; a kernel
+variant this could not foresee compiles at its first launch, as without compile-ahead, never
+a wrong result."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 import torch
 
 from openinfer_core.engine import compile_ahead
+from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import new_graph_runner
 from openinfer_core.engine.kernel_cache import stop_compile_workers
@@ -24,19 +25,15 @@ from openinfer_core.engine.warmup import warm_up_batches
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 
-def start_batches(config: EngineConfig, model: Model) -> list[ForwardBatch]:
-    """On the device: the profile's step, every CUDA-graph bucket's batch, the warm-up steps.
-    Needs a KV cache of `profile_blocks` blocks while they run."""
-    profile = profile_batch(config, model).to_device(model.device)
+def start_batches(config: EngineConfig, model: Model,
+                  profile: HostBatch) -> list[ForwardBatch]:
+    """On the device: the profile's step, every CUDA-graph bucket's batch, the warm-up steps
+    (they need a KV cache of the profile step's blocks while they run)."""
     graphs = new_graph_runner(config, model)
-    if graphs is None:
-        return [profile, *warm_up_batches(config, model, 0)]
-    mixed_max = graphs.mixed[-1] if graphs.mixed else 0
-    return [profile, *graphs.every_batch(), *warm_up_batches(config, model, mixed_max)]
-
-
-def profile_blocks(config: EngineConfig, model: Model) -> int:
-    return int(profile_batch(config, model).block_tables.max()) + 1
+    mixed_max = graphs.mixed[-1] if graphs is not None and graphs.mixed else 0
+    return [profile.to_device(model.device),
+            *(graphs.every_batch() if graphs is not None else []),
+            *warm_up_batches(config, model, mixed_max)]
 
 
 def compile_start_kernels(config: EngineConfig, model: Model) -> float:
@@ -45,9 +42,9 @@ def compile_start_kernels(config: EngineConfig, model: Model) -> float:
     if not compile_ahead.is_active() or model.device.type != "cuda":
         return 0.0
     started = time.perf_counter()
-    model.create_kv_cache(profile_blocks(config, model), config.block_size)
-    compile_ahead.compile_ahead(model, start_batches(config, model), "start-up",
-                                every_start_forward=True)
+    profile = profile_batch(config, model)
+    model.create_kv_cache(int(profile.block_tables.max()) + 1, config.block_size)
+    compile_ahead.compile_ahead(model, start_batches(config, model, profile), "start-up")
     stop_compile_workers()  # their work is done: give their memory back now
     model.create_kv_cache(2, config.block_size)  # drop the scratch cache
     torch.cuda.empty_cache()

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from openinfer_core.engine.batch import HostBatch
-from openinfer_core.engine.compile_ahead import compile_ahead
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
@@ -33,7 +32,6 @@ def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: in
         return  # no JIT on the CPU path
     started = time.perf_counter()
     batches = warm_up_batches(config, model, graph_max_tokens)
-    compile_ahead(model, batches, "eager warm-up")
     with torch.inference_mode():
         for batch in batches:
             model.forward(batch)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from openinfer_kernels.rotary.interleaved import rotate_pairs
+
 
 def rope_table(freqs: torch.Tensor, max_positions: int, dtype: torch.dtype) -> torch.Tensor:
     """[max_positions, R]: for each position p, cos(p f_i) then sin(p f_i) over the R/2
@@ -26,17 +28,10 @@ def rope_table(freqs: torch.Tensor, max_positions: int, dtype: torch.dtype) -> t
 def _rotate(y: torch.Tensor, positions: torch.Tensor, table: torch.Tensor,
             inverse: bool) -> torch.Tensor:
     """Rotate the last R dims of y [T, ..., D] pairwise by the table rows of `positions`."""
-    rope_dim = table.shape[1]
-    half = rope_dim // 2
+    half = table.shape[1] // 2
     rows = table[positions.long()].float()  # [T, R]
-    shape = (rows.shape[0],) + (1,) * (y.dim() - 2) + (half,)
-    cos, sin = rows[:, :half].view(shape), rows[:, half:].view(shape)
-    if inverse:
-        sin = -sin
-    rope = y[..., -rope_dim:].float()
-    even, odd = rope[..., 0::2], rope[..., 1::2]
-    rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
-    return torch.cat([y[..., :-rope_dim], rotated.to(y.dtype)], dim=-1)
+    sin = rows[:, half:]
+    return rotate_pairs(y, rows[:, :half], -sin if inverse else sin)
 
 
 def rms_rotary_ref(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tensor,

@@ -37,13 +37,18 @@ def rotary_interleaved_ref(x: torch.Tensor, positions: torch.Tensor, freqs: torc
     """Rotate the last 2 * len(freqs) dims of x ([T, ..., D]) pairwise by positions ([T]) * f
     (by minus that with `inverse`), in fp32 with cos/sin rounded to x's dtype first (as
     transformers does); the leading dims pass unchanged."""
-    rope_dim = 2 * freqs.shape[0]
     angles = positions.float()[:, None] * freqs.to(positions.device)  # [T, R/2]
     if inverse:
         angles = -angles
-    shape = (angles.shape[0],) + (1,) * (x.dim() - 2) + (angles.shape[1],)
-    cos = angles.cos().to(x.dtype).float().view(shape)
-    sin = angles.sin().to(x.dtype).float().view(shape)
+    return rotate_pairs(x, angles.cos().to(x.dtype).float(), angles.sin().to(x.dtype).float())
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The last R dims of x [T, ..., D] rotated as pairs (x[2i], x[2i+1]) by cos and sin
+    ([T, R/2] fp32, one angle per pair), in fp32; the leading dims pass unchanged."""
+    rope_dim = 2 * cos.shape[1]
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[1],)
+    cos, sin = cos.view(shape), sin.view(shape)
     rope = x[..., -rope_dim:].float()
     even, odd = rope[..., 0::2], rope[..., 1::2]
     rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
