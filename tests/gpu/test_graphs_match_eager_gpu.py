@@ -44,6 +44,10 @@ def test_graphs_give_the_eager_logits(qwen3_dirs: dict[str, Path], spec: str,
     graphs = run_forced(engine, sequences, plan, use_graphs=True)
     assert engine.graphs.replays["mixed"] > before["mixed"] + 5
     assert engine.graphs.replays["decode"] > before["decode"]
+    # Every graph's logits are a view of one shared buffer, not an output of its own.
+    outputs = [*engine.graphs._logits.values(), *engine.graphs._mixed_logits.values()]
+    assert engine.graphs._out is not None and len(outputs) > 10
+    assert {t.data_ptr() for t in outputs} == {engine.graphs._out.data_ptr()}
     eager = run_forced(engine, sequences, plan, use_graphs=False)
     for g, e in zip(graphs, eager, strict=True):
         assert g.positions == e.positions

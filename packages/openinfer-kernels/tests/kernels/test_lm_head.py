@@ -31,3 +31,24 @@ def test_cuda_bf16_logits_keep_fp32_precision() -> None:
     # fp32 accumulation of a 2560-term dot: ~1e-5 relative; a bf16 rounding would be 4e-3.
     torch.testing.assert_close(out.double(), exact, rtol=1e-4, atol=1e-4)
     assert (out != out.bfloat16().float()).float().mean() > 0.9  # not rounded to bf16
+
+
+def test_reference_writes_into_out() -> None:
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(3, 16, generator=g), torch.randn(40, 16, generator=g)
+    buffer = torch.full((5, 40), float("nan"))
+    out = lm_head_logits(x, w, buffer[:3])
+    assert out.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:3], F.linear(x, w)) and buffer[3:].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 7, 24])  # the Triton GEMV, its 16-row tile, cuBLAS
+def test_cuda_logits_into_out_equal_a_new_tensor(rows: int) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(rows, 2560, generator=g).bfloat16().cuda()
+    w = (torch.randn(151936, 2560, generator=g) * 0.05).bfloat16().cuda()
+    buffer = torch.full((32, 151936), float("nan"), device="cuda")
+    out = lm_head_logits(x, w, buffer[:rows])
+    assert out.data_ptr() == buffer.data_ptr() and out.shape == (rows, 151936)
+    assert torch.equal(out, lm_head_logits(x, w)) and buffer[rows:].isnan().all()

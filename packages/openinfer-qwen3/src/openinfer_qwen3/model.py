@@ -102,9 +102,11 @@ class Qwen3Model:
         # Only rows that sample need the final norm and the vocabulary projection.
         rows = batch.logits_indices
         last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm, eps)
-        logits = lm_head_logits(last, self.w.lm_head)
         if tp is None:
-            return logits
+            out = batch.logits_out
+            return lm_head_logits(last, self.w.lm_head,
+                                  None if out is None else out[:last.shape[0]])
+        logits = lm_head_logits(last, self.w.lm_head)
         logits = tp.all_gather(logits)  # [S, size * padded part]: the vocabulary, padded
         return logits if logits.shape[1] == self.vocab_size else (
             logits[:, :self.vocab_size].contiguous())

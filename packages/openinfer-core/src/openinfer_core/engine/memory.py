@@ -2,8 +2,8 @@
 
 Before the KV cache is sized, one forward of the largest step the scheduler can build
 (`max_num_batched_tokens` tokens, `max_num_seqs` sampled rows) runs on a temporary KV cache;
-its peak allocation is what activations need. The sampler's working copies of the logits and
-the CUDA graphs' own memory pool are added on top.
+its peak allocation is what activations need. The sampler's working copies of the logits, the
+CUDA graphs' shared logits output and their memory pool are added on top.
 
 The peak is kept in the start-up cache (startup_cache.py): a later start of the same model,
 limits, dtype and device reads it back, with a margin, and skips the forward."""
@@ -20,12 +20,13 @@ import torch
 from openinfer_core.engine import startup_cache
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.interfaces.model import Model
 
 log = logging.getLogger("openinfer")
 
 _SAMPLER_LOGIT_COPIES = 4  # penalised copy, scaled copy, sorted values and their order
-_GRAPH_POOL_MARGIN = 256 << 20
+_GRAPH_POOL_MARGIN = 256 << 20  # the graphs' intermediates, beside the one logits buffer
 
 
 def profile_batch(config: EngineConfig, model: Model) -> HostBatch:
@@ -93,9 +94,13 @@ def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> Step
         forward_peak, source, cache_key = profile_forward_peak(config, model), "measured", None
         startup_cache.store("step-memory", key, forward_peak)
     sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
-    log.info("step memory: forward of %d tokens peaks at %.2f GiB (%s); sampler %.2f GiB",
-             config.max_num_batched_tokens, forward_peak / 2**30, source, sampler / 2**30)
-    return StepMemory(forward_peak + sampler + _GRAPH_POOL_MARGIN, cache_key)
+    # The graphs' one fp32 logits buffer (cuda_graphs.py): max_batch rows, kept for good.
+    graphs = 0 if config.enforce_eager else (
+        min(config.max_num_seqs, GRAPH_MAX_BATCH) * model.vocab_size * 4 + _GRAPH_POOL_MARGIN)
+    log.info("step memory: forward of %d tokens peaks at %.2f GiB (%s); sampler %.2f GiB; "
+             "CUDA graphs %.2f GiB", config.max_num_batched_tokens, forward_peak / 2**30,
+             source, sampler / 2**30, graphs / 2**30)
+    return StepMemory(forward_peak + sampler + graphs, cache_key)
 
 
 def profile_forward_peak(config: EngineConfig, model: Model) -> int:

@@ -22,7 +22,11 @@ class ForwardBatch:
 
     The `*_cpu` fields, when set, are host copies of those fields (the engine has them before
     the device does): a backend that plans on the host reads them without waiting for the
-    device. They are None in batches captured into CUDA graphs."""
+    device. They are None in batches captured into CUDA graphs.
+
+    `logits_out`, when set, is an fp32 buffer of at least `[len(logits_indices), vocab_size]`
+    that the model may write its logits into (its first rows) and return a view of; CUDA
+    graphs set it so that every captured graph shares one output. A model may ignore it."""
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -36,6 +40,7 @@ class ForwardBatch:
     query_start_loc_cpu: torch.Tensor | None = None
     seq_lens_cpu: torch.Tensor | None = None
     block_tables_cpu: torch.Tensor | None = None
+    logits_out: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -55,11 +55,12 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
 
 
-def linear_fp32_out(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
+def linear_fp32_out(x: torch.Tensor, w: torch.Tensor, tile: Tile,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """`linear` through the Triton kernel at `tile` (from `small_batch_tile`), its fp32
-    accumulator stored unrounded: [M, N] fp32."""
+    accumulator stored unrounded: [M, N] fp32, into `out` when given."""
     assert _kernels is not None
-    return _kernels.linear_triton(x, w, tile, out_dtype=torch.float32)
+    return _kernels.linear_triton(x, w, tile, out_dtype=torch.float32, out=out)
 
 
 def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,

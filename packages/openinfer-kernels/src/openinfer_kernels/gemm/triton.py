@@ -160,16 +160,22 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
 
 
 def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = False,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                  out_dtype: torch.dtype | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [M, K] (M <= 32, last dim contiguous), w: [N, K] contiguous -> [M, N] in `out_dtype`
     (default x's; fp32 stores the accumulator unrounded, as the vocabulary projection wants);
-    `gated`: w is [gate; up] ([2I, K]) and the result silu(x @ gate.T) * (x @ up.T), [M, I]."""
+    `gated`: w is [gate; up] ([2I, K]) and the result silu(x @ gate.T) * (x @ up.T), [M, I].
+    `out`: the [M, N] result's buffer (rows contiguous), else a new one."""
     m = x.shape[0]
     n = w.shape[0] // 2 if gated else w.shape[0]
     if m > 32 or x.stride(1) != 1 or not w.is_contiguous():
         raise ValueError(f"small-batch linear needs M <= 32 and K-contiguous operands, got "
                          f"x {tuple(x.shape)} strides {x.stride()}")
-    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.stride(1) != 1:
+        raise ValueError(f"small-batch linear: out must be [{m}, {n}] with contiguous rows, "
+                         f"got {tuple(out.shape)} strides {out.stride()}")
     split = tile.split_k
     target = out if split == 1 else torch.empty(
         (split, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)

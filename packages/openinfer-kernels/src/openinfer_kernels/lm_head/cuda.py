@@ -14,14 +14,17 @@ from openinfer_kernels.lm_head.reference import lm_head_logits_ref
 _HALF = (torch.bfloat16, torch.float16)
 
 
-def lm_head_logits_cuda(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def lm_head_logits_cuda(hidden: torch.Tensor, weight: torch.Tensor,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
     """`lm_head_logits_ref`'s contract; fp32 accumulate-and-store for bf16/fp16 inputs."""
     if hidden.dtype not in _HALF or weight.dtype != hidden.dtype:
-        return lm_head_logits_ref(hidden, weight)
+        return lm_head_logits_ref(hidden, weight, out)
     tile = small_batch_tile(hidden, weight)
     if tile is not None:
-        return linear_fp32_out(hidden, weight, tile)
+        return linear_fp32_out(hidden, weight, tile, out)
     try:
-        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        if out is None:
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
     except TypeError:  # torch before `out_dtype` (2.9): logits rounded to the dtype first
-        return lm_head_logits_ref(hidden, weight)
+        return lm_head_logits_ref(hidden, weight, out)
