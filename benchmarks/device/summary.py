@@ -85,7 +85,8 @@ def lines(out: Path) -> list[tuple[str, str]]:
         rows.append(("8B structured outputs valid", f"{v['valid']}/{v['schemas']} "
                      f"{'; '.join(v['failures'])}"))
     rows += offload_rows(load(out, "offload-qwen3-4b.json"), load(out, "offload-copy.json"))
-    for tag in ("", "-deferred", "-no-ahead", "-real-mmap", "-real-disk", "-real-shards"):
+    for tag in ("", "-deferred", "-all-graphs", "-no-ahead", "-real-mmap", "-real-disk",
+                "-real-shards"):
         st = load(out, f"startup-qwen3-4b{tag}.json")
         for key in ("cold", "warm") if st else ():
             r = st[key]
