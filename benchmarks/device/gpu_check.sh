@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [early] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -154,22 +154,6 @@ if has fusion; then
     timeout 180 python3 -m openinfer_server.cli bench latency $model --load-format dummy \
       --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 5 \
       --result-file "$OUT/latency-qwen3-$size-fused-sum.json" | grep -E "TPOT|floor"
-  done
-fi
-if has early; then
-  # Issue 13: each small-batch linear program reads its first weight tiles before the PDL wait
-  # (OPENINFER_LINEAR_EARLY = how many tiles; 0 waits first, as before).
-  stage "kernel tests: the linear, compiled"
-  timeout 200 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests/kernels/test_gemm.py 2>&1 | tail -3 | tee "$OUT/early_tests.log"
-  for size in 4b 8b; do
-    model=$M4; [ $size = 8b ] && model=$M8
-    for early in ${EARLY_TILES:-0 1 2}; do
-      stage "batch-1 latency, Qwen3-${size^^}, OPENINFER_LINEAR_EARLY=$early"
-      OPENINFER_LINEAR_EARLY=$early timeout 180 python3 -m openinfer_server.cli bench latency $model \
-        --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 256 \
-        --num-iters 5 --result-file "$OUT/latency-qwen3-$size-early$early.json" | grep -E "TPOT|floor"
-    done
   done
 fi
 if has tiles; then

@@ -228,26 +228,3 @@ def test_linear_add_rms_norm_on_cuda_runs_the_fused_sum_tile(monkeypatch):
         got = openinfer_kernels.linear_add_rms_norm(x, w, residual, norm_w, 1e-6)
         want = linear_add_rms_norm_triton(x, w, split, residual, norm_w, 1e-6)
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("tile", TILES)
-@pytest.mark.parametrize("m", [1, 3])
-def test_early_weight_tile_changes_no_bit(monkeypatch: pytest.MonkeyPatch, m: int, tile: str,
-                                          gated: bool) -> None:
-    """Reading the first weight tile before the PDL wait (EARLY_WEIGHTS) keeps the order of
-    the sums: the same bits as waiting first, with short, empty and one-tile K shares."""
-    import openinfer_kernels.gemm.triton as kernels
-
-    g = torch.Generator().manual_seed(7 + m)
-    x = torch.randn((m, 100), generator=g).bfloat16().to(DEVICE)
-    w = torch.randn((80 if gated else 40, 100), generator=g).bfloat16().to(DEVICE)
-    results = []
-    for early in (0, 1, 2):
-        monkeypatch.setattr(kernels, "EARLY_WEIGHTS", early)
-        results.append(linear_triton(x, w, TILES[tile], gated=gated, out_dtype=torch.float32))
-    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
-    expected = linear_ref(x.float(), w.float())
-    if gated:
-        expected = silu_and_mul_ref(expected)
-    torch.testing.assert_close(results[1], expected, **TOL[torch.bfloat16])

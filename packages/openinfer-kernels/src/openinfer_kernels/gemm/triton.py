@@ -11,7 +11,6 @@ silu(gate) * up, so the [M, 2I] product never goes to memory. (The mypy line abo
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -20,12 +19,6 @@ import triton.language as tl
 
 from openinfer_kernels.attention.triton import _dot
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
-
-# How many of each program's first weight tiles (0-2) it reads before waiting for the kernel
-# before (PDL), so the weight stream starts while that kernel drains: OPENINFER_LINEAR_EARLY.
-EARLY_WEIGHTS = int(os.environ.get("OPENINFER_LINEAR_EARLY", "1"))
-if EARLY_WEIGHTS not in (0, 1, 2):
-    raise ValueError(f"OPENINFER_LINEAR_EARLY must be 0, 1 or 2, not {EARLY_WEIGHTS}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,39 +31,32 @@ class Tile:
 
 
 @triton.jit
-def _weight_tile(w_ptr, rn, n_ok, k, k_end, stride_wn, BLOCK_K: tl.constexpr):
-    rk = k + tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
-                   mask=n_ok[:, None] & (rk < k_end)[None, :], other=0.0)
-
-
-@triton.jit
-def _tile_product(x_ptr, w, rm, M, k, k_end, stride_xm, M_PAD: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """[M_PAD, BLOCK_N] fp32: rows `rm` of x's columns [k, k + BLOCK_K) times the weight
-    tile `w` ([BLOCK_N, BLOCK_K])."""
-    rk = k + tl.arange(0, BLOCK_K)
-    k_ok = rk < k_end
+def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
+             M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """[M_PAD, BLOCK_N] fp32: rows `rm` of x times weight rows `rn`, over K in
+    [k_start, k_end)."""
     if M_PAD == 1:
-        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
-        return tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)[None, :]
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k in range(k_start, k_end, BLOCK_K):
+            rk = k + tl.arange(0, BLOCK_K)
+            k_ok = rk < k_end
+            w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        return acc[None, :]
     else:
-        x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                    mask=(rm < M)[:, None] & k_ok[None, :], other=0.0)
-        return _dot(x, tl.trans(w), PRECISION, UPCAST)
-
-
-@triton.jit
-def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn, acc,
-             M_PAD: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-             UPCAST: tl.constexpr):
-    """`acc` ([M_PAD, BLOCK_N] fp32) plus rows `rm` of x times weight rows `rn`, over K in
-    [k_start, k_end), one BLOCK_K tile after the other."""
-    for k in range(k_start, k_end, BLOCK_K):
-        w = _weight_tile(w_ptr, rn, n_ok, k, k_end, stride_wn, BLOCK_K)
-        acc += _tile_product(x_ptr, w, rm, M, k, k_end, stride_xm, M_PAD, BLOCK_K, PRECISION,
-                             UPCAST)
-    return acc
+        acc2 = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+        for k in range(k_start, k_end, BLOCK_K):
+            rk = k + tl.arange(0, BLOCK_K)
+            k_ok = rk < k_end
+            w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                        mask=(rm < M)[:, None] & k_ok[None, :], other=0.0)
+            acc2 += _dot(x, tl.trans(w), PRECISION, UPCAST)
+        return acc2
 
 
 @triton.jit
@@ -88,12 +74,10 @@ def _silu_mul(gate, up, OUT: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, EARLY: tl.constexpr,
-                   PDL: tl.constexpr):
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
-    silu(gate) * up, the gate's weight rows first and the up rows N rows after them.
-    EARLY (0-2): the share's first weight tiles (of gate and up) are read before `pdl_enter`,
-    while the kernel before still runs (the weights are no kernel's output); x only after."""
+    silu(gate) * up, the gate's weight rows first and the up rows N rows after them."""
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -101,38 +85,12 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
     n_ok = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    first = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    second = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    up_ptr = w_ptr + N * stride_wn
-    k_next = k_start + BLOCK_K
-    if EARLY >= 1:
-        w_gate = _weight_tile(w_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
-        if GATED:
-            w_up = _weight_tile(up_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
-    if EARLY >= 2:
-        w_gate2 = _weight_tile(w_ptr, rn, n_ok, k_next, k_end, stride_wn, BLOCK_K)
-        if GATED:
-            w_up2 = _weight_tile(up_ptr, rn, n_ok, k_next, k_end, stride_wn, BLOCK_K)
-    pdl_enter(PDL)
-    if EARLY >= 1:
-        first += _tile_product(x_ptr, w_gate, rm, M, k_start, k_end, stride_xm, M_PAD,
-                               BLOCK_K, PRECISION, UPCAST)
-        if GATED:
-            second += _tile_product(x_ptr, w_up, rm, M, k_start, k_end, stride_xm, M_PAD,
-                                    BLOCK_K, PRECISION, UPCAST)
-    if EARLY >= 2:
-        first += _tile_product(x_ptr, w_gate2, rm, M, k_next, k_end, stride_xm, M_PAD,
-                               BLOCK_K, PRECISION, UPCAST)
-        if GATED:
-            second += _tile_product(x_ptr, w_up2, rm, M, k_next, k_end, stride_xm, M_PAD,
-                                    BLOCK_K, PRECISION, UPCAST)
-    rest = k_start + EARLY * BLOCK_K
-    first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, rest, k_end, stride_xm, stride_wn, first,
-                     M_PAD, BLOCK_K, PRECISION, UPCAST)
+    first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
+                     M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
     if GATED:
-        second = _partial(x_ptr, up_ptr, rn, n_ok, rm, M, rest, k_end,
-                          stride_xm, stride_wn, second, M_PAD, BLOCK_K, PRECISION, UPCAST)
+        second = _partial(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start, k_end,
+                          stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
         if SPLIT_K == 1:
             first = _silu_mul(first, second, out_ptr.dtype.element_ty)
         else:  # the workspace row is [gate | up], 2N wide
@@ -197,8 +155,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
                          PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                         UPCAST=x.device.type != "cuda", EARLY=EARLY_WEIGHTS,
-                         num_warps=tile.num_warps,
+                         UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
                          num_stages=tile.num_stages, **pdl_launch(x))
 
 
