@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [sampling] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -34,6 +34,9 @@ PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 stage() { echo "=== $1 ($(date +%T))"; }
 has() { [[ " $stages " == *" $1 "* ]]; }
+# FlashInfer's JIT builds come back as fi-jit.tgz.part-* (under the 16 MB a file may have).
+save_jit() { [ -d /tmp/fi-jit ] && rm -f "$OUT"/fi-jit.tgz.part-* \
+  && tar -czf - -C /tmp/fi-jit . | split -b 15M - "$OUT/fi-jit.tgz.part-"; }
 # A server runs as a background python (not a subshell) so `kill $server` reaches it.
 wait_ready() {  # $1: the server's pid; until /health answers, it exits, or 180 s pass
   python3 - "$1" <<'PY'
@@ -156,6 +159,13 @@ if has fusion; then
       --result-file "$OUT/latency-qwen3-$size-fused-sum.json" | grep -E "TPOT|floor"
   done
 fi
+if has sampling; then
+  # Sampling cost per step by batch and parameters: the Sampler (Triton race kernels, a sort
+  # for top-k / top-p) against FlashInfer's sampling where .fi is carried.
+  stage "sampling, ms per step"
+  timeout 400 python3 benchmarks/device/sampling_bench.py --json "$OUT/sampling.json" 2>&1 | tail -14
+  save_jit
+fi
 if has tiles; then
   stage "o_proj / down + add-norm, split-K sum in the norm: tiles for SUM_FUSED_TILES"
   timeout 480 python3 benchmarks/device/fused_sum_gemm.py --json "$OUT/fused-sum-gemm.json" \
@@ -205,9 +215,6 @@ if has ttft; then
   timeout 120 python3 benchmarks/device/norm_bench.py --json "$OUT/norm-bench.json"
 fi
 if has flashinfer; then
-  # Each step's JIT builds come back as fi-jit.tgz.part-* (under the 16 MB a file may have).
-  save_jit() { [ -d /tmp/fi-jit ] && rm -f "$OUT"/fi-jit.tgz.part-* \
-    && tar -czf - -C /tmp/fi-jit . | split -b 15M - "$OUT/fi-jit.tgz.part-"; }
   if [ -n "${FI_GOLDEN:-}" ]; then
     # Every step on FlashInfer's kernels, so the gate covers them (no CUDA graphs then).
     stage "golden gate, OPENINFER_ATTENTION_BACKEND=flashinfer OPENINFER_FLASHINFER_EVERY_STEP=1"
