@@ -30,6 +30,7 @@ from openinfer_core.interfaces.sampling import SamplingKernels
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling.penalties import apply_banned, apply_penalties
 from openinfer_core.sampling.row_params import RowParamUpload
+from openinfer_core.sampling.stable_topk import stable_topk
 from openinfer_core.sampling.token_mask import TokenMask, apply_token_mask
 
 _MASK64 = (1 << 64) - 1
@@ -63,23 +64,60 @@ def mix_seed(seed: int, step: int) -> int:
     return z ^ (z >> 31)
 
 
-def _column(values: Sequence[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+def _column(values: Sequence[float], device: torch.device,
+            dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[len(values), 1] on `device`, copied without waiting for the device (the step in
+    flight)."""
+    return _to_device(torch.tensor(values, dtype=dtype), device).unsqueeze(1)
+
+
+# Rows whose top_k is at most this take their survivors from `stable_topk` of that many
+# columns; the others (top_p alone, or a larger k) sort the whole row.
+TOP_K_SELECT_MAX = 1024
 
 
 def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Mask (to -inf) everything outside each row's top_k, then outside its top_p nucleus of the
-    renormalised survivors. One stable descending sort serves both; ties keep the lower id."""
-    device = x.device
+    renormalised survivors, in the order of a stable descending sort (ties keep the lower id).
+    Rows with a top_k of at most TOP_K_SELECT_MAX order only their largest columns."""
     vocab_size = x.shape[-1]
-    k = torch.tensor(
-        [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params],
-        dtype=torch.long, device=device,
-    ).unsqueeze(1)
-    top_p = _column([p.top_p for p in params], device)
+    ks = [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params]
+    small = [i for i, k in enumerate(ks) if k <= TOP_K_SELECT_MAX]
+    if len(small) == len(ks):
+        return _top_k_top_p_selected(x, ks, params)
+    if not small:
+        return _top_k_top_p_sorted(x, ks, params)
+    out = torch.empty_like(x)
+    large = [i for i, k in enumerate(ks) if k > TOP_K_SELECT_MAX]
+    for rows, fn in ((small, _top_k_top_p_selected), (large, _top_k_top_p_sorted)):
+        index = _to_device(torch.tensor(rows), x.device)
+        out[index] = fn(x[index], [ks[i] for i in rows], [params[i] for i in rows])
+    return out
 
+
+def _top_k_top_p_sorted(x: torch.Tensor, ks: Sequence[int],
+                        params: Sequence[SamplingParams]) -> torch.Tensor:
     sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab_size, device=device).unsqueeze(0)
+    return torch.empty_like(x).scatter_(-1, order, _keep(sorted_x, ks, params))
+
+
+def _top_k_top_p_selected(x: torch.Tensor, ks: Sequence[int],
+                          params: Sequence[SamplingParams]) -> torch.Tensor:
+    """`_top_k_top_p_sorted` from the first max(ks) sorted columns: everything past a row's k
+    is dropped anyway, so the rest of the order is never needed."""
+    top_x, order = stable_topk(x, max(ks))
+    out = torch.full_like(x, float("-inf"))
+    return out.scatter_(-1, order, _keep(top_x, ks, params))
+
+
+def _keep(sorted_x: torch.Tensor, ks: Sequence[int],
+          params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Rows sorted descending, with the columns past each row's k and outside its top_p nucleus
+    set to -inf."""
+    device = sorted_x.device
+    k = _column(ks, device, torch.long)
+    top_p = _column([p.top_p for p in params], device)
+    rank = torch.arange(sorted_x.shape[-1], device=device).unsqueeze(0)
     sorted_x = sorted_x.masked_fill(rank >= k, float("-inf"))
     probs = sorted_x.softmax(dim=-1)
     # A token stays if the mass strictly above it is still short of top_p: that is the smallest
@@ -87,8 +125,7 @@ def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     # top_p == 1 are exempt so fp32 rounding in the cumsum cannot clip their tail.
     mass_above = probs.cumsum(dim=-1) - probs
     outside = (mass_above >= top_p) & (top_p < 1.0)
-    sorted_x = sorted_x.masked_fill(outside, float("-inf"))
-    return torch.empty_like(x).scatter_(-1, order, sorted_x)
+    return sorted_x.masked_fill(outside, float("-inf"))
 
 
 def _signed64(value: int) -> int:
@@ -182,10 +219,11 @@ class Sampler:
         if len(sorted_rows) == len(rows):
             work = _filter(work, [row.params for row in rows])  # a new tensor: no gather/scatter
         elif sorted_rows:
-            filtered = _filter(work[sorted_rows], [rows[i].params for i in sorted_rows])
+            index = _to_device(torch.tensor(sorted_rows), work.device)  # no wait on the device
+            filtered = _filter(work[index], [rows[i].params for i in sorted_rows])
             if not owned:
                 work = work.clone()
-            work[sorted_rows] = filtered
+            work[index] = filtered
         has_min_p = any(m > 0.0 for m in min_p)
         return self.kernels.race_sample(work, t_dev, min_p_dev if has_min_p else None, seeds_dev)
 
@@ -253,9 +291,9 @@ class Sampler:
         # float64 holds the ids and fp32 values exactly.
         parts = [token_ids.double(), chosen.double()]
         if n_max > 0:
-            # A stable full sort (not topk) so equal logprobs come out lowest id first.
-            vals, order = raw.sort(dim=-1, descending=True, stable=True)
-            parts += [vals[:, :n_max].double().flatten(), order[:, :n_max].double().flatten()]
+            # As a stable sort orders them: equal logprobs come out lowest id first.
+            vals, order = stable_topk(raw, n_max)
+            parts += [vals.double().flatten(), order.double().flatten()]
         counts = tuple(rows[i].params.logprobs or 0 for i in wanted)
         return SampledBatch(token_ids, _to_host(torch.cat(parts)), len(rows), tuple(wanted),
                             n_max, counts)
