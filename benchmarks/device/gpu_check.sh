@@ -165,6 +165,28 @@ if has sampling; then
   stage "sampling, ms per step"
   timeout 400 python3 benchmarks/device/sampling_bench.py --json "$OUT/sampling.json" 2>&1 | tail -14
   save_jit
+  stage "kernel tests: sampling, compiled"
+  timeout 200 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests/kernels/test_sampling.py \
+    packages/openinfer-kernels/tests/kernels/test_top_p_sample.py 2>&1 | tail -3 | tee "$OUT/sampling_tests.log"
+  # Served, Qwen3-8B 128/128 x 1024 at 512: greedy against Qwen3's recommended sampling
+  # (temperature 0.6, top_p 0.95, top_k 20) and top_p alone.
+  python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+    --max-model-len 4608 --port 8000 >> "$OUT/serve.log" 2>&1 &
+  server=$!
+  if wait_ready $server; then
+    for mode in greedy qwen3 top-p; do
+      flags=""
+      [ $mode = qwen3 ] && flags="--temperature 0.6 --top-p 0.95 --top-k 20"
+      [ $mode = top-p ] && flags="--temperature 1.0 --top-p 0.9"
+      stage "served throughput, Qwen3-8B 128/128 x 1024 at 512, sampling $mode"
+      timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+        --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf \
+        --ignore-eos --tokenizer $M8 $flags --result-file "$OUT/serve-8b-128-sampling-$mode.json" \
+        | grep -E "Output token throughput|TPOT|Failed"
+    done
+  fi
+  stop $server
 fi
 if has tiles; then
   stage "o_proj / down + add-norm, split-K sum in the norm: tiles for SUM_FUSED_TILES"

@@ -230,3 +230,56 @@ def test_row_params_upload_round_trips_and_reuses_its_buffers() -> None:
         assert t.dtype == m.dtype == torch.float32 and s.dtype == torch.int64
         assert t.tolist() == pytest.approx(temps) and m.tolist() == pytest.approx(mins)
         assert s.tolist() == seeds
+
+
+class NucleusKernels(FakeKernels):
+    """The fake with `top_p_sample`: its race over each row's nucleus, found by a stable sort."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.top_p_calls: list[dict[str, torch.Tensor]] = []
+
+    def top_p_sample(self, logits: torch.Tensor, top_p: torch.Tensor,
+                     seeds: torch.Tensor) -> torch.Tensor:
+        self.top_p_calls.append(dict(logits=logits.clone(), top_p=top_p.clone(),
+                                     seeds=seeds.clone()))
+        sorted_x, order = logits.sort(dim=-1, descending=True, stable=True)
+        probs = sorted_x.softmax(dim=-1)
+        outside = (probs.cumsum(dim=-1) - probs) >= top_p.unsqueeze(1)
+        nucleus = torch.empty_like(logits).scatter_(
+            -1, order, sorted_x.masked_fill(outside, float("-inf")))
+        ones = torch.ones(logits.shape[0])
+        return FakeKernels().race_sample(nucleus, ones, None, seeds)  # not recorded
+
+
+def test_top_p_rows_race_in_their_nucleus_with_the_same_tokens() -> None:
+    """Rows with top_p alone go to `top_p_sample` (scaled by T, min_p applied, with their own
+    seeds); top_k rows are still filtered here. The tokens are the ones the filter-then-race
+    path draws from the same seeds."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 40, generator=g) * 3
+    params = [SamplingParams(temperature=0.8, top_p=0.7, seed=1),
+              SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.2, top_k=5, top_p=0.9, seed=2),
+              SamplingParams(temperature=0.5, top_p=0.95, min_p=0.05, seed=3),
+              SamplingParams(temperature=1.0, seed=4),
+              SamplingParams(temperature=1.0, top_p=0.3, seed=5)]
+    rows = [row(p, output=(1, 2)) for p in params]
+    kernels = NucleusKernels()
+    got = Sampler(40, kernels=kernels).sample(logits, rows)
+    want = Sampler(40, kernels=FakeKernels()).sample(logits, rows)
+    assert [t.token_id for t in got] == [t.token_id for t in want]
+    (call,) = kernels.top_p_calls
+    assert call["top_p"].tolist() == pytest.approx([0.7, 0.95, 0.3])
+    assert call["seeds"].tolist() == [signed(mix_seed(s, 2)) for s in (1, 3, 5)]
+    torch.testing.assert_close(call["logits"][0], logits[0] / 0.8)
+    assert call["logits"][1].isinf().any() and not call["logits"][0].isinf().any()  # min_p
+    (race,) = kernels.calls  # the others, the nucleus rows among them as greedy
+    assert race["temperature"].tolist() == pytest.approx([0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+
+
+def test_a_batch_of_top_p_rows_only_launches_no_race() -> None:
+    kernels = NucleusKernels()
+    rows = [row(SamplingParams(temperature=1.0, top_p=0.5, seed=i)) for i in range(3)]
+    out = Sampler(8, kernels=kernels).sample(torch.randn(3, 8), rows)
+    assert len(out) == 3 and not kernels.calls and len(kernels.top_p_calls) == 1

@@ -210,3 +210,23 @@ def test_metrics_count_only_successes() -> None:
     assert m["mean_itl_ms"] == pytest.approx(200.0)
     assert m["errors"] == ["", "", "HTTP 500: boom"]
 
+
+
+def test_serve_sends_the_sampling_flags(server: LiveServer, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    result, _ = _bench_serve(server, tmp_path, capsys, "--temperature", "0.6", "--top-p",
+                             "0.95", "--top-k", "20")
+    _check_run(result)
+
+
+def test_sampling_fields_are_vllms() -> None:
+    from openinfer_server.bench.serve_client import completion_payload, sampling_fields
+    from openinfer_server.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "serve", "--top-p", "0.9", "--min-p", "0.1"])
+    assert sampling_fields(args) == {"temperature": 0.0, "top_p": 0.9, "min_p": 0.1}
+    default = build_parser().parse_args(["bench", "serve"])
+    assert sampling_fields(default) == {"temperature": 0.0}  # greedy, as vllm bench serve
+    request = type("R", (), {"prompt_token_ids": (1, 2), "output_len": 3})()
+    payload = completion_payload("m", request, ignore_eos=True, sampling=sampling_fields(args))
+    assert payload["top_p"] == 0.9 and payload["temperature"] == 0.0 and "top_k" not in payload

@@ -36,3 +36,12 @@ class SamplingKernels(Protocol):
 
         Launches device work only: no host synchronisation, no device RNG state."""
         ...
+
+    # Optional (the Sampler looks for it; without it, top_p rows are filtered by a sort first):
+    # def top_p_sample(self, logits: torch.Tensor, top_p: torch.Tensor,
+    #                  seeds: torch.Tensor) -> torch.Tensor:
+    #     """One token id per row, [B] int64: `race_sample` at temperature 1 and no min_p over
+    #     logits [B, V] fp32 (already divided by the temperature, min_p applied) with every id
+    #     outside its row's top_p nucleus ([B] fp32 in (0, 1)) at -inf: the smallest prefix, in
+    #     stable descending order, whose probability reaches top_p. The same seeds give the
+    #     token `race_sample` gives on the row so filtered. Device work only."""

@@ -198,6 +198,8 @@ class Sampler:
         min_p: list[float] = []
         seeds: list[int] = []
         sorted_rows: list[int] = []
+        nucleus_rows: list[int] = []  # top_p alone, where the kernels race within it
+        top_p_kernel = getattr(self.kernels, "top_p_sample", None)
         for i, row in enumerate(rows):
             p = row.params
             if p.is_greedy:
@@ -206,7 +208,11 @@ class Sampler:
                 seeds.append(0)
                 continue
             seeds.append(self._row_seed(row))
-            if p.top_k_enabled or p.top_p < 1.0:
+            if top_p_kernel is not None and p.top_p < 1.0 and not p.top_k_enabled:
+                nucleus_rows.append(i)  # raced below; the launch over all rows skips it
+                temperature.append(0.0)
+                min_p.append(0.0)
+            elif p.top_k_enabled or p.top_p < 1.0:
                 # Filtered below, already divided by T: the kernel only races them.
                 sorted_rows.append(i)
                 temperature.append(1.0)
@@ -225,7 +231,19 @@ class Sampler:
                 work = work.clone()
             work[index] = filtered
         has_min_p = any(m > 0.0 for m in min_p)
-        return self.kernels.race_sample(work, t_dev, min_p_dev if has_min_p else None, seeds_dev)
+        if len(nucleus_rows) == len(rows):
+            token_ids = torch.empty(len(rows), dtype=torch.int64, device=work.device)
+        else:
+            token_ids = self.kernels.race_sample(work, t_dev, min_p_dev if has_min_p else None,
+                                                 seeds_dev)
+        if nucleus_rows:
+            assert top_p_kernel is not None
+            index = _to_device(torch.tensor(nucleus_rows), work.device)
+            params = [rows[i].params for i in nucleus_rows]
+            token_ids[index] = top_p_kernel(_scale_and_min_p(work[index], params),
+                                            _column([p.top_p for p in params], work.device)[:, 0],
+                                            seeds_dev[index])
+        return token_ids
 
     def _row_seed(self, row: SamplingRow) -> int:
         if row.params.seed is None:
@@ -357,14 +375,20 @@ class SampledBatch:
         return out
 
 
-def _filter(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """temperature -> min_p -> top_k -> top_p, as a new tensor with the dropped ids at -inf."""
+def _scale_and_min_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """temperature -> min_p, as a new tensor with the dropped ids at -inf."""
     device = x.device
     x = x / _column([p.temperature for p in params], device)
     if any(p.min_p > 0.0 for p in params):
         probs = x.softmax(dim=-1)
         floor = probs.amax(dim=-1, keepdim=True) * _column([p.min_p for p in params], device)
         x = x.masked_fill(probs < floor, float("-inf"))
+    return x
+
+
+def _filter(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """temperature -> min_p -> top_k -> top_p, as a new tensor with the dropped ids at -inf."""
+    x = _scale_and_min_p(x, params)
     if any(p.top_k_enabled or p.top_p < 1.0 for p in params):
         x = apply_top_k_top_p(x, params)
     return x

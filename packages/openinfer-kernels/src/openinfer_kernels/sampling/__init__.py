@@ -6,11 +6,13 @@ from __future__ import annotations
 import torch
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
-from openinfer_kernels.sampling.reference import race_sample_ref
+from openinfer_kernels.sampling.reference import race_sample_ref, top_p_sample_ref
 
 _kernels = triton_kernels("openinfer_kernels.sampling.triton")
+_top_p = triton_kernels("openinfer_kernels.sampling.top_p")
 
 race_sample = by_device(race_sample_ref, _kernels.race_sample_triton if _kernels else None)
+top_p_sample = by_device(top_p_sample_ref, _top_p.top_p_sample_triton if _top_p else None)
 
 
 class TritonSamplingKernels:
@@ -23,7 +25,12 @@ class TritonSamplingKernels:
                     min_p: torch.Tensor | None, seeds: torch.Tensor) -> torch.Tensor:
         return race_sample(logits, temperature, min_p, seeds)
 
+    def top_p_sample(self, logits: torch.Tensor, top_p: torch.Tensor,
+                     seeds: torch.Tensor) -> torch.Tensor:
+        return top_p_sample(logits, top_p, seeds)
+
 
 SAMPLING_KERNELS = TritonSamplingKernels()
 
-__all__ = ["SAMPLING_KERNELS", "TritonSamplingKernels", "race_sample", "race_sample_ref"]
+__all__ = ["SAMPLING_KERNELS", "TritonSamplingKernels", "race_sample", "race_sample_ref",
+           "top_p_sample", "top_p_sample_ref"]

@@ -51,3 +51,23 @@ def race_sample_ref(
         e.clamp_(min=torch.finfo(torch.float32).tiny)
         out[row] = (z - e.log()).argmax()
     return out.to(logits.device)
+
+
+def top_p_nucleus(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """fp32 logits with every id outside its row's top-p nucleus at -inf: the nucleus is the
+    smallest prefix, in stable descending order (ties: lower id first), whose probability
+    reaches top_p; an id is in it when the mass strictly above it is below top_p."""
+    x = logits.float()
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_x.softmax(dim=-1)
+    outside = (probs.cumsum(dim=-1) - probs) >= top_p.float().unsqueeze(1)
+    return torch.empty_like(x).scatter_(-1, order, sorted_x.masked_fill(outside, float("-inf")))
+
+
+def top_p_sample_ref(logits: torch.Tensor, top_p: torch.Tensor,
+                     seeds: torch.Tensor) -> torch.Tensor:
+    """One token id per row ([B] int64): `race_sample_ref` at temperature 1 over each row's top-p
+    nucleus (`top_p_nucleus`). `logits` [B, V] are already divided by the temperature (and
+    min_p-filtered); top_p [B] in (0, 1]; seeds [B] int64 as `race_sample_ref`'s."""
+    ones = torch.ones(logits.shape[0], dtype=torch.float32, device=logits.device)
+    return race_sample_ref(top_p_nucleus(logits, top_p), ones, None, seeds)

@@ -156,6 +156,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                               "(default)")
     traffic.add_argument("--metric-percentiles", type=_percentiles, default=(99.0,),
                          metavar="P,...", help="percentiles to report (default 99)")
+    sampling = p.add_argument_group("sampling (as vllm bench serve: each sent when given)")
+    sampling.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                          help="sampling temperature (default 0: greedy)")
+    sampling.add_argument("--top-p", type=float, metavar="P")
+    sampling.add_argument("--top-k", type=int, metavar="K")
+    sampling.add_argument("--min-p", type=float, metavar="P")
     _add_output_arguments(p)
 
 

@@ -74,10 +74,19 @@ def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
 
 
 def completion_payload(model: str, request: RandomRequest, *, ignore_eos: bool,
-                       ) -> dict[str, Any]:
+                       sampling: dict[str, float] | None = None) -> dict[str, Any]:
+    """A streamed completion of `request`; `sampling`: its sampling fields (default greedy)."""
     return {"model": model, "prompt": list(request.prompt_token_ids),
-            "max_tokens": request.output_len, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+            "max_tokens": request.output_len, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos,
+            **(sampling or {"temperature": 0.0})}
+
+
+def sampling_fields(args: argparse.Namespace) -> dict[str, float]:
+    """The sampling fields `bench serve` sends: temperature always, the others when given."""
+    fields = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+              "min_p": args.min_p}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 async def send_request(client: httpx.AsyncClient, url: str,
@@ -263,7 +272,8 @@ async def _benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]]
     async with client_for(args, args.max_concurrency) as client:
         model = args.model or await served_model(client, base_url)
         print(f"warmup request to {url} (model {model})")
-        await warm_up(client, url, completion_payload(model, warmup, ignore_eos=args.ignore_eos))
+        await warm_up(client, url, completion_payload(model, warmup, ignore_eos=args.ignore_eos,
+                                                      sampling=sampling_fields(args)))
         for i, (rate, num_prompts) in enumerate(plan):
             seed = args.seed + i
             requests = random_requests(num_prompts, args.random_input_len,
@@ -271,7 +281,8 @@ async def _benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]]
                                        range_ratio=args.random_range_ratio, seed=seed)
             print(f"sending {num_prompts} requests, rate {rate:g}/s, max concurrency "
                   f"{args.max_concurrency or 'unlimited'}")
-            payloads = [completion_payload(model, r, ignore_eos=args.ignore_eos)
+            payloads = [completion_payload(model, r, ignore_eos=args.ignore_eos,
+                                           sampling=sampling_fields(args))
                         for r in requests]
             if pool is None:
                 outcomes, duration = await run_requests(
