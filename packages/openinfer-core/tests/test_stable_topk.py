@@ -22,13 +22,23 @@ def _tied_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("rows", [3, 300])  # 300: keyed in several chunks
+@pytest.mark.parametrize("rows", [3, 300])
 def test_stable_topk_is_the_stable_sort_prefix(rows: int) -> None:
     x = _tied_logits(rows, 257, seed=rows)
     sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
     for k in (0, 1, 5, 64, 257):
         values, ids = stable_topk(x, k)
         assert torch.equal(ids, order[:, :k]) and torch.equal(values, sorted_x[:, :k])
+
+
+def test_stable_topk_keeps_the_lowest_ids_of_a_tie_at_the_kth_value() -> None:
+    x = torch.tensor([[1.0, 2.0, 1.0, 1.0, 3.0, 1.0, 1.0, 0.0]]).repeat(3, 1)
+    x[1] = x[1].flip(0)
+    x[2, 1] = 1.0  # seven ids at 1.0
+    for k in range(1, 9):
+        values, ids = stable_topk(x, k)
+        sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
+        assert torch.equal(ids, order[:, :k]) and torch.equal(values, sorted_x[:, :k]), k
 
 
 def test_stable_topk_orders_extreme_values() -> None:

@@ -1,17 +1,17 @@
 """The k largest entries of each row, in the order a stable descending sort gives them (ties: the
-lower id first), without sorting the row: a top-k select over one int64 key per entry that holds
-the value's order in its high half and the reversed id in its low half, so no two keys tie.
+lower id first), without sorting the row.
+
+`torch.topk` finds the k largest values fast but breaks ties as it likes. Only ties at the k-th
+value can change which ids are kept; those are repaired with a second select, of the lowest ids
+equal to that value, and the k survivors are then put in stable order (two small sorts).
 
 A full stable sort of a [512, 151936] fp32 batch took 12.8 ms on the H100 per step (top-k /
-top-p sampling, top logprobs: benchmarks/device/sampling_bench.py); a select of the few
-columns those need is a fraction of that."""
+top-p sampling, top logprobs: benchmarks/device/sampling_bench.py), and a top-k select over
+int64 keys that encode the tie order 8.4 ms; `torch.topk` of 20 columns takes 1.1 ms."""
 
 from __future__ import annotations
 
 import torch
-
-_LOW = 0xFFFFFFFF
-_CHUNK_ROWS = 128  # rows keyed at once: the int64 keys and their temporaries stay small
 
 
 def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,22 +20,22 @@ def stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dim() != 2 or x.dtype != torch.float32:
         raise ValueError(f"stable_topk takes fp32 [B, V], got {x.dtype} {tuple(x.shape)}")
     rows, vocab = x.shape
-    if not 0 <= k <= vocab or vocab > _LOW:
+    if not 0 <= k <= vocab or vocab >= 2**31:
         raise ValueError(f"k must be in [0, {vocab}], got {k}")
-    if rows == 0:
-        return x[:, :k], torch.empty(0, k, dtype=torch.int64, device=x.device)
-    reversed_ids = (vocab - 1) - torch.arange(vocab, device=x.device, dtype=torch.int64)
-    chunks = [_top_ids(x[start:start + _CHUNK_ROWS], k, reversed_ids)
-              for start in range(0, rows, _CHUNK_ROWS)]
-    top = torch.cat(chunks) if len(chunks) > 1 else chunks[0]
-    return x.gather(1, top), top
-
-
-def _top_ids(x: torch.Tensor, k: int, reversed_ids: torch.Tensor) -> torch.Tensor:
-    # An fp32's bits as int32 order like the values once a negative value's magnitude bits are
-    # flipped. Adding +0.0 first makes -0.0 +0.0, as the sort compares them (equal).
-    bits = (x + 0.0).view(torch.int32).to(torch.int64)
-    key = bits.bitwise_xor_((bits >> 31).bitwise_and_(0x7FFFFFFF))
-    key.bitwise_left_shift_(32).bitwise_or_(reversed_ids)
-    top = torch.topk(key, k, dim=-1, sorted=True).values
-    return (reversed_ids.shape[0] - 1) - top.bitwise_and_(_LOW)
+    if rows == 0 or k == 0:
+        return x[:, :k], torch.empty(rows, k, dtype=torch.int64, device=x.device)
+    values, ids = torch.topk(x, k, dim=-1, sorted=True)
+    edge = values[:, k - 1:]  # the k-th value: of the ids equal to it, the lowest must stay
+    above = (values > edge).sum(dim=-1, keepdim=True)  # ids above it: all among the k
+    # The lowest ids equal to the edge, by a select over (vocab - id) where equal, else 0.
+    reversed_ids = torch.arange(vocab, 0, -1, dtype=torch.int32, device=x.device)
+    equal = torch.where(x == edge, reversed_ids, 0)
+    lowest_equal = vocab - torch.topk(equal, k, dim=-1, sorted=True).values.long()
+    slot = torch.arange(k, device=x.device).unsqueeze(0)
+    from_equal = lowest_equal.gather(1, (slot - above).clamp_(min=0))
+    ids = torch.where(slot < above, ids, from_equal)
+    # Stable order among the k: by id, then stably by value, descending.
+    ids = ids.sort(dim=-1).values
+    values = x.gather(1, ids)
+    values, order = values.sort(dim=-1, descending=True, stable=True)
+    return values, ids.gather(1, order)
