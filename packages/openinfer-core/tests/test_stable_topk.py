@@ -8,8 +8,15 @@ import torch
 
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling import sampler as sampler_module
+from openinfer_core.sampling import stable_topk as stable_topk_module
 from openinfer_core.sampling.sampler import _top_k_top_p_sorted, apply_top_k_top_p
 from openinfer_core.sampling.stable_topk import stable_topk
+
+
+@pytest.fixture(autouse=True)
+def _always_select(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The select path at every batch size (below SELECT_MIN_ROWS rows it would sort)."""
+    monkeypatch.setattr(stable_topk_module, "SELECT_MIN_ROWS", 1)
 
 
 def _tied_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:

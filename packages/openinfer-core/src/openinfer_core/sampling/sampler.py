@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+import openinfer_core.sampling.stable_topk as topk_module
 from openinfer_core.interfaces.sampling import SamplingKernels
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling.penalties import apply_banned, apply_penalties
@@ -79,10 +80,13 @@ TOP_K_SELECT_MAX = 1024
 def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Mask (to -inf) everything outside each row's top_k, then outside its top_p nucleus of the
     renormalised survivors, in the order of a stable descending sort (ties keep the lower id).
-    Rows with a top_k of at most TOP_K_SELECT_MAX order only their largest columns."""
+    In batches of SELECT_MIN_ROWS rows or more, rows whose top_k is at most TOP_K_SELECT_MAX
+    order only their largest columns (`stable_topk`)."""
     vocab_size = x.shape[-1]
     ks = [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params]
     small = [i for i, k in enumerate(ks) if k <= TOP_K_SELECT_MAX]
+    if x.shape[0] < topk_module.SELECT_MIN_ROWS:
+        small = []
     if len(small) == len(ks):
         return _top_k_top_p_selected(x, ks, params)
     if not small:
