@@ -162,12 +162,16 @@ fi
 if has sampling; then
   # Sampling cost per step by batch and parameters: the Sampler (Triton race kernels, a sort
   # for top-k / top-p) against FlashInfer's sampling where .fi is carried.
-  stage "sampling, ms per step"
-  timeout 400 python3 benchmarks/device/sampling_bench.py --json "$OUT/sampling.json" 2>&1 | tail -14
+  for kind in ${SAMPLING_KINDS:-triton flashinfer}; do
+    stage "sampling, ms per step, OPENINFER_SAMPLING=$kind"
+    OPENINFER_SAMPLING=$kind timeout 300 python3 benchmarks/device/sampling_bench.py \
+      --json "$OUT/sampling-$kind.json" 2>&1 | tail -10
+  done
   save_jit
   stage "kernel tests: sampling, compiled"
   timeout 200 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
     packages/openinfer-kernels/tests/kernels/test_sampling.py \
+    packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py \
     packages/openinfer-kernels/tests/kernels/test_top_p_sample.py 2>&1 | tail -3 | tee "$OUT/sampling_tests.log"
   # Served, Qwen3-8B 128/128 x 1024 at 512: greedy against Qwen3's recommended sampling
   # (temperature 0.6, top_p 0.95, top_k 20) and top_p alone.

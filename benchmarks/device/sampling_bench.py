@@ -1,12 +1,14 @@
 """What sampling costs per step on the GPU, by batch size and sampling parameters: the engine's
-`Sampler` (with the Triton race kernels) against FlashInfer's fused top-k / top-p sampling
-where flashinfer-python is installed. Logits are random fp32 rows of Qwen3's vocabulary.
+`Sampler` with openinfer-kernels' `SAMPLING_KERNELS` (OPENINFER_SAMPLING picks them), and
+FlashInfer's own calls alone where flashinfer-python is installed. Logits are random fp32
+rows of Qwen3's vocabulary.
 Usage: python sampling_bench.py [--batches 1 64 256 512] [--json FILE]"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +51,7 @@ def measure(batch: int, sampler: Sampler, fi: Any, iters: int) -> dict[str, floa
         rows = [SamplingRow(SamplingParams(max_tokens=16, **kwargs), (1, 2, 3), (4,))
                 for _ in range(batch)]
         out[name] = timed_ms(lambda rows=rows: sampler.sample(logits, rows), iters)
-    if fi is not None:
+    if fi is not None and os.environ.get("OPENINFER_SAMPLING") != "flashinfer":
         k = torch.full((batch,), 20, dtype=torch.int32, device=DEVICE)
         p = torch.full((batch,), 0.95, device=DEVICE)
         out["flashinfer qwen3-default"] = timed_ms(

@@ -283,3 +283,54 @@ def test_a_batch_of_top_p_rows_only_launches_no_race() -> None:
     rows = [row(SamplingParams(temperature=1.0, top_p=0.5, seed=i)) for i in range(3)]
     out = Sampler(8, kernels=kernels).sample(torch.randn(3, 8), rows)
     assert len(out) == 3 and not kernels.calls and len(kernels.top_p_calls) == 1
+
+
+class FusedKernels(NucleusKernels):
+    """The nucleus fake plus `top_k_top_p_sample` (the last id of each row, recorded) and
+    `warm_up`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused_calls: list[dict[str, torch.Tensor]] = []
+        self.warmed: list[tuple[torch.device, int]] = []
+
+    def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
+                           top_p: torch.Tensor) -> torch.Tensor:
+        self.fused_calls.append(dict(logits=logits.clone(), top_k=top_k.clone(),
+                                     top_p=top_p.clone()))
+        return torch.full((logits.shape[0],), logits.shape[1] - 1, dtype=torch.int64)
+
+    def warm_up(self, device: torch.device, vocab_size: int) -> None:
+        self.warmed.append((device, vocab_size))
+
+
+def test_unseeded_top_k_top_p_rows_go_to_the_fused_draw() -> None:
+    """Rows without a seed or min_p that filter by top_k or top_p are drawn by
+    `top_k_top_p_sample`; seeded ones keep the race (batch-independent), min_p rows too."""
+    logits = torch.randn(6, 30, generator=torch.Generator().manual_seed(8))
+    params = [SamplingParams(temperature=0.5, top_k=20, top_p=0.95),  # fused
+              SamplingParams(temperature=0.7, top_p=0.9, seed=3),  # seeded: nucleus race
+              SamplingParams(temperature=1.0),  # plain race
+              SamplingParams(temperature=2.0, top_p=0.8),  # fused, top_k none
+              SamplingParams(temperature=1.0, top_k=5, min_p=0.1),  # min_p: filtered here
+              SamplingParams(temperature=0.0)]
+    kernels = FusedKernels()
+    out = Sampler(30, kernels=kernels).sample(logits, [row(p) for p in params])
+    ids = [t.token_id for t in out]
+    assert ids[0] == 29 and ids[3] == 29 and ids[5] == int(logits[5].argmax())
+    (fused,) = kernels.fused_calls
+    assert fused["top_k"].tolist() == [20, 30] and fused["top_k"].dtype == torch.int32
+    assert fused["top_p"].tolist() == pytest.approx([0.95, 0.8])
+    torch.testing.assert_close(fused["logits"], logits[[0, 3]] / torch.tensor([[0.5], [2.0]]))
+    assert len(kernels.top_p_calls) == 1 and kernels.top_p_calls[0]["top_p"].tolist() == \
+        pytest.approx([0.9])
+    (race,) = kernels.calls
+    assert race["temperature"].tolist() == pytest.approx([0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
+
+
+def test_warm_up_reaches_kernels_that_support_the_device() -> None:
+    kernels = FusedKernels()
+    Sampler(30, kernels=kernels).warm_up(torch.device("cpu"))
+    assert kernels.warmed == [(torch.device("cpu"), 30)]
+    other = FakeKernels("cuda")
+    Sampler(30, kernels=other).warm_up(torch.device("cpu"))  # no warm_up, not supported: no-op

@@ -72,6 +72,7 @@ class Engine:
             self.scheduler.offload = self.offload
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=getattr(self.model, "sampling_kernels", None))
+        sampler.warm_up(self.model.device)
         defer_graphs = defer_graphs and os.environ.get(GRAPHS_AT_START_ENV, "start") == "start"
         self.graphs = self._first_steps(config, parts, defer_graphs)
         compile_ahead.mark_compiled()

@@ -45,3 +45,13 @@ class SamplingKernels(Protocol):
     #     outside its row's top_p nucleus ([B] fp32 in (0, 1)) at -inf: the smallest prefix, in
     #     stable descending order, whose probability reaches top_p. The same seeds give the
     #     token `race_sample` gives on the row so filtered. Device work only."""
+    #
+    # def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
+    #                        top_p: torch.Tensor) -> torch.Tensor:
+    #     """One token id per row, [B] int64, drawn from softmax(logits) (fp32 [B, V], divided
+    #     by the temperature) kept to each row's top_k ([B] int32, V: all) largest ids, then
+    #     to the top_p ([B] fp32, 1: all) nucleus of those, with the kernels' own randomness:
+    #     the Sampler sends only rows without a seed or min_p. Device work only."""
+    #
+    # def warm_up(self, device: torch.device, vocab_size: int) -> None:
+    #     """Build or load now what the first call would (the engine calls it at start)."""

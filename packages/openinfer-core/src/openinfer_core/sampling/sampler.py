@@ -157,6 +157,13 @@ class Sampler:
         self._host_rng = random.Random(seed)
         self._row_params = RowParamUpload()
 
+    def warm_up(self, device: torch.device) -> None:
+        """Let the kernels build or load what their first use would (a JIT compile that could
+        otherwise stall the first step that samples)."""
+        warm_up = getattr(self.kernels, "warm_up", None)
+        if warm_up is not None and self.kernels is not None and self.kernels.supports(device):
+            warm_up(device, self.vocab_size)
+
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
                token_mask: TokenMask | None = None) -> list[SampledToken]:
         """Return one `SampledToken` per row, in row order. `logits` is fp32 [len(rows), V];
@@ -203,7 +210,9 @@ class Sampler:
         seeds: list[int] = []
         sorted_rows: list[int] = []
         nucleus_rows: list[int] = []  # top_p alone, where the kernels race within it
+        fused_rows: list[int] = []  # unseeded top_k / top_p rows the kernels draw themselves
         top_p_kernel = getattr(self.kernels, "top_p_sample", None)
+        fused_kernel = getattr(self.kernels, "top_k_top_p_sample", None)
         for i, row in enumerate(rows):
             p = row.params
             if p.is_greedy:
@@ -212,7 +221,12 @@ class Sampler:
                 seeds.append(0)
                 continue
             seeds.append(self._row_seed(row))
-            if top_p_kernel is not None and p.top_p < 1.0 and not p.top_k_enabled:
+            if (fused_kernel is not None and p.seed is None and p.min_p == 0.0
+                    and (p.top_k_enabled or p.top_p < 1.0)):
+                fused_rows.append(i)  # drawn below; the launch over all rows skips it
+                temperature.append(0.0)
+                min_p.append(0.0)
+            elif top_p_kernel is not None and p.top_p < 1.0 and not p.top_k_enabled:
                 nucleus_rows.append(i)  # raced below; the launch over all rows skips it
                 temperature.append(0.0)
                 min_p.append(0.0)
@@ -235,7 +249,7 @@ class Sampler:
                 work = work.clone()
             work[index] = filtered
         has_min_p = any(m > 0.0 for m in min_p)
-        if len(nucleus_rows) == len(rows):
+        if len(nucleus_rows) + len(fused_rows) == len(rows):
             token_ids = torch.empty(len(rows), dtype=torch.int64, device=work.device)
         else:
             token_ids = self.kernels.race_sample(work, t_dev, min_p_dev if has_min_p else None,
@@ -247,6 +261,15 @@ class Sampler:
             token_ids[index] = top_p_kernel(_scale_and_min_p(work[index], params),
                                             _column([p.top_p for p in params], work.device)[:, 0],
                                             seeds_dev[index])
+        if fused_rows:
+            assert fused_kernel is not None
+            index = _to_device(torch.tensor(fused_rows), work.device)
+            params = [rows[i].params for i in fused_rows]
+            vocab = work.shape[-1]
+            top_k = _column([min(p.top_k, vocab) if p.top_k_enabled else vocab for p in params],
+                            work.device, torch.int32)[:, 0]
+            token_ids[index] = fused_kernel(_scale_and_min_p(work[index], params), top_k,
+                                            _column([p.top_p for p in params], work.device)[:, 0])
         return token_ids
 
     def _row_seed(self, row: SamplingRow) -> int:

@@ -3,6 +3,9 @@ core's `openinfer_core.interfaces.sampling.SamplingKernels` for the Sampler."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import torch
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
@@ -30,7 +33,20 @@ class TritonSamplingKernels:
         return top_p_sample(logits, top_p, seeds)
 
 
-SAMPLING_KERNELS = TritonSamplingKernels()
+def _sampling_kernels() -> TritonSamplingKernels:
+    """OPENINFER_SAMPLING: `flashinfer` (FlashInfer's top-k / top-p draw for unseeded rows),
+    `triton`, or unset: flashinfer where flashinfer-python is installed."""
+    wanted = os.environ.get("OPENINFER_SAMPLING", "")
+    if wanted not in ("", "flashinfer", "triton"):
+        raise ValueError(f"OPENINFER_SAMPLING must be 'flashinfer' or 'triton', not {wanted!r}")
+    if wanted == "flashinfer" or (not wanted and importlib.util.find_spec("flashinfer")):
+        from openinfer_kernels.sampling.flashinfer import FlashInferSamplingKernels
+
+        return FlashInferSamplingKernels()
+    return TritonSamplingKernels()
+
+
+SAMPLING_KERNELS = _sampling_kernels()
 
 __all__ = ["SAMPLING_KERNELS", "TritonSamplingKernels", "race_sample", "race_sample_ref",
            "top_p_sample", "top_p_sample_ref"]
