@@ -179,14 +179,14 @@ if has sampling; then
     --max-model-len 4608 --port 8000 >> "$OUT/serve.log" 2>&1 &
   server=$!
   if wait_ready $server; then
-    for mode in greedy qwen3 top-p; do
+    for mode in ${SAMPLING_MODES:-greedy qwen3 top-p}; do
       flags=""
       [ $mode = qwen3 ] && flags="--temperature 0.6 --top-p 0.95 --top-k 20"
       [ $mode = top-p ] && flags="--temperature 1.0 --top-p 0.9"
       stage "served throughput, Qwen3-8B 128/128 x 1024 at 512, sampling $mode"
       timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
         --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf \
-        --ignore-eos --tokenizer $M8 $flags --result-file "$OUT/serve-8b-128-sampling-$mode.json" \
+        --ignore-eos --tokenizer $M8 $flags --result-file "$OUT/serve-8b-128-sampling-$mode-$SECONDS.json" \
         | grep -E "Output token throughput|TPOT|Failed"
     done
   fi
