@@ -1,7 +1,8 @@
 """A cold start compiles every start-up kernel in its first, single compile-ahead round
-(`engine/start_kernels.py`): the memory profile, the CUDA-graph captures and the eager warm-up
-that follow compile nothing more, with the variants compiled in threads or in the worker
-processes (which must name the same variants: a different one would be compiled again here).
+(`engine/start_kernels.py`): the memory profile, the CUDA-graph captures, the eager warm-up
+and the sampler's warm-up that follow compile nothing more, with the variants compiled in
+threads or in the worker processes (which must name the same variants: a different one would
+be compiled again here).
 Run in a fresh process with an empty Triton cache."""
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def test_later_phases_compile_nothing(qwen3_dirs: dict[str, Path], tmp_path: Pat
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts["after_first_round"], "the first round compiled nothing"
+    # The sampler's kernels are in the round too (its warm-up), so no sampled step compiles.
+    assert {"_race_kernel", "_row_max_kernel", "_top_p_race_kernel"} <= set(
+        counts["after_first_round"])
     assert counts["after_start"] == counts["after_first_round"], (
         "compiled after the first round: "
         f"{sorted(set(counts['after_start']) - set(counts['after_first_round']))}")

@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +92,10 @@ def mark_compiled() -> None:
     _state.update(active=False, stamp=None)  # what compiles after start does so on use
 
 
-def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str) -> None:
-    """Run `model.forward` over `batches` with the model's kernels compiling instead of
-    launching; the outputs are thrown away."""
+def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str,
+                  also: Callable[[], object] | None = None) -> None:
+    """Run `model.forward` over `batches` (then `also`, when given) with the model's kernels
+    compiling instead of launching; the outputs are thrown away."""
     factory = getattr(model, "compile_ahead", None)
     if factory is None or not _state["active"] or model.device.type != "cuda":
         return
@@ -104,6 +105,8 @@ def compile_ahead(model: Model, batches: Iterable[ForwardBatch], what: str) -> N
         for batch in batches:
             model.forward(batch)
             count += 1
+        if also is not None:
+            also()
     torch.cuda.synchronize(model.device)
     log.info("compiled ahead the kernels of %d %s forwards in %.2f s", count, what,
              time.perf_counter() - started)

@@ -5,9 +5,9 @@ eager warm-up steps). Compiling ahead phase by phase would take three pools, eac
 its slowest kernel while the others idle. So on a cold start, right after the weights load,
 this runs all of those forwards at once in compile-only mode (`compile_ahead`) over a scratch
 KV cache: the profile's step in its fresh blocks, every graph bucket's and every warm-up
-step's in block 0, as their phases will lay them out. The phases then only run; a kernel
-variant this could not foresee compiles at its first launch, as without compile-ahead, never
-a wrong result."""
+step's in block 0, as their phases will lay them out; then the sampler's kernels' warm-up.
+The phases then only run; a kernel variant this could not foresee compiles at its first
+launch, as without compile-ahead, never a wrong result."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from openinfer_core.engine.kernel_cache import stop_compile_workers
 from openinfer_core.engine.memory import profile_batch
 from openinfer_core.engine.warmup import warm_up_batches
 from openinfer_core.interfaces.model import ForwardBatch, Model
+from openinfer_core.sampling.sampler import Sampler
 
 
 def start_batches(config: EngineConfig, model: Model,
@@ -44,7 +45,10 @@ def compile_start_kernels(config: EngineConfig, model: Model) -> float:
     started = time.perf_counter()
     profile = profile_batch(config, model)
     model.create_kv_cache(int(profile.block_tables.max()) + 1, config.block_size)
-    compile_ahead.compile_ahead(model, start_batches(config, model, profile), "start-up")
+    # The sampler's kernels too (their warm-up launches each variant once).
+    sampler = Sampler(model.vocab_size, kernels=getattr(model, "sampling_kernels", None))
+    compile_ahead.compile_ahead(model, start_batches(config, model, profile), "start-up",
+                                also=lambda: sampler.warm_up(model.device))
     stop_compile_workers()  # their work is done: give their memory back now
     model.create_kv_cache(2, config.block_size)  # drop the scratch cache
     torch.cuda.empty_cache()

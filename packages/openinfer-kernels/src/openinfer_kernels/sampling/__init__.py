@@ -32,6 +32,19 @@ class TritonSamplingKernels:
                      seeds: torch.Tensor) -> torch.Tensor:
         return top_p_sample(logits, top_p, seeds)
 
+    def warm_up(self, device: torch.device, vocab_size: int) -> None:
+        """Launch each kernel variant the sampler can need (with and without min_p, the top-p
+        race) on one row, so none compiles in a step; within start-up's compile-ahead round
+        they compile there, in parallel with the model's."""
+        if not self.supports(device):
+            return
+        logits = torch.zeros(1, vocab_size, device=device)
+        one = torch.ones(1, device=device)
+        seeds = torch.zeros(1, dtype=torch.int64, device=device)
+        race_sample(logits, one, None, seeds)
+        race_sample(logits, one, one / 2, seeds)
+        top_p_sample(logits, one / 2, seeds)
+
 
 def _sampling_kernels() -> TritonSamplingKernels:
     """OPENINFER_SAMPLING: `flashinfer` (FlashInfer's top-k / top-p draw for unseeded rows),

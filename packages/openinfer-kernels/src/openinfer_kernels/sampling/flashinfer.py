@@ -42,7 +42,9 @@ class FlashInferSamplingKernels(TritonSamplingKernels):
 
     def warm_up(self, device: torch.device, vocab_size: int) -> None:
         """Build or load FlashInfer's sampling module now (its first use JIT-compiles it, which
-        takes minutes with a cold cache), not in the first step that samples."""
+        takes minutes with a cold cache), not in the first step that samples; and the Triton
+        kernels' variants."""
+        super().warm_up(device, vocab_size)
         logits = torch.zeros(1, vocab_size, device=device)
         self.top_k_top_p_sample(logits, torch.full((1,), 2, dtype=torch.int32, device=device),
                                 torch.full((1,), 0.5, device=device))

@@ -277,6 +277,7 @@ def race_sample_triton(
     _race_kernel[grid](
         logits, logits.stride(0), temperature, temperature if min_p is None else min_p, seeds,
         part_max, part_score, part_id, arrivals, out, rows, vocab, chunk, splits,
-        HAS_MIN_P=min_p is not None, SPLITS=triton.next_power_of_2(splits),
+        # SPLITS bounds every split count of this vocabulary: one variant for every batch size.
+        HAS_MIN_P=min_p is not None, SPLITS=triton.next_power_of_2(blocks),
         ROWS=rows_per_program, BLOCK=block, FAST=not _INTERPRETED)
     return out
