@@ -295,9 +295,9 @@ class FusedKernels(NucleusKernels):
         self.warmed: list[tuple[torch.device, int]] = []
 
     def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
-                           top_p: torch.Tensor) -> torch.Tensor:
+                           top_p: torch.Tensor, seed: int) -> torch.Tensor:
         self.fused_calls.append(dict(logits=logits.clone(), top_k=top_k.clone(),
-                                     top_p=top_p.clone()))
+                                     top_p=top_p.clone(), seed=torch.tensor(seed)))
         return torch.full((logits.shape[0],), logits.shape[1] - 1, dtype=torch.int64)
 
     def warm_up(self, device: torch.device, vocab_size: int) -> None:
@@ -328,9 +328,27 @@ def test_unseeded_top_k_top_p_rows_go_to_the_fused_draw() -> None:
     assert race["temperature"].tolist() == pytest.approx([0.0, 0.0, 1.0, 0.0, 1.0, 0.0])
 
 
+def test_fused_draws_get_a_fresh_seed_and_never_rows_with_banned_ids() -> None:
+    kernels = FusedKernels()
+    sampler = Sampler(30, seed=5, kernels=kernels)
+    params = SamplingParams(temperature=1.0, top_k=10)
+    logits = torch.randn(2, 30, generator=torch.Generator().manual_seed(1))
+    sampler.sample(logits, [row(params), row(params, banned=(3,))])
+    sampler.sample(logits, [row(params), row(params, banned=(3,))])
+    first, second = kernels.fused_calls
+    assert first["top_k"].tolist() == [10] and second["top_k"].tolist() == [10]  # row 0 only
+    assert int(first["seed"]) != int(second["seed"])
+    again = FusedKernels()
+    Sampler(30, seed=5, kernels=again).sample(logits, [row(params), row(params, banned=(3,))])
+    assert int(again.fused_calls[0]["seed"]) == int(first["seed"])  # the sampler's seed
+
+
 def test_warm_up_reaches_kernels_that_support_the_device() -> None:
     kernels = FusedKernels()
     Sampler(30, kernels=kernels).warm_up(torch.device("cpu"))
     assert kernels.warmed == [(torch.device("cpu"), 30)]
-    other = FakeKernels("cuda")
-    Sampler(30, kernels=other).warm_up(torch.device("cpu"))  # no warm_up, not supported: no-op
+    elsewhere = FusedKernels()
+    elsewhere.device_type = "cuda"
+    Sampler(30, kernels=elsewhere).warm_up(torch.device("cpu"))  # not its device: no call
+    assert elsewhere.warmed == []
+    Sampler(30, kernels=FakeKernels()).warm_up(torch.device("cpu"))  # kernels without warm_up

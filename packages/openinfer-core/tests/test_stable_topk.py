@@ -78,3 +78,25 @@ def test_selected_filter_drops_what_the_sorted_filter_drops(
     assert torch.equal(got, expected)
     kept = (~got.isinf()).sum(dim=-1)
     assert kept[0] == 2 and kept[3] == 13 and (kept[:4] <= torch.tensor([2, 5, 40, 13])).all()
+
+
+def test_stable_topk_puts_nan_first_as_the_sort_does() -> None:
+    """A NaN logit (a broken model) must not break the select: it comes first, as in the sort;
+    which of several NaNs comes first is not kept (NaN is not ordered)."""
+    x = _tied_logits(4, 50, seed=9)
+    x[0, 3] = float("nan")
+    x[2, [5, 40]] = float("nan")
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
+    one_nan = [0, 1, 3]
+    for k in (1, 2, 3, 20):
+        values, ids = stable_topk(x, k)
+        assert torch.equal(ids[one_nan], order[one_nan, :k]), k
+        assert torch.equal(values.isnan(), sorted_x[:, :k].isnan())
+        assert sorted(ids[2, :2].tolist()) == ([5, 40] if k >= 2 else ids[2, :1].tolist())
+
+
+def test_the_filter_takes_an_empty_batch_and_a_vanishing_top_p() -> None:
+    assert apply_top_k_top_p(torch.zeros(0, 7), []).shape == (0, 7)
+    x = torch.tensor([[0.5, 2.0, 1.0, 2.0]])
+    out = apply_top_k_top_p(x, [SamplingParams(temperature=1.0, top_p=1e-50)])
+    assert (~out.isinf()).nonzero().tolist() == [[0, 1]]  # the top id alone, not nothing

@@ -39,8 +39,10 @@ def test_flashinfer_draws_the_filtered_distribution(top_k: int, top_p: float) ->
     kernels = FlashInferSamplingKernels()
     kernels.warm_up(torch.device("cuda"), len(LOGITS))
     x = torch.tensor(LOGITS, dtype=torch.float32, device="cuda").expand(n, -1).contiguous()
-    ids = kernels.top_k_top_p_sample(x, torch.full((n,), top_k, dtype=torch.int32, device="cuda"),
-                                     torch.full((n,), top_p, device="cuda"))
+    k = torch.full((n,), top_k, dtype=torch.int32, device="cuda")
+    p = torch.full((n,), top_p, device="cuda")
+    ids = kernels.top_k_top_p_sample(x, k, p, seed=top_k)
+    assert torch.equal(ids, kernels.top_k_top_p_sample(x, k, p, seed=top_k))  # seeded
     assert ids.dtype == torch.int64 and ids.shape == (n,)
     want = expected(top_k, top_p)
     counts = np.bincount(ids.cpu().numpy(), minlength=len(LOGITS))

@@ -69,3 +69,13 @@ def test_sampling_kernels_offer_top_p_sample() -> None:
     assert got.shape == (8,) and got.dtype == torch.int64
     empty = top_p_sample_triton(x[:0], top_p[:0], seeds[:0], block=BLOCK)
     assert empty.shape == (0,)
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_top_id() -> None:
+    """fp32 holds no top_p below ~1e-45: at 0 the search must still end, on the top id."""
+    x, _, seeds = _rows(8, 4)
+    top_p = torch.tensor([0.0, 1e-45] * 4, device=DEVICE)
+    got = top_p_sample_triton(x, top_p, seeds, block=BLOCK)
+    best = x.argmax(dim=-1)
+    best[2] = 0  # the all -inf row
+    assert got.tolist() == best.tolist()

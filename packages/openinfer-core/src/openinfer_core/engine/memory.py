@@ -95,7 +95,8 @@ def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> Step
         startup_cache.store("step-memory", key, forward_peak)
     sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
     # The graphs' one fp32 logits buffer (cuda_graphs.py): max_batch rows, kept for good.
-    graphs = 0 if config.enforce_eager else (
+    captured = not config.enforce_eager and getattr(model, "cuda_graph_safe", False)
+    graphs = 0 if not captured else (
         min(config.max_num_seqs, GRAPH_MAX_BATCH) * model.vocab_size * 4 + _GRAPH_POOL_MARGIN)
     log.info("step memory: forward of %d tokens peaks at %.2f GiB (%s); sampler %.2f GiB; "
              "CUDA graphs %.2f GiB", config.max_num_batched_tokens, forward_peak / 2**30,

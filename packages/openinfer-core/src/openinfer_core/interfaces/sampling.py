@@ -47,11 +47,13 @@ class SamplingKernels(Protocol):
     #     token `race_sample` gives on the row so filtered. Device work only."""
     #
     # def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
-    #                        top_p: torch.Tensor) -> torch.Tensor:
+    #                        top_p: torch.Tensor, seed: int) -> torch.Tensor:
     #     """One token id per row, [B] int64, drawn from softmax(logits) (fp32 [B, V], divided
     #     by the temperature) kept to each row's top_k ([B] int32, V: all) largest ids, then
-    #     to the top_p ([B] fp32, 1: all) nucleus of those, with the kernels' own randomness:
-    #     the Sampler sends only rows without a seed or min_p. Device work only."""
+    #     to the top_p ([B] fp32, 1: all) nucleus of those, with noise from `seed` (a fresh
+    #     one from the sampler's stream each call) that may depend on a row's place in the
+    #     batch: the Sampler sends only rows without a seed, min_p or banned ids. Device work
+    #     only."""
     #
     # def warm_up(self, device: torch.device, vocab_size: int) -> None:
     #     """Build or load now what the first call would (the engine calls it at start)."""

@@ -65,6 +65,16 @@ def mix_seed(seed: int, step: int) -> int:
     return z ^ (z >> 31)
 
 
+# The least top_p sent to the device: a smaller one rounds to 0 in fp32, where even the top id
+# (nothing above it) would fall outside the nucleus. This one keeps the top id alone.
+_TOP_P_MIN = float(torch.finfo(torch.float32).tiny)
+
+
+def _top_p_column(params: Sequence[SamplingParams], device: torch.device) -> torch.Tensor:
+    """[len(params), 1] fp32 top_p on `device`, at least _TOP_P_MIN."""
+    return _column([max(p.top_p, _TOP_P_MIN) for p in params], device)
+
+
 def _column(values: Sequence[float], device: torch.device,
             dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[len(values), 1] on `device`, copied without waiting for the device (the step in
@@ -83,6 +93,8 @@ def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     In batches of SELECT_MIN_ROWS rows or more, rows whose top_k is at most TOP_K_SELECT_MAX
     order only their largest columns (`stable_topk`)."""
     vocab_size = x.shape[-1]
+    if not params:
+        return x.clone()
     ks = [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params]
     small = [i for i, k in enumerate(ks) if k <= TOP_K_SELECT_MAX]
     if x.shape[0] < topk_module.SELECT_MIN_ROWS:
@@ -120,7 +132,7 @@ def _keep(sorted_x: torch.Tensor, ks: Sequence[int],
     set to -inf."""
     device = sorted_x.device
     k = _column(ks, device, torch.long)
-    top_p = _column([p.top_p for p in params], device)
+    top_p = _top_p_column(params, device)
     rank = torch.arange(sorted_x.shape[-1], device=device).unsqueeze(0)
     sorted_x = sorted_x.masked_fill(rank >= k, float("-inf"))
     probs = sorted_x.softmax(dim=-1)
@@ -221,8 +233,10 @@ class Sampler:
                 seeds.append(0)
                 continue
             seeds.append(self._row_seed(row))
+            # Not a row with banned ids: with a grammar's mask they may leave nothing, where
+            # the race's contract (id 0) holds and FlashInfer's does not.
             if (fused_kernel is not None and p.seed is None and p.min_p == 0.0
-                    and (p.top_k_enabled or p.top_p < 1.0)):
+                    and not row.banned_token_ids and (p.top_k_enabled or p.top_p < 1.0)):
                 fused_rows.append(i)  # drawn below; the launch over all rows skips it
                 temperature.append(0.0)
                 min_p.append(0.0)
@@ -259,7 +273,7 @@ class Sampler:
             index = _to_device(torch.tensor(nucleus_rows), work.device)
             params = [rows[i].params for i in nucleus_rows]
             token_ids[index] = top_p_kernel(_scale_and_min_p(work[index], params),
-                                            _column([p.top_p for p in params], work.device)[:, 0],
+                                            _top_p_column(params, work.device)[:, 0],
                                             seeds_dev[index])
         if fused_rows:
             assert fused_kernel is not None
@@ -269,7 +283,8 @@ class Sampler:
             top_k = _column([min(p.top_k, vocab) if p.top_k_enabled else vocab for p in params],
                             work.device, torch.int32)[:, 0]
             token_ids[index] = fused_kernel(_scale_and_min_p(work[index], params), top_k,
-                                            _column([p.top_p for p in params], work.device)[:, 0])
+                                            _top_p_column(params, work.device)[:, 0],
+                                            self._host_rng.getrandbits(63))
         return token_ids
 
     def _row_seed(self, row: SamplingRow) -> int:

@@ -39,11 +39,13 @@ def _selected(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     vocab = x.shape[1]
     values, ids = torch.topk(x, k, dim=-1, sorted=True)
     edge = values[:, k - 1:]  # the k-th value: of the ids equal to it, the lowest must stay
-    above = (values > edge).sum(dim=-1, keepdim=True)  # ids above it: all among the k
+    # Ids above it, all among the k (NaN too: topk and the sort put it first).
+    above = ((values > edge) | values.isnan()).sum(dim=-1, keepdim=True)
     # The lowest ids equal to the edge, by a select over (vocab - id) where equal, else 0.
     reversed_ids = torch.arange(vocab, 0, -1, dtype=torch.int32, device=x.device)
     equal = torch.where(x == edge, reversed_ids, 0)
     lowest_equal = vocab - torch.topk(equal, k, dim=-1, sorted=True).values.long()
+    lowest_equal.clamp_(max=vocab - 1)  # never read, but a gather must stay in range
     slot = torch.arange(k, device=x.device).unsqueeze(0)
     from_equal = lowest_equal.gather(1, (slot - above).clamp_(min=0))
     ids = torch.where(slot < above, ids, from_equal)

@@ -22,12 +22,14 @@ class FlashInferSamplingKernels(TritonSamplingKernels):
 
     def __init__(self) -> None:
         self._sampling: Any = None  # flashinfer.sampling, imported at first use (warm_up)
+        self._generators: dict[torch.device, torch.Generator] = {}
 
     def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
-                           top_p: torch.Tensor) -> torch.Tensor:
+                           top_p: torch.Tensor, seed: int) -> torch.Tensor:
         """One id per row, [B] int64, from softmax(logits) (fp32 [B, V], already divided by
         the temperature) kept to each row's top_k ([B] int32, V for none) largest ids, then to
-        the top_p ([B] fp32, 1 for none) nucleus of those. Device work only."""
+        the top_p ([B] fp32, 1 for none) nucleus of those; the noise from a generator seeded
+        with `seed` (the sampler's own stream). Device work only."""
         if self._sampling is None:
             try:
                 from flashinfer import sampling
@@ -35,9 +37,13 @@ class FlashInferSamplingKernels(TritonSamplingKernels):
                 raise ImportError("OPENINFER_SAMPLING=flashinfer needs flashinfer-python: "
                                   "pip install 'openinfer-kernels[flashinfer]'") from exc
             self._sampling = sampling
+        generator = self._generators.get(logits.device)
+        if generator is None:
+            generator = self._generators[logits.device] = torch.Generator(logits.device)
+        generator.manual_seed(seed)
         ids = self._sampling.top_k_top_p_sampling_from_logits(
             logits.contiguous(), top_k, top_p, filter_apply_order="top_k_first",
-            deterministic=True)
+            deterministic=True, generator=generator)
         return ids.long()
 
     def warm_up(self, device: torch.device, vocab_size: int) -> None:
@@ -47,4 +53,4 @@ class FlashInferSamplingKernels(TritonSamplingKernels):
         super().warm_up(device, vocab_size)
         logits = torch.zeros(1, vocab_size, device=device)
         self.top_k_top_p_sample(logits, torch.full((1,), 2, dtype=torch.int32, device=device),
-                                torch.full((1,), 0.5, device=device))
+                                torch.full((1,), 0.5, device=device), seed=0)

@@ -10,11 +10,12 @@ top_p. The race's winner over N is the best score x_v / ln 2 - log2 E_v among N,
     if the mass above w < top_p: w is in N, and as the best of a set holding N, the best of N
     else: nothing from w down is in N; allow only the tokens ranked above w, and race again
 
-Every round removes w, the top token is always in N, so it ends; a round fails with probability
-about 1 - top_p. So it picks the token `race_sample_triton` picks on the row with everything
-outside N at -inf, up to the fp32 rounding of the mass at the nucleus's edge (summed here in
-another order than the sort's cumulative sum). A round reads the row twice (the race, the mass),
-and one pass before finds the row's max and softmax normaliser.
+Every round removes w, and the top token (nothing above it) is always kept, so it ends; a
+round fails with probability about 1 - top_p. So it picks the token `race_sample_triton`
+picks on the row with everything outside N at -inf, up to the fp32 rounding of the mass at
+the nucleus's edge (summed here in another order than the sort's cumulative sum). A round
+reads the row twice (the race, the mass), and one pass before finds the row's max and
+softmax normaliser.
 
 (The mypy line above: @triton.jit kernels annotate only their constexpr parameters.)"""
 
@@ -103,7 +104,9 @@ def _top_p_race_kernel(x_ptr, row_stride, top_p_ptr, seeds_ptr, out_ptr, V,
             x = tl.load(row_base + ids, mask=ids < V, other=float("-inf")).to(tl.float32)
             above += tl.where(_allowed(x, ids, winner_x, winner),
                               tl.exp2((x - row_max) * LOG2E), 0.0)
-        searching = tl.sum(above, axis=0) >= top_p * total
+        mass = tl.sum(above, axis=0)
+        # The top id (nothing above it) always stays, whatever top_p: so the search ends.
+        searching = (mass >= top_p * total) & (mass > 0.0)
         pivot_x = winner_x
         pivot_id = winner
     tl.store(out_ptr + row, winner.to(tl.int64))
