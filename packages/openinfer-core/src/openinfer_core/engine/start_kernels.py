@@ -23,7 +23,7 @@ from openinfer_core.engine.kernel_cache import stop_compile_workers
 from openinfer_core.engine.memory import profile_batch
 from openinfer_core.engine.warmup import warm_up_batches
 from openinfer_core.interfaces.model import ForwardBatch, Model
-from openinfer_core.sampling.sampler import Sampler
+from openinfer_core.sampling.sampler import warm_up_kernels
 
 
 def start_batches(config: EngineConfig, model: Model,
@@ -46,9 +46,10 @@ def compile_start_kernels(config: EngineConfig, model: Model) -> float:
     profile = profile_batch(config, model)
     model.create_kv_cache(int(profile.block_tables.max()) + 1, config.block_size)
     # The sampler's kernels too (their warm-up launches each variant once).
-    sampler = Sampler(model.vocab_size, kernels=getattr(model, "sampling_kernels", None))
+    kernels = getattr(model, "sampling_kernels", None)
     compile_ahead.compile_ahead(model, start_batches(config, model, profile), "start-up",
-                                also=lambda: sampler.warm_up(model.device))
+                                also=lambda: warm_up_kernels(kernels, model.device,
+                                                             model.vocab_size))
     stop_compile_workers()  # their work is done: give their memory back now
     model.create_kv_cache(2, config.block_size)  # drop the scratch cache
     torch.cuda.empty_cache()

@@ -75,6 +75,16 @@ def _top_p_column(params: Sequence[SamplingParams], device: torch.device) -> tor
     return _column([max(p.top_p, _TOP_P_MIN) for p in params], device)
 
 
+def _top_ks(params: Sequence[SamplingParams], vocab_size: int) -> list[int]:
+    """Each row's top_k, the vocabulary where it is off."""
+    return [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params]
+
+
+def _row_index(rows: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Row indices on `device`, copied without waiting for the device."""
+    return _to_device(torch.tensor(rows, dtype=torch.int64), device)
+
+
 def _column(values: Sequence[float], device: torch.device,
             dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """[len(values), 1] on `device`, copied without waiting for the device (the step in
@@ -95,10 +105,9 @@ def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     vocab_size = x.shape[-1]
     if not params:
         return x.clone()
-    ks = [min(p.top_k, vocab_size) if p.top_k_enabled else vocab_size for p in params]
-    small = [i for i, k in enumerate(ks) if k <= TOP_K_SELECT_MAX]
-    if x.shape[0] < topk_module.SELECT_MIN_ROWS:
-        small = []
+    ks = _top_ks(params, vocab_size)
+    selects = x.shape[0] >= topk_module.SELECT_MIN_ROWS
+    small = [i for i, k in enumerate(ks) if selects and k <= TOP_K_SELECT_MAX]
     if len(small) == len(ks):
         return _top_k_top_p_selected(x, ks, params)
     if not small:
@@ -106,7 +115,7 @@ def apply_top_k_top_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     out = torch.empty_like(x)
     large = [i for i, k in enumerate(ks) if k > TOP_K_SELECT_MAX]
     for rows, fn in ((small, _top_k_top_p_selected), (large, _top_k_top_p_sorted)):
-        index = _to_device(torch.tensor(rows), x.device)
+        index = _row_index(rows, x.device)
         out[index] = fn(x[index], [ks[i] for i in rows], [params[i] for i in rows])
     return out
 
@@ -170,11 +179,8 @@ class Sampler:
         self._row_params = RowParamUpload()
 
     def warm_up(self, device: torch.device) -> None:
-        """Let the kernels build or load what their first use would (a JIT compile that could
-        otherwise stall the first step that samples)."""
-        warm_up = getattr(self.kernels, "warm_up", None)
-        if warm_up is not None and self.kernels is not None and self.kernels.supports(device):
-            warm_up(device, self.vocab_size)
+        """`warm_up_kernels` for this sampler's kernels and vocabulary."""
+        warm_up_kernels(self.kernels, device, self.vocab_size)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
                token_mask: TokenMask | None = None) -> list[SampledToken]:
@@ -257,7 +263,7 @@ class Sampler:
         if len(sorted_rows) == len(rows):
             work = _filter(work, [row.params for row in rows])  # a new tensor: no gather/scatter
         elif sorted_rows:
-            index = _to_device(torch.tensor(sorted_rows), work.device)  # no wait on the device
+            index = _row_index(sorted_rows, work.device)
             filtered = _filter(work[index], [rows[i].params for i in sorted_rows])
             if not owned:
                 work = work.clone()
@@ -270,18 +276,16 @@ class Sampler:
                                                  seeds_dev)
         if nucleus_rows:
             assert top_p_kernel is not None
-            index = _to_device(torch.tensor(nucleus_rows), work.device)
+            index = _row_index(nucleus_rows, work.device)
             params = [rows[i].params for i in nucleus_rows]
             token_ids[index] = top_p_kernel(_scale_and_min_p(work[index], params),
                                             _top_p_column(params, work.device)[:, 0],
                                             seeds_dev[index])
         if fused_rows:
             assert fused_kernel is not None
-            index = _to_device(torch.tensor(fused_rows), work.device)
+            index = _row_index(fused_rows, work.device)
             params = [rows[i].params for i in fused_rows]
-            vocab = work.shape[-1]
-            top_k = _column([min(p.top_k, vocab) if p.top_k_enabled else vocab for p in params],
-                            work.device, torch.int32)[:, 0]
+            top_k = _column(_top_ks(params, work.shape[-1]), work.device, torch.int32)[:, 0]
             token_ids[index] = fused_kernel(_scale_and_min_p(work[index], params), top_k,
                                             _top_p_column(params, work.device)[:, 0],
                                             self._host_rng.getrandbits(63))
@@ -343,7 +347,7 @@ class Sampler:
             return SampledBatch(token_ids, _to_host(token_ids), len(rows), (), 0, ())
         sub_logits, sub_ids = logits, token_ids
         if len(wanted) < len(rows):
-            index = _to_device(torch.tensor(wanted), logits.device)
+            index = _row_index(wanted, logits.device)
             sub_logits, sub_ids = logits[index], token_ids[index]
         raw = torch.log_softmax(sub_logits.to(torch.float32), dim=-1)
         chosen = raw.gather(1, sub_ids.unsqueeze(1)).squeeze(1)
@@ -415,6 +419,15 @@ class SampledBatch:
                         for r in range(min(self._counts[j], n_max)))
             out[i] = SampledToken(ids[i], chosen_lp[j], top)
         return out
+
+
+def warm_up_kernels(kernels: SamplingKernels | None, device: torch.device,
+                    vocab_size: int) -> None:
+    """Let sampling kernels that support `device` build or load what their first use would (a
+    JIT compile that could otherwise stall the first step that samples)."""
+    warm_up = getattr(kernels, "warm_up", None)
+    if warm_up is not None and kernels is not None and kernels.supports(device):
+        warm_up(device, vocab_size)
 
 
 def _scale_and_min_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

@@ -35,9 +35,8 @@ class TritonSamplingKernels:
     def warm_up(self, device: torch.device, vocab_size: int) -> None:
         """Launch each kernel variant the sampler can need (with and without min_p, the top-p
         race) on one row, so none compiles in a step; within start-up's compile-ahead round
-        they compile there, in parallel with the model's."""
-        if not self.supports(device):
-            return
+        they compile there, in parallel with the model's. The Sampler calls it only for a
+        device the kernels support."""
         logits = torch.zeros(1, vocab_size, device=device)
         one = torch.ones(1, device=device)
         seeds = torch.zeros(1, dtype=torch.int64, device=device)

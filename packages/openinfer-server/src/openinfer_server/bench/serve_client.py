@@ -272,8 +272,9 @@ async def _benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]]
     async with client_for(args, args.max_concurrency) as client:
         model = args.model or await served_model(client, base_url)
         print(f"warmup request to {url} (model {model})")
+        sampling = sampling_fields(args)
         await warm_up(client, url, completion_payload(model, warmup, ignore_eos=args.ignore_eos,
-                                                      sampling=sampling_fields(args)))
+                                                      sampling=sampling))
         for i, (rate, num_prompts) in enumerate(plan):
             seed = args.seed + i
             requests = random_requests(num_prompts, args.random_input_len,
@@ -282,7 +283,7 @@ async def _benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]]
             print(f"sending {num_prompts} requests, rate {rate:g}/s, max concurrency "
                   f"{args.max_concurrency or 'unlimited'}")
             payloads = [completion_payload(model, r, ignore_eos=args.ignore_eos,
-                                           sampling=sampling_fields(args))
+                                           sampling=sampling)
                         for r in requests]
             if pool is None:
                 outcomes, duration = await run_requests(
