@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [sampling] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -159,6 +159,15 @@ if has fusion; then
       --result-file "$OUT/latency-qwen3-$size-fused-sum.json" | grep -E "TPOT|floor"
   done
 fi
+if has verify; then
+  # The sampler's kernels and the start-up compile round, compiled (their CPU tests run in CI).
+  stage "kernel tests: sampling, compiled; nothing compiles after start-up's round"
+  timeout 400 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests/kernels/test_sampling.py \
+    packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py \
+    packages/openinfer-kernels/tests/kernels/test_top_p_sample.py \
+    tests/gpu/test_start_kernels_gpu.py 2>&1 | tail -8 | tee "$OUT/verify_tests.log"
+fi
 if has sampling; then
   # Sampling cost per step by batch and parameters: the Sampler (Triton race kernels, a sort
   # for top-k / top-p) against FlashInfer's sampling where .fi is carried.
@@ -236,7 +245,7 @@ if has ttft; then
   stage "where TTFT goes: first-token steps of 2048 and 8192 tokens, Qwen3-8B"
   timeout 200 python3 benchmarks/device/prefill_breakdown.py $M8 --prompt-len 2048 8192 \
     --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b.json" > "$OUT/prefill-breakdown-8b.log" 2>&1
-  grep -E "^prompt" "$OUT/prefill-breakdown-8b.log"
+  grep -E "^prompt|^timeline" "$OUT/prefill-breakdown-8b.log"
   stage "the elementwise kernels of a layer against their bytes (Qwen3-8B heads)"
   timeout 120 python3 benchmarks/device/norm_bench.py --json "$OUT/norm-bench.json"
 fi

@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 from decode_breakdown import category
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
@@ -46,10 +47,43 @@ def first_token_step(engine: Engine, request_id: str, prompt: tuple[int, ...]) -
     return took
 
 
+def timeline(engine: Engine, request_id: str, prompt: tuple[int, ...]) -> dict[str, Any]:
+    """One cold first-token step under the profiler, host and GPU on one clock: ms from the
+    step's start to its first GPU work (`prelude`), of GPU idle between its first and last
+    work (`idle`, the largest gaps with the kernel after each), and from its last GPU work to
+    the token (`tail`). The host side runs slower under the profiler: an upper bound."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    engine.add_request(GenerateRequest(request_id, prompt, params))
+    torch.cuda.synchronize()
+    with (profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof,
+          record_function("ttft-step")):
+        until_token(engine, request_id)
+    while engine.has_work():
+        engine.step()
+    events = prof.events()
+    mark = next(e for e in events if e.name == "ttft-step" and e.device_type == DeviceType.CPU)
+    t0, t1 = mark.time_range.start, mark.time_range.end
+    work = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                  if e.device_type == DeviceType.CUDA and e.name != "ttft-step"
+                  and t0 <= e.time_range.start <= t1)
+    gaps: list[tuple[float, str]] = []
+    busy_end = work[0][1]
+    for start, end, name in work[1:]:
+        if start > busy_end:
+            gaps.append((start - busy_end, name))
+        busy_end = max(busy_end, end)
+    gaps.sort(reverse=True)
+    return {"step_ms": (t1 - t0) / 1e3, "prelude_ms": (work[0][0] - t0) / 1e3,
+            "first_gpu_work": work[0][2], "idle_ms": sum(g for g, _ in gaps) / 1e3,
+            "gaps_over_20us": sum(g > 20 for g, _ in gaps),
+            "largest_gaps_us_before": [(round(g, 1), name[:60]) for g, name in gaps[:6]],
+            "tail_ms": (t1 - busy_end) / 1e3}
+
+
 def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[str, Any]:
     rng = random.Random(prompt_len * 2 + warm)
     prompts = [tuple(rng.randrange(100, 150_000) for _ in range(prompt_len))
-               for _ in range(3 * (iters + 2))]
+               for _ in range(3 * (iters + 2) + 1)]  # the last one for the timeline
 
     def run(i: int, tag: str) -> float:
         if warm:
@@ -93,10 +127,11 @@ def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[s
     pstats.Stats(prof_host, stream=stats).sort_stats("tottime").print_stats(18)
     walls.sort()
     gpu_ms = sum(by_cat.values())
+    steps = timeline(engine, "timeline", prompts[-1]) if not warm else None
     return {"prompt_len": prompt_len, "warm": warm, "ttft_ms_p50": walls[len(walls) // 2],
             "ttft_ms_min": walls[0], "ttft_ms_max": walls[-1], "gpu_busy_ms": gpu_ms,
             "by_op_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
-            "host_top": stats.getvalue().splitlines()[-26:]}
+            "host_top": stats.getvalue().splitlines()[-26:], "timeline": steps}
 
 
 def main() -> None:
@@ -118,6 +153,8 @@ def main() -> None:
                   f"{r['gpu_busy_ms']:.2f} ms: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in r["by_op_ms"].items()))
             print("\n".join(r["host_top"]))
+            if r["timeline"] is not None:
+                print("timeline:", json.dumps(r["timeline"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(reports, f, indent=2)
