@@ -248,6 +248,8 @@ if has ttft; then
   grep -E "^prompt|^timeline" "$OUT/prefill-breakdown-8b.log"
   stage "the elementwise kernels of a layer against their bytes (Qwen3-8B heads)"
   timeout 120 python3 benchmarks/device/norm_bench.py --json "$OUT/norm-bench.json"
+  stage "o_proj / down + add + norm: the residual in cuBLAS's epilogue or in the norm kernel"
+  timeout 120 python3 benchmarks/device/residual_gemm.py --json "$OUT/residual-gemm.json"
 fi
 if has flashinfer; then
   if [ -n "${FI_GOLDEN:-}" ]; then

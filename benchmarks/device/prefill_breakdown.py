@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from decode_breakdown import category
+from step_timeline import Timers
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -80,10 +81,59 @@ def timeline(engine: Engine, request_id: str, prompt: tuple[int, ...]) -> dict[s
             "tail_ms": (t1 - busy_end) / 1e3}
 
 
+def host_phases(engine: Engine, prompts: list[tuple[int, ...]]) -> dict[str, float]:
+    """ms per first-token step (cold prompts, unprofiled) that the host spends in each part:
+    scheduling, the host batch and its copy to the device, the forward's launches (FlashInfer's
+    plan inside them, when it runs), sampling's launch, the wait for the token, the update;
+    `ttft` is the whole, the rest of it is `other`."""
+    from openinfer_core.engine import batch as batch_module
+    from openinfer_core.engine import runner as runner_module
+
+    attention = engine.model.attention
+    targets = [(engine.scheduler, "schedule", "schedule"), (engine.scheduler, "update", "update"),
+               (runner_module, "plan_batch", "plan_batch"),
+               (batch_module.HostBatch, "to_device", "to_device"),
+               (engine.model, "forward", "forward_launch"),
+               (engine.runner.sampler, "sample_async", "sample_launch"),
+               (runner_module.Launched, "result", "wait")]
+    if hasattr(attention, "_plan"):
+        targets.append((attention, "_plan", "flashinfer_plan"))
+    # Instance attributes are dropped after, class and module ones put back.
+    saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in targets]
+    timers = Timers()
+    for obj, name, label in targets:
+        timers.wrap(obj, name, label)
+    total = 0.0
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    try:
+        for i, prompt in enumerate(prompts):
+            engine.add_request(GenerateRequest(f"phases-{i}", prompt, params))
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            until_token(engine, f"phases-{i}")
+            total += time.perf_counter() - started
+            counted = dict(timers.seconds)
+            while engine.has_work():
+                engine.step()
+            timers.seconds.update(counted)  # the drain's steps are not the first token's
+    finally:
+        for obj, name, original in saved:
+            if original is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, original)
+    n = len(prompts)
+    ms = {k: v / n * 1e3 for k, v in timers.seconds.items()}
+    ms["ttft"] = total / n * 1e3
+    ms["other"] = ms["ttft"] - sum(v for k, v in ms.items()
+                                   if k not in ("ttft", "flashinfer_plan"))  # in the forward
+    return ms
+
+
 def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[str, Any]:
     rng = random.Random(prompt_len * 2 + warm)
     prompts = [tuple(rng.randrange(100, 150_000) for _ in range(prompt_len))
-               for _ in range(3 * (iters + 2) + 1)]  # the last one for the timeline
+               for _ in range(3 * (iters + 2) + 4)]  # the last 4: timeline, host phases
 
     def run(i: int, tag: str) -> float:
         if warm:
@@ -127,11 +177,13 @@ def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[s
     pstats.Stats(prof_host, stream=stats).sort_stats("tottime").print_stats(18)
     walls.sort()
     gpu_ms = sum(by_cat.values())
-    steps = timeline(engine, "timeline", prompts[-1]) if not warm else None
+    steps = timeline(engine, "timeline", prompts[-4]) if not warm else None
+    phases = host_phases(engine, prompts[-3:]) if not warm else None
     return {"prompt_len": prompt_len, "warm": warm, "ttft_ms_p50": walls[len(walls) // 2],
             "ttft_ms_min": walls[0], "ttft_ms_max": walls[-1], "gpu_busy_ms": gpu_ms,
             "by_op_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
-            "host_top": stats.getvalue().splitlines()[-26:], "timeline": steps}
+            "host_top": stats.getvalue().splitlines()[-26:], "timeline": steps,
+            "host_phases_ms": phases}
 
 
 def main() -> None:
@@ -155,6 +207,8 @@ def main() -> None:
             print("\n".join(r["host_top"]))
             if r["timeline"] is not None:
                 print("timeline:", json.dumps(r["timeline"]))
+                print("host phases:", json.dumps({k: round(v, 3)
+                                                  for k, v in r["host_phases_ms"].items()}))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(reports, f, indent=2)
