@@ -12,7 +12,8 @@ stages=${*:-tests latency throughput serve stream1 timeline prefix qps interfere
 API_SERVERS=${API_SERVERS:-1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT
+# PYTHONFAULTHANDLER: a python that `timeout -s ABRT` stops prints where each thread was.
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT PYTHONFAULTHANDLER=1
 # FlashInfer, when benchmarks/device/flashinfer_pack.sh made .fi/ and the call carries it. Its
 # JIT builds go to $FLASHINFER_WORKSPACE_BASE/.cache; a previous call's (the fi-jit.tgz.part-*
 # files the `flashinfer` stage returns, copied into .fi/) saves compiling them again.
@@ -136,10 +137,10 @@ PY
 fi
 if has latency; then
   stage "batch-1 latency, Qwen3-4B"
-  timeout 180 python3 -m openinfer_server.cli bench latency $M4 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
+  timeout -s ABRT 180 python3 -m openinfer_server.cli bench latency $M4 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
     --input-len 128 --output-len 256 --num-iters 5 --result-file "$OUT/latency-qwen3-4b.json"
   stage "decode breakdown, Qwen3-4B"
-  timeout 120 python3 benchmarks/device/decode_breakdown.py $M4 --json "$OUT/breakdown-qwen3-4b.json"
+  timeout -s ABRT 120 python3 benchmarks/device/decode_breakdown.py $M4 --json "$OUT/breakdown-qwen3-4b.json"
   stage "TTFT 128 / 2048 and TPOT, Qwen3-8B"
   timeout 180 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
     --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"

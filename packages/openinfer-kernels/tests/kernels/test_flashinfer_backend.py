@@ -60,7 +60,7 @@ def test_paged_layout_lists_each_requests_pages_in_order():
                                 seed=0)
     batch.block_tables = torch.tensor([[7, 3, 5], [2, 0, 0], [9, 0, 0]], dtype=torch.int32,
                                       device=batch.block_tables.device)
-    want = ([0, 1, 5, 6], [0, 3, 4, 5], [7, 3, 5, 2, 9], [1, 4, 1])
+    want = ([0, 1, 5, 6], [0, 3, 4, 5], [7, 3, 5, 2, 9], [1, 4, 1], [9, 4, 1])
     layout = paged_layout(batch, page=4)
     assert tuple(t.tolist() for t in layout) == want
     assert {t.dtype for t in layout} == {torch.int32}

@@ -110,8 +110,10 @@ class FlashInferAttentionBackend:
                 f"in {q.dtype}: unset OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the "
                 "Triton kernels), or use --dtype bfloat16")
         # Pinned, so that the plan's copies to the device wait for nothing queued before them
-        # (the step in flight, with overlapped steps).
-        qo_indptr, kv_indptr, kv_indices, last_page_len = (
+        # (the step in flight, with overlapped steps, or this step's first layer). The context
+        # lengths too: FlashInfer copies them to the device, and when it derives them itself
+        # they are pageable, a copy that waits for the GPU to finish everything queued.
+        qo_indptr, kv_indptr, kv_indices, last_page_len, seq_lens = (
             t.pin_memory() for t in paged_layout(batch, page))
         # The plan rewrites a pinned host buffer whose last contents are copied to the device
         # ahead of the previous planned step: that copy must be done.
@@ -121,11 +123,12 @@ class FlashInferAttentionBackend:
         wrapper = self._wrapper_for("decode" if decode else "prefill", q.device)
         if decode:
             wrapper.plan(kv_indptr, kv_indices, last_page_len, hq, hk, d, page,
-                         q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale)
+                         q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale,
+                         seq_lens=seq_lens)
         else:
             wrapper.plan(qo_indptr, kv_indptr, kv_indices, last_page_len, hq, hk, d, page,
                          causal=True, sm_scale=scale, q_data_type=q.dtype,
-                         kv_data_type=k_cache.dtype)
+                         kv_data_type=k_cache.dtype, seq_lens=seq_lens)
         self._plan_copied = torch.cuda.Event()
         self._plan_copied.record()
         self._planned, self._wrapper = batch, wrapper
@@ -146,9 +149,9 @@ class FlashInferAttentionBackend:
 
 def paged_layout(batch: ForwardBatch, page: int) -> tuple[torch.Tensor, ...]:
     """FlashInfer's CSR description of the batch's pages, on the host: query offsets [B + 1],
-    page offsets [B + 1], the pages in order [sum of pages] and the tokens used in each
-    request's last page [B], all int32. Read from the batch's host copies where it has them,
-    else copied from the device (one synchronisation)."""
+    page offsets [B + 1], the pages in order [sum of pages], the tokens used in each request's
+    last page [B] and the context lengths [B], all int32. Read from the batch's host copies
+    where it has them, else copied from the device (one synchronisation)."""
     b = batch.num_seqs
     if (batch.query_start_loc_cpu is not None and batch.seq_lens_cpu is not None
             and batch.block_tables_cpu is not None):
@@ -164,4 +167,4 @@ def paged_layout(batch: ForwardBatch, page: int) -> tuple[torch.Tensor, ...]:
     kv_indptr[1:] = torch.cumsum(pages, 0)
     used = torch.arange(tables.shape[1]) < pages[:, None]
     last_page_len = seq_lens - (pages - 1) * page
-    return qo_indptr, kv_indptr, tables[used], last_page_len.int()
+    return qo_indptr, kv_indptr, tables[used], last_page_len.int(), seq_lens
