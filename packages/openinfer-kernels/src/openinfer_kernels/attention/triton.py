@@ -241,8 +241,7 @@ def _split_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     num_queries = tl.load(query_start_loc_ptr + seq + 1) - q_start
     first = q_block * BLOCK_Q
-    if first >= num_queries:  # past the request's queries (or it has none this step)
-        return
+    working = first < num_queries  # else past the request's queries (or it has none)
     length = tl.load(seq_lens_ptr + seq)
 
     # Row r is query first + r // BLOCK_G of the request, query head kv_head * GROUP + r % BLOCK_G.
@@ -275,10 +274,14 @@ def _split_kernel(
     # this step's keys and values, read after the wait). Under PDL a kernel starts only once
     # the one before has passed its own wait, i.e. when the kernel two back has finished.
     offs_n = start + tl.arange(0, BLOCK_N)
-    old = (offs_n < end) & (offs_n < cached)
+    old = (offs_n < tl.where(working, end, start)) & (offs_n < cached)
     k_old, v_old = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, old, offs_d,
                                  d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+    # Every program waits, even one with nothing to do: were all to end before their wait,
+    # this kernel could finish before the one before it, and the next would not wait for that.
     pdl_enter(PDL)
+    if not working:
+        return
     q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
     k_new, v_new = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n,
