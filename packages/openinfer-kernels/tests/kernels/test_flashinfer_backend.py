@@ -5,7 +5,6 @@ GPU (`-m gpu`, with flashinfer-python installed) the same cases as the Triton ke
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -99,37 +98,6 @@ def test_flashinfer_runs_the_long_steps_and_triton_the_graphed_ones(monkeypatch)
     assert FlashInferAttentionBackend().every_step
 
 
-def test_a_step_plans_at_its_second_layer_while_the_first_runs_triton(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashinfer", type(sys)("flashinfer"))  # a stand-in
-    backend = FlashInferAttentionBackend()
-    calls: list[str] = []
-
-    def triton(q: torch.Tensor, *args: object) -> torch.Tensor:
-        calls.append("triton")
-        return q
-
-    def plan(q: torch.Tensor, k_cache: torch.Tensor, batch: object, scale: float) -> None:
-        calls.append("plan")
-        backend._planned = batch
-        backend._wrapper = SimpleNamespace(run=lambda q, kv: calls.append("run") or q)
-
-    monkeypatch.setattr(backend._triton, "attend_appended", triton)
-    monkeypatch.setattr(backend, "_plan", plan)
-    for seed in (0, 1):  # two steps, three layers each
-        case, _, _, batch = step_batch([Req(GRAPH_TOKENS + 1, GRAPH_TOKENS + 1)], 2, 1, 64,
-                                       torch.bfloat16, seed=seed)
-        for _ in range(3):
-            backend.attend_appended(case.q, case.k_cache, case.v_cache, batch, 0.1)
-    assert calls == ["triton", "plan", "run", "run"] * 2
-    # With FlashInfer on every step, every layer runs its kernels.
-    every, calls[:] = FlashInferAttentionBackend(every_step=True), []
-    monkeypatch.setattr(every, "_plan", plan)
-    backend = every  # the one the stand-in plan sets up
-    for _ in range(2):
-        every.attend_appended(case.q, case.k_cache, case.v_cache, batch, 0.1)
-    assert calls == ["plan", "run", "run"]
-
-
 # --- on the GPU, with flashinfer-python ------------------------------------------------------
 
 HEADS = pytest.mark.parametrize(("hq", "hk", "d"), [(8, 2, 64), (4, 4, 128), (32, 8, 128)],
@@ -201,13 +169,7 @@ def test_plans_once_per_step_and_again_for_the_next(backend, monkeypatch):
 @pytest.mark.parametrize("batch", list(LARGE))
 def test_default_split_of_steps_at_qwen3_4b_shapes(batch):
     pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
-    backend = FlashInferAttentionBackend()
-    case, k_step, v_step, step = step_batch(LARGE[batch], **QWEN3_4B, dtype=torch.bfloat16)
-    scale = QWEN3_4B["d"] ** -0.5
-    for _ in range(2):  # a step's first layer runs the Triton kernels, the next FlashInfer's
-        out = backend.attend(case.q, k_step, v_step, case.k_cache, case.v_cache, step, scale)
-        check_appended(case)
-        check(out, case, scale)
+    run_step(FlashInferAttentionBackend(), LARGE[batch], **QWEN3_4B, dtype=torch.bfloat16)
 
 
 @gpu

@@ -11,12 +11,9 @@ step launched eagerly costs more host time than its attention saves (the A/B in 
 `BatchDecodeWithPagedKVCacheWrapper`, on tensor cores), with no CUDA graphs.
 
 FlashInfer splits a step into a host-side `plan` (how the batch's pages are cut into work units)
-and a `run` per layer. The backend plans once per step from the `ForwardBatch` it is given
-(every layer of a step gets the same one), reading the batch's host copies of its lengths and
-block tables, and runs the plan at each layer. It plans at the step's second layer: the first
-runs the Triton kernels, which need no plan, so that the plan (~1.2 ms of host time, run 46)
-overlaps the first layer's GPU work. Planned at the first layer, it left the GPU idle that long
-before a lone prompt's first attention. K/V are appended by
+and a `run` per layer. The backend plans once, at the step's first layer, from the
+`ForwardBatch` it is given (every layer of a step gets the same one), reading the batch's host
+copies of its lengths and block tables, and runs the plan at each layer. K/V are appended by
 openinfer's own `kv_append` first. The caches are used as they are: FlashInfer's NHD layout,
 `[num_blocks, block_size, Hkv, D]`, K and V apart.
 """
@@ -66,7 +63,6 @@ class FlashInferAttentionBackend:
         self._workspace: torch.Tensor | None = None  # shared: one wrapper runs per step
         self._wrappers: dict[str, Any] = {}
         self._planned: ForwardBatch | None = None  # the batch the current plan is for
-        self._started: ForwardBatch | None = None  # the batch whose first layer ran on Triton
         self._wrapper: Any = None
         self._plan_copied: torch.cuda.Event | None = None
 
@@ -94,9 +90,6 @@ class FlashInferAttentionBackend:
         if q.shape[0] == 0:
             return torch.empty_like(q)
         if self._planned is not batch:
-            if self._started is not batch and not self.every_step:
-                self._started = batch  # the first layer: plan at the next one
-                return self._triton.attend_appended(q, k_cache, v_cache, batch, scale)
             self._plan(q, k_cache, batch, scale)
         return self._wrapper.run(q, (k_cache, v_cache))
 
@@ -110,7 +103,7 @@ class FlashInferAttentionBackend:
                 f"in {q.dtype}: unset OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the "
                 "Triton kernels), or use --dtype bfloat16")
         # Pinned, so that the plan's copies to the device wait for nothing queued before them
-        # (the step in flight, with overlapped steps, or this step's first layer). The context
+        # (the step in flight, with overlapped steps). The context
         # lengths too: FlashInfer copies them to the device, and when it derives them itself
         # they are pageable, a copy that waits for the GPU to finish everything queued.
         qo_indptr, kv_indptr, kv_indices, last_page_len, seq_lens = (

@@ -88,19 +88,11 @@ def _attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr, v_head_ptr, tab
     """Fold keys `tile .. tile + BLOCK_N` (those before `end`) into the running softmax of the
     rows of `q`; with CAUSAL, row r sees only keys up to its position `q_pos[r]`."""
     offs_n = tile + tl.arange(0, BLOCK_N)
-    k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, offs_n < end,
+    n_mask = offs_n < end
+    k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
                          offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-    return _fold_tile(q, k, v, acc, m_i, l_i, offs_n, end, q_pos, scale_log2, CAUSAL,
-                      PRECISION, UPCAST)
-
-
-@triton.jit
-def _fold_tile(q, k, v, acc, m_i, l_i, offs_n, end, q_pos, scale_log2, CAUSAL: tl.constexpr,
-               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Fold loaded keys `k` ([BLOCK_D, BLOCK_N], transposed) and values `v` of positions
-    `offs_n` (those before `end`) into the running softmax of the rows of `q`."""
     scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
-    visible = (offs_n < end)[None, :]
+    visible = n_mask[None, :]
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= q_pos[:, None])
     scores = tl.where(visible, scores, float("-inf"))
@@ -217,8 +209,7 @@ def _split_kernel(
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
-    # Up to `pdl_enter`, while the kernel before runs, only what neither it nor the one before
-    # it writes: the host's step inputs and the keys/values of earlier steps (see below).
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -241,7 +232,8 @@ def _split_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     num_queries = tl.load(query_start_loc_ptr + seq + 1) - q_start
     first = q_block * BLOCK_Q
-    working = first < num_queries  # else past the request's queries (or it has none)
+    if first >= num_queries:  # past the request's queries (or it has none this step)
+        return
     length = tl.load(seq_lens_ptr + seq)
 
     # Row r is query first + r // BLOCK_G of the request, query head kv_head * GROUP + r % BLOCK_G.
@@ -253,13 +245,13 @@ def _split_kernel(
     d_mask = offs_d < HEAD_DIM
     tokens = (q_start + query).to(tl.int64)
     heads = kv_head * GROUP + g
+    q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
     # Query i of n sits at position length - n + i and sees keys 0..that position: keys before
-    # `full_end` are seen by every row, keys up to `kv_end` by some. Keys before `cached`
-    # were written by earlier steps.
-    cached = length - num_queries
-    q_pos = cached + query
-    full_end = cached + first + 1
-    kv_end = cached + tl.minimum(first + BLOCK_Q, num_queries)
+    # `full_end` are seen by every row, keys up to `kv_end` by some.
+    q_pos = length - num_queries + query
+    full_end = length - num_queries + first + 1
+    kv_end = length - num_queries + tl.minimum(first + BLOCK_Q, num_queries)
     # Whole pages per split; the last splits may get fewer keys or none.
     chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), PAGE) * PAGE
     start = split * chunk
@@ -269,37 +261,15 @@ def _split_kernel(
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_kh
     v_head_ptr = v_cache_ptr + kv_head * stride_vh
-    # The split's first tile, the part of it earlier steps wrote, is read before the wait: that
-    # read, a decode program's only one from HBM, overlaps the kernel before (which appends
-    # this step's keys and values, read after the wait). Under PDL a kernel starts only once
-    # the one before has passed its own wait, i.e. when the kernel two back has finished.
-    offs_n = start + tl.arange(0, BLOCK_N)
-    old = (offs_n < tl.where(working, end, start)) & (offs_n < cached)
-    k_old, v_old = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, old, offs_d,
-                                 d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-    # Every program waits, even one with nothing to do: were all to end before their wait,
-    # this kernel could finish before the one before it, and the next would not wait for that.
-    pdl_enter(PDL)
-    if not working:
-        return
-    q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
-    k_new, v_new = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n,
-                                 (offs_n < end) & (offs_n >= cached), offs_d, d_mask,
-                                 stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
-    acc, m_i, l_i = _fold_tile(q, tl.where(old[None, :], k_old, k_new),
-                               tl.where(old[:, None], v_old, v_new), acc, m_i, l_i, offs_n,
-                               end, q_pos, scale_log2, True, PRECISION, UPCAST)
-    # The rest: keys every row sees, then those only some rows see.
-    for tile in range(start + BLOCK_N, mid_end, BLOCK_N):
+    for tile in range(start, mid_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, tile, mid_end, q_pos, k_head_ptr,
                                      v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
                                      stride_kb, stride_ks, stride_vb, stride_vs,
                                      PAGE, BLOCK_N, False, PRECISION, UPCAST)
-    for tile in range(tl.maximum(mid_end, start + BLOCK_N), end, BLOCK_N):
+    for tile in range(mid_end, end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr,
                                      v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
                                      stride_kb, stride_ks, stride_vb, stride_vs,
@@ -327,15 +297,14 @@ def _merge_kernel(
     stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
-    tokens = tl.load(query_start_loc_ptr + num_seqs)  # a step input: read before the wait
-    pdl_enter(PDL)
-    if token >= tokens:
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
         # Padding past the requests' tokens (a CUDA graph's bucket): no split wrote it.
         tl.store(out_ptrs, tl.zeros([BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
                  mask=d_mask)
