@@ -103,9 +103,9 @@ class FlashInferAttentionBackend:
                 f"in {q.dtype}: unset OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the "
                 "Triton kernels), or use --dtype bfloat16")
         # Pinned, so that the plan's copies to the device wait for nothing queued before them
-        # (the step in flight, with overlapped steps). The context
-        # lengths too: FlashInfer copies them to the device, and when it derives them itself
-        # they are pageable, a copy that waits for the GPU to finish everything queued.
+        # (the step in flight, with overlapped steps). The context lengths too: FlashInfer
+        # copies them to the device, and when it derives them itself they are pageable, a copy
+        # that waits for the GPU to finish everything queued before it.
         qo_indptr, kv_indptr, kv_indices, last_page_len, seq_lens = (
             t.pin_memory() for t in paged_layout(batch, page))
         # The plan rewrites a pinned host buffer whose last contents are copied to the device
