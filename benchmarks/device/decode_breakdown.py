@@ -36,13 +36,19 @@ def category(name: str) -> str:
     return next((c for c, pat in CATEGORIES if re.search(pat, low)), "other")
 
 
+def gpu_work(prof: profile) -> list[tuple[float, float, str]]:
+    """(start, end, name) of every piece of GPU work the profiler saw (kernels, copies,
+    memsets), in µs on the profiler's clock, by start."""
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type == DeviceType.CUDA)
+
+
 def marginal_ms(prof: profile, steps: int) -> tuple[dict[str, float], dict[str, float]]:
     """ms per step that each op adds to the GPU's timeline: a kernel's end minus the latest end
     before it (0 when it ends earlier). Under PDL kernels overlap and their own durations
-    include the wait for the one before; these marginal times add up to the step's GPU span,
+    include the wait for the one before; these marginal times add up to the steps' GPU time,
     so they show what each op costs the step. By category, and the top kernels by name."""
-    work = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                  if e.device_type == DeviceType.CUDA)
+    work = gpu_work(prof)
     by_cat: dict[str, float] = defaultdict(float)
     by_kernel: dict[str, float] = defaultdict(float)
     latest = work[0][0] if work else 0.0

@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-from decode_breakdown import category
+from decode_breakdown import category, gpu_work
 from step_timeline import Timers
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -64,9 +64,7 @@ def timeline(engine: Engine, request_id: str, prompt: tuple[int, ...]) -> dict[s
     events = prof.events()
     mark = next(e for e in events if e.name == "ttft-step" and e.device_type == DeviceType.CPU)
     t0, t1 = mark.time_range.start, mark.time_range.end
-    work = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
-                  if e.device_type == DeviceType.CUDA and e.name != "ttft-step"
-                  and t0 <= e.time_range.start <= t1)
+    work = [w for w in gpu_work(prof) if w[2] != "ttft-step" and t0 <= w[0] <= t1]
     gaps: list[tuple[float, str]] = []
     busy_end = work[0][1]
     for start, end, name in work[1:]:

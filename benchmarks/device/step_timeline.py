@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 import torch
-from decode_breakdown import category
+from decode_breakdown import category, gpu_work
 from torch.profiler import ProfilerActivity, profile
 
 from openinfer_core.engine.config import EngineConfig
@@ -62,8 +62,7 @@ def wrap_results(timers: Timers) -> None:
 
 
 def gpu_idle(prof: Any, wall_s: float) -> dict[str, float]:
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = [(start, end) for start, end, _ in gpu_work(prof)]
     if not spans:
         return {}
     busy, end = 0.0, spans[0][0]
