@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [gate] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -68,6 +68,20 @@ if has tests; then
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
   timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
     --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/golden_tests.log"
+fi
+if has gate; then
+  # A quicker gate for a kernel change than `tests`: the golden gate and the kernel tests of
+  # the step's norm, rotary and attention kernels (GATE_TESTS to name others), compiled.
+  stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
+    --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py --ignore=tests/gpu/test_start_kernels_gpu.py \
+    --ignore=tests/gpu/test_tp_gpu.py --ignore=tests/gpu/test_tp_deepseek_v4_gpu.py 2>&1 \
+    | tail -30 | tee "$OUT/golden_tests.log"
+  stage "kernel tests: norms, q/k norm + rotary, attention, compiled"
+  k=packages/openinfer-kernels/tests/kernels
+  timeout 240 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    ${GATE_TESTS:-$k/test_rms_norm.py $k/test_qk_norm_rope.py $k/test_paged_attention_triton.py $k/test_gemm.py} \
+    2>&1 | tail -8 | tee "$OUT/gate_kernel_tests.log"
 fi
 if has tp; then
   M32=/tmp/qwen3-32b

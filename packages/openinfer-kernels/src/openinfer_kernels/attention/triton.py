@@ -297,14 +297,15 @@ def _merge_kernel(
     stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     out_ptrs = out_ptr + token.to(tl.int64) * stride_ot + head * stride_oh + offs_d
-    if token >= tl.load(query_start_loc_ptr + num_seqs):
+    tokens = tl.load(query_start_loc_ptr + num_seqs)  # a step input: read before the wait
+    pdl_enter(PDL)
+    if token >= tokens:
         # Padding past the requests' tokens (a CUDA graph's bucket): no split wrote it.
         tl.store(out_ptrs, tl.zeros([BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
                  mask=d_mask)

@@ -28,15 +28,13 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, H, eps
 
 
 @triton.jit
-def _add_rms_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, res_row_stride, H, eps, cols,
-                      mask):
-    # x: this row of the addend, fp32. Round the sum into the stream's dtype first and normalise
-    # the rounded value: the next layer adds to exactly what is stored, as in the reference.
-    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+def _add_rms_norm_row(x, r, w, out_ptr, sum_ptr, row, H, eps, cols, mask):
+    # x, r, w: this row of the addend and of the residual, and the weight, fp32. Round the sum
+    # into the stream's dtype first and normalise the rounded value: the next layer adds to
+    # exactly what is stored, as in the reference.
     summed = (x + r).to(sum_ptr.dtype.element_ty)
     tl.store(sum_ptr + row * H + cols, summed, mask=mask)
     s = summed.to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(s * s, axis=0) / H + eps)
     normed = (s * inv_rms).to(out_ptr.dtype.element_ty).to(tl.float32)  # as rms_norm
     tl.store(out_ptr + row * H + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
@@ -51,8 +49,9 @@ def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_row_st
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    _add_rms_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, res_row_stride, H, eps, cols,
-                      mask)
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    _add_rms_norm_row(x, r, w, out_ptr, sum_ptr, row, H, eps, cols, mask)
 
 
 @triton.jit
@@ -61,16 +60,20 @@ def _split_sum_add_rms_norm_kernel(part_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, M
                                    BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     # The addend is a split-K product's fp32 shares [SPLIT_K, M, H]: summed in a fixed order and
     # rounded as the linear layer's output would be, then as _fused_add_rms_norm_kernel.
-    pdl_enter(PDL)
+    # The kernel before is the product's; the residual and the weight are read before the wait,
+    # overlapping its drain: they were written before it was launched, by a kernel at least two
+    # back, and under PDL this one starts only once the one before has passed its own wait.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_enter(PDL)
     x = tl.zeros([BLOCK_H], dtype=tl.float32)
     for s in range(SPLIT_K):
         x += tl.load(part_ptr + (s * M + row) * H + cols, mask=mask, other=0.0)
     x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
-    _add_rms_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, res_row_stride, H, eps, cols,
-                      mask)
+    _add_rms_norm_row(x, r, w, out_ptr, sum_ptr, row, H, eps, cols, mask)
 
 
 def row_settings(h: int) -> tuple[int, int]:
@@ -118,7 +121,8 @@ def split_sum_add_rms_norm_triton(partials: torch.Tensor, residual: torch.Tensor
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """`fused_add_rms_norm_triton(x, residual, ...)` where x is the sum of a split-K linear's
     fp32 shares `partials` ([S, M, H], contiguous), rounded to residual's dtype: the sum of the
-    shares and the add + norm in one launch."""
+    shares and the add + norm in one launch. Launched right after the kernel that writes the
+    shares: with PDL it reads `residual` and `weight` while that kernel drains."""
     splits, m, h = partials.shape
     res = _rows(residual)
     normed = torch.empty((m, h), dtype=residual.dtype, device=residual.device)

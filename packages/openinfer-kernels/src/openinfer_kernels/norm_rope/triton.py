@@ -18,7 +18,19 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
-def _norm_rope_heads(src, src_stride_h, n_heads, w_ptr, dst, cos_ptr, eps, D: tl.constexpr,
+def _norm_rope_params(w_ptr, cos_ptr, D: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """A head's norm weight halves and its position's cos / sin, in fp32."""
+    half: tl.constexpr = D // 2
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    w1 = tl.load(w_ptr + offs, mask=offs < half, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + half + offs, mask=offs < half, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + offs, mask=offs < half, other=0.0).to(tl.float32)
+    sin = tl.load(cos_ptr + half + offs, mask=offs < half, other=0.0).to(tl.float32)
+    return w1, w2, cos, sin
+
+
+@triton.jit
+def _norm_rope_heads(src, src_stride_h, n_heads, w1, w2, cos, sin, dst, eps, D: tl.constexpr,
                      BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr, write=True):
     # Heads 0..n_heads-1 (of a tile of HEADS) of one token: src head h at src + h * src_stride_h,
     # written contiguously at dst + h * D.
@@ -32,12 +44,11 @@ def _norm_rope_heads(src, src_stride_h, n_heads, w_ptr, dst, cos_ptr, eps, D: tl
     x2 = tl.load(head + half + offs, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
     out_ty = dst.dtype.element_ty
-    w1 = tl.load(w_ptr + offs, mask=offs < half, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + half + offs, mask=offs < half, other=0.0).to(tl.float32)
     n1 = ((x1 * inv_rms).to(out_ty).to(tl.float32) * w1).to(out_ty).to(tl.float32)
     n2 = ((x2 * inv_rms).to(out_ty).to(tl.float32) * w2).to(out_ty).to(tl.float32)
-    cos = tl.load(cos_ptr + offs, mask=offs < half, other=0.0).to(out_ty).to(tl.float32)
-    sin = tl.load(cos_ptr + half + offs, mask=offs < half, other=0.0).to(out_ty).to(tl.float32)
+    # cos / sin rounded to the output dtype first, as the reference's table is.
+    cos = cos.to(out_ty).to(tl.float32)
+    sin = sin.to(out_ty).to(tl.float32)
     out = dst + h * D
     tl.store(out + offs, (n1 * cos - n2 * sin).to(out_ty), mask=store)
     tl.store(out + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=store)
@@ -49,19 +60,24 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos
                          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
                          BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
     # Program (t, j): heads j*HEADS.. of token t's q, then (past the q tiles) of its k.
-    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
-    cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
     q_tiles: tl.constexpr = (HQ + HEADS - 1) // HEADS
-    if j < q_tiles:
+    is_q = j < q_tiles
+    cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
+    # Before the wait: the norm weights, positions and table, which no kernel of the step
+    # writes (see _qk_norm_rope_append_kernel).
+    w1, w2, cos, sin = _norm_rope_params(tl.where(is_q, qw_ptr, kw_ptr), cos_ptr, D,
+                                         BLOCK_HALF)
+    pdl_enter(PDL)
+    if is_q:
         h0 = j * HEADS
-        _norm_rope_heads(q_ptr + t * q_stride_t + h0 * q_stride_h, q_stride_h, HQ - h0, qw_ptr,
-                         q_out_ptr + (t * HQ + h0) * D, cos_ptr, eps, D, BLOCK_HALF, HEADS)
+        _norm_rope_heads(q_ptr + t * q_stride_t + h0 * q_stride_h, q_stride_h, HQ - h0, w1, w2,
+                         cos, sin, q_out_ptr + (t * HQ + h0) * D, eps, D, BLOCK_HALF, HEADS)
     else:
         h0 = (j - q_tiles) * HEADS
-        _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, kw_ptr,
-                         k_out_ptr + (t * HK + h0) * D, cos_ptr, eps, D, BLOCK_HALF, HEADS)
+        _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, w1, w2,
+                         cos, sin, k_out_ptr + (t * HK + h0) * D, eps, D, BLOCK_HALF, HEADS)
 
 
 @triton.jit
@@ -71,21 +87,27 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
                                 cos_sin_stride, cache_stride_slot, eps, HQ: tl.constexpr,
                                 HK: tl.constexpr, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
                                 BLOCK_D: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
+    # Before the wait, overlapping the q/k/v projection's drain: the norm weights, and the
+    # step's positions and slots with the rotary table, which the host writes (or a kernel at
+    # least two back: under PDL a kernel starts once the one before it has passed its wait).
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
-    cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
     q_tiles: tl.constexpr = (HQ + HEADS - 1) // HEADS
-    if j < q_tiles:
+    is_q = j < q_tiles
+    cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t) * cos_sin_stride
+    w1, w2, cos, sin = _norm_rope_params(tl.where(is_q, qw_ptr, kw_ptr), cos_ptr, D,
+                                         BLOCK_HALF)
+    slot = tl.load(slot_ptr + t)  # int64: slot * stride indexes the whole cache
+    pdl_enter(PDL)
+    if is_q:
         h0 = j * HEADS
-        _norm_rope_heads(q_ptr + t * q_stride_t + h0 * q_stride_h, q_stride_h, HQ - h0, qw_ptr,
-                         q_out_ptr + (t * HQ + h0) * D, cos_ptr, eps, D, BLOCK_HALF, HEADS)
+        _norm_rope_heads(q_ptr + t * q_stride_t + h0 * q_stride_h, q_stride_h, HQ - h0, w1, w2,
+                         cos, sin, q_out_ptr + (t * HQ + h0) * D, eps, D, BLOCK_HALF, HEADS)
     else:
         h0 = (j - q_tiles) * HEADS
-        slot = tl.load(slot_ptr + t)  # int64: slot * stride indexes the whole cache
         dst = slot * cache_stride_slot + h0 * D
-        _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, kw_ptr,
-                         k_cache_ptr + dst, cos_ptr, eps, D, BLOCK_HALF, HEADS, slot >= 0)
+        _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, w1, w2,
+                         cos, sin, k_cache_ptr + dst, eps, D, BLOCK_HALF, HEADS, slot >= 0)
         h = tl.arange(0, HEADS)[:, None]
         offs = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < HK - h0) & (offs < tl.where(slot >= 0, D, 0))
