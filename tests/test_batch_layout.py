@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from openinfer_core.engine.batch import plan_batch
-from openinfer_core.engine.cuda_graphs import graph_buckets, mixed_buckets, stage_mixed
+from openinfer_core.engine.cuda_graphs import graph_buckets, mixed_buckets
+from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
 from openinfer_core.engine.sequence import Sequence as Seq
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
@@ -83,16 +86,64 @@ def test_a_mixed_step_is_staged_with_padding_tokens_and_requests() -> None:
     for s, n in ((a, 5), (b, 6)):
         assert kv.allocate(s.request_id, n)
     host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 5, False)], kv)
-    staging = np.full((6, 20), -7, dtype=np.int64)
-    stage_mixed(staging, host, bucket=16, slots=4)
-    assert staging[0, :16].tolist() == [5, 6, 7, 8, 9, 10] + [0] * 10
-    assert staging[1, :16].tolist() == [4, 0, 1, 2, 3, 4] + [0] * 10
-    assert staging[2, :6].tolist() == host.slot_mapping.tolist()
-    assert staging[2, 6:16].tolist() == [0] * 10  # into the padding block 0
-    assert staging[3, :4].tolist() == [5, 5, 1, 1]
-    assert staging[4, :5].tolist() == [0, 1, 6, 6, 6]  # padding requests own no token
-    assert staging[5, :4].tolist() == [0, 0, 0, 0]  # a's row 0, then padding
-    assert (staging[:, 16:] == -7).all() and (staging[3:, 5:] == -7).all()
+    layout = InputLayout(tokens=16, slots=4, decode=False)
+    staging = np.full(layout.words + 3, -7, dtype=np.int64)
+    stage_mixed(layout.views(staging), host)
+    # One copy moves the whole step: the graph's buffer reads what the host laid out.
+    inputs = GraphInputs(layout, torch.device("cpu"))
+    inputs.copy_from(torch.from_numpy(staging))
+    got = {k: v.tolist() for k, v in inputs.views.items()}
+    assert got["input_ids"] == [5, 6, 7, 8, 9, 10] + [0] * 10
+    assert got["positions"] == [4, 0, 1, 2, 3, 4] + [0] * 10
+    assert got["slot_mapping"] == host.slot_mapping.tolist() + [0] * 10  # padding: block 0
+    assert got["seq_lens"] == [5, 5, 1, 1]
+    assert got["query_start_loc"] == [0, 1, 6, 6, 6]  # padding requests own no token
+    assert got["logits_indices"] == [0, 0, 0, 0]  # a's row 0, then padding
+    assert inputs.views["seq_lens"].dtype == torch.int32
+    assert (staging[layout.words:] == -7).all()  # nothing written past the layout
+
+
+def test_a_decode_step_copies_only_what_changes_and_keeps_its_constant_rows() -> None:
+    kv = PagedKVManager(num_blocks=8, block_size=4)
+    seqs = [_seq("a", [1, 2, 3], computed=2), _seq("b", [4, 5, 6, 7, 8], computed=4),
+            _seq("c", [9, 10], computed=1)]
+    for s in seqs:
+        assert kv.allocate(s.request_id, len(s.prompt_token_ids))
+    host = plan_batch([ScheduledRow(s, 1, True) for s in seqs], kv)
+    layout = InputLayout(tokens=4, slots=4, decode=True)
+    assert layout.copied == layout.offsets["query_start_loc"] < layout.words
+    staging = np.full(layout.words, -7, dtype=np.int64)
+    stage_decode(layout.views(staging), host)
+    assert (staging[layout.copied:] == -7).all()
+    inputs = GraphInputs(layout, torch.device("cpu"))
+    inputs.copy_from(torch.from_numpy(staging))
+    got = {k: v.tolist() for k, v in inputs.views.items()}
+    assert got["input_ids"] == [3, 8, 10, 0]
+    assert got["positions"] == [2, 4, 1, 0]
+    assert got["slot_mapping"] == [*host.slot_mapping.tolist(), 0]
+    assert got["seq_lens"] == [3, 5, 2, 1]  # the padding row sees one token
+    assert got["query_start_loc"] == [0, 1, 2, 3, 4]  # request b owns token b ...
+    assert got["logits_indices"] == [0, 1, 2, 3]  # ... and samples it
+
+
+@pytest.mark.parametrize("tokens,slots,decode", [
+    (1, 1, True), (2, 2, True), (3, 3, True), (16, 16, True), (512, 512, True),
+    (16, 16, False), (17, 7, False), (2048, 512, False), (1, 1, False)])
+def test_each_input_starts_on_16_bytes_and_none_overlap(tokens: int, slots: int,
+                                                        decode: bool) -> None:
+    layout = InputLayout(tokens, slots, decode)
+    buffer = torch.arange(layout.words, dtype=torch.int64)
+    views = layout.views(buffer)
+    spans = []
+    for field, view in views.items():
+        start = view.data_ptr() - buffer.data_ptr()
+        assert start % 16 == 0, field  # Triton specializes pointers on 16-byte alignment
+        assert len(view) == (tokens if field in ("input_ids", "positions", "slot_mapping")
+                             else slots + (field == "query_start_loc"))
+        spans.append((start, start + view.numel() * view.element_size()))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    assert spans[-1][1] <= layout.words * 8
 
 
 def test_dummy_weights_need_no_files_and_depend_only_on_the_config(tmp_path: Path,

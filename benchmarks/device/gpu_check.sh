@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [gate] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [gate] [ab] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -162,6 +162,29 @@ if has latency; then
   stage "TTFT 128 / 2048 and TPOT, Qwen3-8B"
   timeout 180 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy --max-num-seqs 4 --max-model-len 4096 \
     --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"
+fi
+if has ab; then
+  # Batch-1 TPOT of this tree against a baseline on the same machine, runs interleaved
+  # (base, new, base, new, ...): AB_BASE names a folder of the baseline's openinfer wheels
+  # (benchmarks/device/ab_base.sh COMMIT makes .ab-base), carried with the call.
+  base=${AB_BASE:-.ab-base}
+  [ -d "$base" ] || { echo "ab: no baseline wheels in $base"; exit 1; }
+  rm -rf /tmp/site-base && cp -r /tmp/site /tmp/site-base && rm -rf /tmp/site-base/openinfer_*
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
+    "$base"/openinfer_*.whl || exit 1
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for size in ${AB_MODELS:-4b 8b}; do
+      model=$M4; [ $size = 8b ] && model=$M8
+      for side in base new; do
+        stage "A/B batch-1 latency, Qwen3-${size^^}, $side, round $round"
+        site=/tmp/site; [ $side = base ] && site=/tmp/site-base
+        PYTHONPATH=$site timeout -s ABRT 180 python3 -m openinfer_server.cli bench latency $model \
+          --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+          --output-len 256 --num-iters 5 --result-file "$OUT/ab-$size-$side-$round.json" \
+          | grep -E "TPOT|floor"
+      done
+    done
+  done
 fi
 if has fusion; then
   # Issue 13: o_proj and down with their split-K sum inside the add + norm (gemm/tiles.py's

@@ -26,7 +26,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ import torch
 
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -83,24 +84,6 @@ def pick_bucket(buckets: Sequence[int], captured: Collection[int], n: int) -> in
     return min(larger) if larger and min(larger) <= PAD_RATIO * own else None
 
 
-def stage_mixed(staging: np.ndarray, batch: HostBatch, bucket: int, slots: int) -> None:
-    """Lay a mixed step out in the staging rows (ids, positions, slots, seq_lens,
-    query_start_loc, logits_indices) as a `bucket`-token graph over `slots` requests reads it:
-    padding tokens are token 0 at position 0 writing into block 0; padding requests see one
-    token and own none; padding sampled rows read row 0."""
-    t, b, k = len(batch.input_ids), batch.num_seqs, len(batch.logits_indices)
-    staging[:3, t:bucket] = 0
-    staging[0, :t] = batch.input_ids
-    staging[1, :t] = batch.positions
-    staging[2, :t] = batch.slot_mapping
-    staging[3, :b] = batch.seq_lens
-    staging[3, b:slots] = 1
-    staging[4, :b + 1] = batch.query_start_loc
-    staging[4, b + 1:slots + 1] = t
-    staging[5, :k] = batch.logits_indices
-    staging[5, k:slots] = 0
-
-
 class CudaGraphRunner:
     """Owns the fixed input buffers and one captured graph per bucket. Engine thread only."""
 
@@ -111,26 +94,22 @@ class CudaGraphRunner:
         self.max_batch = max_batch
         self.buckets = graph_buckets(max_batch)
         self.mixed = mixed_buckets(mixed_max_tokens)
-        n = max(max_batch, self.mixed[-1] if self.mixed else 0)
         dev = self.device
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.slot_mapping = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32,
                                         device=dev)
-        # Decode graphs: request b owns token b and samples it, always.
-        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=dev)
-        self.logits_indices = torch.arange(max_batch, dtype=torch.int64, device=dev)
-        # Mixed graphs: both rewritten every step.
-        self.mixed_query_start_loc = torch.zeros(max_batch + 1, dtype=torch.int32, device=dev)
-        self.mixed_logits_indices = torch.zeros(max_batch, dtype=torch.int64, device=dev)
-        # Host staging, pinned so the copies are asynchronous. Rows: ids, positions, slots,
-        # seq_lens, query_start_loc, logits_indices. Two of them, used in turn: one is rewritten
-        # only once its copies (two steps back) landed, so with overlapped steps the host never
-        # waits for the step in flight.
-        self._stagings = [torch.zeros(6, max(n, max_batch + 1), dtype=torch.int64).pin_memory()
-                          for _ in range(2)]
+        # Each graph's token and request inputs, packed so a step lands them in one copy
+        # (graph_inputs.py); the block tables are shared, copied as wide as the step needs.
+        self._inputs = {("decode", b): GraphInputs(InputLayout(b, b, True), dev)
+                        for b in self.buckets}
+        self._inputs |= {("mixed", t): GraphInputs(InputLayout(t, min(t, max_batch), False),
+                                                   dev) for t in self.mixed}
+        words = max(i.layout.words for i in self._inputs.values())
+        # Host staging, pinned so the copies are asynchronous. Two of them, used in turn: one
+        # is rewritten only once its copies (two steps back) landed, so with overlapped steps
+        # the host never waits for the step in flight.
+        self._stagings = [torch.zeros(words, dtype=torch.int64).pin_memory() for _ in range(2)]
+        self._host_views = [{k: i.layout.views(s.numpy()) for k, i in self._inputs.items()}
+                            for s in self._stagings]
         self._copies = [torch.cuda.Event() for _ in range(2)]
         self._turn = 0
         self._staging = self._stagings[0]
@@ -172,7 +151,8 @@ class CudaGraphRunner:
             return False
         key = self.pending.pop(0)
         started = time.perf_counter()
-        self._reset_buffers()
+        self._inputs[key].reset()
+        self.block_tables.zero_()
         self._capture_all([key], collect=False)  # a full collection costs more than a capture
         log.debug("CUDA graph %s %d captured in %.3f s", *key, time.perf_counter() - started)
         if not self.pending:
@@ -192,12 +172,10 @@ class CudaGraphRunner:
 
     def every_batch(self) -> list[ForwardBatch]:
         """The batches of every bucket's graph, as `capture` runs them (compile ahead)."""
-        return [self._batch(b) for b in self.buckets] + [self._mixed_batch(t)
-                                                         for t in self.mixed]
+        return [self._forward_batch(k) for k in self._inputs]
 
     def _capture(self, keys: list[tuple[str, int]]) -> None:
-        batches = {k: self._batch(k[1]) if k[0] == "decode" else self._mixed_batch(k[1])
-                   for k in keys}
+        batches = {k: self._forward_batch(k) for k in keys}
         with torch.inference_mode():
             for batch in batches.values():
                 logits = self.model.forward(batch)
@@ -221,13 +199,6 @@ class CudaGraphRunner:
                                    else (self._mixed_graphs, self._mixed_logits))
                 graphs[size], outputs[size] = graph, out
             torch.cuda.synchronize(self.device)
-
-    def _reset_buffers(self) -> None:
-        """The buffers as at start: every token padding, in block 0."""
-        for buf in (self.input_ids, self.positions, self.slot_mapping, self.block_tables,
-                    self.mixed_query_start_loc, self.mixed_logits_indices):
-            buf.zero_()
-        self.seq_lens.fill_(1)
 
     def can_run(self, batch: HostBatch) -> bool:
         if batch.is_decode:
@@ -253,71 +224,46 @@ class CudaGraphRunner:
         return self._run_mixed(batch)
 
     def _run_decode(self, batch: HostBatch) -> torch.Tensor:
-        b = batch.num_seqs
-        bucket = pick_bucket(self.buckets, self._graphs, b)
+        bucket = pick_bucket(self.buckets, self._graphs, batch.num_seqs)
         assert bucket is not None, "can_run said no"
-        staging = self._staging.numpy()
-        staging[:4, b:bucket] = 0
-        staging[3, b:bucket] = 1  # padding rows see one token, in block 0
-        staging[0, :b] = batch.input_ids
-        staging[1, :b] = batch.positions
-        staging[2, :b] = batch.slot_mapping
-        staging[3, :b] = batch.seq_lens
-        self._copy_tokens(bucket)
-        self.seq_lens[:bucket].copy_(self._staging[3, :bucket], non_blocking=True)
-        self._copy_tables(batch)
+        self._copy_in(("decode", bucket), batch, stage_decode)
         self._graphs[bucket].replay()
         self.replays["decode"] += 1
-        return self._logits[bucket][:b]
+        return self._logits[bucket][:batch.num_seqs]
 
     def _run_mixed(self, batch: HostBatch) -> torch.Tensor:
-        t, k = len(batch.input_ids), len(batch.logits_indices)
-        bucket = pick_bucket(self.mixed, self._mixed_graphs, t)
+        bucket = pick_bucket(self.mixed, self._mixed_graphs, len(batch.input_ids))
         assert bucket is not None, "can_run said no"
-        slots = min(bucket, self.max_batch)
-        stage_mixed(self._staging.numpy(), batch, bucket, slots)
-        self._copy_tokens(bucket)
-        self.seq_lens[:slots].copy_(self._staging[3, :slots], non_blocking=True)
-        self.mixed_query_start_loc[:slots + 1].copy_(self._staging[4, :slots + 1],
-                                                     non_blocking=True)
-        self.mixed_logits_indices[:slots].copy_(self._staging[5, :slots], non_blocking=True)
-        self._copy_tables(batch)
+        self._copy_in(("mixed", bucket), batch, stage_mixed)
         self._mixed_graphs[bucket].replay()
         self.replays["mixed"] += 1
-        return self._mixed_logits[bucket][:k]
+        return self._mixed_logits[bucket][:len(batch.logits_indices)]
 
-    def _copy_tokens(self, n: int) -> None:
-        self.input_ids[:n].copy_(self._staging[0, :n], non_blocking=True)
+    def _copy_in(self, key: tuple[str, int], batch: HostBatch,
+                 stage: Callable[[dict[str, np.ndarray], HostBatch], None]) -> None:
+        """Two copies: the step's inputs laid out as `key`'s graph reads them, then its block
+        tables; the fill's ids after the first."""
+        inputs = self._inputs[key]
+        stage(self._host_views[self._turn][key], batch)
+        inputs.copy_from(self._staging)
         if self._fill is not None:
-            self.input_ids.index_copy_(0, *self._fill)
-        self.positions[:n].copy_(self._staging[1, :n], non_blocking=True)
-        self.slot_mapping[:n].copy_(self._staging[2, :n], non_blocking=True)
-
-    def _copy_tables(self, batch: HostBatch) -> None:
+            inputs.views["input_ids"].index_copy_(0, *self._fill)
         b, width = batch.block_tables.shape
         # Pinned, or the copy could wait for the step in flight.
         tables = torch.from_numpy(batch.block_tables).pin_memory()
         self.block_tables[:b, :width].copy_(tables, non_blocking=True)
         self._copied.record()
 
-    def _batch(self, b: int) -> ForwardBatch:
+    def _forward_batch(self, key: tuple[str, int]) -> ForwardBatch:
+        """The batch `key`'s graph runs: a decode graph's B rows of one token each; a mixed
+        graph's T tokens over min(T, max_batch) request slots, with `max_query_len` = T, the
+        most any request may have, so the attention picks kernels that handle every spread."""
+        views = self._inputs[key].views
+        slots = len(views["seq_lens"])
         return ForwardBatch(
-            input_ids=self.input_ids[:b], positions=self.positions[:b],
-            slot_mapping=self.slot_mapping[:b], query_start_loc=self.query_start_loc[:b + 1],
-            seq_lens=self.seq_lens[:b], block_tables=self.block_tables[:b],
-            logits_indices=self.logits_indices[:b], max_query_len=1,
+            **views, block_tables=self.block_tables[:slots],
+            max_query_len=1 if key[0] == "decode" else key[1],
             max_seq_len=self.model.max_model_len)
-
-    def _mixed_batch(self, t: int) -> ForwardBatch:
-        """T tokens over min(T, max_batch) request slots; `max_query_len` = T, the most any
-        request may have, so the attention picks kernels that handle every spread."""
-        s = min(t, self.max_batch)
-        return ForwardBatch(
-            input_ids=self.input_ids[:t], positions=self.positions[:t],
-            slot_mapping=self.slot_mapping[:t],
-            query_start_loc=self.mixed_query_start_loc[:s + 1], seq_lens=self.seq_lens[:s],
-            block_tables=self.block_tables[:s], logits_indices=self.mixed_logits_indices[:s],
-            max_query_len=t, max_seq_len=self.model.max_model_len)
 
 
 def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | None:
