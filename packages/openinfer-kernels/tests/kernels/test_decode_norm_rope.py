@@ -1,8 +1,8 @@
 """paged_decode_norm_rope: the decode attention kernel that norms and rotates its own q and new
 k and appends the new K/V, against the two launches it replaces (`qk_norm_rope_append` then
 `paged_decode`) and against the references. q, k and v are column slices of one fused qkv
-output, as the model hands them over; caches hold NaN outside each request's context and at
-the new key's slot, so a stray read poisons the output."""
+output, as the model hands them over; caches hold NaN outside each request's context, so a
+stray read, or a read of the new key before it was written, poisons the output."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import torch
 from paged_cases import DECODES, DEVICE, LARGE, QWEN3_4B, TOL, Req, decodes, step_batch
 
 from openinfer_kernels.attention import paged_attention_ref
-from openinfer_kernels.attention.triton import paged_decode
+from openinfer_kernels.attention.triton import NormRope, paged_decode, paged_decode_norm_rope
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
-from openinfer_kernels.attention.triton_decode import NormRope, paged_decode_norm_rope
 from openinfer_kernels.norm_rope import qk_norm_rope_append_ref
 from openinfer_kernels.norm_rope.triton import qk_norm_rope_append_triton
 from openinfer_kernels.rotary import rope_cos_sin

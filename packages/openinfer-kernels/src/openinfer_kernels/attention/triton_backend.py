@@ -6,8 +6,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS, paged_attention_triton
-from openinfer_kernels.attention.triton_decode import NormRope, paged_decode_norm_rope
+from openinfer_kernels.attention.triton import (
+    SPLIT_MAX_TOKENS,
+    NormRope,
+    paged_attention_triton,
+    paged_decode_norm_rope,
+)
 from openinfer_kernels.kv_store import kv_append
 from openinfer_kernels.norm_rope import qk_norm_rope_append
 
