@@ -43,9 +43,7 @@ class Qwen3Model:
         self.cfg = cfg if shard is None else shard.local_config(cfg)
         self.w = weights
         self.attention = attention
-        # A backend's `attend_normed`, when it has one: it norms, rotates and appends itself.
-        # Else its `attend_appended`: then the q/k norm + rotary kernel also appends.
-        self._attend_normed = getattr(attention, "attend_normed", None)
+        # A backend's `attend_appended`, when it has one: then q/k norm + rotary also appends.
         self._attend_appended = getattr(attention, "attend_appended", None)
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
@@ -146,11 +144,7 @@ class Qwen3Model:
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        if self._attend_normed is not None:
-            out = self._attend_normed(q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
-                                      self.cos_sin, self.kv.k[n], self.kv.v[n], batch,
-                                      self.scale)
-        elif self._attend_appended is not None:  # K/V go to the cache in the norm/rotary kernel
+        if self._attend_appended is not None:  # K/V go to the cache in the norm/rotary kernel
             q = qk_norm_rope_append(q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                     batch.positions, self.cos_sin, self.kv.k[n], self.kv.v[n],
                                     batch.slot_mapping)

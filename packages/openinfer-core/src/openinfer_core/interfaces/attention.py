@@ -26,13 +26,7 @@ class AttentionBackend(Protocol):
     a step whose K/V the model has already written into the caches (fused into its q/k norm and
     rotary kernel, `openinfer_kernels.qk_norm_rope_append`). Model lines use it when present and
     `attend` otherwise; the openinfer-kernels backends all have it (their `attend` appends,
-    then calls it: a subclass changes the attention in `attend_appended`).
-
-    And `attend_normed(q, k, v, q_weight, k_weight, eps, cos_sin, k_cache, v_cache, batch,
-    scale)`: for q/k/v as the projection wrote them, Qwen3's per-head q/k RMSNorm and rotary
-    at `batch.positions` (`openinfer_kernels.qk_norm_rope`), the append, and the attention. A
-    backend that has it may fuse all of that (the `triton` backend does, into its decode
-    attention kernel, on decode steps); model lines with q/k norms prefer it."""
+    then calls it: a subclass changes the attention in `attend_appended`)."""
 
     name: str
 

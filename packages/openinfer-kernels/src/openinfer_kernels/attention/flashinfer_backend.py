@@ -27,7 +27,6 @@ import torch
 
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 from openinfer_kernels.kv_store import kv_append
-from openinfer_kernels.norm_rope import qk_norm_rope_append
 
 if TYPE_CHECKING:
     from openinfer_core.interfaces.model import ForwardBatch
@@ -82,17 +81,6 @@ class FlashInferAttentionBackend:
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
                scale: float) -> torch.Tensor:
         kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
-        return self.attend_appended(q, k_cache, v_cache, batch, scale)
-
-    def attend_normed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-                      cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      batch: ForwardBatch, scale: float) -> torch.Tensor:
-        if not self.runs_flashinfer(q, k_cache, batch):
-            return self._triton.attend_normed(q, k, v, q_weight, k_weight, eps, cos_sin,
-                                              k_cache, v_cache, batch, scale)
-        q = qk_norm_rope_append(q, k, v, q_weight, k_weight, eps, batch.positions, cos_sin,
-                                k_cache, v_cache, batch.slot_mapping)
         return self.attend_appended(q, k_cache, v_cache, batch, scale)
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -18,7 +18,6 @@ Both read K/V through the block table one tile at a time and keep an online soft
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -98,38 +97,6 @@ def _attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr, v_head_ptr, tab
         visible = visible & (offs_n[None, :] <= q_pos[:, None])
     scores = tl.where(visible, scores, float("-inf"))
     return _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION, UPCAST)
-
-
-@triton.jit
-def _rope_params(w_ptr, cos_ptr, offs_d, d_mask, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
-    """For rows of one position: the norm weight at each dim and at its rotary partner
-    (d + D/2 mod D), and cos / sin at each dim, rounded to the output dtype first as the
-    reference's table is."""
-    half: tl.constexpr = HEAD_DIM // 2
-    partner = (offs_d + half) % HEAD_DIM
-    w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-    w_partner = tl.load(w_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)
-    cos = tl.load(cos_ptr + offs_d % half, mask=d_mask, other=0.0).to(DTYPE).to(tl.float32)
-    sin = tl.load(cos_ptr + half + offs_d % half, mask=d_mask, other=0.0)
-    return w, w_partner, cos, sin.to(DTYPE).to(tl.float32)
-
-
-@triton.jit
-def _norm_rope_rows(row_ptrs, offs_d, mask, w, w_partner, cos, sin, eps,
-                    HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
-    """Rows of heads ([R, BLOCK_D] pointers to dim 0 of each, `mask`) RMS-normed and rotated
-    (NeoX halves), rounded as `qk_norm_rope` rounds: x1' = n1 cos - n2 sin, x2' = n2 cos + n1 sin.
-    Each row is read twice, the second time with its halves swapped."""
-    half: tl.constexpr = HEAD_DIM // 2
-    partner = (offs_d + half) % HEAD_DIM
-    x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    x_partner = tl.load(row_ptrs + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]
-    n = ((x * inv_rms).to(DTYPE).to(tl.float32) * w[None, :]).to(DTYPE).to(tl.float32)
-    n_partner = ((x_partner * inv_rms).to(DTYPE).to(tl.float32)
-                 * w_partner[None, :]).to(DTYPE).to(tl.float32)
-    sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]
-    return (n * cos[None, :] + sign * n_partner * sin[None, :]).to(DTYPE)
 
 
 @triton.jit
@@ -238,29 +205,14 @@ def _split_kernel(
     scale_log2, num_seqs, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
-    # NORM_ROPE only (decode): the new keys and values, the norm weights, positions, slots,
-    # the rotary table.
-    k_ptr, v_ptr, qw_ptr, kw_ptr, pos_ptr, slot_ptr, cos_sin_ptr, eps,
-    stride_knt, stride_knh, stride_vnt, stride_vnh, stride_cs,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-    NORM_ROPE: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    DTYPE: tl.constexpr = k_cache_ptr.dtype.element_ty
-    if NORM_ROPE:
-        # Before the wait, as qk_norm_rope_append reads them: the norm weights, and the step's
-        # position of the request's one token with its rotary row (step inputs).
-        t_new = tl.load(query_start_loc_ptr + pid).to(tl.int64)
-        cos_ptr = cos_sin_ptr + tl.load(pos_ptr + t_new) * stride_cs
-        qw, qw_partner, cos, sin = _rope_params(qw_ptr, cos_ptr, offs_d, d_mask, HEAD_DIM, DTYPE)
-        kw, kw_partner, _, _ = _rope_params(kw_ptr, cos_ptr, offs_d, d_mask, HEAD_DIM, DTYPE)
-    pdl_enter(PDL)
     if DECODE:  # one program per request, which has at most one query
         seq = pid
         q_block = 0
@@ -286,17 +238,15 @@ def _split_kernel(
 
     # Row r is query first + r // BLOCK_G of the request, query head kv_head * GROUP + r % BLOCK_G.
     offs_r = tl.arange(0, BLOCK_Q * BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
     query = first + offs_r // BLOCK_G
     g = offs_r % BLOCK_G
     r_mask = (query < num_queries) & (g < GROUP)
+    d_mask = offs_d < HEAD_DIM
     tokens = (q_start + query).to(tl.int64)
     heads = kv_head * GROUP + g
-    q_rows = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh
-    if NORM_ROPE:  # q as the projection wrote it: each split norms and rotates its own copy
-        q = _norm_rope_rows(q_rows, offs_d, r_mask[:, None] & d_mask[None, :], qw, qw_partner,
-                            cos, sin, eps, HEAD_DIM, DTYPE)
-    else:
-        q = tl.load(q_rows + offs_d[None, :], mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+    q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
     # Query i of n sits at position length - n + i and sees keys 0..that position: keys before
     # `full_end` are seen by every row, keys up to `kv_end` by some.
     q_pos = length - num_queries + query
@@ -311,21 +261,6 @@ def _split_kernel(
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_kh
     v_head_ptr = v_cache_ptr + kv_head * stride_vh
-    if NORM_ROPE:  # noqa: SIM102 (a constexpr: the body is compiled only when it holds)
-        if (start < length) & (length <= end):
-            # This split holds the new key (position length - 1): it norms and rotates it and
-            # writes it and its value into the caches, which it then reads back in its tiles
-            # like any other key (the barrier makes the stores visible to the whole program).
-            slot = tl.load(slot_ptr + t_new)  # int64: slot * stride indexes the whole cache
-            row_mask = offs_d[None, :] < tl.where(slot >= 0, HEAD_DIM, 0)
-            k_row = k_ptr + t_new * stride_knt + kv_head * stride_knh + offs_d[None, :] * 0
-            k = _norm_rope_rows(k_row, offs_d, row_mask, kw, kw_partner, cos, sin, eps,
-                                HEAD_DIM, DTYPE)
-            v = tl.load(v_ptr + t_new * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
-                        mask=row_mask)
-            tl.store(k_head_ptr + slot * stride_ks + offs_d[None, :], k, mask=row_mask)
-            tl.store(v_head_ptr + slot * stride_vs + offs_d[None, :], v.to(DTYPE), mask=row_mask)
-            tl.debug_barrier()
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
@@ -414,42 +349,22 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     return max(1, 64 // block_g), block_g
 
 
-class NormRope(NamedTuple):
-    """What a decode attention needs to norm and rotate its own q and new k and to append the
-    new k and v (`paged_decode_norm_rope`): `qk_norm_rope_append`'s arguments."""
-
-    k: torch.Tensor  # [T, Hk, D], as the projection wrote it (strided views allowed)
-    v: torch.Tensor  # [T, Hk, D]
-    q_weight: torch.Tensor  # [D]
-    k_weight: torch.Tensor  # [D]
-    eps: float
-    positions: torch.Tensor  # [T] int64
-    cos_sin: torch.Tensor  # [max_pos, D]: cos halves, then sin halves
-    slot_mapping: torch.Tensor  # [T] int64, negative: not appended
-
-    def kernel_args(self) -> tuple[object, ...]:
-        k, v = self.k, self.v
-        return (k, v, self.q_weight, self.k_weight, self.positions, self.slot_mapping,
-                self.cos_sin, self.eps, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                self.cos_sin.stride(0))
-
-
 def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float, max_query_len: int,
                 num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                num_stages: int = 2, norm_rope: NormRope | None = None) -> torch.Tensor:
+                num_stages: int = 2) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
     depend only on the shapes and `max_query_len`: safe to capture in a CUDA graph, which then
     replays correctly for any lengths and any spread of up to T tokens over the B requests.
     `block_n`, `num_warps` and `num_stages` are the launch's tile settings
-    (benchmarks/device/decode_attention.py). `norm_rope`: see `paged_decode_norm_rope`."""
+    (benchmarks/device/decode_attention.py)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
     if num_tokens == 0 or batch == 0:
         return out
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
@@ -469,17 +384,15 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                device=q.device)
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
                                device=q.device)
-    fused = norm_rope.kernel_args() if norm_rope is not None else (q,) * 7 + (0.0,) + (0,) * 5
     _split_kernel[(programs, kv_heads, splits)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
         scale * LOG2E, batch, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), *fused,
+        block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         **_dot_options(q), num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
-        NORM_ROPE=norm_rope is not None,
     )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
@@ -494,38 +407,10 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float,
-                 num_splits: int | None = None, **tiles: Any) -> torch.Tensor:
-    """`paged_split` when every request has at most one query (`tiles`: its tile settings)."""
+                 num_splits: int | None = None, **tiles: int) -> torch.Tensor:
+    """`paged_split` when every request has at most one query."""
     return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
                        num_splits, **tiles)
-
-
-def paged_decode_norm_rope(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                           query_start_loc: torch.Tensor, scale: float, norm_rope: NormRope,
-                           num_splits: int | None = None, *, block_n: int = 64,
-                           num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
-    """`qk_norm_rope_append` then `paged_decode`, in the decode attention kernel itself (one
-    launch a layer instead of two): every split program norms and rotates its q heads as the
-    projection wrote them (`q` may be a strided view), and the split whose share of the
-    context holds the new key, at position `seq_lens - 1`, norms, rotates and appends it and
-    its value first. Every request has at most one query; the caches must be contiguous."""
-    t, _, d = q.shape
-    k, v = norm_rope.k, norm_rope.v
-    hk = k_cache.shape[2]
-    if d % 2 or k.shape != (t, hk, d) or v.shape != k.shape or norm_rope.cos_sin.shape[-1] != d:
-        raise ValueError(f"paged_decode_norm_rope: need q [T, Hq, D], k and v [T, Hk, D] as "
-                         f"the caches, cos_sin [*, D] with D even; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}, {tuple(k_cache.shape)}")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape != v_cache.shape:
-        raise ValueError("paged_decode_norm_rope: the caches must be contiguous "
-                         "[num_blocks, block_size, Hk, D]")
-    if k.stride(2) != 1 or v.stride(2) != 1 or norm_rope.cos_sin.stride(1) != 1:
-        raise ValueError("paged_decode_norm_rope: k, v and cos_sin must be contiguous in the "
-                         "head dim")
-    return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
-                       num_splits, block_n=block_n, num_warps=num_warps,
-                       num_stages=num_stages, norm_rope=norm_rope)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -6,14 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from openinfer_kernels.attention.triton import (
-    SPLIT_MAX_TOKENS,
-    NormRope,
-    paged_attention_triton,
-    paged_decode_norm_rope,
-)
+from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS, paged_attention_triton
 from openinfer_kernels.kv_store import kv_append
-from openinfer_kernels.norm_rope import qk_norm_rope_append
 
 if TYPE_CHECKING:
     from openinfer_core.interfaces.model import ForwardBatch
@@ -41,19 +35,3 @@ class TritonAttentionBackend:
                                       batch.query_start_loc, scale,
                                       max_query_len=batch.max_query_len,
                                       max_seq_len=batch.max_seq_len)
-
-    def attend_normed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-                      cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      batch: ForwardBatch, scale: float) -> torch.Tensor:
-        """q/k per-head RMSNorm and rotary, the append and the attention. A decode step (one
-        query per request) does all of it in the decode attention kernel, one launch a layer;
-        other steps run `qk_norm_rope_append`, then `attend_appended`."""
-        if batch.max_query_len <= 1:
-            return paged_decode_norm_rope(
-                q, k_cache, v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-                scale, NormRope(k, v, q_weight, k_weight, eps, batch.positions, cos_sin,
-                                batch.slot_mapping))
-        q = qk_norm_rope_append(q, k, v, q_weight, k_weight, eps, batch.positions, cos_sin,
-                                k_cache, v_cache, batch.slot_mapping)
-        return self.attend_appended(q, k_cache, v_cache, batch, scale)
