@@ -2,7 +2,7 @@
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [tests] [latency] [attention] [throughput]
 # [serve] [stream1] [timeline] [prefix] [qps] [interference] [structured] [offload] [startup]
-# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [gate] [ab] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
+# [gemm] [fusion] [sampling] [verify] [tiles] [pdl] [gate] [ab] [prefillattn] [flashinfer] [ttft] [dsv4] [dsv4model] [tp] [deferred] (tp: on nvidia-h200-x2)
 # (default: all but attention). API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT;
 # a short table prints last.
 set -uo pipefail
@@ -185,6 +185,12 @@ if has ab; then
       done
     done
   done
+fi
+if has prefillattn; then
+  # Prompt attention's tile settings and launch order (Qwen3-8B heads, 2048 / 8192 tokens).
+  stage "prompt attention tiles, Triton split and prefill kernels"
+  timeout 500 python3 benchmarks/device/prefill_attention.py --json "$OUT/prefill-attention.json" \
+    2>&1 | tail -14
 fi
 if has fusion; then
   # Issue 13: o_proj and down with their split-K sum inside the add + norm (gemm/tiles.py's

@@ -147,6 +147,20 @@ def test_split_kernel_any_splits_and_query_blocks(num_splits, max_query_len):
     check(out, case, 0.2)
 
 
+@pytest.mark.parametrize("tiles", [dict(rows=128), dict(rows=128, heavy_first=True),
+                                   dict(heavy_first=True, block_n=32)], ids=str)
+def test_prompt_tiles_and_launch_order_of_the_split_kernel(tiles):
+    case = build(PREFILLS["mixed"], 8, 2, 24, torch.bfloat16, seed=12)
+    check(paged_split(*case.args(0.2), case.max_query_len, **tiles), case, 0.2)
+
+
+@pytest.mark.parametrize("tiles", [dict(block_m=128), dict(block_m=32, heavy_first=True),
+                                   dict(block_m=128, block_n=32, heavy_first=True)], ids=str)
+def test_prompt_tiles_and_launch_order_of_the_prefill_kernel(tiles):
+    case = build(PREFILLS["mixed"], 8, 2, 24, torch.bfloat16, seed=13)
+    check(paged_prefill(*case.args(0.2), case.max_query_len, **tiles), case, 0.2)
+
+
 def test_a_step_of_few_tokens_runs_the_split_kernel_whatever_its_spread():
     """Up to SPLIT_MAX_TOKENS tokens, requests of more than SPLIT_MAX_QUERIES queries run the
     split kernel too (so such steps replay from CUDA graphs); it must be exact for them."""

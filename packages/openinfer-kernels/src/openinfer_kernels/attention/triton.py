@@ -108,11 +108,19 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     pdl_enter(PDL)
-    m_block = tl.program_id(0)
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
+    if HEAVY_FIRST:
+        # Grid (head, request, query block), the last query blocks (the most keys under the
+        # causal mask) launched first, so the short ones fill in at the end.
+        head = tl.program_id(0)
+        seq = tl.program_id(1)
+        m_block = tl.num_programs(2) - 1 - tl.program_id(2)
+    else:
+        m_block = tl.program_id(0)
+        seq = tl.program_id(1)
+        head = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     num_queries = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if m_block * BLOCK_M >= num_queries:  # the grid is sized for the longest request
@@ -168,7 +176,9 @@ def _dot_options(q: torch.Tensor) -> dict[str, object]:
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, scale: float,
-                  max_query_len: int) -> torch.Tensor:
+                  max_query_len: int, *, block_m: int | None = None, block_n: int = 64,
+                  num_warps: int = 4, num_stages: int = 2,
+                  heavy_first: bool = False) -> torch.Tensor:
     """`paged_attention_ref` for any batch; `max_query_len` (the longest request's query count,
     a host int) sizes the grid."""
     num_tokens, num_heads, head_dim = q.shape
@@ -179,9 +189,11 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("paged_prefill needs q and the caches contiguous in the head dim")
     # Short queries (decode rows, small chunks) need not pay for 64-row tiles.
-    block_m = min(64, max(16, triton.next_power_of_2(max_query_len)))
+    block_m = block_m or min(64, max(16, triton.next_power_of_2(max_query_len)))
     block_d = max(16, triton.next_power_of_2(head_dim))
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_heads)
+    if heavy_first:
+        grid = grid[::-1]
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         scale * LOG2E,
@@ -189,8 +201,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE=page,
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=block_d, **_dot_options(q),
-        num_warps=4, num_stages=2, **pdl_launch(q),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **_dot_options(q),
+        num_warps=num_warps, num_stages=num_stages, HEAVY_FIRST=heavy_first, **pdl_launch(q),
     )
     return out
 
@@ -208,9 +220,12 @@ def _split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid = tl.program_id(0)
+    if HEAVY_FIRST:  # the last query blocks (most keys under the causal mask) launched first
+        pid = tl.num_programs(0) - 1 - pid
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     if DECODE:  # one program per request, which has at most one query
@@ -353,14 +368,16 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float, max_query_len: int,
                 num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                num_stages: int = 2) -> torch.Tensor:
+                num_stages: int = 2, rows: int | None = None,
+                heavy_first: bool = False) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
     depend only on the shapes and `max_query_len`: safe to capture in a CUDA graph, which then
     replays correctly for any lengths and any spread of up to T tokens over the B requests.
     `block_n`, `num_warps` and `num_stages` are the launch's tile settings
-    (benchmarks/device/decode_attention.py)."""
+    (benchmarks/device/decode_attention.py); `rows` (query rows a program, past decode) and
+    `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -372,6 +389,8 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     group = num_heads // kv_heads
     decode = max_query_len <= 1
     block_q, block_g = split_tiles(max_query_len, group)
+    if rows and not decode:
+        block_q = max(1, rows // block_g)
     # Decode: one program per request. Otherwise T // BLOCK_Q + B covers every request's query
     # blocks; splits are sized as if the tokens were in one request (the fewest programs).
     programs = batch if decode else num_tokens // block_q + batch
@@ -392,7 +411,8 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        **_dot_options(q), num_warps=num_warps, num_stages=num_stages, **pdl_launch(q),
+        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
+        HEAVY_FIRST=heavy_first and not decode, **pdl_launch(q),
     )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
