@@ -164,24 +164,28 @@ if has latency; then
     --input-len 128 2048 --output-len 64 --num-iters 10 --result-file "$OUT/latency-qwen3-8b.json"
 fi
 if has ab; then
-  # Batch-1 TPOT of this tree against a baseline on the same machine, runs interleaved
+  # Batch-1 latency of this tree against a baseline on the same machine, runs interleaved
   # (base, new, base, new, ...): AB_BASE names a folder of the baseline's openinfer wheels
-  # (benchmarks/device/ab_base.sh COMMIT makes .ab-base), carried with the call.
+  # (benchmarks/device/ab_base.sh COMMIT makes .ab-base), carried with the call. AB_CASES:
+  # 4b (TPOT), 8b (TPOT, TTFT at 2048), 8b-long (TTFT at 8192).
   base=${AB_BASE:-.ab-base}
   [ -d "$base" ] || { echo "ab: no baseline wheels in $base"; exit 1; }
   rm -rf /tmp/site-base && cp -r /tmp/site /tmp/site-base && rm -rf /tmp/site-base/openinfer_*
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
     "$base"/openinfer_*.whl || exit 1
   for round in $(seq "${AB_ROUNDS:-2}"); do
-    for size in ${AB_MODELS:-4b 8b}; do
-      model=$M4; [ $size = 8b ] && model=$M8
+    for case in ${AB_CASES:-4b 8b}; do
+      case $case in
+        4b) args="$M4 --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 5" ;;
+        8b) args="$M8 --max-model-len 4096 --input-len 128 2048 --output-len 64 --num-iters 10" ;;
+        8b-long) args="$M8 --max-model-len 8448 --input-len 8192 --output-len 8 --num-iters 5" ;;
+      esac
       for side in base new; do
-        stage "A/B batch-1 latency, Qwen3-${size^^}, $side, round $round"
+        stage "A/B batch-1 latency, $case, $side, round $round"
         site=/tmp/site; [ $side = base ] && site=/tmp/site-base
-        PYTHONPATH=$site timeout -s ABRT 180 python3 -m openinfer_server.cli bench latency $model \
-          --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
-          --output-len 256 --num-iters 5 --result-file "$OUT/ab-$size-$side-$round.json" \
-          | grep -E "TPOT|floor"
+        PYTHONPATH=$site timeout -s ABRT 180 python3 -m openinfer_server.cli bench latency $args \
+          --load-format dummy --max-num-seqs 4 --result-file "$OUT/ab-$case-$side-$round.json" \
+          | grep -E "TTFT|TPOT|floor|input"
       done
     done
   done

@@ -18,6 +18,7 @@ Both read K/V through the block table one tile at a time and keep an online soft
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import triton
@@ -35,6 +36,7 @@ SPLIT_MAX_QUERIES = 512
 # CUDA graph (a burst of new prompts beside hundreds of decodes is such a step). The split
 # kernel holds all heads of a KV group per program, as good as the prefill kernel's tiles here.
 SPLIT_MAX_TOKENS = 2048
+LONG_PROMPT = 2048  # past this many queries a request's prefill takes 128-query tiles
 
 
 @triton.jit
@@ -177,10 +179,12 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, scale: float,
                   max_query_len: int, *, block_m: int | None = None, block_n: int = 64,
-                  num_warps: int = 4, num_stages: int = 2,
-                  heavy_first: bool = False) -> torch.Tensor:
+                  num_warps: int = 4, num_stages: int | None = None,
+                  heavy_first: bool = True) -> torch.Tensor:
     """`paged_attention_ref` for any batch; `max_query_len` (the longest request's query count,
-    a host int) sizes the grid."""
+    a host int) sizes the grid. Tiles: 128 queries and 3 stages past 2048 queries, else up to
+    64 and 2 (run 89, `benchmarks/device/prefill_attention.py`: at 8192 tokens 1.41 against
+    1.53 ms a layer, at 2048 0.119 against 0.129); the heaviest query blocks first."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q)
@@ -189,7 +193,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or q.stride(2) != 1:
         raise ValueError("paged_prefill needs q and the caches contiguous in the head dim")
     # Short queries (decode rows, small chunks) need not pay for 64-row tiles.
-    block_m = block_m or min(64, max(16, triton.next_power_of_2(max_query_len)))
+    long = max_query_len > LONG_PROMPT
+    block_m = block_m or (128 if long else min(64, max(16, triton.next_power_of_2(max_query_len))))
+    num_stages = num_stages or (3 if long else 2)
     block_d = max(16, triton.next_power_of_2(head_dim))
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_heads)
     if heavy_first:
@@ -271,7 +277,9 @@ def _split_kernel(
     chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), PAGE) * PAGE
     start = split * chunk
     end = tl.minimum(start + chunk, kv_end)
-    mid_end = tl.maximum(start, tl.minimum(end, full_end))
+    # Whole tiles without the causal mask, then the rest with it (tiles aligned from `start`:
+    # a partial unmasked tile followed by a masked one would load one tile more).
+    mid_end = start + tl.maximum(0, tl.minimum(end, full_end) - start) // BLOCK_N * BLOCK_N
 
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_kh
@@ -368,8 +376,8 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float, max_query_len: int,
                 num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                num_stages: int = 2, rows: int | None = None,
-                heavy_first: bool = False) -> torch.Tensor:
+                num_stages: int | None = None, rows: int | None = None,
+                heavy_first: bool = True) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
@@ -377,7 +385,9 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     replays correctly for any lengths and any spread of up to T tokens over the B requests.
     `block_n`, `num_warps` and `num_stages` are the launch's tile settings
     (benchmarks/device/decode_attention.py); `rows` (query rows a program, past decode) and
-    `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py)."""
+    `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py):
+    by default 3 stages from 1024 queries, else 2 (run 89: a 2048-token prompt 0.197 -> 0.185 ms
+    a layer with the heaviest query blocks first)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -391,6 +401,7 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_q, block_g = split_tiles(max_query_len, group)
     if rows and not decode:
         block_q = max(1, rows // block_g)
+    num_stages = num_stages or (3 if max_query_len >= 1024 else 2)
     # Decode: one program per request. Otherwise T // BLOCK_Q + B covers every request's query
     # blocks; splits are sized as if the tokens were in one request (the fewest programs).
     programs = batch if decode else num_tokens // block_q + batch
@@ -427,8 +438,8 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float,
-                 num_splits: int | None = None, **tiles: int) -> torch.Tensor:
-    """`paged_split` when every request has at most one query."""
+                 num_splits: int | None = None, **tiles: Any) -> torch.Tensor:
+    """`paged_split` when every request has at most one query (`tiles`: its tile settings)."""
     return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
                        num_splits, **tiles)
 
