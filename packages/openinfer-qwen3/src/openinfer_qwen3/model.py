@@ -99,9 +99,12 @@ class Qwen3Model:
             pending = (linear_silu_mul(x, layer.gate_up), layer.down)
         assert pending is not None
         hidden = linear(*pending) if tp is None else tp.all_reduce(linear(*pending))
-        # Only rows that sample need the final norm and the vocabulary projection.
+        # Only rows that sample need the final norm and the vocabulary projection. In a decode
+        # step every row samples its one token, in order: no gather then.
         rows = batch.logits_indices
-        last, _ = fused_add_rms_norm(hidden[rows], residual[rows], self.w.final_norm, eps)
+        if batch.max_query_len > 1 or rows.shape[0] != hidden.shape[0]:
+            hidden, residual = hidden[rows], residual[rows]
+        last, _ = fused_add_rms_norm(hidden, residual, self.w.final_norm, eps)
         if tp is None:
             out = batch.logits_out
             return lm_head_logits(last, self.w.lm_head,
