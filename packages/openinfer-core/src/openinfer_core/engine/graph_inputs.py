@@ -25,10 +25,16 @@ FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc
 INT32 = frozenset({"seq_lens", "query_start_loc"})
 
 
+def _length(field: str, tokens: int, slots: int) -> int:
+    """Entries of `field` in a T-token, S-slot graph."""
+    if field in ("input_ids", "positions", "slot_mapping"):
+        return tokens
+    return slots + (field == "query_start_loc")
+
+
 def _words(field: str, tokens: int, slots: int) -> int:
     """int64 words `field` takes, rounded up to whole 16-byte units."""
-    n = {"input_ids": tokens, "positions": tokens, "slot_mapping": tokens, "seq_lens": slots,
-         "query_start_loc": slots + 1, "logits_indices": slots}[field]
+    n = _length(field, tokens, slots)
     words = (n + 1) // 2 if field in INT32 else n
     return words + (words & 1)
 
@@ -65,12 +71,9 @@ class InputLayout:
         for field, at in self.offsets.items():
             words = buffer[at:at + _words(field, self.tokens, self.slots)]
             if field in INT32:
-                n = self.slots + (field == "query_start_loc")
                 words = (words.view(torch.int32) if isinstance(words, torch.Tensor)
-                         else words.view(np.int32))[:n]
-            else:
-                words = words[:self.tokens if field in FIELDS[:3] else self.slots]
-            out[field] = words
+                         else words.view(np.int32))
+            out[field] = words[:_length(field, self.tokens, self.slots)]
         return out
 
     def reset(self, views: dict[str, Any]) -> None:
