@@ -229,10 +229,16 @@ def _split_kernel(
     HEAVY_FIRST: tl.constexpr = False,
 ):
     pdl_enter(PDL)
-    pid = tl.program_id(0)
-    if HEAVY_FIRST:  # the last query blocks (most keys under the causal mask) launched first
-        pid = tl.num_programs(0) - 1 - pid
-    kv_head = tl.program_id(1)
+    if HEAVY_FIRST:
+        # Grid (kv head, query block, split), the last query blocks (the most keys under the
+        # causal mask) launched first across all KV heads, so the short ones fill in at the end.
+        kv_head = tl.program_id(0)
+        kv_heads = tl.num_programs(0)
+        pid = tl.num_programs(1) - 1 - tl.program_id(1)
+    else:
+        pid = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
     if DECODE:  # one program per request, which has at most one query
         seq = pid
@@ -309,7 +315,7 @@ def _split_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # Scratch is [T, Hq, num_splits, BLOCK_D] and [T, Hq, num_splits], contiguous.
-        part = (tokens * GROUP * tl.num_programs(1) + heads) * num_splits + split
+        part = (tokens * GROUP * kv_heads + heads) * num_splits + split
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask)
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
 
@@ -414,7 +420,9 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                device=q.device)
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
                                device=q.device)
-    _split_kernel[(programs, kv_heads, splits)](
+    heavy_first = heavy_first and not decode
+    grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
+    _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
         scale * LOG2E, batch, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -423,7 +431,7 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
         **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
-        HEAVY_FIRST=heavy_first and not decode, **pdl_launch(q),
+        HEAVY_FIRST=heavy_first, **pdl_launch(q),
     )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
