@@ -2,7 +2,7 @@
 2048 or 8192 tokens, its whole context new, through the Triton kernels at a sweep of tile
 settings. `paged_split` is what a step of at most 2048 tokens runs (from a CUDA graph);
 `paged_prefill` what a longer one runs. TFLOP/s counts the causal half of QK^T and PV.
-Usage: python prefill_attention.py [--lengths 2048 8192] [--json PATH]"""
+Usage: python prefill_attention.py [--lengths 2048 8192] [--kernels split prefill] [--json PATH]"""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def prompt(length: int) -> tuple[torch.Tensor, ...]:
     return q, k, v, tables, seq_lens, starts
 
 
-def sweep(length: int) -> list[dict[str, object]]:
+def sweep(length: int, names: list[str]) -> list[dict[str, object]]:
     args = prompt(length)
     scale = D ** -0.5
     flops = 2 * 2 * length * length / 2 * D * HQ
@@ -38,7 +38,7 @@ def sweep(length: int) -> list[dict[str, object]]:
     rows = []
     kernels = {"split": paged_split, "prefill": paged_prefill}
     for name, m, block_n, warps, stages, heavy in itertools.product(
-            kernels, (64, 128), (64, 128), (4, 8), (2, 3), (False, True)):
+            names, (64, 128), (64, 128), (4, 8), (2, 3), (False, True)):
         tiles = {"block_n": block_n, "num_warps": warps, "num_stages": stages,
                  "heavy_first": heavy, ("rows" if name == "split" else "block_m"): m}
         fn = functools.partial(kernels[name], *args, scale, length, **tiles)
@@ -59,11 +59,13 @@ def sweep(length: int) -> list[dict[str, object]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument("--kernels", nargs="+", choices=["split", "prefill"],
+                    default=["split", "prefill"])
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows = [r for length in args.lengths for r in sweep(length)]
+    rows = [r for length in args.lengths for r in sweep(length, args.kernels)]
     for length in args.lengths:
-        for kernel in ("split", "prefill"):
+        for kernel in args.kernels:
             mine = sorted((r for r in rows if r["length"] == length and r["kernel"] == kernel),
                           key=lambda r: r["ms"])
             for r in mine[:3]:
