@@ -37,7 +37,7 @@ SPLIT_MAX_QUERIES = 512
 # kernel holds all heads of a KV group per program, as good as the prefill kernel's tiles here.
 SPLIT_MAX_TOKENS = 2048
 LONG_PROMPT = 2048  # past this many queries a request's prefill takes 128-query tiles
-LONG_SPLIT = 1024  # from this many queries the split kernel takes 128 rows and 3 stages
+LONG_SPLIT = 2048  # from this many queries the split kernel takes 128 rows and 3 stages
 
 
 @triton.jit
@@ -373,7 +373,8 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     query: the group padded to 16 rows (the tensor cores' least). More: 64 rows whatever the
     query count, so one compiled variant serves every step (a step never waits on the JIT for
     a new tile size; short queries are memory bound, the idle rows cost no traffic); from
-    LONG_SPLIT queries, 128 rows (run 95: a 2048-token prompt 0.161 -> 0.127 ms a layer)."""
+    LONG_SPLIT queries, 128 rows (runs 95-96: a 2048-token prompt 0.143 -> 0.127 ms a layer;
+    at 1024, 64 rows 0.056 against 128 rows 0.062)."""
     if max_query_len <= 1:
         return 1, max(16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
@@ -396,7 +397,8 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (benchmarks/device/decode_attention.py); `rows` (query rows a program, past decode) and
     `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py):
     by default 128 rows and 3 stages from LONG_SPLIT queries, else 64 and 2, the heaviest query
-    blocks first across all KV heads (run 95: a 2048-token prompt 0.185 -> 0.127 ms a layer)."""
+    blocks first across all KV heads (runs 95-96: a 2048-token prompt 0.185 -> 0.127 ms a
+    layer; 512 and 1024 tokens best at 2 stages)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
