@@ -10,6 +10,7 @@ import argparse
 import collections
 import gc
 import json
+import logging
 import re
 import time
 
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--json")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the engine's phase log
     mark("python + openinfer_core.host_memory")
     import torch
     mark("import torch")
@@ -66,15 +68,25 @@ def main() -> None:
     from openinfer_core.engine.config import EngineConfig
     from openinfer_core.engine.engine import Engine
     mark("import the engine")
-    engine = Engine(EngineConfig(model=args.model, load_format="dummy"))
+    engine = Engine(EngineConfig(model=args.model, load_format="dummy"), defer_graphs=True)
     mark("engine built (start-up graphs)")
     engine.idle_work()  # the first idle turn hands loading's garbage back
     mark("host memory released")
     graphs = len(engine.graphs.pending) if engine.graphs is not None else 0
     started = time.perf_counter()
-    while engine.idle_work():
-        pass
+    per_graph = []
+    while True:
+        before = resident_mb()
+        more = engine.idle_work()
+        per_graph.append(round(resident_mb() - before, 1))
+        if not more:
+            break
     mark(f"{graphs} deferred graphs captured")
+    print("MB each capture added:", per_graph)
+    stats = getattr(torch.cuda.memory, "host_memory_stats", None)
+    if stats is not None:
+        print("pinned host memory:", {k: v for k, v in stats().items()
+                                      if "bytes" in k and "current" in k})
     capture_s = time.perf_counter() - started
     kernels = triton_kernels()
     text_mb = sum(len(v) for k in kernels for key, v in k.asm.items() if key != "cubin") / 2**20
@@ -86,6 +98,7 @@ def main() -> None:
     release_host_memory()
     mark("Triton IR text dropped")
     report = {"marks": marks, "deferred_graphs": graphs, "deferred_capture_s": capture_s,
+              "mb_each_capture": per_graph,
               "triton_kernels": len(kernels), "triton_ir_text_mb": text_mb,
               "triton_cubin_mb": cubin_mb, "by_mapping_mb": by_mapping()}
     print(json.dumps(report["by_mapping_mb"]))
