@@ -28,10 +28,19 @@ QWEN3_8B = dict(GROUP=4, HEAD_DIM=128, PAGE=16, BLOCK_D=128, PRECISION="tf32", U
 
 
 def resources(fn: Any, constexprs: dict[str, Any], num_warps: int, num_stages: int) -> str:
-    """cuobjdump's resource line (REG, STACK, SHARED, ...) of one compiled variant."""
+    """cuobjdump's resource line (REG, STACK, SHARED, ...) of one compiled variant. Pointers
+    and the integer arguments Triton specializes on (all but `do_not_specialize`'s) are marked
+    16-byte divisible, as they are at Qwen3-8B's shapes on the GPU: without that mark Triton
+    cannot prove the K/V loads aligned and compiles them without async copies, a different
+    kernel from the one that runs."""
+    names = list(inspect.signature(fn.fn).parameters)
     signature = {name: "constexpr" if name in constexprs else POINTERS.get(
-        name, "fp32" if name in FLOATS else "i32") for name in inspect.signature(fn.fn).parameters}
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        name, "fp32" if name in FLOATS else "i32") for name in names}
+    unspecialized = set(fn.do_not_specialize) | FLOATS
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if name not in constexprs and name not in unspecialized}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                                      attrs=attrs),
                             target=GPUTarget("cuda", 90, 128),
                             options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
@@ -52,6 +61,8 @@ def main() -> None:
             **split, "DECODE": False, "BLOCK_Q": 16, "BLOCK_G": 4, "BLOCK_N": 64}, 4, 3),
         "split, prompt (64 rows), 8 warps": (attention._split_kernel, {
             **split, "DECODE": False, "BLOCK_Q": 16, "BLOCK_G": 4, "BLOCK_N": 64}, 8, 3),
+        "split, prompt (128 rows), 4 warps": (attention._split_kernel, {
+            **split, "DECODE": False, "BLOCK_Q": 32, "BLOCK_G": 4, "BLOCK_N": 64}, 4, 3),
         "prefill, 64 queries": (attention._prefill_kernel, {
             **QWEN3_8B, "BLOCK_M": 64, "BLOCK_N": 64, "HEAVY_FIRST": True}, 4, 2),
         "prefill, 128 queries": (attention._prefill_kernel, {

@@ -179,9 +179,7 @@ def test_split_tiles():
     assert split_tiles(512, 5) == (8, 8)
     assert split_tiles(512, 1) == (64, 1)
     assert split_tiles(512, 128) == (1, 128)
-    assert split_tiles(1024, 4) == (16, 4)
-    assert split_tiles(2048, 4) == (32, 4)  # 128 rows for long prompts
-    assert split_tiles(2048, 1) == (128, 1)
+    assert split_tiles(2048, 4) == (16, 4)  # a graph's long steps hold decodes too
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

@@ -37,7 +37,6 @@ SPLIT_MAX_QUERIES = 512
 # kernel holds all heads of a KV group per program, as good as the prefill kernel's tiles here.
 SPLIT_MAX_TOKENS = 2048
 LONG_PROMPT = 2048  # past this many queries a request's prefill takes 128-query tiles
-LONG_SPLIT = 2048  # from this many queries the split kernel takes 128 rows and 3 stages
 
 
 @triton.jit
@@ -372,14 +371,14 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     """(BLOCK_Q, BLOCK_G): queries and query heads per program, all heads of one KV group. One
     query: the group padded to 16 rows (the tensor cores' least). More: 64 rows whatever the
     query count, so one compiled variant serves every step (a step never waits on the JIT for
-    a new tile size; short queries are memory bound, the idle rows cost no traffic); from
-    LONG_SPLIT queries, 128 rows (runs 95-96: a 2048-token prompt 0.143 -> 0.127 ms a layer;
-    at 1024, 64 rows 0.056 against 128 rows 0.062)."""
+    a new tile size; short queries are memory bound, the idle rows cost no traffic). 128 rows
+    would be faster for a prompt alone (run 95: 0.127 against 0.143 ms a layer at 2048 tokens),
+    but a CUDA graph's step holds decodes beside its prompt chunk, and there 128 rows cost
+    17-24 % more (run 98, `prefill_attention.py --mixed`)."""
     if max_query_len <= 1:
         return 1, max(16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
-    rows = 128 if max_query_len >= LONG_SPLIT else 64
-    return max(1, rows // block_g), block_g
+    return max(1, 64 // block_g), block_g
 
 
 def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -396,9 +395,9 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     `block_n`, `num_warps` and `num_stages` are the launch's tile settings
     (benchmarks/device/decode_attention.py); `rows` (query rows a program, past decode) and
     `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py):
-    by default 128 rows and 3 stages from LONG_SPLIT queries, else 64 and 2, the heaviest query
-    blocks first across all KV heads (runs 95-96: a 2048-token prompt 0.185 -> 0.127 ms a
-    layer; 512 and 1024 tokens best at 2 stages)."""
+    by default 2 stages, the heaviest query blocks first across all KV heads (runs 95-98: a
+    2048-token prompt 0.185 -> 0.135-0.143 ms a layer; 2 stages were at least as fast as 3 at
+    512, 1024 and 2048 tokens, and in every mixed step of `prefill_attention.py --mixed`)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -412,7 +411,7 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_q, block_g = split_tiles(max_query_len, group)
     if rows and not decode:
         block_q = max(1, rows // block_g)
-    num_stages = num_stages or (3 if max_query_len >= LONG_SPLIT else 2)
+    num_stages = num_stages or 2
     # Decode: one program per request. Otherwise T // BLOCK_Q + B covers every request's query
     # blocks; splits are sized as if the tokens were in one request (the fewest programs).
     programs = batch if decode else num_tokens // block_q + batch
