@@ -374,7 +374,7 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     a new tile size; short queries are memory bound, the idle rows cost no traffic). 128 rows
     would be faster for a prompt alone (run 95: 0.127 against 0.143 ms a layer at 2048 tokens),
     but a CUDA graph's step holds decodes beside its prompt chunk, and there 128 rows cost
-    17-24 % more (run 98, `prefill_attention.py --mixed`)."""
+    17-24 % more (runs 100-101, `prefill_attention.py --mixed`)."""
     if max_query_len <= 1:
         return 1, max(16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
@@ -395,9 +395,10 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     `block_n`, `num_warps` and `num_stages` are the launch's tile settings
     (benchmarks/device/decode_attention.py); `rows` (query rows a program, past decode) and
     `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py):
-    by default 2 stages, the heaviest query blocks first across all KV heads (runs 95-98: a
-    2048-token prompt 0.185 -> 0.135-0.143 ms a layer; 2 stages were at least as fast as 3 at
-    512, 1024 and 2048 tokens, and in every mixed step of `prefill_attention.py --mixed`)."""
+    by default 2 stages, the heaviest query blocks first across all KV heads (runs 95-101: a
+    2048-token prompt 0.163-0.185 -> 0.135-0.143 ms a layer; 2 stages were at least as fast as
+    3 at 512, 1024 and 2048 tokens, and in every mixed step of `prefill_attention.py
+    --mixed`)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
