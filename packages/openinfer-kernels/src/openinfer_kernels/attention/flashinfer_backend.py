@@ -7,6 +7,9 @@ FlashAttention-3 on Hopper. Decode steps and steps of up to `GRAPH_TOKENS` token
 `triton` backend's kernels, which replay from CUDA graphs: FlashInfer plans each step on the host
 before its kernels run, so it cannot be replayed from a graph as the engine captures them, and a
 step launched eagerly costs more host time than its attention saves (the A/B in BENCHMARKS.md).
+`GRAPH_TOKENS` is the Triton graphs' own limit, `SPLIT_MAX_TOKENS`: at 2048 tokens the Triton
+kernels from a graph gave a Qwen3-8B prompt its first token sooner than FlashInfer's eager step
+(run 106: 46.1 against 46.5-47.3 ms), at 8192 FlashInfer won (215-216 against 229 ms).
 `OPENINFER_FLASHINFER_EVERY_STEP=1` runs every step on FlashInfer instead (decode steps on its
 `BatchDecodeWithPagedKVCacheWrapper`, on tensor cores), with no CUDA graphs.
 
@@ -25,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 from openinfer_kernels.kv_store import kv_append
 
 if TYPE_CHECKING:
     from openinfer_core.interfaces.model import ForwardBatch
 
-GRAPH_TOKENS = 512  # steps up to this size replay from CUDA graphs on the Triton kernels
+GRAPH_TOKENS = SPLIT_MAX_TOKENS  # steps up to this size replay from CUDA graphs on Triton's
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-K scratch
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
