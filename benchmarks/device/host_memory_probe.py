@@ -81,13 +81,13 @@ def main() -> None:
         per_graph.append(round(resident_mb() - before, 1))
         if not more:
             break
+    capture_s = time.perf_counter() - started
     mark(f"{graphs} deferred graphs captured")
     print("MB each capture added:", per_graph)
     stats = getattr(torch.cuda.memory, "host_memory_stats", None)
     if stats is not None:
         print("pinned host memory:", {k: v for k, v in stats().items()
                                       if "bytes" in k and "current" in k})
-    capture_s = time.perf_counter() - started
     kernels = triton_kernels()
     text_mb = sum(len(v) for k in kernels for key, v in k.asm.items() if key != "cubin") / 2**20
     cubin_mb = sum(len(k.asm.get("cubin", b"")) for k in kernels) / 2**20

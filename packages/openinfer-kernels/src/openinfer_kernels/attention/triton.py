@@ -385,7 +385,7 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float, max_query_len: int,
                 num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                num_stages: int | None = None, rows: int | None = None,
+                num_stages: int = 2, rows: int | None = None,
                 heavy_first: bool = True) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
@@ -412,7 +412,6 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_q, block_g = split_tiles(max_query_len, group)
     if rows and not decode:
         block_q = max(1, rows // block_g)
-    num_stages = num_stages or 2
     # Decode: one program per request. Otherwise T // BLOCK_Q + B covers every request's query
     # blocks; splits are sized as if the tokens were in one request (the fewest programs).
     programs = batch if decode else num_tokens // block_q + batch
