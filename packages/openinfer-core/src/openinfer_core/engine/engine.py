@@ -24,6 +24,11 @@ from openinfer_core.engine.warmup import warm_up_eager_steps
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
+from openinfer_core.interfaces.capabilities import (
+    supports_close,
+    supports_offload,
+    supports_sampling_kernels,
+)
 from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
 from openinfer_core.plugins import PluginManager, get_plugin_manager
@@ -66,12 +71,14 @@ class Engine:
         ), self.kv)
         self.offload = KVOffload.build(config, plugins, self.model, self.kv, self.hf_config)
         if self.offload is not None:
-            if not getattr(self.scheduler, "supports_offload", False):
+            if not supports_offload(self.scheduler):
                 raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
-                                       "restore offloaded prefixes (no supports_offload)")
-            self.scheduler.offload = self.offload
+                                       "restore offloaded prefixes (it lacks "
+                                       "capabilities.SupportsOffload)")
+            self.scheduler.attach_offload(self.offload)
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
-                          kernels=getattr(self.model, "sampling_kernels", None))
+                          kernels=(self.model.sampling_kernels
+                                   if supports_sampling_kernels(self.model) else None))
         sampler.warm_up(self.model.device)
         defer_graphs = defer_graphs and os.environ.get(GRAPHS_AT_START_ENV, "start") == "start"
         self.graphs = self._first_steps(config, parts, defer_graphs)
@@ -96,11 +103,7 @@ class Engine:
         self._extras = StepExtras(Path(config.model), self.model.vocab_size, self.eos_token_ids)
         self._overlap: OverlappedLoop | None = None
         if config.async_scheduling:
-            if hasattr(self.scheduler, "launched"):
-                self._overlap = OverlappedLoop(self.scheduler, self.runner, self._extras)
-            else:
-                log.warning("scheduler %r has no launched(): steps run without overlap",
-                            config.scheduler)
+            self._overlap = OverlappedLoop(self.scheduler, self.runner, self._extras)
 
     @property
     def last_step_tokens(self) -> int:
@@ -208,9 +211,8 @@ class Engine:
         started (tensor-parallel workers). Engine thread, or after it stopped."""
         if self.offload is not None:
             self.offload.close()
-        close_model = getattr(self.model, "close", None)
-        if close_model is not None:
-            close_model()
+        if supports_close(self.model):
+            self.model.close()
 
     def _plain_step(self, events: list[TokenEvent]) -> None:
         batch = self.scheduler.schedule()
