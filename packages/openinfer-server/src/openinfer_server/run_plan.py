@@ -22,7 +22,7 @@ class RunPlan:
     checked against. `echo`: each choice's text opens with its prompt (completions).
     `prompt_scores`: choices report vLLM's prompt_logprobs; with `scores_once`, only the first
     choice of a prompt asks for them (a response that reports them once need not have the
-    prompt scored n times)."""
+    prompt scored n times). Effects: none; `build_runs` submits nothing either."""
 
     sampling: SamplingParams
     max_tokens: MaxTokens
@@ -37,12 +37,18 @@ class RunPlan:
         """Echoed with logprobs: the prompt's tokens open each choice's logprobs."""
         return self.echo and self.sampling.logprobs is not None
 
-    def params(self, choice: int, max_tokens: int, *, scored: bool) -> SamplingParams:
-        """Choice `choice`'s sampling params; without `scored`, no prompt_logprobs of vLLM's
-        (the engine's prompt logprobs for echo stay)."""
+    def scores(self, choice: int) -> bool:
+        """Whether choice `choice` of a prompt reports vLLM's prompt_logprobs."""
+        return self.prompt_scores and not (self.scores_once and choice > 0)
+
+    def params(self, choice: int, max_tokens: int) -> SamplingParams:
+        """The sampling params of choice `choice` of a prompt that may generate `max_tokens`:
+        its own seed, and no prompt logprobs when the request reports vLLM's prompt_logprobs
+        but this choice does not."""
         base = self.sampling
         seed = None if base.seed is None else base.seed + choice
-        prompt_logprobs = None if self.prompt_scores and not scored else base.prompt_logprobs
+        unscored = self.prompt_scores and not self.scores(choice)
+        prompt_logprobs = None if unscored else base.prompt_logprobs
         return replace(base, max_tokens=max_tokens, seed=seed, prompt_logprobs=prompt_logprobs)
 
 
@@ -54,14 +60,14 @@ def build_runs(state: ServerState, request_id: str, prompts: list[Prompt],
         max_tokens = plan.max_tokens.for_prompt(len(prompt.token_ids), state.max_model_len)
         prefix = _echoed(prompt, state, plan.sampling) if plan.echo else ""
         for i in range(plan.n):
-            scored = plan.prompt_scores and not (plan.scores_once and i > 0)
             index = len(runs)
-            engine_request = GenerateRequest(
-                f"{request_id}-{index}", tuple(prompt.token_ids),
-                plan.params(i, max_tokens, scored=scored), priority=plan.priority)
+            engine_request = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids),
+                                             plan.params(i, max_tokens),
+                                             priority=plan.priority)
             runs.append(ChoiceRun(state.engine, engine_request, index, state.tokenizer,
                                   state.metrics, prefix=prefix,
-                                  echo_logprobs=plan.echo_logprobs, prompt_scores=scored,
+                                  echo_logprobs=plan.echo_logprobs,
+                                  prompt_scores=plan.scores(i),
                                   score_only=plan.max_tokens.score_only))
     return runs
 
