@@ -396,9 +396,9 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     query: the group padded to 16 rows (the tensor cores' least). More: 64 rows whatever the
     query count, so one compiled variant serves every step (a step never waits on the JIT for
     a new tile size; short queries are memory bound, the idle rows cost no traffic). 128 rows
-    would be faster for a prompt alone (run 95: 0.127 against 0.143 ms a layer at 2048 tokens),
-    but a CUDA graph's step holds decodes beside its prompt chunk, and there 128 rows cost
-    17-24 % more (runs 100-101, `prefill_attention.py --mixed`)."""
+    would be faster for a prompt alone (0.127 against 0.143 ms a layer at 2048 tokens), but a
+    CUDA graph's step holds decodes beside its prompt chunk, and there 128 rows cost 17-24 %
+    more (`benchmarks/ops`' `mixed_step_attention`)."""
     if max_query_len <= 1:
         return 1, max(16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
