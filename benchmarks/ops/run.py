@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # run as a file: the repo root is what resolves `
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.ops import attention, gemm, sampling  # noqa: F401  (they register the ops)
-from benchmarks.ops.registry import Call, Op, select
+from benchmarks.ops.registry import Call, Op, Work, select
 
 ROOT = Path(__file__).resolve().parents[2]
 Row = dict[str, Any]
@@ -129,7 +129,7 @@ def rates(us: float, flops: float, nbytes: float, ceiling: Any) -> Row:
     out: Row = {"us": us, "tflops": flops / us / 1e6 if flops else None,
                 "gbps": nbytes / us / 1e3 if nbytes else None}
     if ceiling is not None and (flops or nbytes):
-        floor = max(nbytes / (ceiling.read_gbps * 1e3), flops / (ceiling.matmul_tflops * 1e6))
+        floor = Work(flops, nbytes).floor_us(ceiling.read_gbps, ceiling.matmul_tflops)
         out.update(floor_us=floor, x_floor=us / floor)
     return out
 
