@@ -44,6 +44,13 @@ def lines(out: Path) -> list[tuple[str, str]]:
                          f" TPOT p50 {run['median_tpot_ms']:.3f} ms = "
                          f"{run.get('tpot_over_floor') or float('nan'):.3f}x floor "
                          f"({lat.get('decode_floor_ms') or float('nan'):.3f} ms)"))
+    imports = load(out, "ab-import.json")
+    if imports:
+        sides = imports["sides"]
+        rows.append(("A/B import time (median)", "; ".join(
+            f"{name} {side['median_s']:.3f} s" for name, side in sides.items())
+            + (f"; new/base {sides['new']['median_s'] / sides['base']['median_s']:.3f}"
+               if {"base", "new"} <= sides.keys() else "")))
     for name in sorted(p.name for p in out.glob("breakdown-*.json")):
         bd = load(out, name)
         ops = ", ".join(f"{k} {v:.3f}" for k, v in bd["by_op_ms"].items())

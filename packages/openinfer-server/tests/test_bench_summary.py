@@ -62,3 +62,11 @@ def test_rows_of_the_issue_5_stages(summary: ModuleType, tmp_path: Path) -> None
 def test_a_single_rate_result_is_one_qps_row(summary: ModuleType, tmp_path: Path) -> None:
     (tmp_path / "qps-qwen3-4b.json").write_text(json.dumps(_serve_run(8.0, 1000.0)))
     assert [key for key, _ in summary.lines(tmp_path)] == ["qps 8"]
+
+
+def test_the_import_time_ab_is_one_row(summary: ModuleType, tmp_path: Path) -> None:
+    sides = {"base": {"median_s": 2.0, "samples_s": [2.0]},
+             "new": {"median_s": 1.5, "samples_s": [1.5]}}
+    (tmp_path / "ab-import.json").write_text(json.dumps({"runs": 1, "sides": sides}))
+    assert summary.lines(tmp_path) == [
+        ("A/B import time (median)", "base 2.000 s; new 1.500 s; new/base 0.750")]

@@ -31,6 +31,10 @@ from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_kernels.attention.triton import (
     SPLIT_MAX_QUERIES,
     SPLIT_MAX_TOKENS,
+    PrefillConfig,
+    SplitConfig,
+    launch_prefill,
+    launch_split,
     paged_attention_triton,
     paged_decode,
     paged_prefill,
@@ -66,7 +70,7 @@ def test_prefill_matches_reference(batch, hq, hk, d, dtype):
 def test_decode_splits_the_context_any_number_of_ways(num_splits):
     # 16 splits of a 17-token context: one page each, so most splits are empty.
     case = build(decodes(17, 300, 1, 64), 4, 2, 24, torch.float32, seed=1)
-    check(paged_decode(*case.args(0.2), num_splits=num_splits), case, 0.2)
+    check(launch_split(*case.args(0.2), 1, SplitConfig(num_splits=num_splits)), case, 0.2)
 
 
 @pytest.mark.parametrize("page", [16, 32])
@@ -143,7 +147,7 @@ def test_split_kernel_any_splits_and_query_blocks(num_splits, max_query_len):
     # Splits past a row's position see nothing (an all-hidden split must merge as nothing);
     # max_query_len above the real one (as in a CUDA graph) gives larger query blocks.
     case = build(SHORT_QUERIES["hits-and-decodes"], 8, 2, 24, torch.float32, seed=10)
-    out = paged_split(*case.args(0.2), max_query_len, num_splits)
+    out = launch_split(*case.args(0.2), max_query_len, SplitConfig(num_splits=num_splits))
     check(out, case, 0.2)
 
 
@@ -151,14 +155,15 @@ def test_split_kernel_any_splits_and_query_blocks(num_splits, max_query_len):
                                    dict(heavy_first=True, block_n=32)], ids=str)
 def test_prompt_tiles_and_launch_order_of_the_split_kernel(tiles):
     case = build(PREFILLS["mixed"], 8, 2, 24, torch.bfloat16, seed=12)
-    check(paged_split(*case.args(0.2), case.max_query_len, **tiles), case, 0.2)
+    check(launch_split(*case.args(0.2), case.max_query_len, SplitConfig(**tiles)), case, 0.2)
 
 
 @pytest.mark.parametrize("tiles", [dict(block_m=128), dict(block_m=32, heavy_first=True),
                                    dict(block_m=128, block_n=32, heavy_first=True)], ids=str)
 def test_prompt_tiles_and_launch_order_of_the_prefill_kernel(tiles):
     case = build(PREFILLS["mixed"], 8, 2, 24, torch.bfloat16, seed=13)
-    check(paged_prefill(*case.args(0.2), case.max_query_len, **tiles), case, 0.2)
+    check(launch_prefill(*case.args(0.2), case.max_query_len, PrefillConfig(**tiles)), case,
+          0.2)
 
 
 def test_a_step_of_few_tokens_runs_the_split_kernel_whatever_its_spread():
@@ -190,8 +195,8 @@ def test_split_kernel_leaves_padding_tokens_and_requests_alone(num_splits):
                   Req(context=1, queries=0)], 4, 2, 24, torch.float32, seed=11)
     real = case.q.shape[0]
     q = torch.cat([case.q, torch.randn(7, 4, 24, device=DEVICE)])
-    out = paged_split(q, *case.args(0.2)[1:], max_query_len=q.shape[0],
-                      num_splits=num_splits)
+    out = launch_split(q, *case.args(0.2)[1:], max_query_len=q.shape[0],
+                       config=SplitConfig(num_splits=num_splits))
     check(out[:real], case, 0.2)
     if num_splits > 1:  # the merge zeroes rows that no request owns
         assert torch.equal(out[real:], torch.zeros_like(out[real:]))

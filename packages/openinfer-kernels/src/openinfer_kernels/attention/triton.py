@@ -18,7 +18,7 @@ Both read K/V through the block table one tile at a time and keep an online soft
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -175,16 +175,37 @@ def _dot_options(q: torch.Tensor) -> dict[str, object]:
             "UPCAST": q.device.type != "cuda"}
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillConfig:
+    """`_prefill_kernel`'s launch settings. The defaults are `paged_prefill`'s: 128 queries
+    and 3 stages a tile past LONG_PROMPT queries, else up to 64 and 2 (`block_m`, `num_stages`
+    None), the heaviest query blocks first. The kernel tests and `benchmarks/ops` launch
+    others through `launch_prefill`."""
+
+    block_m: int | None = None
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int | None = None
+    heavy_first: bool = True
+
+
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, scale: float,
-                  max_query_len: int, *, block_m: int | None = None, block_n: int = 64,
-                  num_warps: int = 4, num_stages: int | None = None,
-                  heavy_first: bool = True) -> torch.Tensor:
+                  max_query_len: int) -> torch.Tensor:
     """`paged_attention_ref` for any batch; `max_query_len` (the longest request's query count,
     a host int) sizes the grid. Tiles: 128 queries and 3 stages past 2048 queries, else up to
-    64 and 2 (run 89, `benchmarks/device/prefill_attention.py`: at 8192 tokens 1.41 against
-    1.53 ms a layer, at 2048 0.119 against 0.129); the heaviest query blocks first."""
+    64 and 2 (measured with `benchmarks/ops`' `prefill_attention` sweep: at 8192 tokens 1.41
+    against 1.53 ms a layer, at 2048 0.119 against 0.129); the heaviest query blocks first."""
+    return launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                          max_query_len, PrefillConfig())
+
+
+def launch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                   query_start_loc: torch.Tensor, scale: float, max_query_len: int,
+                   config: PrefillConfig) -> torch.Tensor:
+    """`paged_prefill` at the launch settings `config`."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q)
@@ -194,8 +215,10 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError("paged_prefill needs q and the caches contiguous in the head dim")
     # Short queries (decode rows, small chunks) need not pay for 64-row tiles.
     long = max_query_len > LONG_PROMPT
-    block_m = block_m or (128 if long else min(64, max(16, triton.next_power_of_2(max_query_len))))
-    num_stages = num_stages or (3 if long else 2)
+    block_m = config.block_m or (
+        128 if long else min(64, max(16, triton.next_power_of_2(max_query_len))))
+    num_stages = config.num_stages or (3 if long else 2)
+    heavy_first = config.heavy_first
     block_d = max(16, triton.next_power_of_2(head_dim))
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_heads)
     if heavy_first:
@@ -207,8 +230,9 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE=page,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **_dot_options(q),
-        num_warps=num_warps, num_stages=num_stages, HEAVY_FIRST=heavy_first, **pdl_launch(q),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, **_dot_options(q),
+        num_warps=config.num_warps, num_stages=num_stages, HEAVY_FIRST=heavy_first,
+        **pdl_launch(q),
     )
     return out
 
@@ -372,33 +396,50 @@ def split_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     query: the group padded to 16 rows (the tensor cores' least). More: 64 rows whatever the
     query count, so one compiled variant serves every step (a step never waits on the JIT for
     a new tile size; short queries are memory bound, the idle rows cost no traffic). 128 rows
-    would be faster for a prompt alone (run 95: 0.127 against 0.143 ms a layer at 2048 tokens),
-    but a CUDA graph's step holds decodes beside its prompt chunk, and there 128 rows cost
-    17-24 % more (runs 100-101, `prefill_attention.py --mixed`)."""
+    would be faster for a prompt alone (0.127 against 0.143 ms a layer at 2048 tokens), but a
+    CUDA graph's step holds decodes beside its prompt chunk, and there 128 rows cost 17-24 %
+    more (`benchmarks/ops`' `mixed_step_attention`)."""
     if max_query_len <= 1:
         return 1, max(16, triton.next_power_of_2(group))
     block_g = triton.next_power_of_2(group)
     return max(1, 64 // block_g), block_g
 
 
+@dataclass(frozen=True, slots=True)
+class SplitConfig:
+    """`_split_kernel`'s launch settings. The defaults are `paged_split`'s: the split count from
+    `num_splits_for`, 64-key tiles, 4 warps, 2 stages, the query rows of `split_tiles`, and
+    past decode the heaviest query blocks first across all KV heads (a 2048-token prompt
+    0.163-0.185 -> 0.135-0.143 ms a layer; 2 stages were at least as fast as 3 at 512, 1024
+    and 2048 tokens, and in every mixed step of `benchmarks/ops`' `mixed_step_attention`).
+    The kernel tests and `benchmarks/ops` launch others through `launch_split`."""
+
+    num_splits: int | None = None
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    rows: int | None = None  # query rows a program past decode
+    heavy_first: bool = True
+
+
 def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                query_start_loc: torch.Tensor, scale: float, max_query_len: int,
-                num_splits: int | None = None, *, block_n: int = 64, num_warps: int = 4,
-                num_stages: int = 2, rows: int | None = None,
-                heavy_first: bool = True) -> torch.Tensor:
+                query_start_loc: torch.Tensor, scale: float,
+                max_query_len: int) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
     depend only on the shapes and `max_query_len`: safe to capture in a CUDA graph, which then
-    replays correctly for any lengths and any spread of up to T tokens over the B requests.
-    `block_n`, `num_warps` and `num_stages` are the launch's tile settings
-    (benchmarks/device/decode_attention.py); `rows` (query rows a program, past decode) and
-    `heavy_first` (launch order) are the prefill ones (benchmarks/device/prefill_attention.py):
-    by default 2 stages, the heaviest query blocks first across all KV heads (runs 95-101: a
-    2048-token prompt 0.163-0.185 -> 0.135-0.143 ms a layer; 2 stages were at least as fast as
-    3 at 512, 1024 and 2048 tokens, and in every mixed step of `prefill_attention.py
-    --mixed`)."""
+    replays correctly for any lengths and any spread of up to T tokens over the B requests."""
+    return launch_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                        max_query_len, SplitConfig())
+
+
+def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 query_start_loc: torch.Tensor, scale: float, max_query_len: int,
+                 config: SplitConfig) -> torch.Tensor:
+    """`paged_split` at the launch settings `config`."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -410,13 +451,13 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     group = num_heads // kv_heads
     decode = max_query_len <= 1
     block_q, block_g = split_tiles(max_query_len, group)
-    if rows and not decode:
-        block_q = max(1, rows // block_g)
+    if config.rows and not decode:
+        block_q = max(1, config.rows // block_g)
     # Decode: one program per request. Otherwise T // BLOCK_Q + B covers every request's query
     # blocks; splits are sized as if the tokens were in one request (the fewest programs).
     programs = batch if decode else num_tokens // block_q + batch
-    splits = num_splits or num_splits_for(batch if decode else num_tokens // block_q + 1,
-                                          kv_heads, q.device)
+    splits = config.num_splits or num_splits_for(
+        batch if decode else num_tokens // block_q + 1, kv_heads, q.device)
     block_d = max(16, triton.next_power_of_2(head_dim))
     part_out = part_lse = out  # unused when there is one split
     if splits > 1:
@@ -424,7 +465,7 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                device=q.device)
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
                                device=q.device)
-    heavy_first = heavy_first and not decode
+    heavy_first = config.heavy_first and not decode
     grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
     _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
@@ -433,8 +474,8 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
-        BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d,
-        **_dot_options(q), num_warps=num_warps, num_stages=num_stages,
+        BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=config.block_n, BLOCK_D=block_d,
+        **_dot_options(q), num_warps=config.num_warps, num_stages=config.num_stages,
         HEAVY_FIRST=heavy_first, **pdl_launch(q),
     )
     if splits > 1:
@@ -449,11 +490,9 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                 query_start_loc: torch.Tensor, scale: float,
-                 num_splits: int | None = None, **tiles: Any) -> torch.Tensor:
-    """`paged_split` when every request has at most one query (`tiles`: its tile settings)."""
-    return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
-                       num_splits, **tiles)
+                 query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+    """`paged_split` when every request has at most one query."""
+    return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

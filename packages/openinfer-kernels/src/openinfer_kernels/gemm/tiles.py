@@ -1,14 +1,15 @@
 """Which small-batch linear runs at which shape: a fixed table, measured on the lent H100 80GB
-by benchmarks/device/small_gemm.py (run 37, commit 442902c): for each weight shape (N, K), the
-fastest Triton tile at M = 1 and at M = 16 (used for 2..16 rows), or None where cuBLAS was as
-fast. The gate/up rows are the gated form's (`linear_silu_mul`), which is how models call them.
-Shapes not in the table, and M > 16, stay on cuBLAS. The comments give time / read floor,
-Triton vs cuBLAS, each op's share of a CUDA graph over 1 GB of distinct weights.
+(`python -m benchmarks.ops.run --ops small_linear --sweep` reruns the search): for each weight
+shape (N, K), the fastest Triton tile at M = 1 and at M = 16 (used for 2..16 rows), or None
+where cuBLAS was as fast. The gate/up rows are the gated form's (`linear_silu_mul`), which is
+how models call them. Shapes not in the table, and M > 16, stay on cuBLAS. The comments give
+time / read floor, Triton vs cuBLAS, each op's share of a CUDA graph over 1 GB of distinct
+weights.
 
 `SUM_FUSED_TILES` overrides `TILES` where the product feeds an add + RMSNorm that sums its
 split-K shares itself (`linear_add_rms_norm`: o_proj and down): there a split tile costs no
 launch of its own, so the best tile may differ from the one measured with the sum as a kernel
-(benchmarks/device/fused_sum_gemm.py measures both forms and prints the rows to put here)."""
+(`python -m benchmarks.ops.run --ops linear_add_norm --sweep` times every tile in that form)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
 
 # (N, K): (tile at M = 1, tile at M = 16) when the split-K sum is fused into the add + norm.
 # Empty until measured: such products take TILES' tiles.
-# Measured by fused_sum_gemm.py (run 57, the H100; each against the TILES choice + its add-norm).
+# Measured on the H100, each against the TILES choice + its add-norm.
 SUM_FUSED_TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (2560, 4096): (Tile(4, 512, 2), Tile(32, 128, 4)),  # 4B o: 11.0 -> 10.1 us, M=16 12.0 -> 11.0
     (2560, 9728): (Tile(16, 512, 4), Tile(32, 128, 4)),  # 4B down: M=16 23.8 (cuBLAS) -> 22.2 us

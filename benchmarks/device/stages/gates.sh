@@ -1,0 +1,59 @@
+# Correctness on the GPU: kernel tests compiled, the golden gate against transformers.
+
+stage_tests() {
+  stage "kernel tests, compiled, every size"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests packages/openinfer-offload/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
+  stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
+  timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
+    --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/golden_tests.log"
+}
+
+stage_gate() {
+  # A quicker gate for a kernel change than `tests`: the golden gate and the kernel tests of
+  # the step's norm, rotary and attention kernels (GATE_TESTS to name others), compiled.
+  stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
+    --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py --ignore=tests/gpu/test_start_kernels_gpu.py \
+    --ignore=tests/gpu/test_tp_gpu.py --ignore=tests/gpu/test_tp_deepseek_v4_gpu.py 2>&1 \
+    | tail -30 | tee "$OUT/golden_tests.log"
+  stage "kernel tests: norms, q/k norm + rotary, attention, compiled"
+  local k=packages/openinfer-kernels/tests/kernels
+  timeout 240 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    ${GATE_TESTS:-$k/test_rms_norm.py $k/test_qk_norm_rope.py $k/test_paged_attention_triton.py $k/test_gemm.py} \
+    2>&1 | tail -8 | tee "$OUT/gate_kernel_tests.log"
+}
+
+stage_verify() {
+  # The sampler's kernels and the start-up compile round, compiled (their CPU tests run in CI).
+  stage "kernel tests: sampling, compiled; nothing compiles after start-up's round"
+  timeout 400 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests/kernels/test_sampling.py \
+    packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py \
+    packages/openinfer-kernels/tests/kernels/test_top_p_sample.py \
+    tests/gpu/test_start_kernels_gpu.py 2>&1 | tail -8 | tee "$OUT/verify_tests.log"
+}
+
+stage_pdl() {
+  # Programmatic dependent launch (OPENINFER_PDL) with cuBLAS and with the Triton small-batch
+  # linear (OPENINFER_LINEAR), each on and off; kernel tests compiled with PDL on.
+  stage "kernel tests, compiled, OPENINFER_PDL=1"
+  OPENINFER_PDL=1 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests 2>&1 | tail -5 | tee "$OUT/kernel_tests_pdl.log"
+  # model:linear-pdl
+  for run in ${PDL_RUNS:-4b:cublas-0 4b:cublas-1 4b:triton-0 4b:triton-1 8b:cublas-0 8b:triton-1}; do
+    size=${run%%:*} combo=${run#*:}
+    IFS=- read -r linear pdl <<< "$combo"
+    model=$M4; [ "$size" = 8b ] && model=$M8
+    stage "batch-1 latency, Qwen3-${size^^}, OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl"
+    OPENINFER_LINEAR=$linear OPENINFER_PDL=$pdl timeout 180 \
+      python3 -m openinfer_server.cli bench latency $model --load-format dummy --max-num-seqs 4 \
+      --max-model-len 4096 --input-len 128 --output-len 256 --num-iters 3 \
+      --result-file "$OUT/latency-qwen3-$size-$combo.json" | grep -E "TPOT|floor"
+  done
+  if [ -n "${PDL_GOLDEN:-}" ]; then
+    stage "golden gate, OPENINFER_LINEAR=triton OPENINFER_PDL=1"
+    OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
+      -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
+  fi
+}

@@ -1,0 +1,116 @@
+# Kernel benchmarks (benchmarks/ops: `python3 -m benchmarks.ops.run --list` names the ops), the
+# tile searches behind the launchers' fixed settings, and the paths the kernels replaced.
+
+stage_ops() {
+  # OPS: a comma-separated list of ops (default all); OPS_ARGS: more runner flags (--sweep).
+  stage "kernel ops: ${OPS:-all}"
+  timeout 540 python3 -m benchmarks.ops.run --ops "${OPS:-all}" ${OPS_ARGS:-} \
+    --json "$OUT/ops.json" 2>&1 | tail -80
+}
+
+stage_attention() {
+  stage "decode attention: split counts and tiles"
+  timeout 240 python3 -m benchmarks.ops.run --ops paged_decode --sweep \
+    --json "$OUT/decode-attention.json" 2>&1 | tail -14
+}
+
+stage_prefillattn() {
+  # Prompt attention's tile settings and launch order (Qwen3-8B heads, 2048 / 8192 tokens).
+  stage "prompt attention tiles, Triton split and prefill kernels"
+  timeout 500 python3 -m benchmarks.ops.run --ops prefill_attention --sweep \
+    --json "$OUT/prefill-attention.json" 2>&1 | tail -14
+}
+
+stage_tiles() {
+  stage "o_proj / down + add-norm, split-K sum in the norm: tiles for SUM_FUSED_TILES"
+  timeout 480 python3 -m benchmarks.ops.run --ops linear_add_norm --sweep \
+    --json "$OUT/fused-sum-gemm.json" 2>&1 | tail -30
+}
+
+stage_gemm() {
+  stage "small-batch linear tiles against cuBLAS and the read floor, Qwen3-4B/8B shapes"
+  timeout 300 python3 -m benchmarks.ops.run --ops small_linear --sweep \
+    --json "$OUT/small-gemm.json" 2>&1 | tail -60
+  # The default is the Triton small-batch linear with PDL (the tests stage): the gate and the
+  # step once more on the path it replaced, cuBLAS without PDL.
+  stage "golden gate, OPENINFER_LINEAR=cublas OPENINFER_PDL=0"
+  OPENINFER_LINEAR=cublas OPENINFER_PDL=0 timeout 420 python3 -m pytest -p no:cacheprovider -q \
+    -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_cublas.log"
+  stage "decode breakdown, Qwen3-4B, OPENINFER_LINEAR=cublas OPENINFER_PDL=0"
+  OPENINFER_LINEAR=cublas OPENINFER_PDL=0 timeout 120 python3 benchmarks/device/decode_breakdown.py \
+    $M4 --json "$OUT/breakdown-qwen3-4b-cublas.json"
+}
+
+stage_ttft() {
+  stage "where TTFT goes: first-token steps of 2048 and 8192 tokens, Qwen3-8B"
+  timeout 200 python3 benchmarks/device/prefill_breakdown.py $M8 --prompt-len 2048 8192 \
+    --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b.json" > "$OUT/prefill-breakdown-8b.log" 2>&1
+  grep -E "^prompt|^timeline" "$OUT/prefill-breakdown-8b.log"
+  stage "the elementwise kernels of a layer against their bytes (Qwen3-8B heads)"
+  timeout 120 python3 benchmarks/device/norm_bench.py --json "$OUT/norm-bench.json"
+  stage "o_proj / down + add + norm: the residual in cuBLAS's epilogue or in the norm kernel"
+  timeout 120 python3 -m benchmarks.ops.run --ops residual_add_norm \
+    --json "$OUT/residual-gemm.json"
+}
+
+stage_sampling() {
+  # Sampling cost per step by batch and parameters: the Sampler (Triton race kernels, a sort
+  # for top-k / top-p) against FlashInfer's sampling where .fi is carried.
+  for kind in ${SAMPLING_KINDS:-triton flashinfer}; do
+    stage "sampling, us per step, OPENINFER_SAMPLING=$kind"
+    OPENINFER_SAMPLING=$kind timeout 300 python3 -m benchmarks.ops.run --ops sampling \
+      --json "$OUT/sampling-$kind.json" 2>&1 | tail -40
+  done
+  save_jit
+  stage "kernel tests: sampling, compiled"
+  timeout 200 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+    packages/openinfer-kernels/tests/kernels/test_sampling.py \
+    packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py \
+    packages/openinfer-kernels/tests/kernels/test_top_p_sample.py 2>&1 | tail -3 | tee "$OUT/sampling_tests.log"
+  # Served, Qwen3-8B 128/128 x 1024 at 512: greedy against Qwen3's recommended sampling
+  # (temperature 0.6, top_p 0.95, top_k 20) and top_p alone.
+  python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+    --max-model-len 4608 --port 8000 >> "$OUT/serve.log" 2>&1 &
+  server=$!
+  if wait_ready $server; then
+    for mode in ${SAMPLING_MODES:-greedy qwen3 top-p}; do
+      flags=""
+      [ $mode = qwen3 ] && flags="--temperature 0.6 --top-p 0.95 --top-k 20"
+      [ $mode = top-p ] && flags="--temperature 1.0 --top-p 0.9"
+      stage "served throughput, Qwen3-8B 128/128 x 1024 at 512, sampling $mode"
+      timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+        --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf \
+        --ignore-eos --tokenizer $M8 $flags --result-file "$OUT/serve-8b-128-sampling-$mode-$SECONDS.json" \
+        | grep -E "Output token throughput|TPOT|Failed"
+    done
+  fi
+  stop $server
+}
+
+stage_flashinfer() {
+  if [ -n "${FI_GOLDEN:-}" ]; then
+    # Every step on FlashInfer's kernels, so the gate covers them (no CUDA graphs then).
+    stage "golden gate, OPENINFER_ATTENTION_BACKEND=flashinfer OPENINFER_FLASHINFER_EVERY_STEP=1"
+    OPENINFER_ATTENTION_BACKEND=flashinfer OPENINFER_FLASHINFER_EVERY_STEP=1 timeout 420 python3 -m pytest -p no:cacheprovider \
+      -q -m gpu tests/gpu/test_golden_qwen3_gpu.py 2>&1 | tail -15 | tee "$OUT/golden_tests_flashinfer.log"
+    save_jit
+  fi
+  for backend in ${FI_TTFT:-}; do
+    stage "TTFT 2048 / 8192, Qwen3-8B, --attention-backend $backend"
+    timeout 240 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy \
+      --max-num-seqs 4 --max-model-len 8448 --input-len 2048 8192 --output-len 16 \
+      --num-iters 5 --attention-backend $backend --result-file "$OUT/ttft-qwen3-8b-$backend.json"
+  done
+  if [ -z "${FI_SKIP_TESTS:-}" ]; then
+    stage "flashinfer backend: kernel tests, compiled (JIT builds on first use)"
+    timeout ${FI_TESTS_TIMEOUT:-560} python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
+      --durations=8 packages/openinfer-kernels/tests/kernels/test_flashinfer_backend.py 2>&1 \
+      | tail -40 | tee "$OUT/flashinfer_tests.log"
+    save_jit
+  fi
+  if [ -z "${FI_SKIP_AB:-}" ]; then
+    stage "attention backends A/B: decode 128 x 4k and 1 x 4k, prefill 2048 and 8192"
+    timeout 300 python3 -m benchmarks.ops.run --ops attention_backends \
+      --json "$OUT/attention-ab.json"
+  fi
+}

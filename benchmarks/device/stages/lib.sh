@@ -1,0 +1,24 @@
+# Helpers every stage file uses; gpu_check.sh sources this first.
+stage() { echo "=== $1 ($(date +%T))"; }
+has() { [[ " $stages " == *" $1 "* ]]; }
+# FlashInfer's JIT builds come back as fi-jit.tgz.part-* (under the 16 MB a file may have).
+save_jit() { [ -d /tmp/fi-jit ] && rm -f "$OUT"/fi-jit.tgz.part-* \
+  && tar -czf - -C /tmp/fi-jit . | split -b 15M - "$OUT/fi-jit.tgz.part-"; }
+# A server runs as a background python (not a subshell) so `kill $server` reaches it.
+wait_ready() {  # $1: the server's pid; until /health answers, it exits, or 180 s pass
+  python3 - "$1" <<'PY'
+import os, sys, time, urllib.request as u
+for _ in range(900):
+    try:
+        u.urlopen("http://127.0.0.1:8000/health"); sys.exit(0)
+    except OSError:
+        pass
+    try:
+        os.kill(int(sys.argv[1]), 0)
+    except OSError:
+        sys.exit("the server exited before it was ready; see its log")
+    time.sleep(0.2)
+sys.exit("the server was not ready after 180 s")
+PY
+}
+stop() { kill -TERM "$1"; wait "$1"; }

@@ -1,0 +1,112 @@
+# Throughput offline and served, and the engine under load: graphs captured at start, host cost
+# per step, the prefix cache, Poisson arrivals, long prompts beside short ones, JSON schemas.
+
+stage_throughput() {
+  stage "offline throughput, Qwen3-8B, 128/128 x 512"
+  timeout 200 python3 -m openinfer_server.cli bench throughput $M8 --load-format dummy --max-num-seqs 512 --max-model-len 4608 \
+    --num-prompts 512 --input-len 128 --output-len 128 --result-file "$OUT/throughput-8b-128.json"
+  stage "offline throughput, Qwen3-8B, 2048/2048 x 128"
+  timeout 300 python3 -m openinfer_server.cli bench throughput $M8 --load-format dummy --max-num-seqs 128 --max-model-len 4608 \
+    --num-prompts 128 --input-len 2048 --output-len 2048 --result-file "$OUT/throughput-8b-2048.json"
+}
+
+stage_serve() {
+  for servers in $API_SERVERS; do
+    tag=""; [ "$servers" != 1 ] && tag="-a$servers"
+    stage "served throughput, Qwen3-8B, --api-server-count $servers"
+    python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+      --max-model-len 4608 --port 8000 --api-server-count $servers \
+      >> "$OUT/serve.log" 2>&1 &
+    server=$!
+    wait_ready $server
+    # Who uses the CPUs while the server is loaded: the engine, the frontends, the clients.
+    top -b -d 3 -n 8 -w 150 | grep -E "^ *PID|python|openinf" > "$OUT/top$tag.log" 2>&1 &
+    timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
+      --max-concurrency 512 --request-rate inf --ignore-eos --tokenizer $M8 \
+      --result-file "$OUT/serve-8b-128$tag.json"
+    [ -z "$tag" ] && timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 --random-output-len 2048 --num-prompts 128 \
+      --max-concurrency 128 --request-rate inf --ignore-eos --tokenizer $M8 \
+      --result-file "$OUT/serve-8b-2048.json"
+    stop $server
+  done
+}
+
+stage_deferred() {
+  # Served throughput with load from the first second: every graph captured before ready
+  # (`all`, the default) against only the start buckets (`start`, the rest when idle); each
+  # process's GPU memory sampled every 0.5 s under the load (the peak printed).
+  for mode in ${DEFERRED_MODES:-all start}; do
+    stage "served throughput right after ready, Qwen3-8B, OPENINFER_CUDA_GRAPHS_AT_START=$mode"
+    OPENINFER_CUDA_GRAPHS_AT_START=$mode python3 -m openinfer_server.cli serve $M8 --load-format dummy \
+      --max-num-seqs 512 --max-model-len 4608 --port 8000 >> "$OUT/serve.log" 2>&1 &
+    server=$!
+    if wait_ready $server; then
+      (for _ in $(seq 60); do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+         sleep 0.5; done > "$OUT/gpu-memory-$mode.log") &
+      sampler=$!
+      timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+        --random-output-len 128 --num-prompts 1024 --max-concurrency 512 --request-rate inf \
+        --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-graphs-$mode.json" \
+        | grep -E "throughput|TTFT|TPOT|Failed"
+      kill $sampler 2>/dev/null
+      echo "GPU memory per process, peak MiB (pid, used):"
+      sort -t, -k2 -n -r "$OUT/gpu-memory-$mode.log" | sort -s -u -t, -k1,1 | head -4
+    fi
+    stop $server
+  done
+}
+
+stage_timeline() {
+  stage "host cost and GPU idle per decode step, batch 1/64/256/512, plain and overlapped, Qwen3-8B"
+  timeout 400 python3 benchmarks/device/step_timeline.py $M8 --batch 1 64 256 512 --steps 30 \
+    --profile-batch 256 512 --json "$OUT/timeline-8b.json" > "$OUT/timeline.log" 2>&1
+  tail -8 "$OUT/timeline.log"
+}
+
+stage_prefix() {
+  stage "prefix cache: TTFT cold vs warm by prompt length, Qwen3-4B"
+  timeout 300 python3 -m openinfer_server.cli bench prefix $M4 --load-format dummy --max-num-seqs 4 --max-model-len 17408 \
+    --input-len 256 1024 4096 16384 --num-iters 10 --result-file "$OUT/prefix-qwen3-4b.json"
+  stage "first-token step, cold and warm: wall, GPU time by op, host profile"
+  timeout 150 python3 benchmarks/device/prefill_breakdown.py $M4 --prompt-len 256 4096 16384 \
+    --json "$OUT/prefill-breakdown-qwen3-4b.json" > "$OUT/prefill-breakdown.log" 2>&1
+}
+
+stage_qps() {
+  # About 40 s of arrivals per rate up to 8/s; past that 480 prompts (the rates beyond
+  # saturation then take as long as the server needs for them). The file is rewritten after
+  # each rate, so a timeout keeps the rates done.
+  stage "Poisson QPS sweep, 1024/128, Qwen3-4B"
+  python3 -m openinfer_server.cli serve $M4 --load-format dummy --max-num-seqs 256 \
+    --max-model-len 2048 --port 8000 > "$OUT/serve-qps.log" 2>&1 &
+  server=$!
+  wait_ready $server && timeout 330 python3 -m openinfer_server.cli bench serve \
+    --random-input-len 1024 --random-output-len 128 --ignore-eos --tokenizer $M4 \
+    --request-rate 2 4 8 16 32 64 --num-prompts 80 160 320 480 480 480 \
+    --result-file "$OUT/qps-qwen3-4b.json"
+  stop $server
+}
+
+stage_interference() {
+  # 32 short requests (128 in, 256 out) stream while an 8192-token prompt arrives every 2 s:
+  # with a 2048-token step budget the long prefills are chunked, with 16384 they are not.
+  for run in chunked:2048 unchunked:16384; do
+    label=${run%%:*} budget=${run#*:}
+    echo "=== server for the $label run" >> "$OUT/serve-interference.log"
+    stage "short-request ITL while 8k prompts arrive, $label (--max-num-batched-tokens $budget), Qwen3-4B"
+    python3 -m openinfer_server.cli serve $M4 --load-format dummy --max-num-seqs 64 \
+      --max-model-len 9216 --max-num-batched-tokens $budget --port 8000 \
+      >> "$OUT/serve-interference.log" 2>&1 &
+    server=$!
+    wait_ready $server && timeout 120 python3 -m openinfer_server.cli bench interference \
+      --tokenizer $M4 --duration 40 --long-interval 2 --label $label \
+      --result-file "$OUT/interference-$label.json"
+    stop $server
+  done
+}
+
+stage_structured() {
+  stage "structured output: TPOT with a JSON schema on every request vs none, compile time"
+  timeout 420 python3 benchmarks/device/structured_tpot.py $M8 --batch 1 64 --steps 100 \
+    --json "$OUT/structured-qwen3-8b.json" 2>&1 | tail -30
+}

@@ -1,0 +1,1 @@
+"""Kernel benchmarks: an op registry (`registry.py`) and one runner (`run.py`)."""
