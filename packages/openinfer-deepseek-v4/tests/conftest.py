@@ -29,6 +29,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))  # dsv4_checkpoints
+# The FP4 MoE tests share their case builder (test_fp4_moe_decode.py imports test_fp4_moe).
+sys.path.insert(0, str(Path(__file__).parent / "kernels"))
 
 from dsv4_checkpoints import random_model
 
