@@ -19,10 +19,13 @@ from collections.abc import Callable
 import torch
 from cuda_timing import copy_bandwidth, graph_per_call_us, median_us
 
-from openinfer_kernels.indexer import indexer_topk_paged_ref
-from openinfer_kernels.indexer.triton import indexer_topk_paged_triton, indexer_topk_triton
-from openinfer_kernels.sparse_attention import sparse_sink_attention_ref
-from openinfer_kernels.sparse_attention.triton import (
+from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged_ref
+from openinfer_deepseek_v4.kernels.indexer.triton import (
+    indexer_topk_paged_triton,
+    indexer_topk_triton,
+)
+from openinfer_deepseek_v4.kernels.sparse_attention import sparse_sink_attention_ref
+from openinfer_deepseek_v4.kernels.sparse_attention.triton import (
     MAX_SPLITS,
     plan,
     sparse_sink_attention_triton,

@@ -16,10 +16,10 @@ import argparse
 import torch
 from cuda_timing import copy_bandwidth, graph_per_call_us, median_us
 
-from openinfer_kernels.moe import fp4_moe_experts_ref
-from openinfer_kernels.moe.triton import fp4_moe_experts_triton
-from openinfer_kernels.quant import fp8_block_linear_ref
-from openinfer_kernels.quant.triton import fp8_block_linear_triton
+from openinfer_deepseek_v4.kernels.moe import fp4_moe_experts_ref
+from openinfer_deepseek_v4.kernels.moe.triton import fp4_moe_experts_triton
+from openinfer_kernels.fp8_linear import fp8_block_linear_ref
+from openinfer_kernels.fp8_linear.triton import fp8_block_linear_triton
 
 PEAK_FLOPS = 989e12
 FP8_SHAPES = {  # name: weight [N, K]

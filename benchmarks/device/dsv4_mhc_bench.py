@@ -16,11 +16,11 @@ from functools import partial
 import torch
 from cuda_timing import copy_bandwidth, graph_per_call_us
 
-from openinfer_kernels.compress import compress_pool_ref
-from openinfer_kernels.compress.triton import compress_pool_triton
-from openinfer_kernels.mhc import hc_post_ref, hc_pre_ref
-from openinfer_kernels.mhc.triton import hc_post_triton, hc_pre_triton
-from openinfer_kernels.rotary import rope_frequencies
+from openinfer_deepseek_v4.kernels.compress import compress_pool_ref
+from openinfer_deepseek_v4.kernels.compress.triton import compress_pool_triton
+from openinfer_deepseek_v4.kernels.mhc import hc_post_ref, hc_pre_ref
+from openinfer_deepseek_v4.kernels.mhc.triton import hc_post_triton, hc_pre_triton
+from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
 
 N, D, EPS = 4, 4096, 1e-6
 HC = dict(hc_eps=EPS, norm_eps=EPS, sinkhorn_iters=20)

@@ -27,9 +27,9 @@ from typing import NamedTuple
 import torch
 from cuda_timing import copy_bandwidth, graph_per_call_us
 
-from openinfer_kernels.moe import fp4_moe_experts_ref
-from openinfer_kernels.moe.decode import DecodeTile, decode_tile
-from openinfer_kernels.moe.triton import DECODE_MAX_PAIRS, fp4_moe_experts_triton
+from openinfer_deepseek_v4.kernels.moe import fp4_moe_experts_ref
+from openinfer_deepseek_v4.kernels.moe.decode import DecodeTile, decode_tile
+from openinfer_deepseek_v4.kernels.moe.triton import DECODE_MAX_PAIRS, fp4_moe_experts_triton
 
 
 class Shape(NamedTuple):

@@ -12,7 +12,7 @@ import torch
 from cuda_timing import copy_bandwidth, graph_per_call_us
 
 from openinfer_kernels.norm import fused_add_rms_norm
-from openinfer_kernels.norm_rope import qk_norm_rope_append
+from openinfer_kernels.rotary import qk_norm_rope_append
 
 H, HQ, HK, D = 4096, 32, 8, 128  # Qwen3-8B
 BLOCK = 16

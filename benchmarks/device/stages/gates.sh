@@ -3,7 +3,8 @@
 stage_tests() {
   stage "kernel tests, compiled, every size"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests packages/openinfer-offload/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
+    packages/openinfer-kernels/tests packages/openinfer-deepseek-v4/tests/kernels \
+    packages/openinfer-offload/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
   timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
     --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/golden_tests.log"

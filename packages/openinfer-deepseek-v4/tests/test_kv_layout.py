@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.kernels.indexer import indexer_topk_ref
+from openinfer_deepseek_v4.kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 from openinfer_deepseek_v4.kv_cache import (
     CompressedCache,
     entries_per_block,
     kv_bytes_per_block,
     token_slots,
 )
-from openinfer_kernels.indexer import indexer_topk_ref
-from openinfer_kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 
 FLASH = {  # V4-Flash's shapes, 43 layers: 2 window-only, then CSA (4) and HCA (128) in turn
     "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,

@@ -1,4 +1,4 @@
-"""The DeepSeek-V4 reference ops (openinfer-kernels `mhc/`, `moe/`) against the modules of
+"""The DeepSeek-V4 reference ops (`kernels/mhc/`, `kernels/moe/`, ...) against the modules of
 transformers' `DeepseekV4ForCausalLM` they replace, in fp32 at a tiny config."""
 
 from __future__ import annotations
@@ -6,18 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer_kernels.compress import compress_kv_ref
-from openinfer_kernels.gemm import grouped_linear_ref
-from openinfer_kernels.indexer import indexer_scores_ref, indexer_topk_ref
-from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
-from openinfer_kernels.moe import (
+from openinfer_deepseek_v4.kernels.compress import compress_kv_ref
+from openinfer_deepseek_v4.kernels.indexer import indexer_scores_ref, indexer_topk_ref
+from openinfer_deepseek_v4.kernels.mhc import (
+    hc_collapse_ref,
+    hc_expand_ref,
+    hc_head_ref,
+    hc_weights_ref,
+)
+from openinfer_deepseek_v4.kernels.moe import (
     moe_experts_ref,
     route_hash_ref,
     route_topk_ref,
     swiglu_clamped_ref,
 )
-from openinfer_kernels.rotary import rope_frequencies, rotary_interleaved_ref
-from openinfer_kernels.sparse_attention import sink_attention_ref
+from openinfer_deepseek_v4.kernels.rotary import rope_frequencies, rotary_interleaved_ref
+from openinfer_deepseek_v4.kernels.sparse_attention import sink_attention_ref
+from openinfer_kernels.gemm import grouped_linear_ref
 
 tf = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 TOL = dict(rtol=1e-5, atol=1e-5)

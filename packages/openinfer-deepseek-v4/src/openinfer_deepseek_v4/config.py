@@ -58,7 +58,7 @@ class DeepseekV4Config:
     def rope_freqs(self, compressed: bool) -> torch.Tensor:
         """The rotary frequencies of the window-only layers (plain, theta 1e4) or of the
         layers with compressed KV (theta 1.6e5, YaRN)."""
-        from openinfer_kernels.rotary import rope_frequencies
+        from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
 
         if not compressed:
             return rope_frequencies(self.rope_head_dim, self.rope_theta)

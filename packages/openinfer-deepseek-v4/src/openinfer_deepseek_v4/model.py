@@ -1,10 +1,10 @@
 """The DeepSeek-V4 forward pass over a mixed batch of prefill chunks and decode tokens on the
 paged cache of `kv_cache`: `reference.forward` with `paged_attention` in place of the
-whole-sequence attention, batched over the step's requests. Its ops are openinfer-kernels'
-(Triton on the GPU, their plain-torch references on CPU); the weights stay in FP8/FP4 on the
-GPU (`quantized.py`). Under tensor parallelism, one rank's shard (`shard.py`): it meets the
-other ranks' in an all-reduce after the embedding, each attention and each MoE (or the
-exchanges of `expert_parallel.py`), and an all-gather of the logits."""
+whole-sequence attention, batched over the step's requests. Its ops are its own (`kernels/`)
+and openinfer-kernels' (Triton on the GPU, their plain-torch references on CPU); the weights
+stay in FP8/FP4 on the GPU (`quantized.py`). Under tensor parallelism, one rank's shard
+(`shard.py`): it meets the other ranks' in an all-reduce after the embedding, each attention
+and each MoE (or the exchanges of `expert_parallel.py`), and an all-gather of the logits."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
+from openinfer_deepseek_v4.kernels.mhc import hc_head, hc_post, hc_pre
+from openinfer_deepseek_v4.kernels.rotary import rope_table
 from openinfer_deepseek_v4.kv_cache import LayerCache, allocate_layers, kv_bytes_per_block
 from openinfer_deepseek_v4.paged_attention import Rope, paged_attention
 from openinfer_deepseek_v4.reference import (
@@ -29,8 +31,6 @@ from openinfer_deepseek_v4.reference import (
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.step_slots import StepSlots
-from openinfer_kernels.mhc import hc_head, hc_post, hc_pre
-from openinfer_kernels.rms_rotary import rope_table
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import PagedKVManager
 

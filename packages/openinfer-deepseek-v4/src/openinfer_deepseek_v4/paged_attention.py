@@ -20,20 +20,20 @@ import torch
 
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.kernels.compress import compress_pool
+from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged
+from openinfer_deepseek_v4.kernels.rotary import rms_rotary, rms_rotary_scatter
+from openinfer_deepseek_v4.kernels.sparse_attention import sparse_sink_attention
 from openinfer_deepseek_v4.kv_cache import CompressedCache, LayerCache
 from openinfer_deepseek_v4.quantized import grouped_linear, linear
 from openinfer_deepseek_v4.reference import AttentionWeights, CompressorWeights, compressor_inputs
 from openinfer_deepseek_v4.step_slots import StepSlots
-from openinfer_kernels.compress import compress_pool
-from openinfer_kernels.indexer import indexer_topk_paged
-from openinfer_kernels.rms_rotary import rms_rotary, rms_rotary_scatter
-from openinfer_kernels.sparse_attention import sparse_sink_attention
 
 
 @dataclass(frozen=True, slots=True)
 class Rope:
     """A layer's rotary: its frequencies (the compressor's pooling rotates with them) and the
-    cos | sin table of every position made from them (`rms_rotary.rope_table`), on the
+    cos | sin table of every position made from them (`kernels.rotary.rope_table`), on the
     device."""
 
     freqs: torch.Tensor  # [R / 2] fp32

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from openinfer_deepseek_v4.kernels.moe import dequant_fp4_ref, moe_experts_ref
+from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 from openinfer_kernels.gemm import grouped_linear_ref
-from openinfer_kernels.moe import moe_experts_ref
-from openinfer_kernels.quant import dequant_fp4_ref, dequant_fp8_blocks_ref
 
 BLOCK = 128  # FP8 scale block, both dims
 GROUP = 32  # FP4 scale group along the input
@@ -60,7 +60,7 @@ Weight = torch.Tensor | Fp8Linear
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """x [T, I] @ W^T -> [T, O] in x's dtype."""
     if isinstance(w, Fp8Linear):
-        from openinfer_kernels.quant import fp8_block_linear
+        from openinfer_kernels.fp8_linear import fp8_block_linear
 
         return fp8_block_linear(x, w.weight, w.scale)
     return x @ w.t()
@@ -75,7 +75,7 @@ def grouped_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
         return grouped_linear_ref(x, w)
     if w.weight.shape[0] // x.shape[1] % BLOCK:  # groups share scale blocks (tiny test models)
         return grouped_linear_ref(x, w.dequant(x.dtype))
-    from openinfer_kernels.quant import fp8_grouped_linear
+    from openinfer_kernels.fp8_linear import fp8_grouped_linear
 
     return fp8_grouped_linear(x, w.weight, w.scale)
 
@@ -86,7 +86,7 @@ def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     """sum over token t's experts of weights[t, e] * down_e(swiglu(gate_up_e x_t)): x [T, H],
     ids/weights [T, k] -> [T, H]."""
     if isinstance(gate_up, Fp4Experts):
-        from openinfer_kernels.moe import fp4_moe_experts
+        from openinfer_deepseek_v4.kernels.moe import fp4_moe_experts
 
         return fp4_moe_experts(x, ids, weights, gate_up.gate_up, gate_up.gate_up_scale,
                                gate_up.down, gate_up.down_scale, limit)

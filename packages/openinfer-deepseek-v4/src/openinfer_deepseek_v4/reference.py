@@ -1,8 +1,8 @@
-"""DeepSeek-V4 over one whole sequence (positions 0..T-1), in plain torch from the
-openinfer-kernels reference ops: the oracle the serving path (`model.py` on the paged cache) is
-tested against. The serving path is built from the same pieces (`project`, `compressed_picks`,
-`attend`, `around`, `moe`, ...), only its keys come from the cache. Spec: shared
-deepseek-v4.md §3-§6."""
+"""DeepSeek-V4 over one whole sequence (positions 0..T-1), in plain torch from the reference
+ops (`kernels/`, and openinfer-kernels' shared ones): the oracle the serving path (`model.py`
+on the paged cache) is tested against. The serving path is built from the same pieces
+(`project`, `compressed_picks`, `attend`, `around`, `moe`, ...), only its keys come from the
+cache. Spec: shared deepseek-v4.md §3-§6."""
 
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ from functools import partial
 import torch
 
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.kernels.compress import compress_kv_ref
+from openinfer_deepseek_v4.kernels.indexer import indexer_scores_ref
+from openinfer_deepseek_v4.kernels.indexer.ordered_topk import indexer_topk_ordered_ref
+from openinfer_deepseek_v4.kernels.mhc import (
+    hc_collapse_ref,
+    hc_expand_ref,
+    hc_head_ref,
+    hc_weights_ref,
+)
+from openinfer_deepseek_v4.kernels.moe import route_hash_ref, route_topk_ref, swiglu_clamped_ref
+from openinfer_deepseek_v4.kernels.rotary import rotary_interleaved_ref
+from openinfer_deepseek_v4.kernels.sparse_attention import sink_attention_ref
 from openinfer_deepseek_v4.quantized import (
     Fp4Experts,
     Weight,
@@ -20,13 +32,6 @@ from openinfer_deepseek_v4.quantized import (
     linear,
     routed_experts,
 )
-from openinfer_kernels.compress import compress_kv_ref
-from openinfer_kernels.indexer import indexer_scores_ref
-from openinfer_kernels.indexer.ordered_topk import indexer_topk_ordered_ref
-from openinfer_kernels.mhc import hc_collapse_ref, hc_expand_ref, hc_head_ref, hc_weights_ref
-from openinfer_kernels.moe import route_hash_ref, route_topk_ref, swiglu_clamped_ref
-from openinfer_kernels.rotary import rotary_interleaved_ref
-from openinfer_kernels.sparse_attention import sink_attention_ref
 
 
 @dataclass(frozen=True, slots=True)

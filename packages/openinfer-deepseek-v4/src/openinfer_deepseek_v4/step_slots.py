@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_deepseek_v4.kernels.indexer import paged_entry_slots, token_requests
 from openinfer_deepseek_v4.reference import window_positions
-from openinfer_kernels.indexer import paged_entry_slots, token_requests
 
 
 class StepSlots:

@@ -16,8 +16,9 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from openinfer_core.errors import WeightLoadError
+from openinfer_deepseek_v4.kernels.moe import dequant_fp4_ref
 from openinfer_deepseek_v4.quantized import Fp8Linear, Weight
-from openinfer_kernels.quant import dequant_fp4_ref, dequant_fp8_blocks_ref
+from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 
 FP8_BLOCK = 128
 FP4_GROUP = 32

@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# No op folder is named as an op it exports: importing a subpackage sets the package attribute
+# of its name, which would shadow the op.
 _EXPORTS = {
     "embedding": "openinfer_kernels.embed",
     "rms_norm": "openinfer_kernels.norm",
     "fused_add_rms_norm": "openinfer_kernels.norm",
     "qk_rms_norm": "openinfer_kernels.norm",
-    # Not a folder `qk_norm_rope/`: importing a subpackage sets the package attribute of its
-    # name, which would shadow the op.
-    "qk_norm_rope": "openinfer_kernels.norm_rope",
-    "qk_norm_rope_append": "openinfer_kernels.norm_rope",
+    "qk_norm_rope": "openinfer_kernels.rotary",
+    "qk_norm_rope_append": "openinfer_kernels.rotary",
     "rope_cos_sin": "openinfer_kernels.rotary",
     "rotary_embedding": "openinfer_kernels.rotary",
     "silu_and_mul": "openinfer_kernels.activation",
@@ -39,8 +39,12 @@ if TYPE_CHECKING:
     from openinfer_kernels.kv_store import kv_append
     from openinfer_kernels.lm_head import lm_head_logits
     from openinfer_kernels.norm import fused_add_rms_norm, qk_rms_norm, rms_norm
-    from openinfer_kernels.norm_rope import qk_norm_rope, qk_norm_rope_append
-    from openinfer_kernels.rotary import rope_cos_sin, rotary_embedding
+    from openinfer_kernels.rotary import (
+        qk_norm_rope,
+        qk_norm_rope_append,
+        rope_cos_sin,
+        rotary_embedding,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import openinfer_kernels.quant as quant
-from openinfer_kernels.quant import (
+import openinfer_kernels.fp8_linear as fp8_linear
+from openinfer_kernels.fp8_linear import (
     dequant_fp8_blocks_ref,
     fp8_block_linear_ref,
     fp8_grouped_linear_ref,
 )
-from openinfer_kernels.quant.triton import (
+from openinfer_kernels.fp8_linear.triton import (
     Fp8Tile,
     fp8_block_linear_triton,
     fp8_grouped_linear_triton,
@@ -99,7 +99,7 @@ def test_bad_operands_are_refused() -> None:
 def test_the_dispatching_op_is_the_reference_on_cpu() -> None:
     x, w, scale = make(3, 40, 70, torch.float32, seed=4)
     x, w, scale = x.cpu(), w.cpu(), scale.cpu()
-    assert torch.equal(quant.fp8_block_linear(x, w, scale), fp8_block_linear_ref(x, w, scale))
+    assert torch.equal(fp8_linear.fp8_block_linear(x, w, scale), fp8_block_linear_ref(x, w, scale))
 
 
 # V4-Flash's FP8 projections, weight [N, K] (spec §2, §5): q_a, q_b, kv, o_a's eight groups

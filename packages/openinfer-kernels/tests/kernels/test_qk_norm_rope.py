@@ -7,13 +7,12 @@ import pytest
 import torch
 
 import openinfer_kernels
-from openinfer_kernels.norm_rope import qk_norm_rope_append_ref, qk_norm_rope_ref
-from openinfer_kernels.norm_rope.triton import (
+from openinfer_kernels.rotary import qk_norm_rope_append_ref, qk_norm_rope_ref, rope_cos_sin
+from openinfer_kernels.rotary.triton import (
     heads_per_program,
     qk_norm_rope_append_triton,
     qk_norm_rope_triton,
 )
-from openinfer_kernels.rotary import rope_cos_sin
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

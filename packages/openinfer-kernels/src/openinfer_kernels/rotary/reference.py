@@ -1,9 +1,15 @@
 """Rotary position embedding in Qwen3's (GPT-NeoX) convention: the head dimension is split into
-two halves, and pair (i, i + D/2) is rotated by angle position * theta^(-2i/D)."""
+two halves, and pair (i, i + D/2) is rotated by angle position * theta^(-2i/D). Alone
+(`rotary_embedding_ref`), and after the per-head q/k RMSNorm, optionally followed by the KV
+append of the rotated k and of v (`qk_norm_rope_ref`, `qk_norm_rope_append_ref`: the Triton
+kernel fuses them, and is rotary's GPU path)."""
 
 from __future__ import annotations
 
 import torch
+
+from openinfer_kernels.kv_store.reference import kv_append_ref
+from openinfer_kernels.norm.reference import qk_rms_norm_ref
 
 
 def rope_cos_sin(max_positions: int, head_dim: int, theta: float,
@@ -33,3 +39,27 @@ def rotary_embedding_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tens
     cos = table[:, None, :half]
     sin = table[:, None, half:]
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def qk_norm_rope_ref(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float, positions: torch.Tensor,
+                     cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotary_embedding(qk_rms_norm(q, k, ...), positions, cos_sin): q ([T, Hq, D]) and k
+    ([T, Hk, D]) normed per head over D, then rotated by their tokens' `positions` ([T]) with
+    `cos_sin` ([max_pos, D] fp32, GPT-NeoX halves). The normed values are rounded to the input
+    dtype between the two steps, as the unfused model does."""
+    return rotary_embedding_ref(*qk_rms_norm_ref(q, k, q_weight, k_weight, eps), positions,
+                                cos_sin)
+
+
+def qk_norm_rope_append_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                            positions: torch.Tensor, cos_sin: torch.Tensor,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor) -> torch.Tensor:
+    """`qk_norm_rope_ref`, then `kv_append_ref` of the rotated k and of v ([T, Hk, D]) into the
+    caches at `slot_mapping`: this step's K/V are in the cache, and the rotated q is returned.
+    Mutates the caches."""
+    q, k = qk_norm_rope_ref(q, k, q_weight, k_weight, eps, positions, cos_sin)
+    kv_append_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q

@@ -1,0 +1,144 @@
+# mypy: disable-error-code="no-untyped-def"
+"""Triton lightning indexer: the scores kernel, and the launchers of the public ops (the
+ordered top-k kernels are in `topk_triton.py`).
+
+`_scores_kernel`: program = (query token, tile of BLOCK_E entries): the tile's keys once for
+all index heads (a [heads, d] x [d, BLOCK_E] product), ReLU, weighted sum over the heads. The
+paged form finds entry j's row through the request's block table and skips the tiles its query
+cannot see. Many programs per token, so one decode token spreads its key stream (the bulk of
+the bytes: 16k entries x 128 dims at a 64k context) over the whole GPU. The scores go through
+HBM to the top-k (T x entries fp32: ~3% of the key bytes), so no program streams a whole key
+set alone. Launches depend on shapes only: graph-safe.
+
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_deepseek_v4.kernels.indexer.topk_triton import entry_rows, launch_topk
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+
+@triton.jit
+def _dot(a, b, UPCAST: tl.constexpr):
+    """tl.dot in fp32 accumulation; under the interpreter (UPCAST) on fp32 operands, since its
+    bf16 tl.dot is wrong (triton 3.9); bf16 x bf16 in fp32 is exact, as on the tensor cores."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision="ieee" if a.dtype == tl.float32 else "tf32")
+
+
+@triton.jit
+def _scores_kernel(
+    q_ptr, w_ptr, keys_ptr, table_ptr, requests_ptr, positions_ptr, scores_ptr,
+    scale, num_heads, num_entries,
+    stride_qt, stride_qh, stride_wt, stride_key, stride_bt, stride_st,
+    HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, RATIO: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, SLOTS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+):
+    pdl_enter(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    entries = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    end = num_entries
+    if PAGED:  # only the entries the query may see: j < (position + 1) // ratio
+        end = tl.minimum(end, (tl.load(positions_ptr + token) + 1) // RATIO)
+    if tl.program_id(1) * BLOCK_E >= end:
+        return
+    e_mask = entries < end
+    if PAGED:
+        request = tl.load(requests_ptr + token).to(tl.int64)
+        rows = entry_rows(tl.where(e_mask, entries, 0), table_ptr + request * stride_bt,
+                          RATIO, BLOCK_SIZE, SLOTS_PER_BLOCK)
+    else:
+        rows = entries.to(tl.int64)
+    heads = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = heads < num_heads
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    keys = tl.load(keys_ptr + rows[:, None] * stride_key + offs_d[None, :],
+                   mask=e_mask[:, None] & d_mask[None, :], other=0.0)
+    w = tl.load(w_ptr + token * stride_wt + heads, mask=h_mask, other=0.0).to(tl.float32)
+    dots = tl.maximum(_dot(q, tl.trans(keys), UPCAST), 0.0)
+    scores = tl.sum(dots * (w * scale)[:, None], 0)
+    tl.store(scores_ptr + token * stride_st + entries, scores, mask=e_mask)
+
+
+def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
+                   scores: torch.Tensor, scale: float, paged: dict[str, object]) -> None:
+    """Fill scores [T, E] (E = scores.shape[1]); `paged` holds the paged arguments, or is
+    empty for flat keys (every entry, no causal limit)."""
+    num_tokens, num_heads, head_dim = q.shape
+    if q.stride(2) != 1 or keys.stride(-1) != 1 or weights.stride(-1) != 1:
+        raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
+    block_h = max(16, triton.next_power_of_2(num_heads))
+    block_e = 64 if block_h * head_dim > 4096 else 128
+    table = paged.get("block_tables", scores)
+    assert isinstance(table, torch.Tensor)
+    _scores_kernel[(num_tokens, triton.cdiv(scores.shape[1], block_e))](
+        q, weights, keys, table, paged.get("requests", scores),
+        paged.get("positions", scores), scores, scale, num_heads, scores.shape[1],
+        q.stride(0), q.stride(1), weights.stride(0), keys.stride(-2), table.stride(0),
+        scores.stride(0), HEAD_DIM=head_dim, PAGED=bool(paged),
+        RATIO=paged.get("ratio", 1), BLOCK_SIZE=paged.get("block_size", 1),
+        SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), BLOCK_H=block_h, BLOCK_E=block_e,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), UPCAST=q.device.type != "cuda",
+        num_warps=4, **pdl_launch(q))
+
+
+def indexer_scores_triton(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, *,
+                          softmax_scale: float, weights_scale: float) -> torch.Tensor:
+    """`indexer_scores_ref`'s contract: q [T, H, d], keys [E, d], weights [T, H] -> [T, E]
+    fp32."""
+    scores = torch.empty(q.shape[0], keys.shape[0], dtype=torch.float32, device=q.device)
+    if scores.numel():
+        _launch_scores(q, weights, keys, scores, softmax_scale * weights_scale, {})
+    return scores
+
+
+def indexer_topk_triton(scores: torch.Tensor, positions: torch.Tensor, *, ratio: int,
+                        top_k: int) -> torch.Tensor:
+    """`indexer_topk_ordered_ref`'s contract: scores [T, E], positions [T] -> picks
+    [T, min(top_k, E)] int64, best first, ties to the earlier entry, -1 padding."""
+    out = torch.empty(scores.shape[0], min(top_k, scores.shape[1]), dtype=torch.int64,
+                      device=scores.device)
+    if out.numel():
+        launch_topk(scores.float().contiguous(), positions, out, ratio, {})
+    return out
+
+
+def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool: torch.Tensor,
+                              block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                              positions: torch.Tensor, *, ratio: int, block_size: int,
+                              top_k: int, softmax_scale: float, weights_scale: float,
+                              as_slots: bool = False, max_entries: int | None = None,
+                              requests: torch.Tensor | None = None) -> torch.Tensor:
+    """`indexer_topk_paged_ref`'s contract. Scratch: [T, max_entries] fp32 scores, where
+    `max_entries` (default: what the block table can hold, max_blocks * block_size // ratio)
+    bounds every query's visible entries; pass a smaller one (the step's max_seq_len // ratio)
+    to save memory and launch fewer programs."""
+    from openinfer_deepseek_v4.kernels.indexer.reference import token_requests
+
+    num_tokens = q.shape[0]
+    capacity = block_tables.shape[1] * block_size // ratio
+    num_entries = capacity if max_entries is None else min(max_entries, capacity)
+    if num_tokens == 0 or num_entries == 0 or top_k == 0:
+        return torch.full((num_tokens, top_k), -1, dtype=torch.int32, device=q.device)
+    # every pick is stored (-1 past a query's entries): KP >= top_k
+    out = torch.empty((num_tokens, top_k), dtype=torch.int32, device=q.device)
+    if requests is None:
+        requests = token_requests(query_start_loc, num_tokens)
+    paged: dict[str, object] = {
+        "block_tables": block_tables, "requests": requests,
+        "positions": positions, "ratio": ratio, "block_size": block_size,
+        "slots_per_block": index_pool.shape[1], "as_slots": as_slots}
+    scores = torch.empty(num_tokens, num_entries, dtype=torch.float32, device=q.device)
+    _launch_scores(q, weights, index_pool.flatten(0, 1), scores,
+                   softmax_scale * weights_scale, paged)
+    launch_topk(scores, positions, out, ratio, paged)
+    return out

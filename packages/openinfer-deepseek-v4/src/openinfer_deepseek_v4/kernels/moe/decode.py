@@ -1,0 +1,207 @@
+# mypy: disable-error-code="no-untyped-def"
+"""The FP4 experts for a few tokens (decode): matrix-vector products on the CUDA cores, one
+program per (token, expert) pair and block of weight rows, with no routing step before them.
+
+Two launches: the first streams gate and up rows of a pair's expert against its token and
+writes h = silu(min(gate, limit)) * clamp(up, ±limit) [T * k, I] in x's dtype (as the grouped
+path does); the second, one program per token and block of output columns, streams the down
+rows of each of the token's k experts in slot order, scales each by its routing weight and
+writes their sum: the combine over the top-k is that loop, so no fp32 [T * k, H] buffer and no
+sum launch. At one token the second launch has only H / BLOCK_N programs, so it may also split
+the inputs (split-K): each share then lands in an fp32 workspace that `sum_slices` adds in a
+fixed order (a third, tiny launch). No atomics: the same bits every run.
+
+A K step dequantizes [BLOCK_N, BLOCK_K / 2] bytes: each e2m1 code's bits are placed in an fp16
+(the value times 2^-14, exact) and multiplied by the token's input, the even inputs by the low
+nibbles and the odd by the high ones (the input row is split in registers, the codes are
+never interleaved); each 32-input group is summed, then scaled once by its E8M0 scale (times
+2^14). A pair whose routing weight is 0 reads nothing: its contribution is exactly 0 (the
+reference's 0 * product, except where that product is inf or NaN, as a padded row's may be).
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.fp8_linear.triton import e8m0_to_fp32, sum_slices
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTile:
+    """block_n / block_k: gate_up rows (each of gate and up) and inputs per program step;
+    down_block_n / down_block_k: the same for down; down_split: K shares of down (1: none).
+    Block sizes are powers of two, block_k's at least 32 (one scale group)."""
+
+    block_n: int = 16
+    block_k: int = 512
+    down_block_n: int = 16
+    down_block_k: int = 512
+    down_split: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# (most tokens, tile): the first row whose bound holds, else the last. Picked by
+# benchmarks/device/dsv4_moe_sweep.py on the H100 at V4-Flash's shapes (run 64): at one token
+# narrow rows with long K steps and down split in two (74.9 us = 2.3x the read floor; grouped
+# 5.1x), from 4 to 16 tokens 32 rows by 512 inputs (1.8-1.9x).
+DECODE_TILES: tuple[tuple[int, DecodeTile], ...] = (
+    (1, DecodeTile(block_n=8, block_k=1024, down_block_n=8, down_block_k=1024, down_split=2)),
+    (16, DecodeTile(block_n=32, down_block_n=32)),
+)
+
+
+def decode_tile(tokens: int) -> DecodeTile:
+    return next((tile for most, tile in DECODE_TILES if tokens <= most), DECODE_TILES[-1][1])
+
+
+@triton.jit
+def _e2m1_fp32(code):
+    """Low 4 bits of int32 `code` (e2m1: sign, 2 exponent bits, 1 mantissa bit) -> fp32 value
+    times 2^-14: the bits placed in an fp16's sign, exponent and mantissa (0.5 a subnormal,
+    which the conversion to fp32 keeps exact)."""
+    bits = ((code & 0x7) << 9) | ((code & 0x8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _inputs(x_row, k, k_end, BLOCK_K: tl.constexpr):
+    """The even and odd inputs of [k, k + BLOCK_K) (k a multiple of BLOCK_K; 0 from k_end on),
+    fp32, [BLOCK_K / 2] each: one contiguous load, split in registers."""
+    ri = tl.max_contiguous(tl.multiple_of(k + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    x = tl.load(x_row + ri, mask=ri < k_end, other=0.0).to(tl.float32)
+    return tl.split(tl.reshape(x, [BLOCK_K // 2, 2]))
+
+
+@triton.jit
+def _fp4_step(w_rows, s_rows, n_ok, even, odd, k, k_end, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """[BLOCK_N] fp32: weight rows (byte pointers `w_rows`, scale pointers `s_rows`, both
+    [BLOCK_N, 1]; rows not `n_ok` are not read) times the inputs [k, k + BLOCK_K) (k a
+    multiple of BLOCK_K), cut at k_end (a multiple of 32). EVEN_K: no step is cut, so the
+    byte loads go unmasked along K, as wide as the hardware's (a mask on K would narrow them
+    to what the compiler can prove of k_end's divisibility)."""
+    rb = tl.max_contiguous(tl.multiple_of(k // 2 + tl.arange(0, BLOCK_K // 2), BLOCK_K // 2),
+                           BLOCK_K // 2)
+    rg = k // 32 + tl.arange(0, BLOCK_K // 32)
+    if EVEN_K:
+        b_ok = n_ok[:, None]
+        s_ok = n_ok[:, None]
+    else:
+        b_ok = n_ok[:, None] & (rb < k_end // 2)[None, :]
+        s_ok = n_ok[:, None] & (rg < k_end // 32)[None, :]
+    b = tl.load(w_rows + rb[None, :], mask=b_ok, other=0).to(tl.int32)
+    prod = _e2m1_fp32(b) * even[None, :] + _e2m1_fp32(b >> 4) * odd[None, :]
+    group = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // 32, 16]), axis=2)
+    s = tl.load(s_rows + rg[None, :], mask=s_ok, other=0)
+    return tl.sum(group * e8m0_to_fp32(s, 14), axis=1)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, h_ptr, N, K, top_k, stride_xm,
+                    stride_ids, stride_rw, stride_we, stride_wn, stride_se, stride_sn,
+                    stride_hm, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    """h[pair, block] for pair = token * top_k + slot: gate rows [0, N) and up rows [N, 2N)
+    of the pair's expert (K inputs) against its token's row of x, SwiGLU-clamped."""
+    pdl_enter(PDL)
+    pair = tl.program_id(0)
+    token = pair // top_k
+    slot = pair % top_k
+    route_w = tl.load(rw_ptr + token * stride_rw + slot)
+    if route_w != 0:
+        expert = tl.load(ids_ptr + token * stride_ids + slot).to(tl.int64)
+        rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        w_gate = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn
+        s_gate = s_ptr + expert * stride_se + rn[:, None].to(tl.int64) * stride_sn
+        w_up = w_gate + N * stride_wn
+        s_up = s_gate + N * stride_sn
+        x_row = x_ptr + token.to(tl.int64) * stride_xm
+        gate = tl.zeros([BLOCK_N], dtype=tl.float32)
+        up = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            even, odd = _inputs(x_row, k, K, BLOCK_K)
+            gate += _fp4_step(w_gate, s_gate, n_ok, even, odd, k, K, BLOCK_N, BLOCK_K, EVEN_K)
+            up += _fp4_step(w_up, s_up, n_ok, even, odd, k, K, BLOCK_N, BLOCK_K, EVEN_K)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, h.to(h_ptr.dtype.element_ty),
+                 mask=n_ok)
+
+
+@triton.jit
+def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, out_ptr, N, K, top_k, steps_per_split,
+                 stride_hm, stride_ids, stride_rw, stride_we, stride_wn, stride_se, stride_sn,
+                 stride_os, stride_om, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    """out[split, token, block]: over the token's slots in order, the routing weight times
+    the slot's expert's down rows against its row of h, inputs of this K share only. One loop
+    over (slot, step), so loads run ahead across slots; a slot of weight 0 masks its loads."""
+    pdl_enter(PDL)
+    token = tl.program_id(0)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(2)
+    n_ok = rn < N
+    k_start = split * steps_per_split * BLOCK_K
+    k_end = tl.minimum(k_start + steps_per_split * BLOCK_K, K)
+    steps = tl.cdiv(k_end - k_start, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in range(top_k * steps):
+        slot = i // steps
+        k = k_start + (i - slot * steps) * BLOCK_K
+        route_w = tl.load(rw_ptr + token * stride_rw + slot).to(tl.float32)
+        expert = tl.load(ids_ptr + token * stride_ids + slot).to(tl.int64)
+        w_rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn
+        s_rows = s_ptr + expert * stride_se + rn[:, None].to(tl.int64) * stride_sn
+        h_row = h_ptr + (token * top_k + slot).to(tl.int64) * stride_hm
+        use = route_w != 0  # else h's row was never written: read neither it nor the expert
+        even, odd = _inputs(h_row, k, tl.where(use, k_end, 0), BLOCK_K)
+        part = _fp4_step(w_rows, s_rows, rn < tl.where(use, N, 0), even, odd, k, k_end,
+                         BLOCK_N, BLOCK_K, EVEN_K)
+        acc += part * route_w
+    out = out_ptr + split.to(tl.int64) * stride_os + token.to(tl.int64) * stride_om + rn
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                   gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                   down_scale: torch.Tensor, limit: float,
+                   tile: DecodeTile | None = None) -> torch.Tensor:
+    """`fp4_moe_experts` (shapes as there, checked by the caller; weights and scales as
+    uint8 views) by the decode kernels -> [T, H] in x's dtype; `tile` overrides
+    `decode_tile` (benchmarks). No host sync (CUDA-graph capturable)."""
+    (t, hidden), top_k = x.shape, ids.shape[1]
+    inter = gate_up.shape[1] // 2
+    tile = tile or decode_tile(t)
+    ids = ids if ids.stride(1) == 1 else ids.contiguous()
+    weights = weights if weights.stride(1) == 1 else weights.contiguous()
+    common = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_launch(x))
+    h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(t * top_k, triton.cdiv(inter, tile.block_n))](
+        x, ids, weights, gate_up, gate_up_scale, h, inter, hidden, top_k, x.stride(0),
+        ids.stride(0), weights.stride(0), gate_up.stride(0), gate_up.stride(1),
+        gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0), float(limit),
+        BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, EVEN_K=hidden % tile.block_k == 0,
+        **common)
+    # Shares in whole steps, none empty.
+    steps_per_split = triton.cdiv(triton.cdiv(inter, tile.down_split), tile.down_block_k)
+    split = triton.cdiv(inter, steps_per_split * tile.down_block_k)
+    out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
+    target = out if split == 1 else torch.empty((split, t, hidden), dtype=torch.float32,
+                                                device=x.device)
+    _down_kernel[(t, triton.cdiv(hidden, tile.down_block_n), split)](
+        h, ids, weights, down, down_scale, target, hidden, inter, top_k, steps_per_split,
+        h.stride(0), ids.stride(0), weights.stride(0), down.stride(0), down.stride(1),
+        down_scale.stride(0), down_scale.stride(1), t * hidden, hidden,
+        BLOCK_N=tile.down_block_n, BLOCK_K=tile.down_block_k,
+        EVEN_K=inter % tile.down_block_k == 0, **common)
+    if split > 1:
+        sum_slices(target, out, split, t * hidden, hidden)
+    return out

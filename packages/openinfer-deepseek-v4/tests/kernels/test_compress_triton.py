@@ -1,0 +1,158 @@
+"""The compressor's pooling kernel on the paged cache against `compress_pool_ref` (which makes
+each entry with `compress_chunk_ref`), and, over a whole sequence served as a prefill then
+decode steps, against `compress_kv_ref`: the entries land in the right rows, with and without
+overlap, with windows that straddle blocks, at ratios 4, 8 and 128."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from openinfer_deepseek_v4.kernels.compress import compress_kv_ref, compress_pool_ref
+from openinfer_deepseek_v4.kernels.compress.triton import compress_pool_triton
+from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
+
+# The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-6
+# fp32: the same math; the softmax's max and sum are taken online. bf16: both sides round at
+# the same points (weights, weighted values, pooled sum, normed entry, cos/sin, rotated pairs),
+# and a value rounded the other way moves the entry by about an ulp: entries are O(1) to O(8)
+# here, so one ulp relative (2^-7) and 2^-5 absolute.
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2**-7, atol=2**-5)}
+if DEVICE == "cpu":  # the interpreter's casts truncate: up to one more ulp per rounding point
+    TOL[torch.bfloat16] = dict(rtol=2**-5, atol=2**-3)
+
+
+@dataclass(frozen=True, slots=True)
+class Cache:
+    """A paged compressor cache over a batch, its blocks shuffled."""
+
+    projections: torch.Tensor  # [blocks, block_size, 2 c d]
+    entries: torch.Tensor  # [blocks, entries_per_block, d], NaN where never written
+    tables: torch.Tensor  # [B, max_blocks] int32
+
+
+def make_cache(lens: list[int], block_size: int, ratio: int, c: int, d: int,
+               dtype: torch.dtype, g: torch.Generator) -> Cache:
+    counts = [-(-n // block_size) for n in lens]
+    blocks = sum(counts) + 2  # two spare blocks nobody owns
+    order = torch.randperm(blocks, generator=g).to(torch.int32)
+    tables = torch.zeros(len(lens), max(counts), dtype=torch.int32)
+    for b, start in enumerate(torch.tensor([0, *counts]).cumsum(0)[:-1].tolist()):
+        tables[b, :counts[b]] = order[start:start + counts[b]]
+    projections = torch.randn(blocks, block_size, 2 * c * d, generator=g).to(dtype)
+    entries = torch.full((blocks, -(-block_size // ratio), d), float("nan"), dtype=dtype)
+    return Cache(projections.to(DEVICE), entries.to(DEVICE), tables.to(DEVICE))
+
+
+def weights(ratio: int, c: int, d: int, dtype: torch.dtype, g: torch.Generator
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """position bias [ratio, c d] fp32, norm weight [d], YaRN frequencies of 8 rope dims."""
+    freqs = rope_frequencies(8, 160000.0, yarn_factor=16, original_max_positions=65536)
+    return (torch.randn(ratio, c * d, generator=g).to(DEVICE),
+            (1 + 0.5 * torch.randn(d, generator=g)).to(dtype).to(DEVICE), freqs.to(DEVICE))
+
+
+def step(seq_lens: list[int], new: list[int]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A step's seq_lens [B] and query_start_loc [B + 1] (int32, on DEVICE), max_query_len."""
+    starts = torch.tensor([0, *new]).cumsum(0).to(torch.int32)
+    return (torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE), starts.to(DEVICE),
+            max(new))
+
+
+# (ratio, overlap, block_size, the step's context lengths, its new tokens per request)
+CASES = {
+    "r4-overlap-bs4-mixed": (4, True, 4, [37, 5, 130, 8], [37, 1, 9, 8]),
+    "r4-overlap-bs6-straddle": (4, True, 6, [23, 16, 9], [23, 3, 1]),
+    "r4-plain-bs16": (4, False, 16, [37, 12, 7], [5, 12, 1]),
+    "r8-plain-bs4-straddle": (8, False, 4, [40, 17, 16], [40, 9, 1]),
+    "r8-overlap-bs4": (8, True, 4, [33, 16], [17, 1]),
+    "r128-plain-bs64": (128, False, 64, [260, 128, 127], [133, 1, 1]),
+}
+D = {4: 24, 8: 16, 128: 16}  # small head dims (the interpreter is slow), all even
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_pool_matches_reference(case: str, dtype: torch.dtype) -> None:
+    ratio, overlap, block_size, lens, new = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    c, d = (2 if overlap else 1), D[ratio]
+    cache = make_cache(lens, block_size, ratio, c, d, dtype, g)
+    bias, norm, freqs = weights(ratio, c, d, dtype, g)
+    args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
+    got, want = cache.entries.clone(), cache.entries.clone()
+    compress_pool_triton(cache.projections, got, bias, norm, freqs, cache.tables,
+                         *step(lens, new), **args)
+    compress_pool_ref(cache.projections, want, bias, norm, freqs, cache.tables,
+                      *step(lens, new), **args)
+    written = ~got.isnan().any(-1)
+    assert torch.equal(written, ~want.isnan().any(-1))  # the same rows, and no others
+    expected = sum(n // ratio - (n - q) // ratio for n, q in zip(lens, new, strict=True))
+    assert int(written.sum()) == expected
+    torch.testing.assert_close(got[written], want[written], **TOL[dtype])
+
+
+@pytest.mark.parametrize(("ratio", "overlap", "block_size"),
+                         [(4, True, 6), (8, False, 4), (4, False, 8)])
+def test_served_sequence_gives_the_whole_sequences_entries(ratio: int, overlap: bool,
+                                                           block_size: int) -> None:
+    """A 13-token prefill then single-token decode steps up to 43 tokens, pooled step by step,
+    give compress_kv_ref's entries of the 43 tokens, in entry order through the table."""
+    g = torch.Generator().manual_seed(ratio)
+    c, d, total = (2 if overlap else 1), 24, 43
+    cache = make_cache([total], block_size, ratio, c, d, torch.float32, g)
+    bias, norm, freqs = weights(ratio, c, d, torch.float32, g)
+    compress_pool_triton(cache.projections, cache.entries, bias, norm, freqs, cache.tables,
+                         *step([13], [13]), ratio=ratio, overlap=overlap, norm_eps=EPS)
+    for seen in range(14, total + 1):
+        compress_pool_triton(cache.projections, cache.entries, bias, norm, freqs, cache.tables,
+                             *step([seen], [1]), ratio=ratio, overlap=overlap, norm_eps=EPS)
+    table = cache.tables[0].long()
+    pos = torch.arange(total, device=DEVICE)
+    kv, gate = cache.projections.flatten(0, 1)[table[pos // block_size] * block_size
+                                               + pos % block_size].chunk(2, dim=-1)
+    whole = compress_kv_ref(kv, gate, bias, norm, freqs, ratio=ratio, overlap=overlap,
+                            norm_eps=EPS)
+    last = (torch.arange(total // ratio, device=DEVICE) + 1) * ratio - 1
+    rows = table[last // block_size] * cache.entries.shape[1] + (last % block_size) // ratio
+    torch.testing.assert_close(cache.entries.flatten(0, 1)[rows], whole,
+                               **TOL[torch.float32])
+
+
+def test_bad_shapes_are_refused() -> None:
+    g = torch.Generator().manual_seed(0)
+    cache = make_cache([8], 4, 4, 2, 24, torch.float32, g)
+    bias, norm, freqs = weights(4, 2, 24, torch.float32, g)
+    with pytest.raises(ValueError, match="position_bias"):
+        compress_pool_triton(cache.projections, cache.entries, bias[:, :24], norm, freqs,
+                             cache.tables, *step([8], [8]), ratio=4, overlap=True, norm_eps=EPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("ratio", "overlap", "d"), [(4, True, 512), (4, True, 128),
+                                                     (128, False, 512)])
+def test_v4_flash_decode_and_prefill(ratio: int, overlap: bool, d: int) -> None:
+    """V4-Flash widths (main 512, indexer 128; 64 rope dims), block size 64, bf16: a decode
+    step of 64 requests at varied lengths and a batch of long prefill chunks."""
+    g = torch.Generator().manual_seed(d)
+    c = 2 if overlap else 1
+    lens = torch.randint(ratio, 3000, (64,), generator=g).tolist()
+    for new in ([1] * 64, [min(n, 300) for n in lens]):
+        cache = make_cache(lens, 64, ratio, c, d, torch.bfloat16, g)
+        bias = torch.randn(ratio, c * d, generator=g).to(DEVICE)
+        norm = (1 + 0.5 * torch.randn(d, generator=g)).bfloat16().to(DEVICE)
+        freqs = rope_frequencies(64, 160000.0, yarn_factor=16,
+                                 original_max_positions=65536).to(DEVICE)
+        args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
+        got, want = cache.entries.clone(), cache.entries.clone()
+        compress_pool_triton(cache.projections, got, bias, norm, freqs, cache.tables,
+                             *step(lens, new), **args)
+        compress_pool_ref(cache.projections, want, bias, norm, freqs, cache.tables,
+                          *step(lens, new), **args)
+        written = ~got.isnan().any(-1)
+        assert torch.equal(written, ~want.isnan().any(-1))
+        torch.testing.assert_close(got[written], want[written], **TOL[torch.bfloat16])

@@ -1,0 +1,52 @@
+"""Block-scaled FP8 weights (DeepSeek-V4's format, spec: shared deepseek-v4.md §10.1): e4m3
+values [O, I] and one power-of-two scale per 128 x 128 block, stored as E8M0 (a byte e meaning
+2^(e - 127), 255 NaN), [ceil(O/128), ceil(I/128)]. Their dequantization, and the linear layers
+that multiply activations by such a weight.
+
+Scales are read as bytes: a numeric cast of E8M0 to an integer type would not give the
+exponent."""
+
+from __future__ import annotations
+
+import torch
+
+
+def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales (float8_e8m0fnu, or their bytes as uint8) -> fp32 powers of two."""
+    exponent = scale.view(torch.uint8).to(torch.int32)
+    value = torch.ldexp(torch.ones(exponent.shape, device=scale.device), exponent - 127)
+    return torch.where(exponent == 255, torch.full_like(value, float("nan")), value)
+
+
+def dequant_fp8_blocks_ref(weight: torch.Tensor, scale: torch.Tensor, block: int = 128,
+                           dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """e4m3 [O, I] times its block's scale ([ceil(O/block), ceil(I/block)]) -> [O, I]."""
+    rows, cols = weight.shape
+    s = e8m0_to_float(scale).repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)
+    return (weight.float() * s[:, :cols]).to(dtype)
+
+
+def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp32) times the dequantized FP8 weight: w [N, K] float8_e4m3fn,
+    scale [ceil(N/128), ceil(K/128)] E8M0 (uint8 bytes or float8_e8m0fnu) -> [M, N] in
+    `out_dtype` (default x's). The product in fp32, rounded once."""
+    weight = dequant_fp8_blocks_ref(w, scale, dtype=torch.float32)
+    return (x.float() @ weight.t()).to(out_dtype or x.dtype)
+
+
+def fp8_grouped_linear_ref(x: torch.Tensor, w: torch.Tensor,
+                           scale: torch.Tensor) -> torch.Tensor:
+    """The block-diagonal linear with an FP8 weight: x [M, G, K], w [G R, K] float8_e4m3fn
+    (group g's rows g R..(g + 1) R - 1, R a multiple of the 128-row scale block), scale its
+    E8M0 blocks -> [M, G, R] in x's dtype: group g's inputs times its own rows, each group
+    `fp8_block_linear_ref` of its rows and scales."""
+    if x.dim() != 3 or w.shape[0] % (x.shape[1] * 128):
+        raise ValueError(f"fp8_grouped_linear: need x [M, G, K] and w [G R, K] with R a "
+                         f"multiple of 128; got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    groups = x.shape[1]
+    rows = w.shape[0] // groups
+    per = rows // 128
+    return torch.stack([fp8_block_linear_ref(x[:, g], w[g * rows:(g + 1) * rows],
+                                             scale[g * per:(g + 1) * per])
+                        for g in range(groups)], dim=1)
