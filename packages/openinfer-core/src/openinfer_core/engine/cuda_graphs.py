@@ -120,10 +120,10 @@ class CudaGraphRunner:
         self._logits: dict[int, torch.Tensor] = {}
         self._mixed_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._mixed_logits: dict[int, torch.Tensor] = {}
-        # One logits buffer for every graph, each graph's output a view of its first rows. Each
-        # graph kept its own fp32 vocabulary-wide output before: ~7 GiB for Qwen3-8B at 512
-        # sequences, outside the step budget (run 72). A step's logits are read in stream order
-        # before the next replay overwrites them, as one graph's own output always was.
+        # One logits buffer for every graph, each graph's output a view of its first rows: an
+        # fp32 vocabulary-wide output per graph would take ~7 GiB for Qwen3-8B at 512
+        # sequences, outside the step budget. A step's logits are read in stream order before
+        # the next replay overwrites them.
         self._out: torch.Tensor | None = None
         self.capture_seconds = 0.0
         self.replays = {"decode": 0, "mixed": 0}

@@ -1,8 +1,8 @@
 """A captured graph's step inputs, packed into one buffer so that they land in one copy.
 
-Each replay used to copy its token ids, positions, slots and sequence lengths (and for a mixed
-step its query starts and sampled rows) in as many host-to-device copies, ~6 us of GPU time
-each at batch 1 (run 81). Here every graph owns one int64 buffer holding all of them, each field
+A replay's token ids, positions, slots and sequence lengths (and for a mixed step its query
+starts and sampled rows) would otherwise take as many host-to-device copies, ~6 us of GPU time
+each at batch 1 on the H100. Every graph owns one int64 buffer holding all of them, each field
 starting on 16 bytes (the alignment Triton specializes pointers on), and the host lays a step
 out in a pinned buffer of the same layout: one copy of the buffer's prefix moves the whole step.
 

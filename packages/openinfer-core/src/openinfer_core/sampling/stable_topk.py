@@ -5,18 +5,18 @@ lower id first), without sorting the row.
 value can change which ids are kept; those are repaired with a second select, of the lowest ids
 equal to that value, and the k survivors are then put in stable order (two small sorts).
 
-Sampling 512 rows of Qwen3's vocabulary with its top_k 20 / top_p 0.95 took 12.8 ms a step on
-the H100 with a full stable sort (run 75), 8.4 ms with a select over int64 keys that encode the
-tie order (run 76) and 4.8 ms with this (run 77); `torch.topk` of 20 columns alone takes
-1.1 ms (benchmarks/device/sampling_bench.py)."""
+Sampling 512 rows of Qwen3's vocabulary with its top_k 20 / top_p 0.95 takes 12.8 ms a step on
+the H100 with a full stable sort, 8.4 ms with a select over int64 keys that encode the tie
+order and 4.8 ms with this; `torch.topk` of 20 columns alone takes 1.1 ms
+(`python -m benchmarks.ops.run --ops sampling`)."""
 
 from __future__ import annotations
 
 import torch
 
 # Below this many rows the whole sort is cheaper than the selects' fixed cost (H100, Qwen3's
-# vocabulary, k = 20, the sort in run 75 against the select in run 77: 1 row 0.7 vs 2.0 ms,
-# 64 rows 2.0 vs 2.0, 256 rows 6.7 vs 2.8).
+# vocabulary, k = 20, sort against select: 1 row 0.7 vs 2.0 ms, 64 rows 2.0 vs 2.0, 256 rows
+# 6.7 vs 2.8).
 SELECT_MIN_ROWS = 128
 
 

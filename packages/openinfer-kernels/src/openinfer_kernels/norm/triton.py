@@ -54,8 +54,8 @@ def _fused_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, x_row_st
     mask = cols < H
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    # The weight after the sum's store: read up front with the others, a 2048-token Qwen3-8B
-    # first step was slower (runs 93-94: with this order its TTFT is back under e2627ea's).
+    # The weight is read after the sum's store: read up front with the others, a 2048-token
+    # Qwen3-8B first step is slower (`openinfer bench latency` A/B, H100).
     _add_rms_norm_row(x, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
 
 

@@ -94,7 +94,8 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
     # projection's drain: the norm weights, and the step's positions and slots with the rotary
     # table, which the host writes (or a kernel at least two back: under PDL a kernel starts
     # once the one before it has passed its wait). Prompt steps wait first: reading these
-    # before the wait made a 2048-token Qwen3-8B first step ~1 ms slower (run 92).
+    # before the wait makes a 2048-token Qwen3-8B first step ~1 ms slower (`openinfer bench
+    # latency`, H100).
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     q_tiles: tl.constexpr = (HQ + HEADS - 1) // HEADS
@@ -126,7 +127,8 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
 def heads_per_program(tokens: int, heads: int) -> int:
     """Heads one program normalises and rotates: one each for a few tokens (decode: more
     programs, each short), up to 8 on prefill steps, where a program per head was too small
-    to stream at the read bandwidth (run 57: 4.8x the bytes' floor at 2048 tokens)."""
+    to stream at the read bandwidth (4.8x the bytes' floor at 2048 tokens on the H100,
+    benchmarks/device/norm_bench.py)."""
     return 1 if tokens < 64 else min(8, triton.next_power_of_2(heads))
 
 

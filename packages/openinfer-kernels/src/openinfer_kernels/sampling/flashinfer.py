@@ -2,12 +2,12 @@
 openinfer-kernels[flashinfer]`).
 
 FlashInfer draws by rejection sampling over the row (no sort, no filtered copy): at 512 rows of
-Qwen3's vocabulary with Qwen3's recommended top_k 20 / top_p 0.95 the Sampler on it took 3.0 ms
-a step on the H100 against 5.2 ms on openinfer's exact select + race (run 78, BENCHMARKS.md,
-"Sampling"). Its noise
-comes from one generator per call and depends on a row's place in the batch, so it takes only
-rows without a seed: a seeded row keeps openinfer's race, whose draw depends on nothing but its
-seed. The Sampler looks for `top_k_top_p_sample` (core's interfaces/sampling.py)."""
+Qwen3's vocabulary with Qwen3's recommended top_k 20 / top_p 0.95 the Sampler on it takes 3.0 ms
+a step on the H100 against 5.2 ms on openinfer's exact select + race (`python -m
+benchmarks.ops.run --ops sampling`). Its noise comes from one generator per call and depends on a
+row's place in the batch, so it takes only rows without a seed: a seeded row keeps openinfer's
+race, whose draw depends on nothing but its seed. It implements core's
+`interfaces.sampling.SupportsTopKTopPSample`."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class DecodeTile:
 
 
 # (most tokens, tile): the first row whose bound holds, else the last. Picked by
-# benchmarks/device/dsv4_moe_sweep.py on the H100 at V4-Flash's shapes (run 64): at one token
+# benchmarks/device/dsv4_moe_sweep.py on the H100 at V4-Flash's shapes: at one token
 # narrow rows with long K steps and down split in two (74.9 us = 2.3x the read floor; grouped
 # 5.1x), from 4 to 16 tokens 32 rows by 512 inputs (1.8-1.9x).
 DECODE_TILES: tuple[tuple[int, DecodeTile], ...] = (

@@ -34,8 +34,8 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 GROUP = 32  # inputs per FP4 scale
 # (token, expert) pairs up to which the decode path runs: there each pair streams its expert's
 # weights on its own, so past a few pairs an expert that two tokens picked is read twice. On
-# the H100 (dsv4_moe_sweep.py, run 64) decode was faster at 6, 24 and 96 pairs (16 tokens at
-# top-6: 842 vs 1115 us) and grouped at 384 (2561 vs 3079 us).
+# the H100 (benchmarks/device/dsv4_moe_sweep.py) decode is faster at 6, 24 and 96 pairs (16
+# tokens at top-6: 842 vs 1115 us) and grouped at 384 (2561 vs 3079 us).
 DECODE_MAX_PAIRS = 96
 _CHOICE = os.environ.get("OPENINFER_MOE") or None
 if _CHOICE not in (None, "decode", "grouped"):

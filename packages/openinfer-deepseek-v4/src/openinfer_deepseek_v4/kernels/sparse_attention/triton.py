@@ -145,8 +145,9 @@ def plan(num_tokens: int, num_heads: int, head_dim: int, entries: int,
          device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_N, num_splits, num_warps) from the shapes alone (never the slot
     values: a CUDA graph replays them changed). Splits fill every SM about once, each with at
-    least one tile of rows (on the H100 at V4-Flash's 64 heads x 512 over 640 entries, run 52:
-    64-row tiles, 10 splits at batch 1 and none at 64 were the fastest tried)."""
+    least one tile of rows (benchmarks/device/dsv4_attention_bench.py on the H100, V4-Flash's
+    64 heads x 512 over 640 entries: 64-row tiles, 10 splits at batch 1 and none at 64 were the
+    fastest tried)."""
     block_h = 16 if head_dim > 128 else min(64, max(16, triton.next_power_of_2(num_heads)))
     block_n = 64
     programs = num_tokens * triton.cdiv(num_heads, block_h)
