@@ -22,7 +22,6 @@ from openinfer_kernels import (
     rms_norm,
     rope_cos_sin,
 )
-from openinfer_kernels.compile_ahead import compile_ahead
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
@@ -56,7 +55,7 @@ class Qwen3Model:
         self.cuda_graph_max_tokens = (int(getattr(attention, "cuda_graph_max_tokens", 0))
                                       if self.cuda_graph_safe else 0)
         self.sampling_kernels = SAMPLING_KERNELS
-        self.compile_ahead = compile_ahead
+        self.compile_ahead_safe = True  # interfaces.compile_ahead.SupportsCompileAhead
         self.weight_bytes = weights.decode_bytes()
         self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
 
