@@ -31,6 +31,7 @@ from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.mhc import hc_head, hc_post, hc_pre
 from openinfer_kernels.rms_rotary import rope_table
+from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import PagedKVManager
 
 
@@ -67,11 +68,18 @@ class DeepseekV4Model:
         self._ropes = [ropes[kind != "window"] for kind in cfg.attention_kinds]
         self._expert_starts = (None if shard is None or not shard.expert_parallel else
                                torch.tensor(shard.expert_starts, device=device))
-        # A decode step syncs nothing with the host and its widths follow `max_seq_len`
-        # (the graphs are captured with max_model_len): capturable on one GPU. Under tensor
-        # parallelism the engine captures nothing yet.
+        # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
+        # the host and its widths follow `max_seq_len` (the graphs are captured with
+        # max_model_len): capturable on one GPU, decode steps only. Under tensor parallelism
+        # the engine captures nothing yet.
         self.cuda_graph_safe = device.type == "cuda" and tp is None
+        self.cuda_graph_max_tokens = 0
+        # The sampler's device kernels take any model's fp32 logits [B, V].
+        self.sampling_kernels = SAMPLING_KERNELS
         self.weight_bytes = decode_weight_bytes(weights, cfg.top_k)
+        # Not SupportsCompileAhead: its forward indexes with what its own kernels compute
+        # (the indexer's top-k, the experts' routing), which a forward with the kernels'
+        # launches skipped would leave unset; a cold start compiles on first launch instead.
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return kv_bytes_per_block(self.cfg, block_size, self.dtype)

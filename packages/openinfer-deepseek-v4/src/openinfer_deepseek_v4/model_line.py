@@ -4,11 +4,11 @@ under tensor parallelism, one rank's shard of it: `shard.py`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
-from openinfer_core.weights.checkpoint import open_checkpoint
+from openinfer_core.weights.checkpoint import Checkpoint, open_checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.model import DeepseekV4Model
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
@@ -17,8 +17,8 @@ from openinfer_deepseek_v4.weights import load_weights
 
 class DeepseekV4ModelLine:
     name: ClassVar[str] = "deepseek-v4"
-    supports_tensor_parallel: ClassVar[bool] = True
-    supports_expert_parallel: ClassVar[bool] = True
+    supports_tensor_parallel: ClassVar[Literal[True]] = True
+    supports_expert_parallel: ClassVar[Literal[True]] = True
 
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any],
@@ -45,5 +45,5 @@ class DeepseekV4ModelLine:
         # ops (paged_attention.py).
         model = DeepseekV4Model(cfg, weights, max_model_len=max_len, device=options.device,
                                 dtype=options.dtype, tp=tp, shard=shard)
-        model.weights_bytes_read = getattr(ckpt, "bytes_read", None)
+        model.weights_bytes_read = ckpt.bytes_read if isinstance(ckpt, Checkpoint) else None
         return model

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -31,23 +32,38 @@ class Cut:
     part: range
 
 
+@runtime_checkable
+class ReadsParts(Protocol):
+    """A tensor source that reads a slice with only its bytes (a checkpoint can)."""
+
+    def part(self, name: str, dim: int, part: range) -> torch.Tensor:
+        """Rows (`dim` 0) or columns (`dim` 1) `part` of tensor `name`, as stored."""
+        ...
+
+
+@runtime_checkable
+class ReadsShapes(Protocol):
+    """A tensor source that knows a tensor's stored shape without reading it."""
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+
 def stored_part(state: Mapping[str, torch.Tensor], name: str, dim: int,
                 part: range) -> torch.Tensor:
-    """`part` of `state[name]` along `dim`, as stored: only those bytes when `state` has a
-    `part(name, dim, part)` method."""
-    reader = getattr(state, "part", None)
-    if reader is not None:
-        t: torch.Tensor = reader(name, dim, part)
-        return t
+    """`part` of `state[name]` along `dim`, as stored: only those bytes when `state`
+    `ReadsParts`."""
+    if isinstance(state, ReadsParts):
+        return state.part(name, dim, part)
     # A copy: a view would keep the whole tensor's memory.
     return state[name].narrow(dim, part.start, len(part)).clone(
         memory_format=torch.contiguous_format)
 
 
 def stored_shape(state: Mapping[str, torch.Tensor], name: str) -> tuple[int, ...]:
-    """`state[name]`'s shape as stored, without reading it when `state` has `shape(name)`."""
-    shape = getattr(state, "shape", None)
-    return tuple(shape(name)) if shape is not None else tuple(state[name].shape)
+    """`state[name]`'s shape as stored, without reading it when `state` `ReadsShapes`."""
+    if isinstance(state, ReadsShapes):
+        return tuple(state.shape(name))
+    return tuple(state[name].shape)
 
 
 def check_shape(name: str, got: tuple[int, ...], want: tuple[int, ...]) -> None:

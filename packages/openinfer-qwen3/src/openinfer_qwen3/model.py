@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.attention import AttentionBackend, supports_attend_appended
+from openinfer_core.interfaces.capabilities import supports_cuda_graphs
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_kernels import (
@@ -43,7 +44,8 @@ class Qwen3Model:
         self.w = weights
         self.attention = attention
         # A backend's `attend_appended`, when it has one: then q/k norm + rotary also appends.
-        self._attend_appended = getattr(attention, "attend_appended", None)
+        self._attend_appended = (attention.attend_appended
+                                 if supports_attend_appended(attention) else None)
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
         self.device = device
@@ -51,9 +53,12 @@ class Qwen3Model:
         self.cos_sin = rope_cos_sin(max_model_len, cfg.head_dim, cfg.rope_theta, device)
         self.scale = cfg.head_dim ** -0.5
         self.kv: KVBuffer | None = None
-        self.cuda_graph_safe = bool(getattr(attention, "cuda_graph_safe", False))
-        self.cuda_graph_max_tokens = (int(getattr(attention, "cuda_graph_max_tokens", 0))
-                                      if self.cuda_graph_safe else 0)
+        # Capturable exactly where the attention backend is (capabilities.SupportsCudaGraphs).
+        self.cuda_graph_safe = False
+        self.cuda_graph_max_tokens = 0
+        if supports_cuda_graphs(attention) and attention.cuda_graph_safe:
+            self.cuda_graph_safe = True
+            self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens
         self.sampling_kernels = SAMPLING_KERNELS
         self.compile_ahead_safe = True  # interfaces.compile_ahead.SupportsCompileAhead
         self.weight_bytes = weights.decode_bytes()

@@ -4,11 +4,11 @@ parallelism, one rank's shard of it)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
-from openinfer_core.weights.checkpoint import open_checkpoint
+from openinfer_core.weights.checkpoint import Checkpoint, open_checkpoint
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import Qwen3Shard, load_weights
@@ -16,7 +16,7 @@ from openinfer_qwen3.weights import Qwen3Shard, load_weights
 
 class Qwen3ModelLine:
     name: ClassVar[str] = "qwen3"
-    supports_tensor_parallel: ClassVar[bool] = True
+    supports_tensor_parallel: ClassVar[Literal[True]] = True
 
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen3Model:
@@ -38,5 +38,5 @@ class Qwen3ModelLine:
             ckpt.close()
         model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,
                            device=options.device, dtype=options.dtype, tp=tp, shard=shard)
-        model.weights_bytes_read = getattr(ckpt, "bytes_read", None)
+        model.weights_bytes_read = ckpt.bytes_read if isinstance(ckpt, Checkpoint) else None
         return model

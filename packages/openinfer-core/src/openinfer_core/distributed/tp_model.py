@@ -42,12 +42,19 @@ from openinfer_core.distributed.nodes import (
 )
 from openinfer_core.distributed.worker import WorkerSpec, run_worker
 from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import (
+    supports_expert_parallel,
+    supports_sampling_kernels,
+    supports_tensor_parallel,
+    supports_weight_bytes,
+)
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import (
     ForwardBatch,
     LoadOptions,
     Model,
     ModelFailedError,
+    ModelLine,
 )
 
 log = logging.getLogger("openinfer")
@@ -60,12 +67,12 @@ START_TIMEOUT_S = 1800.0  # loading a shard: large checkpoints from slow disks
 STOP_LINGER_MS = 2000  # for "stop" to leave over TCP before the socket closes
 
 
-def check_expert_parallel(line: Any, asked: bool) -> None:
+def check_expert_parallel(line: type[ModelLine], asked: bool) -> None:
     """Refuse `--enable-expert-parallel` for a model line without routed experts (or that
     cannot split them)."""
-    if asked and not getattr(line, "supports_expert_parallel", False):
+    if asked and not supports_expert_parallel(line):
         raise ModelConfigError(
-            f"model line {getattr(line, 'name', line)!r} has no routed experts to split: "
+            f"model line {line.name!r} has no routed experts to split: "
             "leave out --enable-expert-parallel")
 
 
@@ -77,7 +84,10 @@ class TensorParallelModel:
     """Rank 0's face of a tensor-parallel model (`interfaces.model.Model`). Build it with
     `start`; `close()` stops the workers (the engine thread, or after it stopped)."""
 
-    cuda_graph_safe = False  # the workers would have to replay the same graphs: not yet
+    # capabilities.SupportsCudaGraphs, declined: the workers would have to replay the same
+    # graphs, which they do not yet.
+    cuda_graph_safe = False
+    cuda_graph_max_tokens = 0
 
     def __init__(self, local: Model, group: TorchTensorParallelGroup,
                  workers: list[_Worker | RemoteRank], publisher: zmq.Socket[bytes],
@@ -90,8 +100,10 @@ class TensorParallelModel:
         self.max_model_len = local.max_model_len
         self.device = local.device
         self.size = group.size
-        self.weight_bytes = getattr(local, "weight_bytes", 0)  # rank 0's, read per device
-        self.sampling_kernels = getattr(local, "sampling_kernels", None)
+        # Rank 0's capabilities, but for CUDA graphs (the class says none yet).
+        self.weight_bytes = local.weight_bytes if supports_weight_bytes(local) else 0
+        if supports_sampling_kernels(local):
+            self.sampling_kernels = local.sampling_kernels
         self._publisher = publisher
         self._context = context
         self._folder = folder
@@ -101,16 +113,16 @@ class TensorParallelModel:
         self._closed = False
 
     @classmethod
-    def start(cls, line: Any, model_dir: Path, config: dict[str, Any], options: LoadOptions,
-              size: int, *, timeout_s: float | None = None,
+    def start(cls, line: type[ModelLine], model_dir: Path, config: dict[str, Any],
+              options: LoadOptions, size: int, *, timeout_s: float | None = None,
               start_timeout_s: float = START_TIMEOUT_S,
               layout: NodeLayout | None = None) -> TensorParallelModel:
         """Spawn this node's ranks 1.., load shard 0 here, and wait until every rank (the other
         nodes' too, `layout`) is loaded. `line` is the model line class
         (`supports_tensor_parallel` must be set)."""
-        if not getattr(line, "supports_tensor_parallel", False):
+        if not supports_tensor_parallel(line):
             raise ModelConfigError(
-                f"model line {getattr(line, 'name', line)!r} does not support tensor "
+                f"model line {line.name!r} does not support tensor "
                 "parallelism: use --tensor-parallel-size 1")
         check_expert_parallel(line, options.expert_parallel)
         if timeout_s is None:

@@ -35,6 +35,7 @@ import torch
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
+from openinfer_core.interfaces.capabilities import supports_cuda_graphs
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -271,10 +272,10 @@ def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | No
     CUDA, `enforce_eager`, a model that cannot be captured)."""
     if model.device.type != "cuda" or config.enforce_eager:
         return None
-    if not getattr(model, "cuda_graph_safe", False):
+    if not (supports_cuda_graphs(model) and model.cuda_graph_safe):
         log.info("decode runs eagerly: the model or its attention backend cannot be "
                  "captured in a CUDA graph")
         return None
     max_blocks = -(-model.max_model_len // config.block_size)
-    mixed = min(int(getattr(model, "cuda_graph_max_tokens", 0)), config.max_num_batched_tokens)
+    mixed = min(model.cuda_graph_max_tokens, config.max_num_batched_tokens)
     return CudaGraphRunner(model, min(config.max_num_seqs, GRAPH_MAX_BATCH), max_blocks, mixed)

@@ -15,6 +15,11 @@ from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
+from openinfer_core.interfaces.capabilities import (
+    supports_close,
+    supports_offload,
+    supports_sampling_kernels,
+)
 from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
 from openinfer_core.plugins import PluginManager, get_plugin_manager
@@ -55,12 +60,14 @@ class Engine:
         ), self.kv)
         self.offload = started.offload
         if self.offload is not None:
-            if not getattr(self.scheduler, "supports_offload", False):
+            if not supports_offload(self.scheduler):
                 raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
-                                       "restore offloaded prefixes (no supports_offload)")
-            self.scheduler.offload = self.offload
+                                       "restore offloaded prefixes (it lacks "
+                                       "capabilities.SupportsOffload)")
+            self.scheduler.attach_offload(self.offload)
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
-                          kernels=getattr(self.model, "sampling_kernels", None))
+                          kernels=(self.model.sampling_kernels
+                                   if supports_sampling_kernels(self.model) else None))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,
@@ -71,11 +78,7 @@ class Engine:
         self._extras = StepExtras(Path(config.model), self.model.vocab_size, self.eos_token_ids)
         self._overlap: OverlappedLoop | None = None
         if config.async_scheduling:
-            if hasattr(self.scheduler, "launched"):
-                self._overlap = OverlappedLoop(self.scheduler, self.runner, self._extras)
-            else:
-                log.warning("scheduler %r has no launched(): steps run without overlap",
-                            config.scheduler)
+            self._overlap = OverlappedLoop(self.scheduler, self.runner, self._extras)
 
     @property
     def last_step_tokens(self) -> int:
@@ -149,9 +152,8 @@ class Engine:
         started (tensor-parallel workers). Engine thread, or after it stopped."""
         if self.offload is not None:
             self.offload.close()
-        close_model = getattr(self.model, "close", None)
-        if close_model is not None:
-            close_model()
+        if supports_close(self.model):
+            self.model.close()
 
     def _plain_step(self, events: list[TokenEvent]) -> None:
         batch = self.scheduler.schedule()

@@ -30,6 +30,7 @@ import torch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.sequence import Sequence
 from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import supports_kv_offload
 from openinfer_core.interfaces.kv import OffloadableKV
 from openinfer_core.interfaces.model import Model
 from openinfer_core.interfaces.offload import (
@@ -122,10 +123,11 @@ class KVOffload:
         """The tiers `config.kv_offload` names, chained; None when it names none."""
         if not config.kv_offload:
             return None
-        if not hasattr(model, "kv_block_tensors") or not isinstance(kv, OffloadableKV):
+        if not supports_kv_offload(model) or not isinstance(kv, OffloadableKV):
             raise ModelConfigError(
-                "--kv-offload: this model line's KV cache cannot be offloaded (it has no "
-                "kv_block_tensors() or its KV manager is not an OffloadableKV)")
+                "--kv-offload: this model line's KV cache cannot be offloaded (the model "
+                "lacks capabilities.SupportsKVOffload or its KV manager is not an "
+                "OffloadableKV)")
         registry = plugins.registries.offload_tiers
         first, *below = config.kv_offload
         for position, name in enumerate(config.kv_offload):

@@ -23,7 +23,8 @@ from openinfer_core.request import GenerateRequest
 from openinfer_core.sampling.sampler import SampledToken
 
 if TYPE_CHECKING:
-    from openinfer_core.engine.offload import KVOffload, Loading
+    from openinfer_core.engine.offload import Loading
+    from openinfer_core.interfaces.offload import PrefixRestorer
 
 # Prompt tokens per step of a request that wants prompt logprobs: each one's logits row is kept
 # (vocab-wide, fp32), so a long prompt goes in chunks of this many.
@@ -42,8 +43,6 @@ class FcfsScheduler:
     # Whether `GenerateRequest.priority` means anything here; when not, a non-zero priority is
     # refused rather than silently ignored (vLLM does the same).
     honours_priority: ClassVar[bool] = False
-    # Whether admission restores prefixes from `offload` (set by the engine under --kv-offload).
-    supports_offload: ClassVar[bool] = True
 
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
         self.config = config
@@ -55,9 +54,13 @@ class FcfsScheduler:
         self.finishing: list[Sequence] = []
         self.num_preemptions = 0
         self._refused: list[TokenEvent] = []  # Rejected at add(), emitted by the next schedule()
-        self.offload: KVOffload | None = None
+        self.offload: PrefixRestorer | None = None  # `attach_offload`, under --kv-offload
         # Requests whose prefix is coming back from an offload tier (engine/offload.py).
         self.loading: list[Loading] = []
+
+    def attach_offload(self, offload: PrefixRestorer) -> None:
+        """Restore prefixes from the offload tiers at admission (`capabilities.SupportsOffload`)."""
+        self.offload = offload
 
     # -- policy ----------------------------------------------------------------------------
     def _enqueue(self, seq: Sequence) -> None:

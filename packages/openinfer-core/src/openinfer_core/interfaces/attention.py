@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
+
     from openinfer_core.interfaces.model import ForwardBatch
 
 
@@ -14,19 +16,9 @@ if TYPE_CHECKING:
 class AttentionBackend(Protocol):
     """Registered through `openinfer_register_attention_backends`. Stateless between steps.
 
-    A backend may set `cuda_graph_safe = True` when `attend` on a decode batch (one query per
-    request) makes no host synchronisation and launches the same kernels whatever the context
-    lengths; model lines then let the engine capture decode in CUDA graphs. It may also set
-    `cuda_graph_max_tokens = N` when, for any batch of at most N tokens given a `max_query_len`
-    of at least its real one, `attend` makes no host synchronisation and launches kernels that
-    depend only on T, B and `max_query_len`: the engine then captures mixed steps (prefill
-    chunks, prefix-cache hits, decodes) of up to N tokens too, passing `max_query_len` = T.
-
-    A backend may also have `attend_appended(q, k_cache, v_cache, batch, scale)`: `attend` for
-    a step whose K/V the model has already written into the caches (fused into its q/k norm and
-    rotary kernel, `openinfer_kernels.qk_norm_rope_append`). Model lines use it when present and
-    `attend` otherwise; the openinfer-kernels backends all have it (their `attend` appends,
-    then calls it: a subclass changes the attention in `attend_appended`)."""
+    What a backend may offer beyond `attend` it declares by implementing a protocol: CUDA
+    graphs (`capabilities.SupportsCudaGraphs`: model lines capture steps only where their
+    backend can be) and `SupportsAttendAppended` below."""
 
     name: str
 
@@ -37,3 +29,20 @@ class AttentionBackend(Protocol):
         ([num_blocks, block_size, Hkv, D]) at `batch.slot_mapping` (mutates the caches), then
         return causal attention of `q` ([T, Hq, D]) over each request's context, [T, Hq, D]."""
         ...
+
+
+@runtime_checkable
+class SupportsAttendAppended(Protocol):
+    """A backend that attends over K/V the model has already written into the caches (fused
+    into its q/k norm and rotary kernel, `openinfer_kernels.qk_norm_rope_append`). Model lines
+    call it when the backend has it and `attend` otherwise; the openinfer-kernels backends all
+    do (their `attend` appends, then calls it: a subclass changes the attention here)."""
+
+    def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        batch: ForwardBatch, scale: float) -> torch.Tensor:
+        """`attend` for a step whose K/V are already in the caches; mutates nothing."""
+        ...
+
+
+def supports_attend_appended(backend: object) -> TypeIs[SupportsAttendAppended]:
+    return isinstance(backend, SupportsAttendAppended)

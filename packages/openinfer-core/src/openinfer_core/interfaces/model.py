@@ -55,19 +55,9 @@ class ForwardBatch:
 class Model(Protocol):
     """A loaded model: owns its weights and its KV device buffer.
 
-    Optional attributes the engine looks for: `cuda_graph_safe: bool` (True when `forward`
-    on a decode batch makes no host synchronisation and launches the same kernels whatever
-    the lengths, so the engine may capture it in CUDA graphs; absent means False),
-    `cuda_graph_max_tokens: int` (the same for batches of any mix of up to that many tokens,
-    run with `max_query_len` = T; absent or 0: decode steps only) and
-    `weight_bytes: int` (bytes of weights one decode step reads, for benchmark floors) and
-    `sampling_kernels` (an `interfaces.sampling.SamplingKernels` the sampler uses on the
-    device; absent means the plain-torch sampler) and `kv_block_tensors()` (every device tensor
-    indexed by KV block id on dim 0, block b's KV being `t[b]` of each: what the offload tiers
-    copy; absent means `--kv-offload` is refused) and `compile_ahead` (a factory of a context
-    manager within which the model's kernels compile instead of launching, in parallel, and are
-    kept compiled: `openinfer_kernels.compile_ahead.compile_ahead`; start-up runs its forwards
-    once inside it first, engine/compile_ahead.py)."""
+    What a model may offer beyond this (CUDA graphs, device sampling kernels, KV offload,
+    compiling ahead, ...) it declares by implementing the protocols in
+    `interfaces.capabilities`; the engine checks them with the `supports_*` helpers there."""
 
     vocab_size: int
     max_model_len: int
@@ -132,12 +122,12 @@ class LoadOptions:
     max_model_len: int | None = None
     load_format: str = "safetensors"  # or "dummy": random weights at the config's shapes
     # Set: load only this rank's shard (`openinfer_core.distributed.sharding` says which
-    # slices) and make `forward` run the collectives; only lines whose class has
-    # `supports_tensor_parallel = True` are given one.
+    # slices) and make `forward` run the collectives; only lines with
+    # `capabilities.SupportsTensorParallel` are given one.
     tensor_parallel: TensorParallelGroup | None = None
     # With `tensor_parallel`: split the routed experts over the ranks whole (each token's rows
     # go to its experts' ranks and back, `TensorParallelGroup.all_to_all`) instead of splitting
-    # every expert's width. Only lines whose class has `supports_expert_parallel = True`.
+    # every expert's width. Only lines with `capabilities.SupportsExpertParallel`.
     expert_parallel: bool = False
 
 
@@ -145,13 +135,8 @@ class LoadOptions:
 class ModelLine(Protocol):
     """A model family. Registered through `openinfer_register_models` as `"module:Class"`.
 
-    Optional: `supports_tensor_parallel: ClassVar[bool]` (absent means False): `load` honours
-    `LoadOptions.tensor_parallel`, the returned model's `kv_bytes_per_block` is rank 0's (no
-    rank's shard may be larger) and its `forward` returns the full-vocabulary logits on every
-    rank. `--tensor-parallel-size N` (`openinfer_core.distributed.TensorParallelModel`) then
-    calls `load` once per rank, each in its own process. `supports_expert_parallel:
-    ClassVar[bool]` (absent means False): a line with routed experts that honours
-    `LoadOptions.expert_parallel` (`--enable-expert-parallel`; refused for the others)."""
+    Tensor and expert parallelism are capabilities of the class
+    (`capabilities.SupportsTensorParallel`, `SupportsExpertParallel`)."""
 
     name: ClassVar[str]
 

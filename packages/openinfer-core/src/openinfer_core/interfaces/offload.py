@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # the API process reads `OffloadStats` without importing torc
     import torch
 
     from openinfer_core.engine.config import EngineConfig
+    from openinfer_core.engine.offload import Loading
+    from openinfer_core.engine.sequence import Sequence as EngineSequence
 
 # Device memory the first tier may take for itself (a staging buffer); the KV cache is sized
 # without it.
@@ -166,3 +168,24 @@ class BlockStore(Protocol):
     def stats(self) -> TierStats: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PrefixRestorer(Protocol):
+    """What a scheduler with `capabilities.SupportsOffload` is handed: the engine's side of the
+    first tier (`engine.offload.KVOffload`). Engine thread only; never blocks."""
+
+    def start_load(self, seq: EngineSequence) -> Loading | None:
+        """At admission, once `seq`'s device prefix hit is attached: start copying the rest of
+        its prefix back from the tiers. None when they hold nothing more (or too few device
+        blocks are free: then it is tried again at the next admission)."""
+        ...
+
+    def finish_load(self, loading: Loading, chain: bool) -> bool:
+        """Whether `loading` is ready for the next step; if so its blocks are now findable as a
+        plain prefix hit (and no longer held by the request). With `chain`, a copy queued ahead
+        of the compute stream counts as ready (the scheduler chains only a request that is
+        alone)."""
+        ...
+
+    def stats(self) -> OffloadStats: ...

@@ -6,9 +6,12 @@ which gives it to `Sampler(..., kernels=...)`. openinfer-kernels provides
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
 
 @runtime_checkable
@@ -37,23 +40,54 @@ class SamplingKernels(Protocol):
         Launches device work only: no host synchronisation, no device RNG state."""
         ...
 
-    # Optional (the Sampler looks for it; without it, top_p rows are filtered by a sort first):
-    # def top_p_sample(self, logits: torch.Tensor, top_p: torch.Tensor,
-    #                  seeds: torch.Tensor) -> torch.Tensor:
-    #     """One token id per row, [B] int64: `race_sample` at temperature 1 and no min_p over
-    #     logits [B, V] fp32 (already divided by the temperature, min_p applied) with every id
-    #     outside its row's top_p nucleus ([B] fp32 in (0, 1)) at -inf: the smallest prefix, in
-    #     stable descending order, whose probability reaches top_p. The same seeds give the
-    #     token `race_sample` gives on the row so filtered. Device work only."""
-    #
-    # def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
-    #                        top_p: torch.Tensor, seed: int) -> torch.Tensor:
-    #     """One token id per row, [B] int64, drawn from softmax(logits) (fp32 [B, V], divided
-    #     by the temperature) kept to each row's top_k ([B] int32, V: all) largest ids, then
-    #     to the top_p ([B] fp32, 1: all) nucleus of those, with noise from `seed` (a fresh
-    #     one from the sampler's stream each call) that may depend on a row's place in the
-    #     batch: the Sampler sends only rows without a seed, min_p or banned ids. Device work
-    #     only."""
-    #
-    # def warm_up(self, device: torch.device, vocab_size: int) -> None:
-    #     """Build or load now what the first call would (the engine calls it at start)."""
+
+# Optional kernels beside `race_sample`: a `SamplingKernels` object may implement any of these;
+# the sampler checks with the `supports_*` helpers and otherwise takes the path each names.
+@runtime_checkable
+class SupportsTopPSample(Protocol):
+    """Without it, top_p rows are filtered by a sort on the device before `race_sample`."""
+
+    def top_p_sample(self, logits: torch.Tensor, top_p: torch.Tensor,
+                     seeds: torch.Tensor) -> torch.Tensor:
+        """One token id per row, [B] int64: `race_sample` at temperature 1 and no min_p over
+        logits [B, V] fp32 (already divided by the temperature, min_p applied) with every id
+        outside its row's top_p nucleus ([B] fp32 in (0, 1)) at -inf: the smallest prefix, in
+        stable descending order, whose probability reaches top_p. The same seeds give the
+        token `race_sample` gives on the row so filtered. Device work only."""
+        ...
+
+
+def supports_top_p_sample(kernels: object) -> TypeIs[SupportsTopPSample]:
+    return isinstance(kernels, SupportsTopPSample)
+
+
+@runtime_checkable
+class SupportsTopKTopPSample(Protocol):
+    """Without it, unseeded top_k / top_p rows are filtered like seeded ones."""
+
+    def top_k_top_p_sample(self, logits: torch.Tensor, top_k: torch.Tensor,
+                           top_p: torch.Tensor, seed: int) -> torch.Tensor:
+        """One token id per row, [B] int64, drawn from softmax(logits) (fp32 [B, V], divided
+        by the temperature) kept to each row's top_k ([B] int32, V: all) largest ids, then
+        to the top_p ([B] fp32, 1: all) nucleus of those, with noise from `seed` (a fresh
+        one from the sampler's stream each call) that may depend on a row's place in the
+        batch: the Sampler sends only rows without a seed, min_p or banned ids. Device work
+        only."""
+        ...
+
+
+def supports_top_k_top_p_sample(kernels: object) -> TypeIs[SupportsTopKTopPSample]:
+    return isinstance(kernels, SupportsTopKTopPSample)
+
+
+@runtime_checkable
+class SupportsWarmUp(Protocol):
+    """Kernels with a first-use cost (a JIT build) that the engine pays at start instead."""
+
+    def warm_up(self, device: torch.device, vocab_size: int) -> None:
+        """Build or load now what the first call would. The engine calls it at start."""
+        ...
+
+
+def supports_warm_up(kernels: object) -> TypeIs[SupportsWarmUp]:
+    return isinstance(kernels, SupportsWarmUp)

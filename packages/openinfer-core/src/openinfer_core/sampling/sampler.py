@@ -27,7 +27,12 @@ from dataclasses import dataclass
 import torch
 
 import openinfer_core.sampling.stable_topk as topk_module
-from openinfer_core.interfaces.sampling import SamplingKernels
+from openinfer_core.interfaces.sampling import (
+    SamplingKernels,
+    supports_top_k_top_p_sample,
+    supports_top_p_sample,
+    supports_warm_up,
+)
 from openinfer_core.params import SamplingParams
 from openinfer_core.sampling.penalties import apply_banned, apply_penalties
 from openinfer_core.sampling.row_params import RowParamUpload
@@ -229,8 +234,10 @@ class Sampler:
         sorted_rows: list[int] = []
         nucleus_rows: list[int] = []  # top_p alone, where the kernels race within it
         fused_rows: list[int] = []  # unseeded top_k / top_p rows the kernels draw themselves
-        top_p_kernel = getattr(self.kernels, "top_p_sample", None)
-        fused_kernel = getattr(self.kernels, "top_k_top_p_sample", None)
+        top_p_kernel = (self.kernels.top_p_sample if supports_top_p_sample(self.kernels)
+                        else None)
+        fused_kernel = (self.kernels.top_k_top_p_sample
+                        if supports_top_k_top_p_sample(self.kernels) else None)
         for i, row in enumerate(rows):
             p = row.params
             if p.is_greedy:
@@ -425,9 +432,8 @@ def warm_up_kernels(kernels: SamplingKernels | None, device: torch.device,
                     vocab_size: int) -> None:
     """Let sampling kernels that support `device` build or load what their first use would (a
     JIT compile that could otherwise stall the first step that samples)."""
-    warm_up = getattr(kernels, "warm_up", None)
-    if warm_up is not None and kernels is not None and kernels.supports(device):
-        warm_up(device, vocab_size)
+    if supports_warm_up(kernels) and kernels.supports(device):
+        kernels.warm_up(device, vocab_size)
 
 
 def _scale_and_min_p(x: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

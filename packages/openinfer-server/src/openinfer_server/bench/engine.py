@@ -10,6 +10,7 @@ from pathlib import Path
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
+from openinfer_core.interfaces.capabilities import supports_weight_bytes
 from openinfer_core.plugins import get_plugin_manager
 from openinfer_core.registry import Registries
 from openinfer_server.bench import BenchError
@@ -58,6 +59,7 @@ def check_fits(engine: Engine, prompt_len: int, output_len: int) -> None:
 
 
 def weight_bytes(engine: Engine) -> int | None:
-    """Bytes of weights one decode step reads, when the model line says (`weight_bytes`)."""
-    value = getattr(engine.model, "weight_bytes", None)
-    return int(value) if value is not None else None
+    """Bytes of weights one decode step reads, when the model says
+    (`capabilities.SupportsWeightBytes`)."""
+    model = engine.model
+    return model.weight_bytes if supports_weight_bytes(model) else None

@@ -1,0 +1,149 @@
+"""Optional capabilities: what a model, a model line or a scheduler may offer beyond its
+required protocol, each a small `Protocol` with a `supports_x(obj)` check.
+
+The engine asks `supports_x(obj)` and, where it is true, mypy knows the attributes exist: a
+capability is declared by implementing its protocol, never by an attribute the engine probes
+for. Without one, the engine takes the plain path named in each docstring.
+
+A capability whose use also depends on a runtime value (`cuda_graph_safe`: a Qwen3 model on
+the `torch` attention backend cannot be captured) keeps that value in the protocol, and the
+caller checks it after `supports_x`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
+
+    from openinfer_core.interfaces.offload import PrefixRestorer
+    from openinfer_core.interfaces.sampling import SamplingKernels
+
+
+# -- models ---------------------------------------------------------------------------------
+@runtime_checkable
+class SupportsCudaGraphs(Protocol):
+    """A model whose `forward` the engine may capture in CUDA graphs; also an attention
+    backend whose `attend` may be captured (a model line asks its backend).
+
+    `cuda_graph_safe`: on a decode batch (one token per request) `forward` makes no host
+    synchronisation and launches the same kernels whatever the context lengths. False where
+    this instance cannot be captured after all (e.g. its attention backend cannot).
+    `cuda_graph_max_tokens`: the same holds for any batch of up to this many tokens run with
+    `max_query_len` = T, so mixed steps (prefill chunks beside decodes) are captured too; 0:
+    decode steps only. Without the capability every step runs eagerly."""
+
+    cuda_graph_safe: bool
+    cuda_graph_max_tokens: int
+
+
+def supports_cuda_graphs(model: object) -> TypeIs[SupportsCudaGraphs]:
+    return isinstance(model, SupportsCudaGraphs)
+
+
+@runtime_checkable
+class SupportsSamplingKernels(Protocol):
+    """A model whose logits the sampler draws from with these device kernels
+    (`openinfer_kernels.sampling.SAMPLING_KERNELS`). Without it the sampler runs its
+    plain-torch path, which gives the same law but costs host work per step."""
+
+    sampling_kernels: SamplingKernels
+
+
+def supports_sampling_kernels(model: object) -> TypeIs[SupportsSamplingKernels]:
+    return isinstance(model, SupportsSamplingKernels)
+
+
+@runtime_checkable
+class SupportsWeightBytes(Protocol):
+    """A model that knows how many weight bytes one decode step reads (per device): the
+    benchmarks' weight-read floor. Without it they report no floor."""
+
+    weight_bytes: int
+
+
+def supports_weight_bytes(model: object) -> TypeIs[SupportsWeightBytes]:
+    return isinstance(model, SupportsWeightBytes)
+
+
+@runtime_checkable
+class SupportsKVOffload(Protocol):
+    """A model whose KV blocks the offload tiers may copy (`--kv-offload`). Without it
+    `--kv-offload` is refused at start."""
+
+    def kv_block_tensors(self) -> list[torch.Tensor]:
+        """Every device tensor indexed by KV block id on dim 0: block b's KV is `t[b]` of each.
+        Valid after `create_kv_cache`. Pure."""
+        ...
+
+
+def supports_kv_offload(model: object) -> TypeIs[SupportsKVOffload]:
+    return isinstance(model, SupportsKVOffload)
+
+
+@runtime_checkable
+class SupportsClose(Protocol):
+    """A model that started something to stop (tensor-parallel worker processes)."""
+
+    def close(self) -> None:
+        """Stop what the model started; idempotent. Engine thread, or after it stopped."""
+        ...
+
+
+def supports_close(model: object) -> TypeIs[SupportsClose]:
+    return isinstance(model, SupportsClose)
+
+
+@runtime_checkable
+class SupportsLoadStats(Protocol):
+    """A model that counts the checkpoint bytes its load read (`None`: it did not count, as
+    with dummy weights); the start-up log reports it."""
+
+    weights_bytes_read: int | None
+
+
+def supports_load_stats(model: object) -> TypeIs[SupportsLoadStats]:
+    return isinstance(model, SupportsLoadStats)
+
+
+# -- model lines (classes) --------------------------------------------------------------------
+@runtime_checkable
+class SupportsTensorParallel(Protocol):
+    """A model line whose `load` honours `LoadOptions.tensor_parallel`: it loads one rank's
+    shard, the returned model's `kv_bytes_per_block` is rank 0's (no rank's shard is larger),
+    and its `forward` returns the full-vocabulary logits on every rank.
+    `--tensor-parallel-size N` is refused for other lines."""
+
+    supports_tensor_parallel: ClassVar[Literal[True]]
+
+
+def supports_tensor_parallel(line: object) -> TypeIs[SupportsTensorParallel]:
+    return isinstance(line, SupportsTensorParallel) and line.supports_tensor_parallel is True
+
+
+@runtime_checkable
+class SupportsExpertParallel(Protocol):
+    """A model line with routed experts that honours `LoadOptions.expert_parallel`: each
+    expert lives whole on one rank (`--enable-expert-parallel`, refused for other lines)."""
+
+    supports_expert_parallel: ClassVar[Literal[True]]
+
+
+def supports_expert_parallel(line: object) -> TypeIs[SupportsExpertParallel]:
+    return isinstance(line, SupportsExpertParallel) and line.supports_expert_parallel is True
+
+
+# -- schedulers -------------------------------------------------------------------------------
+@runtime_checkable
+class SupportsOffload(Protocol):
+    """A scheduler that restores offloaded prefixes at admission (`--kv-offload`): the engine
+    hands it the restorer once, before the first step. Without it `--kv-offload` is refused."""
+
+    def attach_offload(self, offload: PrefixRestorer) -> None:
+        """Use `offload` at admission from now on. Called once, on the engine thread."""
+        ...
+
+
+def supports_offload(scheduler: object) -> TypeIs[SupportsOffload]:
+    return isinstance(scheduler, SupportsOffload)
