@@ -28,7 +28,7 @@ from openinfer_core import (
 )
 from openinfer_core.engine.async_engine import AsyncEngine
 from openinfer_core.errors import ModelConfigError, PluginError, UnsupportedModelError
-from openinfer_core.interfaces.compile_ahead import KernelCompiler
+from openinfer_core.interfaces.kernel_compiler import KernelCompiler
 from openinfer_core.plugins import PluginManager
 from openinfer_core.registry import Registry
 from openinfer_core.startup.kernel_compilers import KernelCompilers, start_compile_workers

@@ -154,6 +154,8 @@ def test_compile_ahead_needs_the_model_to_declare_it_and_a_compiler(
     monkeypatch.setenv(kernel_compilers.MODE_ENV, "1")
     undeclared: Any = SimpleNamespace(device=torch.device("cuda"))
     assert not plan_compile(undeclared, KEY, _triton_compiler()).active
+    declined: Any = SimpleNamespace(device=torch.device("cuda"), compile_ahead_safe=False)
+    assert not plan_compile(declined, KEY, _triton_compiler()).active
     assert not plan_compile(_FakeCudaModel(), KEY, KernelCompilers()).active
 
 

@@ -87,7 +87,7 @@ def openinfer_register_reasoning_parsers(register: RegisterParser) -> None:
 def openinfer_register_kernel_compilers(register: RegisterKernelCompiler) -> None:
     """Add what compiles kernels ahead of their first launch: `register(name, target,
     sources=("package", ...))`, where `target` names a class implementing
-    `openinfer_core.interfaces.compile_ahead.KernelCompiler` (built with no arguments; several
+    `openinfer_core.interfaces.kernel_compiler.KernelCompiler` (built with no arguments; several
     names may share one target, which is built once) and `sources` names the packages whose
     kernels it compiles. A digest of every registration's sources, with each compiler's
     version, names the mark a start that compiled ahead leaves: a change to any of them makes

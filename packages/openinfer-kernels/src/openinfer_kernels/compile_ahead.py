@@ -17,9 +17,10 @@ here.
 Torch ops run as usual inside (over whatever the skipped kernels left in their outputs): a
 forward run there must not act on its results.
 
-`TritonCompiler` offers this to start-up as an `openinfer_core.interfaces.compile_ahead.
-KernelCompiler` (registered in plugin.py). Importing this module imports neither torch nor
-Triton: the engine process uses it before it imports them."""
+`TritonCompiler` offers this to start-up as an
+`openinfer_core.interfaces.kernel_compiler.KernelCompiler` (registered in plugin.py). Importing
+this module imports neither torch nor Triton: the engine process uses it before it imports
+them."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from openinfer_core.interfaces.compile_ahead import KernelCompiler
+from openinfer_core.interfaces.kernel_compiler import KernelCompiler
 from openinfer_core.plugins import PluginManager
 from openinfer_kernels import compile_ahead as ahead
 from openinfer_kernels import plugin

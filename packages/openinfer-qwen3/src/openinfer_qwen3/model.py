@@ -60,7 +60,7 @@ class Qwen3Model:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens
         self.sampling_kernels = SAMPLING_KERNELS
-        self.compile_ahead_safe = True  # interfaces.compile_ahead.SupportsCompileAhead
+        self.compile_ahead_safe = True  # capabilities.SupportsCompileAhead
         self.weight_bytes = weights.decode_bytes()
         self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
 

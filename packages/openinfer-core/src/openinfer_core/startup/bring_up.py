@@ -25,6 +25,7 @@ import torch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner, new_graph_runner
 from openinfer_core.engine.offload import KVOffload
+from openinfer_core.interfaces.capabilities import supports_sampling_kernels
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import Model
 from openinfer_core.plugins import PluginManager
@@ -82,7 +83,8 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
     seconds["kv_cache"] = time.perf_counter() - sized
     resident["kv_cache"] = resident_mb()
     offload = KVOffload.build(config, plugins, model, kv, loaded.hf_config)
-    warm_up_kernels(getattr(model, "sampling_kernels", None), model.device, model.vocab_size)
+    warm_up_kernels(model.sampling_kernels if supports_sampling_kernels(model) else None,
+                    model.device, model.vocab_size)
     defer = defer_graphs and os.environ.get(GRAPHS_AT_START_ENV, "start") == "start"
     graphs = _first_steps(config, model, step, defer, seconds, resident)
     plan.finish()

@@ -1,7 +1,7 @@
 """Whether this start compiles its kernels ahead (compile_round.py does it), and the stamp a
 start that did leaves behind.
 
-Only where the model declares `compile_ahead_safe` (`interfaces.compile_ahead`), a plugin
+Only where the model declares `compile_ahead_safe` (`capabilities.SupportsCompileAhead`), a plugin
 registered a kernel compiler and the device is CUDA. OPENINFER_COMPILE_AHEAD: 1 always, 0
 never, auto (default) only on a cold start. A compile-ahead pass runs each forward twice (once
 compiling, its torch ops for real, then for real), which a warm start, whose kernels are all in
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openinfer_core.interfaces.compile_ahead import supports_compile_ahead
+from openinfer_core.interfaces.capabilities import supports_compile_ahead
 from openinfer_core.interfaces.model import Model
 from openinfer_core.startup.kernel_compilers import MODE_ENV, KernelCompilers
 

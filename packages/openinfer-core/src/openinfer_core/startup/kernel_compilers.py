@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from openinfer_core.interfaces.compile_ahead import KernelCompiler
+from openinfer_core.interfaces.kernel_compiler import KernelCompiler
 from openinfer_core.plugins import PluginManager
 
 log = logging.getLogger("openinfer")

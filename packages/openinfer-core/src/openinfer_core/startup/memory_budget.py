@@ -22,6 +22,7 @@ from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import supports_cuda_graphs
 from openinfer_core.interfaces.model import Model
 from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.startup import measurement_cache
@@ -101,7 +102,8 @@ def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> Step
         measurement_cache.store("step-memory", key, forward_peak)
     sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
     # The graphs' one fp32 logits buffer (cuda_graphs.py): max_batch rows, kept for good.
-    captured = not config.enforce_eager and getattr(model, "cuda_graph_safe", False)
+    captured = (not config.enforce_eager and supports_cuda_graphs(model)
+                and model.cuda_graph_safe)
     graphs = 0 if not captured else (
         min(config.max_num_seqs, GRAPH_MAX_BATCH) * model.vocab_size * 4 + _GRAPH_POOL_MARGIN)
     log.info("step memory: forward of %d tokens peaks at %.2f GiB (%s); sampler %.2f GiB; "

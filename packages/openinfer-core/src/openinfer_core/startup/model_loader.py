@@ -12,6 +12,7 @@ from typing import Any
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import supports_expert_parallel
 from openinfer_core.interfaces.model import LoadOptions, Model
 from openinfer_core.model_config import read_json_if_present, read_model_config
 from openinfer_core.plugins import PluginManager
@@ -65,8 +66,7 @@ def load_model(config: EngineConfig, plugins: PluginManager) -> LoadedModel:
         load_format="dummy" if config.load_format == "dummy" else "safetensors",
         expert_parallel=config.enable_expert_parallel and config.tensor_parallel_size > 1)
     model: Model
-    if config.enable_expert_parallel and not getattr(entry.load(), "supports_expert_parallel",
-                                                     False):
+    if config.enable_expert_parallel and not supports_expert_parallel(entry.load()):
         raise ModelConfigError(
             f"model line {entry.name!r} has no routed experts to split over ranks: leave out "
             "--enable-expert-parallel")

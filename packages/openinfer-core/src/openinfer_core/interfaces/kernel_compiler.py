@@ -1,19 +1,16 @@
 """Compiling kernels ahead of their first launch: the compiler a kernel package registers
-(`openinfer_register_kernel_compilers`), and the capability a model declares to have its
-start-up forwards run through it.
+(`openinfer_register_kernel_compilers`).
 
 Start-up (`openinfer_core.startup`) runs every forward it will run once more, first, inside
 `KernelCompiler.compiling()`: each kernel launch compiles its variant, in parallel, and launches
-nothing; the real forwards that follow find every variant compiled."""
+nothing; the real forwards that follow find every variant compiled. Only for a model that
+declares `capabilities.SupportsCompileAhead`."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from typing_extensions import TypeIs
+from typing import Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -47,18 +44,3 @@ class KernelCompiler(Protocol):
         launches nothing, so outputs keep whatever they held; leaving waits for every
         compilation, keeping them where the real launches find them."""
         ...
-
-
-@runtime_checkable
-class SupportsCompileAhead(Protocol):
-    """A model whose `forward` may run with its kernels' launches skipped: it takes no host
-    decision from what a kernel wrote (no data-dependent shapes or branches), so a pass inside
-    `KernelCompiler.compiling()` meets the same kernel variants as a real one and its outputs,
-    thrown away, do no harm."""
-
-    compile_ahead_safe: bool
-
-
-def supports_compile_ahead(model: object) -> TypeIs[SupportsCompileAhead]:
-    """Whether start-up may compile `model`'s kernels ahead (`compile_ahead_safe` is True)."""
-    return getattr(model, "compile_ahead_safe", False) is True
