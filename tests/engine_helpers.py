@@ -12,7 +12,7 @@ import torch
 
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.events import Finished, TokenEvent
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
@@ -26,7 +26,7 @@ __all__ = ["engine_block_bytes", "finished_of", "hf_greedy", "prompt_logits", "r
 def prompt_logits(engine: Engine, token_ids: Sequence[int]) -> torch.Tensor:
     """fp32 logits at every prompt position, from one prefill through the engine's model and
     KV cache (the blocks are freed afterwards)."""
-    seq = Seq.from_request(GenerateRequest("logits-probe", tuple(token_ids)))
+    seq = RequestState.from_request(GenerateRequest("logits-probe", tuple(token_ids)))
     assert engine.kv.allocate(seq.request_id, len(token_ids))
     try:
         batch = plan_batch([ScheduledRow(seq, len(token_ids), True)],

@@ -7,15 +7,14 @@ import contextlib
 import json
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
-from collections.abc import Sequence as Seq
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.engine.scheduler import FcfsScheduler
-from openinfer_core.engine.sequence import Sequence
 from openinfer_core.hookspecs import hookimpl
 from openinfer_core.interfaces.offload import OffloadContext, TierStats
 from openinfer_core.interfaces.parsers import ReasoningParse, ToolCallDelta, ToolParse
@@ -25,7 +24,7 @@ from openinfer_kernels.attention.backend import TorchAttentionBackend
 class LifoScheduler(FcfsScheduler):
     """Newest waiting request first."""
 
-    def _enqueue(self, seq: Sequence) -> None:
+    def _enqueue(self, seq: RequestState) -> None:
         self.waiting.appendleft(seq)
 
 
@@ -78,7 +77,7 @@ MemoryStore.gate.set()
 class EchoToolParser:
     """The whole output is one call to `echo`, its text as the `text` argument."""
 
-    def __init__(self, *, tools: Seq[Mapping[str, Any]]) -> None:
+    def __init__(self, *, tools: Sequence[Mapping[str, Any]]) -> None:
         self._parts: list[str] = []
 
     def feed(self, text: str) -> ToolParse:

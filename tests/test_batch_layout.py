@@ -13,14 +13,14 @@ import torch
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.cuda_graphs import graph_buckets, mixed_buckets
 from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
 from openinfer_kvcache import PagedKVManager
 
 
-def _seq(rid: str, tokens: list[int], computed: int) -> Seq:
-    seq = Seq.from_request(GenerateRequest(rid, tuple(tokens)))
+def _seq(rid: str, tokens: list[int], computed: int) -> RequestState:
+    seq = RequestState.from_request(GenerateRequest(rid, tuple(tokens)))
     seq.num_computed_tokens = computed
     return seq
 

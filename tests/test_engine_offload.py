@@ -18,7 +18,7 @@ from openinfer_core.engine import offload
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.events import Finished, FinishReason, Scheduled, TokenEvent
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.params import SamplingParams
@@ -199,7 +199,7 @@ def test_abort_while_restoring_frees_everything(qwen3_dir: Path) -> None:
 
 def reference_blocks(e: Engine, tokens: list[int]) -> dict[int, torch.Tensor]:
     """Hash -> the KV bytes of each full block of `tokens`, from one fresh prefill."""
-    seq = Seq.from_request(GenerateRequest("ref", tuple(tokens)))
+    seq = RequestState.from_request(GenerateRequest("ref", tuple(tokens)))
     assert e.kv.allocate(seq.request_id, len(tokens))
     try:
         rows = [ScheduledRow(seq, len(tokens), True)]

@@ -26,7 +26,7 @@ from openinfer_core import (
     Token,
     TokenEvent,
 )
-from openinfer_core.engine.sequence import Sequence
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.events import is_terminal
 from openinfer_toy.model import write_toy_checkpoint
 
@@ -78,12 +78,12 @@ def state_of(engine: Engine, rid: str, ended: set[str]) -> str:
     return "not yet added"  # still in the engine's inbox
 
 
-def live(engine: Engine) -> dict[str, list[Sequence]]:
+def live(engine: Engine) -> dict[str, list[RequestState]]:
     sched = engine.scheduler
-    waiting: list[Sequence] = list(sched.waiting)  # type: ignore[attr-defined]
-    running: list[Sequence] = list(sched.running)  # type: ignore[attr-defined]
+    waiting: list[RequestState] = list(sched.waiting)  # type: ignore[attr-defined]
+    running: list[RequestState] = list(sched.running)  # type: ignore[attr-defined]
     # Overlapped steps: running requests whose last token is on the device.
-    finishing: list[Sequence] = list(sched.finishing)  # type: ignore[attr-defined]
+    finishing: list[RequestState] = list(sched.finishing)  # type: ignore[attr-defined]
     return {
         "waiting": [s for s in waiting if not s.num_preemptions],
         "preempted": [s for s in waiting if s.num_preemptions],

@@ -31,7 +31,7 @@ from dsv4_transformers import transformers_config
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
@@ -100,7 +100,7 @@ def decode_step(engine: Engine, batch: int, context: int) -> Iterator[ForwardBat
     """`batch` requests prefilled to `context` tokens each, and the device batch of their
     next decode step; their KV blocks are freed on exit."""
     model = engine.model
-    seqs = [Seq.from_request(GenerateRequest(f"d{batch}-{i}", tuple(
+    seqs = [RequestState.from_request(GenerateRequest(f"d{batch}-{i}", tuple(
         (i * 7919 + j * 31) % 120000 + 2 for j in range(context + 1)))) for i in range(batch)]
     try:
         for s in seqs:  # prefill each request's context, one at a time

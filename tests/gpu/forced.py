@@ -12,7 +12,7 @@ import torch
 
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
 
@@ -35,7 +35,7 @@ Plan = Callable[[int, int, int], int]
 @torch.inference_mode()
 def run_forced(engine: Engine, sequences: Sequence[Sequence[int]], plan: Plan, *,
                use_graphs: bool, all_positions: bool = False) -> list[Picks]:
-    seqs = [Seq.from_request(GenerateRequest(f"forced-{i}", tuple(t)))
+    seqs = [RequestState.from_request(GenerateRequest(f"forced-{i}", tuple(t)))
             for i, t in enumerate(sequences)]
     found: list[list[tuple[int, torch.Tensor]]] = [[] for _ in seqs]
     step = 0

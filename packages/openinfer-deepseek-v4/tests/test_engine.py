@@ -18,7 +18,7 @@ from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.engine.batch import plan_batch
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.events import Scheduled
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.plugins import PluginManager
@@ -159,7 +159,7 @@ def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]],
                    chunks: Sequence[int]) -> list[torch.Tensor]:
     """fp32 logits at every position of each prompt, the prompts prefilled side by side, each
     `chunks[i]` tokens a step (the blocks are freed afterwards)."""
-    seqs = [Seq.from_request(GenerateRequest(f"chunked{i}", tuple(p)))
+    seqs = [RequestState.from_request(GenerateRequest(f"chunked{i}", tuple(p)))
             for i, p in enumerate(batch)]
     out: list[list[torch.Tensor]] = [[] for _ in seqs]
     try:

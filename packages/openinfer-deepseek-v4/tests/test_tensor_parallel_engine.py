@@ -20,7 +20,7 @@ from dsv4_checkpoints import random_model, write_model_folder
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.distributed import TensorParallelModel
 from openinfer_core.engine.batch import plan_batch
-from openinfer_core.engine.sequence import Sequence as Seq
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.testing import run_staggered
 from openinfer_core.testing import tokens_of as tokens
@@ -75,7 +75,7 @@ def prompts(n: int, seed: int, lengths: tuple[int, int]) -> list[tuple[int, ...]
 @torch.inference_mode()
 def prompt_logits(eng: Engine, token_ids: Sequence[int]) -> torch.Tensor:
     """fp32 logits at every prompt position, from one prefill (blocks freed after)."""
-    seq = Seq.from_request(GenerateRequest("probe", tuple(token_ids)))
+    seq = RequestState.from_request(GenerateRequest("probe", tuple(token_ids)))
     assert eng.kv.allocate(seq.request_id, len(token_ids))
     try:
         batch = plan_batch([ScheduledRow(seq, len(token_ids), True)], eng.kv).to_device(

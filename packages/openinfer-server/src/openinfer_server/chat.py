@@ -17,11 +17,12 @@ from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.chat_output import ChatParsing, ChoiceOutput, OutputPiece
 from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.errors import APIError
-from openinfer_server.generation import ChoiceResult, build_runs, respond
+from openinfer_server.generation import ChoiceResult, respond
 from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs, prompt_logprobs
-from openinfer_server.prompts import Prompt
+from openinfer_server.prompts import MaxTokens, Prompt
 from openinfer_server.protocol import ChatCompletionRequest
-from openinfer_server.state import StateDep
+from openinfer_server.run_plan import RunPlan, build_runs
+from openinfer_server.state import ServerState, StateDep
 from openinfer_server.structured import chat_structured_output
 
 router = APIRouter()
@@ -35,26 +36,32 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: StateDep) -> Response:
     state.check_model(body.model)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    requested = body.requested_max_tokens
-    base = body.sampling_params(requested if requested is not None else state.max_model_len,
-                                body.logprobs_count, logprobs_field="top_logprobs",
-                                defaults=state.sampling_defaults)
-    base = replace(base, structured=chat_structured_output(body),
-                   prompt_logprobs=body.prompt_logprobs)
+    plan = chat_plan(body, state)
     prompt = chat_prompt(body, state.tokenizer)
-    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    runs = build_runs(state, request_id, [prompt], base, n=body.n,
-                      requested_max_tokens=requested,
-                      default_max_tokens=state.sampling_defaults.get("max_tokens"),
-                      max_tokens_param=param, where="messages", priority=body.priority,
-                      prompt_scores=body.prompt_logprobs is not None, scores_once=True)
+    runs = build_runs(state, request_id, [prompt], plan)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,
-                            prompt_logprobs=body.prompt_logprobs is not None,
+                            prompt_logprobs=plan.prompt_scores,
                             parsing=state.parsers.for_request(body.tools, body.tool_choice,
                                                               prompt.text))
-    return await respond(request, runs, renderer, n=body.n, stream=body.stream,
+    return await respond(request, runs, renderer, n=plan.n, stream=body.stream,
                          include_usage=body.include_usage)
+
+
+def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
+    """The request's engine runs, checked; its prompt logprobs are reported once, so only the
+    first choice asks for them. Unrequested, max tokens is the server's default (from
+    generation_config.json), else the rest of the context."""
+    param, requested = body.max_tokens_field
+    max_tokens = MaxTokens(requested, state.sampling_defaults.get("max_tokens"), param=param,
+                           where="messages")
+    sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len),
+                                    body.logprobs_count, logprobs_field="top_logprobs",
+                                    defaults=state.sampling_defaults)
+    sampling = replace(sampling, structured=chat_structured_output(body),
+                       prompt_logprobs=body.prompt_logprobs)
+    return RunPlan(sampling, max_tokens, n=body.n, priority=body.priority,
+                   prompt_scores=body.prompt_logprobs is not None, scores_once=True)
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:

@@ -11,16 +11,17 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openinfer_server.choice import ChoiceDelta, PromptScores
-from openinfer_server.generation import ChoiceResult, build_runs, respond
+from openinfer_server.generation import ChoiceResult, respond
 from openinfer_server.logprobs import (
     TokenLogprob,
     TokenText,
     completion_logprobs,
     prompt_logprobs,
 )
-from openinfer_server.prompts import completion_prompts
+from openinfer_server.prompts import MaxTokens, completion_prompts
 from openinfer_server.protocol import CompletionRequest
-from openinfer_server.state import StateDep
+from openinfer_server.run_plan import RunPlan, build_runs
+from openinfer_server.state import ServerState, StateDep
 from openinfer_server.structured import structured_output
 
 router = APIRouter()
@@ -34,27 +35,28 @@ async def create_completion(body: CompletionRequest, request: Request,
                             state: StateDep) -> Response:
     state.check_model(body.model)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    requested = body.max_tokens
-    score_only = body.echo and requested == 0  # the engine makes one token, dropped
-    if score_only:
-        requested = 1
-    base = body.sampling_params(requested if requested is not None else state.max_model_len,
-                                body.logprobs, defaults=state.sampling_defaults)
-    base = replace(base, structured=structured_output(body),
-                   prompt_logprobs=body.prompt_logprobs_count)
+    plan = completion_plan(body, state)
     prompts = completion_prompts(body.prompt, state.tokenizer,
                                  add_special_tokens=body.add_special_tokens)
-    runs = build_runs(state, request_id, prompts, base, n=body.n,
-                      requested_max_tokens=requested,
-                      default_max_tokens=DEFAULT_MAX_TOKENS, max_tokens_param="max_tokens",
-                      where="prompt", priority=body.priority, echo=body.echo,
-                      echo_logprobs=body.echo and body.logprobs is not None,
-                      prompt_scores=body.prompt_logprobs is not None, score_only=score_only)
+    runs = build_runs(state, request_id, prompts, plan)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = CompletionRenderer(request_id, state.model_name, names,
                                   logprobs=body.logprobs is not None)
-    return await respond(request, runs, renderer, n=body.n, stream=body.stream,
+    return await respond(request, runs, renderer, n=plan.n, stream=body.stream,
                          include_usage=body.include_usage)
+
+
+def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
+    """The request's engine runs, checked. Echo with logprobs asks the engine for the
+    prompt's logprobs too; max_tokens 0 with echo scores the prompt only."""
+    max_tokens = MaxTokens(body.max_tokens, DEFAULT_MAX_TOKENS, param="max_tokens",
+                           where="prompt")
+    sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len), body.logprobs,
+                                    defaults=state.sampling_defaults)
+    sampling = replace(sampling, structured=structured_output(body),
+                       prompt_logprobs=body.prompt_logprobs_count)
+    return RunPlan(sampling, max_tokens, n=body.n, priority=body.priority, echo=body.echo,
+                   prompt_scores=body.prompt_logprobs is not None)
 
 
 class CompletionRenderer:

@@ -1,4 +1,5 @@
-"""One HTTP generation request: prompts x n engine requests, streamed or collected.
+"""One HTTP generation request: its engine requests (`run_plan.build_runs`), streamed or
+collected.
 
 Completions and chat differ only in how a choice is rendered; they hand a `Renderer` to
 `respond()`, which owns the engine requests from submission to abort or completion."""
@@ -8,19 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
-from openinfer_core.params import SamplingParams
-from openinfer_core.request import GenerateRequest
 from openinfer_server.choice import ChoiceDelta, ChoiceRun, PromptScores
 from openinfer_server.errors import APIError
 from openinfer_server.logprobs import TokenLogprob
-from openinfer_server.prompts import Prompt, max_tokens_for
-from openinfer_server.state import ServerState
 from openinfer_server.streaming import (
     DONE,
     ClientGone,
@@ -68,39 +65,6 @@ def usage(runs: Sequence[ChoiceRun], n: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in firsts)}}
-
-
-def build_runs(state: ServerState, request_id: str, prompts: list[Prompt], base: SamplingParams,
-               *, n: int, requested_max_tokens: int | None, default_max_tokens: int | None,
-               max_tokens_param: str, where: str, priority: int = 0,
-               echo: bool = False, echo_logprobs: bool = False, prompt_scores: bool = False,
-               score_only: bool = False, scores_once: bool = False) -> list[ChoiceRun]:
-    """n engine requests per prompt, prompt-major; choice i of a seeded request gets seed + i
-    so the choices differ. Nothing is submitted yet. The other flags are `ChoiceRun`'s;
-    `scores_once`: only the first choice of a prompt asks for its prompt logprobs (a response
-    that reports them once need not have the prompt scored n times)."""
-    runs: list[ChoiceRun] = []
-    for prompt in prompts:
-        max_tokens = max_tokens_for(
-            len(prompt.token_ids), requested_max_tokens, max_model_len=state.max_model_len,
-            default=default_max_tokens, param=max_tokens_param, where=where)
-        prefix = ""
-        if echo:
-            prefix = prompt.text if prompt.text is not None else state.tokenizer.decode(
-                prompt.token_ids, skip_special_tokens=base.skip_special_tokens)
-        for i in range(n):
-            seed = None if base.seed is None else base.seed + i
-            params = replace(base, max_tokens=max_tokens, seed=seed)
-            scored = prompt_scores and not (scores_once and i > 0)
-            if prompt_scores and not scored:
-                params = replace(params, prompt_logprobs=None)
-            index = len(runs)
-            engine_request = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids),
-                                             params, priority=priority)
-            runs.append(ChoiceRun(state.engine, engine_request, index, state.tokenizer,
-                                  state.metrics, prefix=prefix, echo_logprobs=echo_logprobs,
-                                  prompt_scores=scored, score_only=score_only))
-    return runs
 
 
 async def respond(request: Request, runs: list[ChoiceRun], renderer: Renderer, *, n: int,

@@ -54,7 +54,7 @@ class ServerMetrics:
             "openinfer:e2e_request_latency_seconds", "Arrival to the request's end.", model,
             buckets=_LATENCY_BUCKETS, registry=reg)
         reg.register(_EngineLoadCollector(engine, model_name))
-        # The labelled children, looked up once: `labels()` per streamed token cost ~5% of a
+        # The labelled children, looked up once: `labels()` per streamed token costs ~5% of a
         # frontend's time.
         self._prompt_tokens_m = self._prompt_tokens.labels(model_name)
         self._generation_tokens_m = self._generation_tokens.labels(model_name)

@@ -52,20 +52,51 @@ def ids_prompt(ids: list[int], tokenizer: Tokenizer) -> Prompt:
     return Prompt(list(ids), None)
 
 
-def max_tokens_for(prompt_tokens: int, requested: int | None, *, max_model_len: int,
-                   default: int | None, param: str, where: str) -> int:
-    """How many tokens a prompt may generate: `requested` when it fits, else a 400 with the
-    numbers. Unrequested, `default` (or whatever room is left), capped by the room left."""
-    room = max_model_len - prompt_tokens
-    if requested is None:
-        wanted = room if default is None else min(default, room)
-        if wanted >= 1:
-            return wanted
-        requested, param = max(default or 1, 1), where
-    if prompt_tokens + requested <= max_model_len:
-        return requested
-    raise APIError(
-        400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-        f"requested {prompt_tokens + requested} tokens ({prompt_tokens} in the {where}, "
-        f"{requested} in the completion). Please reduce the length of the {where} or "
-        "completion.", param=param, code="context_length_exceeded")
+@dataclass(frozen=True, slots=True)
+class MaxTokens:
+    """How many tokens each prompt of a request may generate; decided here and nowhere else.
+
+    `requested` is the client's value (None when left out), `default` what an unrequested
+    prompt gets (None: whatever room the prompt leaves), `param` the request field and `where`
+    the prompt's name ("prompt", "messages") that a context-length error names."""
+
+    requested: int | None
+    default: int | None
+    param: str
+    where: str
+
+    @property
+    def score_only(self) -> bool:
+        """max_tokens 0 (completions with echo): the prompt is scored and nothing generated.
+        The engine makes one token, which the choice drops."""
+        return self.requested == 0
+
+    @property
+    def _asked(self) -> int | None:
+        return 1 if self.score_only else self.requested
+
+    def ceiling(self, max_model_len: int) -> int:
+        """The most any prompt of the request may generate (`for_prompt` never gives more):
+        what the sampling fields (min_tokens) are checked against before the prompts are
+        known."""
+        asked = self._asked
+        return asked if asked is not None else max_model_len
+
+    def for_prompt(self, prompt_tokens: int, max_model_len: int) -> int:
+        """The prompt's own: the requested number when it fits, else a 400 with the numbers.
+        Unrequested, `default` (or whatever room is left), capped by the room left."""
+        requested, param = self._asked, self.param
+        room = max_model_len - prompt_tokens
+        if requested is None:
+            wanted = room if self.default is None else min(self.default, room)
+            if wanted >= 1:
+                return wanted
+            requested, param = max(self.default or 1, 1), self.where
+        if prompt_tokens + requested <= max_model_len:
+            return requested
+        where = self.where
+        raise APIError(
+            400, f"This model's maximum context length is {max_model_len} tokens. However, "
+            f"you requested {prompt_tokens + requested} tokens ({prompt_tokens} in the {where}, "
+            f"{requested} in the completion). Please reduce the length of the {where} or "
+            "completion.", param=param, code="context_length_exceeded")

@@ -194,11 +194,12 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool = False
 
     @property
-    def requested_max_tokens(self) -> int | None:
-        """max_completion_tokens is OpenAI's newer name; it wins when both are given."""
+    def max_tokens_field(self) -> tuple[str, int | None]:
+        """The field that sets the completion's length, and its value: max_completion_tokens
+        is OpenAI's newer name for max_tokens; it wins when both are given."""
         if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()

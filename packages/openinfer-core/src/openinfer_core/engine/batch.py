@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +65,7 @@ class HostBatch:
             block_tables_cpu=torch.from_numpy(self.block_tables))
 
 
-def plan_batch(rows: Seq[ScheduledRow], kv: KVManager) -> HostBatch:
+def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
     """Flatten the scheduled rows: token ids, positions, KV slots, block tables."""
     bs = kv.block_size
     n = len(rows)

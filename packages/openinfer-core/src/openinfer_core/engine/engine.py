@@ -9,9 +9,9 @@ import traceback
 from pathlib import Path
 
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.grammars_and_logprobs import GrammarsAndLogprobs
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
-from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
@@ -75,10 +75,11 @@ class Engine:
             eos_token_ids=self.eos_token_ids)
         self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
         self._last_step_tokens = 0
-        self._extras = StepExtras(Path(config.model), self.model.vocab_size, self.eos_token_ids)
+        self._grammars = GrammarsAndLogprobs(Path(config.model), self.model.vocab_size,
+                                             self.eos_token_ids)
         self._overlap: OverlappedLoop | None = None
         if config.async_scheduling:
-            self._overlap = OverlappedLoop(self.scheduler, self.runner, self._extras)
+            self._overlap = OverlappedLoop(self.scheduler, self.runner, self._grammars)
 
     @property
     def last_step_tokens(self) -> int:
@@ -119,7 +120,7 @@ class Engine:
 
     # -- engine thread -------------------------------------------------------------------
     def has_work(self) -> bool:
-        return (not self._inbox.empty() or self.scheduler.has_work() or self._extras.holding()
+        return (not self._inbox.empty() or self.scheduler.has_work() or self._grammars.holding()
                 or (self._overlap is not None and self._overlap.has_work())
                 or (self.offload is not None and self.offload.busy()))
 
@@ -131,7 +132,7 @@ class Engine:
         overlapped steps (overlap.py) an iteration launches one step and finishes the one
         before; otherwise it is the plain loop below."""
         events = self._drain_inbox()
-        ready, refused = self._extras.release()
+        ready, refused = self._grammars.release()
         for request in ready:
             self.scheduler.add(request)
         events.extend(refused)
@@ -143,9 +144,9 @@ class Engine:
             self.offload.after_step()
             if not events and self.last_step_tokens == 0 and self.offload.waiting():
                 time.sleep(RESTORE_POLL_S)  # only restores in flight: do not spin on them
-        if not events and not self.scheduler.has_work() and self._extras.holding():
-            self._extras.idle_wait()  # only grammars compiling: do not spin
-        return self._extras.emit(events)
+        if not events and not self.scheduler.has_work() and self._grammars.holding():
+            self._grammars.idle_wait()  # only grammars compiling: do not spin
+        return self._grammars.emit(events)
 
     def close(self) -> None:
         """Let the offload tiers finish their copies and writes, then stop what the model
@@ -163,7 +164,7 @@ class Engine:
             return
         try:
             fwd = self.runner.forward(batch)
-            launched = self.runner.sample(fwd, self._extras.token_mask(fwd))
+            launched = self.runner.sample(fwd, self._grammars.token_mask(fwd))
             sampled = launched.result()
         except ModelFailedError:
             raise  # no step can run any more: the engine stops (its users end every request)
@@ -173,7 +174,7 @@ class Engine:
             events.extend(self.scheduler.fail(batch, f"engine error: {exc!r}"))
             return
         update = self.scheduler.update(batch, sampled)
-        self._extras.finished(launched, update)
+        self._grammars.finished(launched, update)
         events.extend(update)
 
     def _drain_inbox(self) -> list[TokenEvent]:
@@ -184,10 +185,10 @@ class Engine:
             except queue.Empty:
                 return events
             if isinstance(item, str):
-                events.extend(self._extras.abort(item) or self.scheduler.abort(item))
+                events.extend(self._grammars.abort(item) or self.scheduler.abort(item))
             elif (top := max(item.prompt_token_ids)) >= (vocab := self.model.vocab_size):
                 events.append(Rejected(item.request_id, (
                     f"prompt token id {top} is out of range: the model's vocabulary has "
                     f"{vocab} tokens (ids 0..{vocab - 1})")))
-            elif not self._extras.hold(item):
+            elif not self._grammars.hold(item):
                 self.scheduler.add(item)

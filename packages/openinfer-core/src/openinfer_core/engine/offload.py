@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.engine.sequence import Sequence
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import supports_kv_offload
 from openinfer_core.interfaces.kv import OffloadableKV
@@ -59,7 +59,7 @@ class Loading:
     """A request waiting for its prefix to come back from a tier, in pieces (leased and
     copied one after another, so the first copy starts before the whole prompt is hashed)."""
 
-    seq: Sequence
+    seq: RequestState
     held_blocks: int  # device prefix hit, already in its table before the load
     pieces: list[tuple[Lease, Transfer]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -174,7 +174,7 @@ class KVOffload:
         self._saves = still
 
     # -- restoring -------------------------------------------------------------------------
-    def start_load(self, seq: Sequence) -> Loading | None:
+    def start_load(self, seq: RequestState) -> Loading | None:
         """Called once the request's device prefix hit is attached: look the rest of its
         prefix up and start copying what the tiers have, a piece at a time (`PIECES`). None
         (nothing changed) when they have nothing, or when too few device blocks are free;

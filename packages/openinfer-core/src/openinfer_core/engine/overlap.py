@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 import traceback
 
+from openinfer_core.engine.grammars_and_logprobs import GrammarsAndLogprobs
 from openinfer_core.engine.runner import Launched, ModelRunner
-from openinfer_core.engine.step_extras import StepExtras
 from openinfer_core.events import TokenEvent
 from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler
@@ -35,10 +35,11 @@ class OverlappedLoop:
     engine: a cycle would leave a dropped engine, CUDA graphs and all, to the cyclic garbage
     collector, which may run in the middle of another engine's graph capture.)"""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, extras: StepExtras) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner,
+                 grammars: GrammarsAndLogprobs) -> None:
         self.scheduler = scheduler
         self.runner = runner
-        self.extras = extras
+        self.grammars = grammars
         self.last_step_tokens = 0
         self._in_flight: Launched | None = None
 
@@ -60,11 +61,11 @@ class OverlappedLoop:
                 fwd = self.runner.forward(batch, previous)
                 self.scheduler.launched(batch)
                 mask = None
-                if self.extras.needs_mask(fwd):
+                if self.grammars.needs_mask(fwd):
                     if previous is not None:
                         events.extend(self._finish(previous))
                         previous = None
-                    mask = self.extras.token_mask(fwd)
+                    mask = self.grammars.token_mask(fwd)
                 self._in_flight = self.runner.sample(fwd, mask)
             except ModelFailedError:
                 raise  # no step can run any more: the engine stops (its users end every request)
@@ -84,5 +85,5 @@ class OverlappedLoop:
             log.error("step failed: %s", traceback.format_exc())
             return self.scheduler.fail(launched.output, f"engine error: {exc!r}")
         events = self.scheduler.update(launched.output, sampled)
-        self.extras.finished(launched, events)
+        self.grammars.finished(launched, events)
         return events

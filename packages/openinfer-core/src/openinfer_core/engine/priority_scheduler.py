@@ -5,11 +5,11 @@ from __future__ import annotations
 from bisect import insort
 from typing import ClassVar
 
+from openinfer_core.engine.request_state import RequestState
 from openinfer_core.engine.scheduler import FcfsScheduler
-from openinfer_core.engine.sequence import Sequence
 
 
-def priority_key(seq: Sequence) -> tuple[int, float]:
+def priority_key(seq: RequestState) -> tuple[int, float]:
     """Lower sorts first: a lower `priority` value is served first, ties by arrival time."""
     return seq.request.priority, seq.request.arrival_time
 
@@ -30,12 +30,12 @@ class PriorityScheduler(FcfsScheduler):
 
     honours_priority: ClassVar[bool] = True
 
-    def _enqueue(self, seq: Sequence) -> None:
+    def _enqueue(self, seq: RequestState) -> None:
         insort(self.waiting, seq, key=priority_key)
 
-    def _requeue(self, seq: Sequence) -> None:
+    def _requeue(self, seq: RequestState) -> None:
         insort(self.waiting, seq, key=priority_key)
 
-    def _victim(self) -> Sequence:
+    def _victim(self) -> RequestState:
         # max() keeps the first of equals; scanning from the back makes that the latest admitted.
         return max(reversed(self.running), key=priority_key)

@@ -3,7 +3,7 @@ the device from the same forward, and their collection into one event per reques
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,10 +30,10 @@ class PromptLogprobPlan:
     spans: tuple[Span, ...]
 
     @staticmethod
-    def of(rows: Seq[ScheduledRow], query_start_loc: np.ndarray) -> PromptLogprobPlan | None:
+    def of(rows: Sequence[ScheduledRow], query_start_loc: np.ndarray) -> PromptLogprobPlan | None:
         """Before the step's `launched`: `num_computed_tokens` is where each row starts."""
         flat: list[np.ndarray] = []
-        targets: list[Seq[int]] = []
+        targets: list[Sequence[int]] = []
         spans: list[Span] = []
         for b, row in enumerate(rows):
             seq = row.seq

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from openinfer_core.engine.sequence import PENDING, SeqStatus, Sequence
+from openinfer_core.engine.request_state import PENDING, RequestState, RequestStatus
 from openinfer_core.events import (
     Error,
     Finished,
@@ -47,11 +47,11 @@ class FcfsScheduler:
     def __init__(self, config: SchedulerConfig, kv: KVManager) -> None:
         self.config = config
         self.kv = kv
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
         # Running requests whose last token is on the device and ends them (max_tokens or the
         # model length): not scheduled again, finished by the update that sees the token.
-        self.finishing: list[Sequence] = []
+        self.finishing: list[RequestState] = []
         self.num_preemptions = 0
         self._refused: list[TokenEvent] = []  # Rejected at add(), emitted by the next schedule()
         self.offload: PrefixRestorer | None = None  # `attach_offload`, under --kv-offload
@@ -63,21 +63,21 @@ class FcfsScheduler:
         self.offload = offload
 
     # -- policy ----------------------------------------------------------------------------
-    def _enqueue(self, seq: Sequence) -> None:
+    def _enqueue(self, seq: RequestState) -> None:
         self.waiting.append(seq)
 
-    def _requeue(self, seq: Sequence) -> None:
+    def _requeue(self, seq: RequestState) -> None:
         self.waiting.appendleft(seq)
 
-    def _victim(self) -> Sequence:
+    def _victim(self) -> RequestState:
         return self.running[-1]
 
     # -- queue ---------------------------------------------------------------------------
     def add(self, request: GenerateRequest) -> None:
-        seq = Sequence.from_request(request)
+        seq = RequestState.from_request(request)
         reason = self._refusal(seq)
         if reason:
-            seq.status = SeqStatus.FINISHED
+            seq.status = RequestStatus.FINISHED
             self._refused.append(Rejected(seq.request_id, reason))
         else:
             self._enqueue(seq)
@@ -88,7 +88,7 @@ class FcfsScheduler:
             if seq.request_id == request_id and not loading.aborted:
                 # Its blocks stay held until the copy into them is ready (`_finish_loads`).
                 loading.aborted = True
-                seq.status = SeqStatus.FINISHED
+                seq.status = RequestStatus.FINISHED
                 return [Finished(request_id, FinishReason.ABORT, seq.num_prompt_tokens, 0)]
         for queue in (self.running, self.finishing, self.waiting):
             for seq in queue:
@@ -154,7 +154,7 @@ class FcfsScheduler:
             if not self.offload.finish_load(loading, chain):
                 still.append(loading)
             elif not loading.aborted:
-                loading.seq.status = SeqStatus.WAITING
+                loading.seq.status = RequestStatus.WAITING
                 self._requeue(loading.seq)
         self.loading = still
 
@@ -179,7 +179,7 @@ class FcfsScheduler:
                 seq.num_computed_tokens = 0
                 break  # wait for blocks; the rest of the queue waits behind it
             self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
+            seq.status = RequestStatus.RUNNING
             self.running.append(seq)
             if not seq.announced:
                 seq.announced = True
@@ -189,14 +189,14 @@ class FcfsScheduler:
             budget -= n
 
     @staticmethod
-    def _unschedule(out: SchedulerOutput, seq: Sequence) -> int:
+    def _unschedule(out: SchedulerOutput, seq: RequestState) -> int:
         """Drop `seq`'s row from this step; returns its tokens to the budget."""
         row = next(r for r in out.rows if r.seq is seq)
         out.rows.remove(row)
         return row.num_new_tokens
 
     @staticmethod
-    def _chunk(seq: Sequence, budget: int) -> int:
+    def _chunk(seq: RequestState, budget: int) -> int:
         """Tokens `seq` runs this step: all it has left, within the budget."""
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)
         if seq.request.params.prompt_logprobs is not None \
@@ -204,18 +204,18 @@ class FcfsScheduler:
             n = min(n, PROMPT_LOGPROBS_CHUNK)
         return n
 
-    def _row(self, seq: Sequence, n: int) -> ScheduledRow:
+    def _row(self, seq: RequestState, n: int) -> ScheduledRow:
         return ScheduledRow(seq, n, seq.num_computed_tokens + n == seq.num_tokens)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: RequestState) -> None:
         self.kv.free(seq.request_id, seq.token_ids)
         seq.num_computed_tokens = 0
-        seq.status = SeqStatus.WAITING
+        seq.status = RequestStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self._requeue(seq)
 
-    def _refusal(self, seq: Sequence) -> str | None:
+    def _refusal(self, seq: RequestState) -> str | None:
         priority = seq.request.priority
         if priority != 0 and not self.honours_priority:
             return (f"priority {priority} needs priority scheduling, which is not enabled: "
@@ -239,7 +239,7 @@ class FcfsScheduler:
             return
         output.launched = True
         limit = self.config.max_model_len
-        ending: list[Sequence] = []
+        ending: list[RequestState] = []
         for row in output.rows:
             seq = row.seq
             seq.num_computed_tokens += row.num_new_tokens
@@ -260,21 +260,21 @@ class FcfsScheduler:
             self.finishing.extend(ending)
 
     # -- update --------------------------------------------------------------------------
-    def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
+    def update(self, output: SchedulerOutput, sampled: Sequence[SampledToken]) -> list[TokenEvent]:
         self.launched(output)
         if len(sampled) != len(output.pending):
             raise RuntimeError(f"{len(sampled)} sampled tokens for {len(output.pending)} "
                                "sampling rows")
         events: list[TokenEvent] = []
-        ended: set[Sequence] = set()
+        ended: set[RequestState] = set()
         samples = iter(zip(output.pending, sampled, strict=True))
         for row in output.rows:
             seq = row.seq
             if row.samples:
                 index, tok = next(samples)
-                if seq.status is not SeqStatus.FINISHED:
+                if seq.status is not RequestStatus.FINISHED:
                     events.extend(self._append(seq, index, tok, ended))
-            if seq.status is SeqStatus.RUNNING:
+            if seq.status is RequestStatus.RUNNING:
                 self.kv.cache_blocks(seq.request_id, seq.token_ids,
                                      min(seq.num_computed_tokens, len(seq.token_ids)))
         if ended:
@@ -282,8 +282,8 @@ class FcfsScheduler:
             self.finishing = [s for s in self.finishing if s not in ended]
         return events
 
-    def _append(self, seq: Sequence, index: int, tok: SampledToken,
-                ended: set[Sequence]) -> list[TokenEvent]:
+    def _append(self, seq: RequestState, index: int, tok: SampledToken,
+                ended: set[RequestState]) -> list[TokenEvent]:
         """Put the token sampled for position `index` in place of its PENDING slot."""
         params = seq.request.params
         token_id = tok.token_id
@@ -302,23 +302,23 @@ class FcfsScheduler:
         return events
 
     @staticmethod
-    def _truncate(seq: Sequence, length: int) -> None:
+    def _truncate(seq: RequestState, length: int) -> None:
         """Drop tokens from `length` on (a stop token, and any step scheduled past it)."""
         del seq.token_ids[length:]
         seq.num_computed_tokens = min(seq.num_computed_tokens, length)
 
-    def _end(self, seq: Sequence, reason: FinishReason, ended: set[Sequence],
+    def _end(self, seq: RequestState, reason: FinishReason, ended: set[RequestState],
              stop_token_id: int | None = None) -> Finished:
-        if seq.status is SeqStatus.WAITING:  # preempted while its last step ran
+        if seq.status is RequestStatus.WAITING:  # preempted while its last step ran
             self.waiting.remove(seq)
         else:
             ended.add(seq)
         return self._finish(seq, reason, stop_token_id)
 
-    def _finish(self, seq: Sequence, reason: FinishReason,
+    def _finish(self, seq: RequestState, reason: FinishReason,
                 stop_token_id: int | None = None) -> Finished:
         self.kv.free(seq.request_id, seq.token_ids)
-        seq.status = SeqStatus.FINISHED
+        seq.status = RequestStatus.FINISHED
         return Finished(seq.request_id, reason, seq.num_prompt_tokens, seq.num_output_tokens,
                         stop_token_id)
 
@@ -326,12 +326,12 @@ class FcfsScheduler:
         events: list[TokenEvent] = []
         for row in output.rows:
             seq = row.seq
-            if seq.status is SeqStatus.FINISHED:
+            if seq.status is RequestStatus.FINISHED:
                 continue
             for queue in (self.running, self.finishing, self.waiting):
                 if seq in queue:
                     queue.remove(seq)
             self.kv.free(seq.request_id)
-            seq.status = SeqStatus.FINISHED
+            seq.status = RequestStatus.FINISHED
             events.append(Error(seq.request_id, message))
         return events

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the API process reads `OffloadStats` without importing torc
 
     from openinfer_core.engine.config import EngineConfig
     from openinfer_core.engine.offload import Loading
-    from openinfer_core.engine.sequence import Sequence as EngineSequence
+    from openinfer_core.engine.request_state import RequestState
 
 # Device memory the first tier may take for itself (a staging buffer); the KV cache is sized
 # without it.
@@ -175,7 +175,7 @@ class PrefixRestorer(Protocol):
     """What a scheduler with `capabilities.SupportsOffload` is handed: the engine's side of the
     first tier (`engine.offload.KVOffload`). Engine thread only; never blocks."""
 
-    def start_load(self, seq: EngineSequence) -> Loading | None:
+    def start_load(self, seq: RequestState) -> Loading | None:
         """At admission, once `seq`'s device prefix hit is attached: start copying the rest of
         its prefix back from the tiers. None when they hold nothing more (or too few device
         blocks are free: then it is tried again at the next admission)."""

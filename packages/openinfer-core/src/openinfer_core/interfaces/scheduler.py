@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -12,7 +12,7 @@ from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.request import GenerateRequest
 
 if TYPE_CHECKING:
-    from openinfer_core.engine.sequence import Sequence
+    from openinfer_core.engine.request_state import RequestState
     from openinfer_core.sampling.sampler import SampledToken
 
 
@@ -29,7 +29,7 @@ class ScheduledRow:
     """`num_new_tokens` tokens of `seq` run this step; `samples` when they reach its end, so the
     step yields its next token."""
 
-    seq: Sequence
+    seq: RequestState
     num_new_tokens: int
     samples: bool
 
@@ -76,7 +76,7 @@ class Scheduler(Protocol):
         whatever it is (max_tokens, model length) is not scheduled again. Idempotent."""
         ...
 
-    def update(self, output: SchedulerOutput, sampled: Seq[SampledToken]) -> list[TokenEvent]:
+    def update(self, output: SchedulerOutput, sampled: Sequence[SampledToken]) -> list[TokenEvent]:
         """Apply a step's results (`sampled` aligns with the rows that sample): fill the PENDING
         slots (calling `launched` first if the loop did not), finish requests and free their KV.
         Returns the events, in order. With overlapped steps the next step may already have

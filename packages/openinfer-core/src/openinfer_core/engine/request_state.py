@@ -7,19 +7,19 @@ from dataclasses import dataclass, field
 
 from openinfer_core.request import GenerateRequest
 
-# A slot in `Sequence.token_ids` for a token sampled by a step still running on the device
+# A slot in `RequestState.token_ids` for a token sampled by a step still running on the device
 # (overlapped steps): the next step is scheduled before its value is known.
 PENDING = -1
 
 
-class SeqStatus(enum.Enum):
+class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
 
 
 @dataclass(slots=True, eq=False)
-class Sequence:
+class RequestState:
     """`token_ids` is prompt + output so far; `num_computed_tokens` of them have KV in the
     cache. A step computes the next `num_tokens - num_computed_tokens` (or a budgeted chunk);
     that single rule covers prefill, chunked prefill, decode and recompute after preemption."""
@@ -29,13 +29,13 @@ class Sequence:
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    status: SeqStatus = SeqStatus.WAITING
+    status: RequestStatus = RequestStatus.WAITING
     announced: bool = False  # Scheduled was emitted
     offload_probed: bool = False  # its prefix was looked up in the offload tiers
     num_preemptions: int = 0
 
     @classmethod
-    def from_request(cls, request: GenerateRequest) -> Sequence:
+    def from_request(cls, request: GenerateRequest) -> RequestState:
         ids = list(request.prompt_token_ids)
         return cls(request=request, token_ids=ids, num_prompt_tokens=len(ids))
 

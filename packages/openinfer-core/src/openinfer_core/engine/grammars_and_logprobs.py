@@ -1,5 +1,6 @@
-"""What some requests add to a step around the plain schedule -> execute -> update: a grammar's
-token mask before sampling (structured output), and prompt logprobs after the forward."""
+"""The two request features that wrap a step's schedule -> execute -> update: a grammar's token
+mask before sampling (structured output: requests wait here while their grammar compiles), and
+prompt logprobs after the forward (emitted once, before a request's first token)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ log = logging.getLogger("openinfer")
 COMPILE_WAIT_S = 0.005
 
 
-class StepExtras:
-    """Engine thread only."""
+class GrammarsAndLogprobs:
+    """Grammars and prompt logprobs for the engine loop (`Engine`, `OverlappedLoop`). Engine
+    thread only."""
 
     def __init__(self, model_dir: Path, vocab_size: int, eos_token_ids: tuple[int, ...]):
         self.structured = StructuredOutputs(model_dir, vocab_size, eos_token_ids)
