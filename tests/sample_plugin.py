@@ -1,11 +1,14 @@
 """A test plugin using every hook but the model one (the toy plugin's): a scheduler, an offload
-tier, an attention backend, a tool-call parser and a reasoning parser."""
+tier, an attention backend, a tool-call parser, a reasoning parser and a kernel compiler."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -99,6 +102,31 @@ class AllReasoningParser:
         return ReasoningParse()
 
 
+class RecordingCompiler:
+    """A `KernelCompiler` that compiles nothing and records what start-up asks of it."""
+
+    folder: ClassVar[Path] = Path(tempfile.gettempdir()) / "openinfer-sample-compiler"
+    calls: ClassVar[list[str]] = []
+
+    def cache_dir(self) -> Path:
+        return self.folder
+
+    def version(self) -> str:
+        return "1.0"
+
+    def start_workers(self) -> None:
+        self.calls.append("start_workers")
+
+    def stop_workers(self) -> None:
+        self.calls.append("stop_workers")
+
+    @contextlib.contextmanager
+    def compiling(self) -> Iterator[None]:
+        self.calls.append("compiling")
+        yield
+        self.calls.append("compiled")
+
+
 @hookimpl
 def openinfer_register_schedulers(register: Any) -> None:
     register("lifo", "sample_plugin:LifoScheduler")
@@ -122,3 +150,10 @@ def openinfer_register_tool_parsers(register: Any) -> None:
 @hookimpl
 def openinfer_register_reasoning_parsers(register: Any) -> None:
     register("all-reasoning", "sample_plugin:AllReasoningParser")
+
+
+@hookimpl
+def openinfer_register_kernel_compilers(register: Any) -> None:
+    register("recording", "sample_plugin:RecordingCompiler", sources=("sample_plugin",))
+    # Another package's kernels, compiled by the same compiler: one instance, both sources.
+    register("recording-toy", "sample_plugin:RecordingCompiler", sources=("openinfer_toy",))

@@ -28,8 +28,10 @@ from openinfer_core import (
 )
 from openinfer_core.engine.async_engine import AsyncEngine
 from openinfer_core.errors import ModelConfigError, PluginError, UnsupportedModelError
+from openinfer_core.interfaces.kernel_compiler import KernelCompiler
 from openinfer_core.plugins import PluginManager
 from openinfer_core.registry import Registry
+from openinfer_core.startup.kernel_compilers import KernelCompilers, start_compile_workers
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.app import build_app
 from openinfer_server.chat_output import ChatParsers
@@ -208,10 +210,35 @@ def test_parser_hooks_add_parsers_the_server_uses(qwen3_dir: Path) -> None:
         engine.shutdown()
 
 
+def test_kernel_compiler_hook_adds_a_compiler_start_up_uses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pm = PluginManager(autoload=False, plugins=[sample_plugin])
+    entry = pm.registries.kernel_compilers.get("recording")
+    assert (entry.plugin, entry.meta) == ("sample_plugin", {"sources": ("sample_plugin",)})
+    monkeypatch.setattr(sample_plugin.RecordingCompiler, "folder", tmp_path)
+    monkeypatch.setattr(sample_plugin.RecordingCompiler, "calls", [])
+    monkeypatch.delenv("OPENINFER_COMPILE_AHEAD", raising=False)
+    compilers = KernelCompilers.from_plugins(pm)
+    assert len(compilers.compilers) == 1  # two names, one target: built once
+    assert isinstance(compilers.compilers[0], KernelCompiler)
+    assert compilers.sources == ("openinfer_toy", "sample_plugin")
+    assert not start_compile_workers("cpu", pm)
+    assert start_compile_workers("cuda", pm)  # nothing marked compiled yet
+    with compilers.compiling():
+        pass
+    compilers.mark_compiled()
+    assert list(tmp_path.iterdir())  # the mark is in the compiler's own cache
+    assert not start_compile_workers("cuda", pm)  # this install's kernels are compiled
+    assert sample_plugin.RecordingCompiler.calls == ["start_workers", "compiling", "compiled"]
+    # The mark names every registered package's sources: one more, another mark.
+    alone = KernelCompilers(compilers.compilers, ("sample_plugin",))
+    assert alone.fingerprint() != compilers.fingerprint() and not alone.compiled()
+
+
 def test_every_hook_is_documented_and_tested() -> None:
     hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
              if n.startswith("openinfer_")]
-    assert len(hooks) == 6
+    assert len(hooks) == 7
     test_plugins = [sample_plugin, toy_plugin]  # the toy plugin provides the model hook
     test_source = "".join(Path(str(p.__file__)).read_text() for p in test_plugins)
     core_readme = (ROOT / "packages/openinfer-core/README.md").read_text()

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import torch
 
-from openinfer_core.engine import compile_ahead, startup_cache
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import (
     graph_buckets,
@@ -20,57 +19,63 @@ from openinfer_core.engine.cuda_graphs import (
     pick_bucket,
     start_buckets,
 )
-from openinfer_core.engine.early_start import prefetch_checkpoint, start_device
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.host_memory import release_host_memory, resident_bytes
-from openinfer_core.engine.memory import StepMemory
+from openinfer_core.plugins import PluginManager
 from openinfer_core.request import GenerateRequest
+from openinfer_core.startup import bring_up as bring_up_module
+from openinfer_core.startup import compile_plan, kernel_compilers, measurement_cache
+from openinfer_core.startup.compile_plan import plan_compile
+from openinfer_core.startup.host_memory import release_host_memory, resident_bytes
+from openinfer_core.startup.kernel_compilers import KernelCompilers
+from openinfer_core.startup.memory_budget import StepMemory
+from openinfer_core.startup.prefetch import prefetch_checkpoint, start_device
+from openinfer_kernels import plugin as kernels_plugin
 
 KEY = {"hf_config": {"hidden_size": 64}, "max_num_batched_tokens": 8192, "device": "H100"}
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(startup_cache.DIR_ENV, str(tmp_path))
-    monkeypatch.delenv(startup_cache.CACHE_ENV, raising=False)
+    monkeypatch.setenv(measurement_cache.DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(measurement_cache.CACHE_ENV, raising=False)
     return tmp_path
 
 
 def test_a_stored_peak_reads_back_for_the_same_key_only(cache: Path) -> None:
-    assert startup_cache.load("step-memory", KEY) is None
-    startup_cache.store("step-memory", KEY, 3 << 30)
-    assert startup_cache.load("step-memory", KEY) == 3 << 30
+    assert measurement_cache.load("step-memory", KEY) is None
+    measurement_cache.store("step-memory", KEY, 3 << 30)
+    assert measurement_cache.load("step-memory", KEY) == 3 << 30
     for changed in ({**KEY, "max_num_batched_tokens": 4096}, {**KEY, "device": "H200"},
                     {**KEY, "hf_config": {"hidden_size": 65}}):
-        assert startup_cache.load("step-memory", changed) is None
-    assert startup_cache.load("other-kind", KEY) is None
+        assert measurement_cache.load("step-memory", changed) is None
+    assert measurement_cache.load("other-kind", KEY) is None
 
 
 def test_a_file_whose_key_or_value_is_wrong_is_ignored(cache: Path) -> None:
-    startup_cache.store("step-memory", KEY, 1 << 30)
+    measurement_cache.store("step-memory", KEY, 1 << 30)
     (path,) = cache.glob("step-memory-*.json")
     entry = json.loads(path.read_text())
     for bad in ({**entry, "key": {**KEY, "device": "H200"}}, {**entry, "value": -1},
                 {**entry, "value": "big"}, {**entry, "value": True},
-                {**entry, "schema": startup_cache.SCHEMA + 1}):
+                {**entry, "schema": measurement_cache.SCHEMA + 1}):
         path.write_text(json.dumps(bad))
-        assert startup_cache.load("step-memory", KEY) is None
+        assert measurement_cache.load("step-memory", KEY) is None
     path.write_text("{not json")
-    assert startup_cache.load("step-memory", KEY) is None
+    assert measurement_cache.load("step-memory", KEY) is None
 
 
 def test_drop_and_the_off_switch(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    startup_cache.store("step-memory", KEY, 1 << 30)
-    startup_cache.drop("step-memory", KEY)
-    assert startup_cache.load("step-memory", KEY) is None
-    monkeypatch.setenv(startup_cache.CACHE_ENV, "0")
-    startup_cache.store("step-memory", KEY, 1 << 30)
+    measurement_cache.store("step-memory", KEY, 1 << 30)
+    measurement_cache.drop("step-memory", KEY)
+    assert measurement_cache.load("step-memory", KEY) is None
+    monkeypatch.setenv(measurement_cache.CACHE_ENV, "0")
+    measurement_cache.store("step-memory", KEY, 1 << 30)
     assert not list(cache.iterdir())
 
 
 def test_a_cached_peak_is_budgeted_with_a_margin() -> None:
     peak = 2 << 30
-    assert startup_cache.with_margin(peak) >= peak * 1.1 + (128 << 20) - 1
+    assert measurement_cache.with_margin(peak) >= peak * 1.1 + (128 << 20) - 1
 
 
 def test_kernel_env_leaves_out_places_and_start_up_switches(
@@ -78,7 +83,7 @@ def test_kernel_env_leaves_out_places_and_start_up_switches(
     monkeypatch.setenv("OPENINFER_LINEAR", "cublas")
     monkeypatch.setenv("OPENINFER_CACHE_DIR", "/tmp/x")
     monkeypatch.setenv("OPENINFER_COMPILE_AHEAD", "1")
-    env = startup_cache.kernel_env()
+    env = measurement_cache.kernel_env()
     assert env["OPENINFER_LINEAR"] == "cublas"
     assert "OPENINFER_CACHE_DIR" not in env and "OPENINFER_COMPILE_AHEAD" not in env
 
@@ -107,32 +112,51 @@ def test_pick_bucket(n: int, captured: set[int], expected: int | None) -> None:
 
 class _FakeCudaModel:
     device = torch.device("cuda")
+    compile_ahead_safe = True
 
-    def compile_ahead(self) -> None:  # only its presence matters to `plan`
-        raise AssertionError("not called by plan")
+
+def _triton_compiler() -> KernelCompilers:
+    """openinfer-kernels' compiler, registered through its plugin as the engine finds it."""
+    return KernelCompilers.from_plugins(PluginManager(autoload=False, plugins=[kernels_plugin]))
 
 
 def test_compile_ahead_auto_runs_once_per_setup(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv(compile_ahead.MODE_ENV, raising=False)
+    monkeypatch.delenv(kernel_compilers.MODE_ENV, raising=False)
     model: Any = _FakeCudaModel()
-    assert compile_ahead.plan(model, KEY)  # cold: compile ahead
-    compile_ahead.mark_compiled()
-    assert list((tmp_path / compile_ahead.STAMPS).iterdir())
-    assert not compile_ahead.plan(model, KEY)  # warm: the stamp is there
-    assert compile_ahead.plan(model, {**KEY, "max_num_batched_tokens": 1})  # another setup
-    monkeypatch.setenv(compile_ahead.MODE_ENV, "1")
-    assert compile_ahead.plan(model, KEY)
-    monkeypatch.setenv(compile_ahead.MODE_ENV, "0")
-    assert not compile_ahead.plan(model, {**KEY, "max_num_batched_tokens": 2})
-    compile_ahead.mark_compiled()  # nothing planned: no stamp
-    assert len(list((tmp_path / compile_ahead.STAMPS).iterdir())) == 1
+    compilers = _triton_compiler()
+    plan = plan_compile(model, KEY, compilers)
+    assert plan.active  # cold: compile ahead
+    plan.finish()
+    assert not plan.active
+    assert list((tmp_path / compile_plan.STAMPS).iterdir())
+    assert compilers.compiled()  # and the install's mark: workers need not start early
+    assert not plan_compile(model, KEY, compilers).active  # warm: the stamp is there
+    assert plan_compile(model, {**KEY, "max_num_batched_tokens": 1}, compilers).active
+    monkeypatch.setenv(kernel_compilers.MODE_ENV, "1")
+    assert plan_compile(model, KEY, compilers).active
+    monkeypatch.setenv(kernel_compilers.MODE_ENV, "0")
+    plan = plan_compile(model, {**KEY, "max_num_batched_tokens": 2}, compilers)
+    assert not plan.active
+    plan.finish()  # nothing planned: no stamp
+    assert len(list((tmp_path / compile_plan.STAMPS).iterdir())) == 1
 
 
 def test_compile_ahead_is_off_on_the_cpu() -> None:
-    model: Any = SimpleNamespace(device=torch.device("cpu"), compile_ahead=lambda: None)
-    assert not compile_ahead.plan(model, {})
+    model: Any = SimpleNamespace(device=torch.device("cpu"), compile_ahead_safe=True)
+    assert not plan_compile(model, {}, _triton_compiler()).active
+
+
+def test_compile_ahead_needs_the_model_to_declare_it_and_a_compiler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(kernel_compilers.MODE_ENV, "1")
+    undeclared: Any = SimpleNamespace(device=torch.device("cuda"))
+    assert not plan_compile(undeclared, KEY, _triton_compiler()).active
+    declined: Any = SimpleNamespace(device=torch.device("cuda"), compile_ahead_safe=False)
+    assert not plan_compile(declined, KEY, _triton_compiler()).active
+    assert not plan_compile(_FakeCudaModel(), KEY, KernelCompilers()).active
 
 
 class _FakeGraphs:
@@ -165,24 +189,19 @@ def test_idle_work_frees_host_memory_then_captures_one_graph_per_call(qwen3_dir:
 
 def test_a_cached_step_memory_that_runs_out_is_dropped(
         qwen3_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import openinfer_core.engine.engine as engine_module
+    measurement_cache.store("step-memory", KEY, 1 << 20)
 
-    startup_cache.store("step-memory", KEY, 1 << 20)
-    load = engine_module.load_engine_parts
-
-    def load_with_cached_step(config: EngineConfig, plugins: Any) -> Any:
-        parts = load(config, plugins)
-        parts.step_memory = StepMemory(1 << 20, KEY)  # as if read from the cache
-        return parts
+    def cached_step(*args: object) -> StepMemory:
+        return StepMemory(1 << 20, KEY)  # as if read from the cache
 
     def out_of_memory(*args: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(engine_module, "load_engine_parts", load_with_cached_step)
-    monkeypatch.setattr(engine_module, "warm_up_eager_steps", out_of_memory)
+    monkeypatch.setattr(bring_up_module, "step_memory", cached_step)
+    monkeypatch.setattr(bring_up_module, "warm_up_eager_steps", out_of_memory)
     with pytest.raises(RuntimeError, match="the entry is dropped"):
         Engine(EngineConfig(model=str(qwen3_dir), device="cpu", num_kv_blocks=64))
-    assert startup_cache.load("step-memory", KEY) is None
+    assert measurement_cache.load("step-memory", KEY) is None
 
 
 def test_idle_work_without_graphs(qwen3_dir: Path) -> None:
@@ -200,7 +219,7 @@ def test_release_host_memory_keeps_what_is_live() -> None:
     assert rss is None or rss > 0
 
 
-def test_early_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prefetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
         (tmp_path / name).write_bytes(b"\0" * 40_000)
     opened: list[str] = []
@@ -211,7 +230,7 @@ def test_early_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", watched_open)
-    monkeypatch.setattr("openinfer_core.engine.early_start.PREFETCH_CHUNK", 16_384)
+    monkeypatch.setattr("openinfer_core.startup.prefetch.PREFETCH_CHUNK", 16_384)
     thread = prefetch_checkpoint(tmp_path, "auto")
     assert thread is not None
     thread.join(5)
@@ -221,7 +240,7 @@ def test_early_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     # With memory for less than one shard, the read-ahead stops inside the first.
     opened.clear()
-    monkeypatch.setattr("openinfer_core.engine.early_start._available_memory", lambda: 50_000)
+    monkeypatch.setattr("openinfer_core.startup.prefetch._available_memory", lambda: 50_000)
     thread = prefetch_checkpoint(tmp_path, "auto")
     assert thread is not None
     thread.join(5)

@@ -14,7 +14,7 @@ import logging
 import re
 import time
 
-from openinfer_core.engine.host_memory import release_host_memory, resident_mb
+from openinfer_core.startup.host_memory import release_host_memory, resident_mb
 
 marks: list[tuple[str, float]] = []
 

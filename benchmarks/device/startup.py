@@ -26,11 +26,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-# The engine process's start-up lines (openinfer_core ipc/engine_core.py and engine/engine.py).
+# The engine process's start-up lines (openinfer_core ipc/engine_core.py and startup/bring_up.py).
 IMPORTED = re.compile(r"engine modules .* imported in ([\d.]+) s")
 ENGINE_READY = re.compile(r"engine ready in ([\d.]+) s \((.*)\)")
 PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s")
-# Milestones, by the log line that marks them (engine/cuda_graphs.py, compile_ahead.py, ...).
+# Milestones, by the log line that marks them (engine/cuda_graphs.py, startup/, ...).
 MILESTONES = {
     "api_spawned_engine": re.compile(r"\[2/4\] engine process"),
     "engine_imported": IMPORTED,

@@ -1,5 +1,5 @@
 """A cold start compiles every start-up kernel in its first, single compile-ahead round
-(`engine/start_kernels.py`): the memory profile, the CUDA-graph captures, the eager warm-up
+(`startup/compile_round.py`): the memory profile, the CUDA-graph captures, the eager warm-up
 and the sampler's warm-up that follow compile nothing more, with the variants compiled in
 threads or in the worker processes (which must name the same variants: a different one would
 be compiled again here).
@@ -20,23 +20,24 @@ pytestmark = pytest.mark.gpu
 SCRIPT = """
 import json, sys
 from pathlib import Path
-from openinfer_core.engine import loader
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
-from openinfer_core.engine.kernel_cache import start_compile_workers
+from openinfer_core.plugins import get_plugin_manager
+from openinfer_core.startup import bring_up
+from openinfer_core.startup.kernel_compilers import start_compile_workers
 
 cache = Path(sys.argv[2])
 if sys.argv[3] == "workers":
-    assert start_compile_workers("cuda")
+    assert start_compile_workers("cuda", get_plugin_manager())
 counts = {}
-first_round = loader.compile_start_kernels
+first_round = bring_up.compile_start_kernels
 
-def counted(config, model):
-    seconds = first_round(config, model)
+def counted(config, model, plan):
+    seconds = first_round(config, model, plan)
     counts["after_first_round"] = sorted(p.stem for p in cache.rglob("*.cubin"))
     return seconds
 
-loader.compile_start_kernels = counted
+bring_up.compile_start_kernels = counted
 Engine(EngineConfig(model=sys.argv[1], device="cuda", max_model_len=512, max_num_seqs=40,
                     max_num_batched_tokens=512))
 counts["after_start"] = sorted(p.stem for p in cache.rglob("*.cubin"))

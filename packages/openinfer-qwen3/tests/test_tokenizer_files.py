@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import tiktoken
 
+from openinfer_core.cache_root import cache_root
 from openinfer_core.text.detokenizer import IncrementalDetokenizer
 from openinfer_core.text.tiktoken_bpe import load_tiktoken_ranks
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_qwen3.tokenizer_files import (
     QWEN3_PATTERN,
     QWEN3_SPECIAL_TOKENS,
-    cache_dir,
     qwen3_ranks_path,
     qwen3_tokenizer_json,
     write_qwen3_tokenizer,
@@ -146,8 +146,8 @@ def test_rebuild_is_served_from_cache(
     qwen_dir: Path, qwen_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENINFER_CACHE_DIR", str(qwen_cache))
-    assert cache_dir() == qwen_cache
-    cached = list((cache_dir() / "tokenizers").glob("qwen3-*.json"))
+    assert cache_root() == qwen_cache
+    cached = list((cache_root() / "tokenizers").glob("qwen3-*.json"))
     assert len(cached) == 1
     assert qwen3_tokenizer_json() == (qwen_dir / "tokenizer.json").read_text(encoding="utf-8")
     cached[0].write_text('{"from": "cache"}', encoding="utf-8")

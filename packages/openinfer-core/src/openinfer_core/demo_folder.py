@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing
-import os
 import shutil
 import sys
 import tempfile
@@ -16,13 +15,9 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from openinfer_core.cache_root import cache_root
+
 log = logging.getLogger("openinfer.demo")
-
-
-def cache_dir() -> Path:
-    """openinfer's cache: $OPENINFER_CACHE_DIR, default ~/.cache/openinfer."""
-    configured = os.environ.get("OPENINFER_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "openinfer"
 
 
 def version_key(*parts: bytes | str) -> str:
@@ -39,7 +34,7 @@ def cached_demo(name: str, key: str, write: Callable[[Path], object]) -> Path:
     """The folder `<cache>/<name>-<key>`, made by `write(tmp)` (a module-level function: it
     may run in a spawned child) and renamed into place on first use; concurrent first uses
     each write, and the first rename wins."""
-    root = cache_dir()
+    root = cache_root()
     final = root / f"{name}-{key}"
     if final.is_dir():
         return final

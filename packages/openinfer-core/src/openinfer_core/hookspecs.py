@@ -1,4 +1,4 @@
-"""The whole plugin contract of openinfer: six registration hooks, project name `openinfer`.
+"""The whole plugin contract of openinfer: seven registration hooks, project name `openinfer`.
 
 A plugin is a module (or object) exposed under the `openinfer` entry-point group whose functions
 carry `@hookimpl`. Each hook receives a `register` callable and calls it once per thing it adds.
@@ -14,6 +14,7 @@ import pluggy
 if TYPE_CHECKING:
     from openinfer_core.registry import (
         RegisterAttentionBackend,
+        RegisterKernelCompiler,
         RegisterModel,
         RegisterOffloadTier,
         RegisterParser,
@@ -80,3 +81,15 @@ def openinfer_register_reasoning_parsers(register: RegisterParser) -> None:
     implementing `openinfer_core.interfaces.parsers.ReasoningParserFactory` (built per
     response choice as `cls(prompt=...)`, fed the output text, splitting reasoning from
     content). Chosen with `--reasoning-parser`."""
+
+
+@hookspec
+def openinfer_register_kernel_compilers(register: RegisterKernelCompiler) -> None:
+    """Add what compiles kernels ahead of their first launch: `register(name, target,
+    sources=("package", ...))`, where `target` names a class implementing
+    `openinfer_core.interfaces.kernel_compiler.KernelCompiler` (built with no arguments; several
+    names may share one target, which is built once) and `sources` names the packages whose
+    kernels it compiles. A digest of every registration's sources, with each compiler's
+    version, names the mark a start that compiled ahead leaves: a change to any of them makes
+    the next start compile again. Start-up uses them for models that declare
+    `compile_ahead_safe`; the engine process starts their workers before importing torch."""

@@ -84,6 +84,7 @@ class PluginManager:
             ("openinfer_register_attention_backends", regs.attention_backends),
             ("openinfer_register_tool_parsers", regs.tool_parsers),
             ("openinfer_register_reasoning_parsers", regs.reasoning_parsers),
+            ("openinfer_register_kernel_compilers", regs.kernel_compilers),
         )
         for hook_name, registry in hooks:
             # Each implementation is called on its own so its entries carry its plugin's name.

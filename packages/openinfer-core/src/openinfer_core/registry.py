@@ -107,6 +107,10 @@ class RegisterAttentionBackend(Protocol):
                  priority: int = 0) -> None: ...
 
 
+class RegisterKernelCompiler(Protocol):
+    def __call__(self, name: str, target: str, *, sources: tuple[str, ...] = ()) -> None: ...
+
+
 class ModelRegistry(Registry[Any]):
     """Model lines, matched to a checkpoint by its config.json."""
 
@@ -157,6 +161,7 @@ class Registries:
     reasoning_parsers: Registry[Any] = field(
         default_factory=lambda: Registry("reasoning parser")
     )
+    kernel_compilers: Registry[Any] = field(default_factory=lambda: Registry("kernel compiler"))
 
     def default_attention_backend(self, device: str) -> str:
         """The registered backend of highest priority that runs on `device` ("cpu"/"cuda")."""

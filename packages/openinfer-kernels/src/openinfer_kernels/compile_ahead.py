@@ -15,7 +15,12 @@ are. A kernel the workers cannot import by name (one defined inside a function) 
 here.
 
 Torch ops run as usual inside (over whatever the skipped kernels left in their outputs): a
-forward run there must not act on its results."""
+forward run there must not act on its results.
+
+`TritonCompiler` offers this to start-up as an
+`openinfer_core.interfaces.kernel_compiler.KernelCompiler` (registered in plugin.py). Importing
+this module imports neither torch nor Triton: the engine process uses it before it imports
+them."""
 
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("openinfer")
@@ -87,6 +95,30 @@ def compile_ahead(workers: int | None = None) -> Iterator[None]:
                 pool.shutdown()
     finally:
         JITFunction.run = launch
+
+
+class TritonCompiler:
+    """Triton's compile-ahead for start-up: this module's worker pool (one per process,
+    whatever the instance) and `compile_ahead`, compiling into Triton's on-disk cache."""
+
+    def cache_dir(self) -> Path:
+        """Triton's on-disk kernel cache ($TRITON_CACHE_DIR, default ~/.triton/cache)."""
+        return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+    def version(self) -> str:
+        try:
+            return metadata.version("triton")
+        except metadata.PackageNotFoundError:
+            return ""
+
+    def start_workers(self) -> None:
+        start_workers()
+
+    def stop_workers(self) -> None:
+        stop_workers()
+
+    def compiling(self) -> AbstractContextManager[None]:
+        return compile_ahead()
 
 
 @contextlib.contextmanager

@@ -1,11 +1,12 @@
-"""openinfer-kernels' contributions: the attention backends it ships."""
+"""openinfer-kernels' contributions: the attention backends it ships, and the compiler that
+compiles its Triton kernels ahead at start-up."""
 
 from __future__ import annotations
 
 import importlib.util
 
 from openinfer_core.hookspecs import hookimpl
-from openinfer_core.registry import RegisterAttentionBackend
+from openinfer_core.registry import RegisterAttentionBackend, RegisterKernelCompiler
 
 
 @hookimpl
@@ -21,3 +22,9 @@ def openinfer_register_attention_backends(register: RegisterAttentionBackend) ->
         register("flashinfer",
                  "openinfer_kernels.attention.flashinfer_backend:FlashInferAttentionBackend",
                  devices=("cuda",), priority=20)
+
+
+@hookimpl
+def openinfer_register_kernel_compilers(register: RegisterKernelCompiler) -> None:
+    register("triton", "openinfer_kernels.compile_ahead:TritonCompiler",
+             sources=("openinfer_kernels",))

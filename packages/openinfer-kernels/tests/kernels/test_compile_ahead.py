@@ -1,15 +1,22 @@
 """`compile_ahead`: inside it a Triton launch compiles and launches nothing; after it the same
 launch runs the variant compiled there. The worker processes compile a variant into Triton's
 cache from the parts a launch computes (this runs without a GPU: Triton compiles for a named
-target)."""
+target). `TritonCompiler` offers it to start-up through the plugin hook, torch-free."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from openinfer_core.interfaces.kernel_compiler import KernelCompiler
+from openinfer_core.plugins import PluginManager
 from openinfer_kernels import compile_ahead as ahead
-from openinfer_kernels.compile_ahead import compile_ahead
+from openinfer_kernels import plugin
+from openinfer_kernels.compile_ahead import TritonCompiler, compile_ahead
 
 
 @pytest.mark.gpu
@@ -72,3 +79,33 @@ def test_a_kernel_defined_in_a_function_compiles_here() -> None:
         pass
 
     assert ahead._importable_name(local_kernel) is None
+
+
+def test_the_plugin_registers_the_triton_compiler_for_its_sources(tmp_path, monkeypatch) -> None:
+    entry = PluginManager(autoload=False, plugins=[plugin]).registries.kernel_compilers.get(
+        "triton")
+    assert entry.target == "openinfer_kernels.compile_ahead:TritonCompiler"
+    assert entry.meta == {"sources": ("openinfer_kernels",)}
+    compiler = entry.load()()
+    assert isinstance(compiler, TritonCompiler) and isinstance(compiler, KernelCompiler)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert compiler.cache_dir() == tmp_path
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    assert compiler.cache_dir() == Path.home() / ".triton" / "cache"
+    compiler.stop_workers()  # none started: nothing to do
+    x = torch.zeros(3)
+    with compiler.compiling():  # `compile_ahead`: torch ops run as usual
+        x += 1
+    assert torch.equal(x, torch.ones(3))
+
+
+def test_the_engine_process_finds_the_compiler_before_importing_torch() -> None:
+    code = ("import sys\n"
+            "from openinfer_core.plugins import get_plugin_manager\n"
+            "from openinfer_core.startup.kernel_compilers import KernelCompilers\n"
+            "compilers = KernelCompilers.from_plugins(get_plugin_manager())\n"
+            "assert 'openinfer_kernels' in compilers.sources, compilers\n"
+            "compilers.compiled(), compilers.fingerprint()\n"
+            "leaked = [m for m in ('torch', 'triton') if m in sys.modules]\n"
+            "assert not leaked, leaked\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -23,7 +23,6 @@ from openinfer_kernels import (
     rms_norm,
     rope_cos_sin,
 )
-from openinfer_kernels.compile_ahead import compile_ahead
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
@@ -61,7 +60,7 @@ class Qwen3Model:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens
         self.sampling_kernels = SAMPLING_KERNELS
-        self.compile_ahead = compile_ahead
+        self.compile_ahead_safe = True  # capabilities.SupportsCompileAhead
         self.weight_bytes = weights.decode_bytes()
         self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
 

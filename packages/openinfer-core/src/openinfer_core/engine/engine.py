@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import time
 import traceback
 from pathlib import Path
 
-import torch
-
-from openinfer_core.engine import compile_ahead, startup_cache
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.engine.cuda_graphs import CudaGraphRunner, new_graph_runner
 from openinfer_core.engine.grammars_and_logprobs import GrammarsAndLogprobs
-from openinfer_core.engine.host_memory import release_host_memory, resident_mb
-from openinfer_core.engine.loader import LoadedEngineParts, load_engine_parts
-from openinfer_core.engine.offload import KVOffload
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
-from openinfer_core.engine.warmup import warm_up_eager_steps
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
@@ -34,14 +25,12 @@ from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
 from openinfer_core.plugins import PluginManager, get_plugin_manager
 from openinfer_core.request import GenerateRequest
 from openinfer_core.sampling.sampler import Sampler
+from openinfer_core.startup.bring_up import bring_up
+from openinfer_core.startup.host_memory import release_host_memory
 
 log = logging.getLogger("openinfer")
 
 RESTORE_POLL_S = 0.0002
-# "start" (the default): a serving engine captures only the graphs a start needs most and the
-# rest when idle; "all": every graph before ready. Under load from the first second the two
-# served the same throughput on the H100 (Qwen3-8B, 128/128 x 1024: 15,488 and 15,381 tok/s).
-GRAPHS_AT_START_ENV = "OPENINFER_CUDA_GRAPHS_AT_START"
 
 
 class Engine:
@@ -55,13 +44,13 @@ class Engine:
     def __init__(self, config: EngineConfig, plugins: PluginManager | None = None, *,
                  defer_graphs: bool = False) -> None:
         self.config = config
-        start = time.perf_counter()
         plugins = plugins or get_plugin_manager()
-        parts = load_engine_parts(config, plugins)
-        self.model = parts.model
-        self.kv = parts.kv
-        self.eos_token_ids = parts.eos_token_ids
-        self.hf_config = parts.hf_config
+        started = bring_up(config, plugins, defer_graphs=defer_graphs)
+        self.model, self.kv, self.graphs = started.model, started.kv, started.graphs
+        self.eos_token_ids = started.eos_token_ids
+        self.hf_config = started.hf_config
+        self.startup_seconds = started.seconds  # for benchmarks/device/startup.py
+        self._host_memory_released = False  # by the first `idle_work`, after ready
         scheduler_cls = plugins.registries.schedulers.resolve(config.scheduler)
         self.scheduler: Scheduler = scheduler_cls(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
@@ -69,7 +58,7 @@ class Engine:
             max_model_len=self.model.max_model_len,
             eos_token_ids=self.eos_token_ids,
         ), self.kv)
-        self.offload = KVOffload.build(config, plugins, self.model, self.kv, self.hf_config)
+        self.offload = started.offload
         if self.offload is not None:
             if not supports_offload(self.scheduler):
                 raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
@@ -79,20 +68,6 @@ class Engine:
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=(self.model.sampling_kernels
                                    if supports_sampling_kernels(self.model) else None))
-        sampler.warm_up(self.model.device)
-        defer_graphs = defer_graphs and os.environ.get(GRAPHS_AT_START_ENV, "start") == "start"
-        self.graphs = self._first_steps(config, parts, defer_graphs)
-        compile_ahead.mark_compiled()
-        self._host_memory_released = False  # by the first `idle_work`, after ready
-        # Where the start-up went, for the log and benchmarks/device/startup.py.
-        self.startup_seconds = dict(parts.seconds)
-        self.startup_seconds["other"] = (time.perf_counter() - start
-                                         - sum(self.startup_seconds.values()))
-        log.info("engine ready in %.2f s (%s)", time.perf_counter() - start, ", ".join(
-            f"{name.replace('_', ' ')} {value:.2f} s"
-            for name, value in self.startup_seconds.items()))
-        log.info("resident host memory after each start-up phase, MB: %s", ", ".join(
-            f"{name.replace('_', ' ')} {mb:.0f}" for name, mb in parts.resident_mb.items()))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,
@@ -135,40 +110,6 @@ class Engine:
         if not more:
             release_host_memory()  # what the captures left
         return more
-
-    def _first_steps(self, config: EngineConfig, parts: LoadedEngineParts,
-                     defer: bool) -> CudaGraphRunner | None:
-        """Capture the CUDA graphs, then the eager warm-up steps, timed. They run the largest
-        steps after the KV cache took its memory: if the step's memory came from the start-up
-        cache and they run out, the cached value was wrong; it is dropped, so that the next
-        start measures again."""
-        try:
-            graphs = self._capture_graphs(config, defer, parts.seconds)
-            parts.resident_mb["cuda_graphs"] = resident_mb()
-            started = time.perf_counter()
-            warm_up_eager_steps(config, self.model, graphs.mixed[-1]
-                                if graphs is not None and graphs.mixed else 0)
-            parts.seconds["warm_up"] = time.perf_counter() - started
-            parts.resident_mb["warm_up"] = resident_mb()
-        except torch.OutOfMemoryError:
-            key = parts.step_memory.cache_key if parts.step_memory is not None else None
-            if key is None:
-                raise
-            startup_cache.drop("step-memory", key)
-            raise RuntimeError(
-                "the largest step ran out of device memory with the step memory read from the "
-                f"start-up cache ({startup_cache.cache_dir()}); the entry is dropped: start "
-                "again to measure it") from None
-        return graphs
-
-    def _capture_graphs(self, config: EngineConfig, defer: bool,
-                        seconds: dict[str, float]) -> CudaGraphRunner | None:
-        started = time.perf_counter()
-        graphs = new_graph_runner(config, self.model)
-        if graphs is not None:
-            graphs.capture(start_only=defer)
-        seconds["cuda_graphs"] = time.perf_counter() - started
-        return graphs
 
     # -- any thread ----------------------------------------------------------------------
     def add_request(self, request: GenerateRequest) -> None:

@@ -107,6 +107,23 @@ def supports_load_stats(model: object) -> TypeIs[SupportsLoadStats]:
     return isinstance(model, SupportsLoadStats)
 
 
+@runtime_checkable
+class SupportsCompileAhead(Protocol):
+    """A model whose `forward` may run with its kernels' launches skipped
+    (`interfaces.kernel_compiler.KernelCompiler.compiling()`): it takes no host decision from
+    what a kernel wrote (no data-dependent shapes or indexing), so such a pass meets the same
+    kernel variants as a real one, and its outputs, thrown away, do no harm. On a cold start
+    start-up then compiles every kernel it will run in one parallel round
+    (`openinfer_core.startup.compile_round`). Without it each kernel compiles at its first
+    launch, one after the other."""
+
+    compile_ahead_safe: bool
+
+
+def supports_compile_ahead(model: object) -> TypeIs[SupportsCompileAhead]:
+    return isinstance(model, SupportsCompileAhead) and model.compile_ahead_safe is True
+
+
 # -- model lines (classes) --------------------------------------------------------------------
 @runtime_checkable
 class SupportsTensorParallel(Protocol):

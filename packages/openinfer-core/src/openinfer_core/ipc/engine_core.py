@@ -208,10 +208,13 @@ def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
     logging.getLogger("openinfer").setLevel(log_level.upper())
     try:
         start = time.perf_counter()
-        from openinfer_core.engine.early_start import prefetch_checkpoint, start_device
-        from openinfer_core.engine.kernel_cache import start_compile_workers
+        from openinfer_core.plugins import get_plugin_manager
+        from openinfer_core.startup.kernel_compilers import start_compile_workers
+        from openinfer_core.startup.prefetch import prefetch_checkpoint, start_device
 
-        start_compile_workers(config.device)  # a cold Triton cache: they import beside us
+        # A cold kernel cache: the compile workers import beside us (plugin discovery and
+        # the registered compilers import no torch).
+        start_compile_workers(config.device, get_plugin_manager())
         prefetch_checkpoint(config.model, config.load_format)
         start_device(config.device)  # imports torch, then the context starts beside the rest
         from openinfer_core.engine.engine import Engine

@@ -1,6 +1,6 @@
 """What one start measured that the next start of the same setup can skip: the peak activation
-bytes of the memory-profiling forward (memory.py), which otherwise costs every start a forward
-of `max_num_batched_tokens` tokens.
+bytes of the memory-profiling forward (memory_budget.py), which otherwise costs every start a
+forward of `max_num_batched_tokens` tokens.
 
 An entry is one small JSON file named by a hash of its key and holding the key itself, so a
 collision or a hand-edited file is caught by comparing keys. The key is everything the peak
@@ -8,7 +8,7 @@ depends on that may change between starts: the model's config.json and the sourc
 forward, the step limits, dtype, device name and memory, torch's version and the OPENINFER_*
 kernel switches. Readers add `CACHED_MARGIN` on top, so a value from a slightly different
 run cannot starve the step of memory; the warm-up's eager forwards of the largest steps check
-it again (engine.py drops the entry when they run out of memory).
+it again (bring_up.py drops the entry when they run out of memory).
 
 Folder: $OPENINFER_STARTUP_CACHE_DIR, else `startup/` in $OPENINFER_CACHE_DIR (default
 ~/.cache/openinfer). OPENINFER_STARTUP_CACHE=0 turns reading and writing off."""
@@ -22,6 +22,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from openinfer_core.cache_root import cache_root
 
 log = logging.getLogger("openinfer")
 
@@ -45,8 +47,7 @@ def cache_dir() -> Path:
     explicit = os.environ.get(DIR_ENV)
     if explicit:
         return Path(explicit)
-    base = os.environ.get("OPENINFER_CACHE_DIR") or Path.home() / ".cache" / "openinfer"
-    return Path(base) / "startup"
+    return cache_root() / "startup"
 
 
 def kernel_env() -> dict[str, str]:

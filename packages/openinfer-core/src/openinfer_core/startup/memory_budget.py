@@ -1,11 +1,12 @@
-"""How much device memory a step needs besides weights and KV: measured, not guessed.
+"""How the device's memory is split: what a step needs besides weights and KV, measured, not
+guessed; the KV cache gets what is left.
 
 Before the KV cache is sized, one forward of the largest step the scheduler can build
 (`max_num_batched_tokens` tokens, `max_num_seqs` sampled rows) runs on a temporary KV cache;
 its peak allocation is what activations need. The sampler's working copies of the logits, the
 CUDA graphs' shared logits output and their memory pool are added on top.
 
-The peak is kept in the start-up cache (startup_cache.py): a later start of the same model,
+The peak is kept in the start-up cache (measurement_cache.py): a later start of the same model,
 limits, dtype and device reads it back, with a margin, and skips the forward."""
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from openinfer_core.engine import startup_cache
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import supports_cuda_graphs
 from openinfer_core.interfaces.model import Model
+from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
+from openinfer_core.startup import measurement_cache
 
 log = logging.getLogger("openinfer")
 
@@ -70,32 +74,36 @@ class StepMemory:
 
 def profile_key(config: EngineConfig, model: Model, hf_config: dict[str, Any],
                 attention: str) -> dict[str, Any]:
-    """What the forward's peak depends on (startup_cache.py's key for it)."""
+    """What the forward's peak depends on (measurement_cache.py's key for it)."""
     device = model.device
     props = torch.cuda.get_device_properties(device)
     return {
         "hf_config": hf_config, "model": f"{type(model).__module__}.{type(model).__qualname__}",
-        "model_source": startup_cache.source_digest(model), "attention": attention,
+        "model_source": measurement_cache.source_digest(model), "attention": attention,
         "dtype": str(getattr(model, "dtype", "")), "max_model_len": model.max_model_len,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "max_num_seqs": config.max_num_seqs, "block_size": config.block_size,
         "device": props.name, "device_memory": props.total_memory,
-        "torch": torch.__version__, "env": startup_cache.kernel_env(),
+        "torch": torch.__version__, "env": measurement_cache.kernel_env(),
     }
 
 
-def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> StepMemory:
-    """Peak bytes one step needs on the device beyond weights and KV (CUDA only): the cached
-    forward peak for `key` plus a margin, else measured (and stored)."""
-    cached = startup_cache.load("step-memory", key)
+def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> StepMemory | None:
+    """Peak bytes one step needs on the device beyond weights and KV: the cached forward peak
+    for `key` plus a margin, else measured (and stored). None where the KV cache is not sized
+    by what is left (not on CUDA, or `num_kv_blocks` given)."""
+    if model.device.type != "cuda" or config.num_kv_blocks is not None:
+        return None
+    cached = measurement_cache.load("step-memory", key)
     if cached is not None:
-        forward_peak, source, cache_key = startup_cache.with_margin(cached), "cached", key
+        forward_peak, source, cache_key = measurement_cache.with_margin(cached), "cached", key
     else:
         forward_peak, source, cache_key = profile_forward_peak(config, model), "measured", None
-        startup_cache.store("step-memory", key, forward_peak)
+        measurement_cache.store("step-memory", key, forward_peak)
     sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
     # The graphs' one fp32 logits buffer (cuda_graphs.py): max_batch rows, kept for good.
-    captured = not config.enforce_eager and getattr(model, "cuda_graph_safe", False)
+    captured = (not config.enforce_eager and supports_cuda_graphs(model)
+                and model.cuda_graph_safe)
     graphs = 0 if not captured else (
         min(config.max_num_seqs, GRAPH_MAX_BATCH) * model.vocab_size * 4 + _GRAPH_POOL_MARGIN)
     log.info("step memory: forward of %d tokens peaks at %.2f GiB (%s); sampler %.2f GiB; "
@@ -121,3 +129,31 @@ def profile_forward_peak(config: EngineConfig, model: Model) -> int:
     model.create_kv_cache(2, config.block_size)  # drop the profiling cache
     torch.cuda.empty_cache()
     return int(forward_peak)
+
+
+def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
+              step: StepMemory | None = None) -> int:
+    """Blocks (padding included) that fit the memory budget, but no more than every sequence
+    at full length could use. `step`: what a step needs besides (CUDA: required)."""
+    per_block = model.kv_bytes_per_block(config.block_size)
+    useful = config.max_num_seqs * -(-model.max_model_len // config.block_size) + 1
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if device.type == "cuda":
+        if step is None:
+            raise ValueError("kv_blocks on CUDA needs the step's memory")
+        free, total = torch.cuda.mem_get_info(device)
+        # Keep (1 - utilization) of the card untouched, and room for the largest step (and
+        # for the offload tiers' staging buffer).
+        budget = free - (1.0 - config.gpu_memory_utilization) * total - step.bytes
+        if config.kv_offload:
+            budget -= OFFLOAD_DEVICE_BYTES
+    else:
+        budget = config.cpu_kv_cache_gib * (1 << 30)
+    blocks = min(int(budget // per_block), useful)
+    if blocks < 2:
+        raise ModelConfigError(
+            f"no memory left for the KV cache (one block needs {per_block} bytes); lower "
+            "max_model_len or raise gpu_memory_utilization / cpu_kv_cache_gib"
+        )
+    return blocks
