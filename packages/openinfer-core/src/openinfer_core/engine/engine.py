@@ -45,13 +45,18 @@ class Engine:
                  defer_graphs: bool = False) -> None:
         self.config = config
         plugins = plugins or get_plugin_manager()
+        # The scheduler is checked before the long start-up, so a wrong choice fails at once.
+        scheduler_cls = plugins.registries.schedulers.resolve(config.scheduler)
+        if config.kv_offload and not supports_offload(scheduler_cls):
+            raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
+                                   "restore offloaded prefixes (it lacks "
+                                   "capabilities.SupportsOffload)")
         started = bring_up(config, plugins, defer_graphs=defer_graphs)
         self.model, self.kv, self.graphs = started.model, started.kv, started.graphs
         self.eos_token_ids = started.eos_token_ids
         self.hf_config = started.hf_config
         self.startup_seconds = started.seconds  # for benchmarks/device/startup.py
         self._host_memory_released = False  # by the first `idle_work`, after ready
-        scheduler_cls = plugins.registries.schedulers.resolve(config.scheduler)
         self.scheduler: Scheduler = scheduler_cls(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -59,11 +64,7 @@ class Engine:
             eos_token_ids=self.eos_token_ids,
         ), self.kv)
         self.offload = started.offload
-        if self.offload is not None:
-            if not supports_offload(self.scheduler):
-                raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
-                                       "restore offloaded prefixes (it lacks "
-                                       "capabilities.SupportsOffload)")
+        if self.offload is not None and supports_offload(self.scheduler):
             self.scheduler.attach_offload(self.offload)
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=(self.model.sampling_kernels

@@ -80,7 +80,7 @@ def profile_key(config: EngineConfig, model: Model, hf_config: dict[str, Any],
     return {
         "hf_config": hf_config, "model": f"{type(model).__module__}.{type(model).__qualname__}",
         "model_source": measurement_cache.source_digest(model), "attention": attention,
-        "dtype": str(getattr(model, "dtype", "")), "max_model_len": model.max_model_len,
+        "dtype": config.dtype, "max_model_len": model.max_model_len,
         "max_num_batched_tokens": config.max_num_batched_tokens,
         "max_num_seqs": config.max_num_seqs, "block_size": config.block_size,
         "device": props.name, "device_memory": props.total_memory,
