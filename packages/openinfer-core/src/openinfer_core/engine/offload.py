@@ -21,7 +21,6 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from openinfer_core.interfaces.model import Model
 from openinfer_core.interfaces.offload import (
     RESTORE_BUCKETS,
     BlockStore,
-    Lease,
+    Loading,
     OffloadContext,
     OffloadStats,
     OffloadTier,
@@ -52,36 +51,6 @@ FINGERPRINT_VERSION = 1  # bump when what a block's bytes mean changes
 # looks up the next pieces (microseconds a block) while the copy runs (tens of microseconds).
 # The last size repeats.
 PIECES = (32, 128, 512)
-
-
-@dataclass(slots=True, eq=False)
-class Loading:
-    """A request waiting for its prefix to come back from a tier, in pieces (leased and
-    copied one after another, so the first copy starts before the whole prompt is hashed)."""
-
-    seq: RequestState
-    held_blocks: int  # device prefix hit, already in its table before the load
-    pieces: list[tuple[Lease, Transfer]] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-    aborted: bool = False
-
-    def ready(self, chain: bool) -> bool:
-        """Every piece landed, or, with `chain`, queued ahead of the compute stream's next
-        work (`Transfer.stream_wait`)."""
-        return self.landed() or (chain and all(t.stream_wait() for _, t in self.pieces))
-
-    def landed(self) -> bool:
-        return all(t.poll() for _, t in self.pieces)
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks restored, from the first: up to the first piece that came back short."""
-        total = 0
-        for lease, transfer in self.pieces:
-            total += transfer.num_blocks
-            if transfer.num_blocks < lease.num_blocks:
-                break
-        return total
 
 
 def fingerprint(config: EngineConfig, hf_config: dict[str, Any],

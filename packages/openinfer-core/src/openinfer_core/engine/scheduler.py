@@ -23,8 +23,7 @@ from openinfer_core.request import GenerateRequest
 from openinfer_core.sampling.sampler import SampledToken
 
 if TYPE_CHECKING:
-    from openinfer_core.engine.offload import Loading
-    from openinfer_core.interfaces.offload import PrefixRestorer
+    from openinfer_core.interfaces.offload import Loading, PrefixRestorer
 
 # Prompt tokens per step of a request that wants prompt logprobs: each one's logits row is kept
 # (vocab-wide, fp32), so a long prompt goes in chunks of this many.

@@ -11,6 +11,7 @@ layouts apart by it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -19,7 +20,6 @@ if TYPE_CHECKING:  # the API process reads `OffloadStats` without importing torc
     import torch
 
     from openinfer_core.engine.config import EngineConfig
-    from openinfer_core.engine.offload import Loading
     from openinfer_core.engine.request_state import RequestState
 
 # Device memory the first tier may take for itself (a staging buffer); the KV cache is sized
@@ -168,6 +168,36 @@ class BlockStore(Protocol):
     def stats(self) -> TierStats: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(slots=True, eq=False)
+class Loading:
+    """A request waiting for its prefix to come back from a tier, in pieces (leased and
+    copied one after another, so the first copy starts before the whole prompt is hashed)."""
+
+    seq: RequestState
+    held_blocks: int  # device prefix hit, already in its table before the load
+    pieces: list[tuple[Lease, Transfer]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    aborted: bool = False
+
+    def ready(self, chain: bool) -> bool:
+        """Every piece landed, or, with `chain`, queued ahead of the compute stream's next
+        work (`Transfer.stream_wait`)."""
+        return self.landed() or (chain and all(t.stream_wait() for _, t in self.pieces))
+
+    def landed(self) -> bool:
+        return all(t.poll() for _, t in self.pieces)
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks restored, from the first: up to the first piece that came back short."""
+        total = 0
+        for lease, transfer in self.pieces:
+            total += transfer.num_blocks
+            if transfer.num_blocks < lease.num_blocks:
+                break
+        return total
 
 
 @runtime_checkable
