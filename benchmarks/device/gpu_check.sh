@@ -3,7 +3,7 @@
 # ran here. Usage: bash benchmarks/device/gpu_check.sh [STAGE ...]
 # (default: tests latency throughput serve stream1 timeline prefix qps interference structured
 # offload startup). Each stage is a function stage_NAME in benchmarks/device/stages/*.sh:
-#   gates.sh     tests gate verify pdl
+#   gates.sh     tests basetests gate verify pdl
 #   latency.sh   latency ab fusion stream1
 #   kernels.sh   ops attention prefillattn tiles gemm ttft sampling flashinfer (benchmarks/ops)
 #   serving.sh   throughput serve deferred timeline prefix qps interference structured
@@ -15,7 +15,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
 # The order stages run in, whatever order they are named in.
-ORDER="tests gate tp dsv4 dsv4model latency ab prefillattn fusion verify sampling tiles gemm pdl
+ORDER="tests basetests gate tp dsv4 dsv4model latency ab prefillattn fusion verify sampling tiles gemm pdl
        ttft flashinfer attention ops throughput serve deferred stream1 timeline prefix qps
        interference structured offload startup"
 stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured offload startup}

@@ -2,12 +2,26 @@
 
 stage_tests() {
   stage "kernel tests, compiled, every size"
+  # Only the folders this tree has (`basetests` runs an older tree's).
   timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests packages/openinfer-deepseek-v4/tests/kernels \
-    packages/openinfer-offload/tests 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
+    $(ls -d packages/openinfer-kernels/tests packages/openinfer-deepseek-v4/tests/kernels \
+      packages/openinfer-offload/tests 2>/dev/null) 2>&1 | tail -25 | tee "$OUT/kernel_tests.log"
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
   timeout 420 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
     --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/golden_tests.log"
+}
+
+stage_basetests() {
+  # `tests` on the baseline that benchmarks/device/ab_base.sh put in .ab-base (its wheels and
+  # its test files): the "before" of a change, on the same machine as its "after". Logs go to
+  # $OUT/base/.
+  local base=${AB_BASE:-.ab-base}
+  [ -f "$base/tree.tar" ] || { echo "basetests: no $base/tree.tar (run ab_base.sh here)"; exit 1; }
+  install_base "$base"
+  rm -rf /tmp/base-tree && mkdir -p /tmp/base-tree "$OUT/base"
+  tar -xf "$base/tree.tar" -C /tmp/base-tree
+  (cd /tmp/base-tree && OUT=$OUT/base OPENINFER_GPU_RESULTS=$OUT/base PYTHONPATH=/tmp/site-base \
+    stage_tests)
 }
 
 stage_gate() {

@@ -19,11 +19,7 @@ stage_ab() {
   # modules (AB_IMPORT_RUNS fresh interpreters a side), then batch-1 latency, AB_CASES: 4b
   # (TPOT), 8b (TPOT, TTFT at 2048), 8b-long (TTFT at 8192); AB_OPS: kernel ops of
   # benchmarks/ops too (a comma-separated list, or all).
-  local base=${AB_BASE:-.ab-base}
-  [ -d "$base" ] || { echo "ab: no baseline wheels in $base"; exit 1; }
-  rm -rf /tmp/site-base && cp -r /tmp/site /tmp/site-base && rm -rf /tmp/site-base/openinfer_*
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
-    "$base"/openinfer_*.whl || exit 1
+  install_base "${AB_BASE:-.ab-base}"
   stage "A/B import time of the engine's modules, ${AB_IMPORT_RUNS:-5} fresh interpreters a side"
   python3 benchmarks/device/import_ab.py --runs "${AB_IMPORT_RUNS:-5}" --site base=/tmp/site-base \
     --site new=/tmp/site --json "$OUT/ab-import.json"

@@ -22,3 +22,11 @@ sys.exit("the server was not ready after 180 s")
 PY
 }
 stop() { kill -TERM "$1"; wait "$1"; }
+# /tmp/site-base: /tmp/site with the openinfer packages of the baseline wheels in $1
+# (benchmarks/device/ab_base.sh COMMIT makes .ab-base), for the `ab` and `basetests` stages.
+install_base() {
+  [ -d "$1" ] || { echo "no baseline wheels in $1 (run benchmarks/device/ab_base.sh here)"; exit 1; }
+  rm -rf /tmp/site-base && cp -r /tmp/site /tmp/site-base && rm -rf /tmp/site-base/openinfer_*
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
+    "$1"/openinfer_*.whl || exit 1
+}
