@@ -1,7 +1,9 @@
 """Import time of the engine's modules, A/B: for each side (a folder of installed packages put
 first on PYTHONPATH), fresh interpreters time `import openinfer_core.engine.engine,
-openinfer_qwen3.model`, the sides interleaved run by run; the median per side. One untimed
-interpreter a side first writes the bytecode caches, so every timed one finds them.
+openinfer_qwen3.model`, the sides interleaved run by run, their order reversed every other run
+so that neither side always goes first (an effect of the order would otherwise read as a
+difference of the sides); the median per side. One untimed interpreter a side first
+writes the bytecode caches, so every timed one finds them.
 Usage: python import_ab.py --site base=DIR --site new=DIR [--runs 5] [--json F]"""
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ def main() -> None:
     for site in sites.values():
         import_seconds(site)
     samples: dict[str, list[float]] = {name: [] for name in sites}
+    order = list(sites.items())
     for _ in range(args.runs):
-        for name, site in sites.items():
+        for name, site in order:
             samples[name].append(import_seconds(site))
+        order.reverse()
     result = {name: {"site": sites[name], "median_s": statistics.median(times),
                      "samples_s": times} for name, times in samples.items()}
     for name, r in result.items():

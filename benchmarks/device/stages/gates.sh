@@ -20,8 +20,8 @@ stage_basetests() {
   install_base "$base"
   rm -rf /tmp/base-tree && mkdir -p /tmp/base-tree "$OUT/base"
   tar -xf "$base/tree.tar" -C /tmp/base-tree
-  (cd /tmp/base-tree && OUT=$OUT/base OPENINFER_GPU_RESULTS=$OUT/base PYTHONPATH=/tmp/site-base \
-    stage_tests)
+  local out=$OUT/base
+  (cd /tmp/base-tree && OUT=$out OPENINFER_GPU_RESULTS=$out PYTHONPATH=/tmp/site-base stage_tests)
 }
 
 stage_gate() {
