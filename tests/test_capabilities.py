@@ -17,7 +17,6 @@ from openinfer_core.interfaces.capabilities import (
     supports_cuda_graphs,
     supports_expert_parallel,
     supports_kv_offload,
-    supports_load_stats,
     supports_offload,
     supports_sampling_kernels,
     supports_tensor_parallel,
@@ -53,7 +52,6 @@ def test_qwen3_model_declares_its_capabilities(qwen3_dir: Path) -> None:
     assert supports_weight_bytes(model) and model.weight_bytes > 0
     assert supports_kv_offload(model)
     assert supports_compile_ahead(model)
-    assert supports_load_stats(model) and model.weights_bytes_read is not None
     # Declared, but the torch backend cannot be captured: the value says so.
     assert supports_cuda_graphs(model)
     assert (model.cuda_graph_safe, model.cuda_graph_max_tokens) == (False, 0)
@@ -63,7 +61,7 @@ def test_qwen3_model_declares_its_capabilities(qwen3_dir: Path) -> None:
 def test_toy_model_declares_none() -> None:
     model = ToyCounterModel(8, 1, 64, torch.device("cpu"))
     for check in (supports_cuda_graphs, supports_sampling_kernels, supports_weight_bytes,
-                  supports_kv_offload, supports_load_stats, supports_close,
+                  supports_kv_offload, supports_close,
                   supports_compile_ahead):
         assert not check(model), check.__name__
 
@@ -106,7 +104,7 @@ def test_fcfs_scheduler_supports_offload() -> None:
 # Attribute names of declared capabilities: no source may probe for them by name.
 _CAPABILITY_NAMES = (
     "cuda_graph_safe", "cuda_graph_max_tokens", "sampling_kernels", "weight_bytes",
-    "weights_bytes_read", "kv_block_tensors", "compile_ahead", "compile_ahead_safe",
+    "kv_block_tensors", "compile_ahead", "compile_ahead_safe",
     "supports_tensor_parallel",
     "supports_expert_parallel", "supports_offload", "attach_offload", "attend_appended",
     "top_p_sample", "top_k_top_p_sample", "warm_up", "launched", "close")

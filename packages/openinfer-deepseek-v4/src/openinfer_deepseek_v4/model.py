@@ -55,7 +55,6 @@ class DeepseekV4Model:
         self.device = device
         self.dtype = dtype
         self.layers: list[LayerCache] | None = None
-        self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
         # Each layer's rotary, on the device once: its frequencies and the cos | sin of every
         # position (one table per kind of layer: window-only or compressed; max_model_len x
         # rope_head_dim values each, 128 MB apiece in bf16 at 1M positions).

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
-from openinfer_core.weights.checkpoint import Checkpoint, open_checkpoint
+from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.model import DeepseekV4Model
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
@@ -45,5 +45,4 @@ class DeepseekV4ModelLine:
         # ops (paged_attention.py).
         model = DeepseekV4Model(cfg, weights, max_model_len=max_len, device=options.device,
                                 dtype=options.dtype, tp=tp, shard=shard)
-        model.weights_bytes_read = ckpt.bytes_read if isinstance(ckpt, Checkpoint) else None
         return model

@@ -62,7 +62,6 @@ class Qwen3Model:
         self.sampling_kernels = SAMPLING_KERNELS
         self.compile_ahead_safe = True  # capabilities.SupportsCompileAhead
         self.weight_bytes = weights.decode_bytes()
-        self.weights_bytes_read: int | None = None  # from the checkpoint, when it counts
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:
         return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
-from openinfer_core.weights.checkpoint import Checkpoint, open_checkpoint
+from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import Qwen3Shard, load_weights
@@ -38,5 +38,4 @@ class Qwen3ModelLine:
             ckpt.close()
         model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,
                            device=options.device, dtype=options.dtype, tp=tp, shard=shard)
-        model.weights_bytes_read = ckpt.bytes_read if isinstance(ckpt, Checkpoint) else None
         return model

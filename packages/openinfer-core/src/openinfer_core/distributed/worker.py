@@ -30,7 +30,6 @@ import zmq
 from openinfer_core.distributed.batch_wire import BatchHeader, empty_flat, unpack
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_core.distributed.nodes import NodeLayout, group_store, open_store
-from openinfer_core.interfaces.capabilities import supports_load_stats
 from openinfer_core.interfaces.model import LoadOptions, Model
 from openinfer_core.registry import import_target
 
@@ -85,7 +84,7 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
         group = TorchTensorParallelGroup(spec.rank, spec.size, device, _store(spec),
                                          spec.timeout_s)
         model = _load(spec, group, device)
-        conn.send(("ready", model.weights_bytes_read if supports_load_stats(model) else None))
+        conn.send(("ready", None))
         _serve(model, group, batches, conn, device)
     except BaseException:
         with contextlib.suppress(OSError):  # rank 0 is gone: nobody to tell

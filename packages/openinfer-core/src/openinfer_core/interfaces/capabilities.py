@@ -96,18 +96,6 @@ def supports_close(model: object) -> TypeIs[SupportsClose]:
 
 
 @runtime_checkable
-class SupportsLoadStats(Protocol):
-    """A model that counts the checkpoint bytes its load read (`None`: it did not count, as
-    with dummy weights); the start-up log reports it."""
-
-    weights_bytes_read: int | None
-
-
-def supports_load_stats(model: object) -> TypeIs[SupportsLoadStats]:
-    return isinstance(model, SupportsLoadStats)
-
-
-@runtime_checkable
 class SupportsCompileAhead(Protocol):
     """A model whose `forward` may run with its kernels' launches skipped
     (`interfaces.kernel_compiler.KernelCompiler.compiling()`): it takes no host decision from
