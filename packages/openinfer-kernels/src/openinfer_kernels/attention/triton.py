@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.dot import dot
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 LOG2E = 1.4426950408889634
@@ -57,16 +58,6 @@ def _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask, offs_d, d_m
 
 
 @triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """tl.dot, except under the interpreter (UPCAST), whose tl.dot multiplies bf16 bit patterns
-    as integers (triton 3.9): there the operands go to fp32 first, which is exact, so the
-    result matches the tensor cores' bf16 x bf16 -> fp32 product."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
-
-
-@triton.jit
 def _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION: tl.constexpr,
                          UPCAST: tl.constexpr):
     """Fold `scores` ([R, BLOCK_N], log2 units, -inf where hidden) and their values into the
@@ -78,7 +69,7 @@ def _online_softmax_step(scores, v, acc, m_i, l_i, PRECISION: tl.constexpr,
     p = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     # bf16 probabilities for the PV product, as FlashAttention does: the tensor cores' input.
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION, UPCAST)
     return acc, m_new, l_i
 
 
@@ -93,7 +84,7 @@ def _attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr, v_head_ptr, tab
     n_mask = offs_n < end
     k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
                          offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
-    scores = _dot(q, k, PRECISION, UPCAST) * scale_log2
+    scores = dot(q, k, PRECISION, UPCAST) * scale_log2
     visible = n_mask[None, :]
     if CAUSAL:
         visible = visible & (offs_n[None, :] <= q_pos[:, None])
@@ -170,7 +161,7 @@ def _prefill_kernel(
 
 def _dot_options(q: torch.Tensor) -> dict[str, object]:
     """fp32 inputs multiply in full fp32 ("ieee"; tf32 would cost ~1e-3 relative), other dtypes
-    ignore the setting. CPU tensors mean the interpreter: see `_dot`."""
+    ignore the setting. CPU tensors mean the interpreter: see `openinfer_kernels.dot`."""
     return {"PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
             "UPCAST": q.device.type != "cuda"}
 

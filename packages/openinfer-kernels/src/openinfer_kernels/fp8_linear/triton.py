@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.attention.triton import _dot
+from openinfer_kernels.dot import dot
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 BLOCK = 128  # the FP8 scale block, both ways
@@ -87,7 +87,7 @@ def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, s
         x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         s = e8m0_to_fp32(tl.load(s_rows + k // 128, mask=n_ok, other=127), 0)
         w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
-        acc += _dot(w, tl.trans(x), PRECISION, UPCAST)
+        acc += dot(w, tl.trans(x), PRECISION, UPCAST)
     return acc
 
 

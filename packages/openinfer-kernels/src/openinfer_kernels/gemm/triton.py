@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.attention.triton import _dot
+from openinfer_kernels.dot import dot
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
@@ -55,7 +55,7 @@ def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                         mask=(rm < M)[:, None] & k_ok[None, :], other=0.0)
-            acc2 += _dot(x, tl.trans(w), PRECISION, UPCAST)
+            acc2 += dot(x, tl.trans(w), PRECISION, UPCAST)
         return acc2
 
 

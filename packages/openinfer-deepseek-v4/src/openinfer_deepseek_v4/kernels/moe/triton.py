@@ -27,7 +27,7 @@ import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.moe.align import align_by_expert
 from openinfer_deepseek_v4.kernels.moe.decode import DecodeTile, fp4_moe_decode
-from openinfer_kernels.attention.triton import _dot
+from openinfer_kernels.dot import dot
 from openinfer_kernels.fp8_linear.triton import e8m0_to_fp32, sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -79,11 +79,11 @@ def _tile_product(a_ptr, w_ptr, s_ptr, a_row, row_ok, rn, n_ok, N, K, stride_am,
         a_t = tl.trans(a)
         w = _fp4_tile(w_ptr, s_ptr, rn, n_ok, k, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K,
                       a.dtype)
-        acc += _dot(w, a_t, PRECISION, UPCAST)
+        acc += dot(w, a_t, PRECISION, UPCAST)
         if GATED:
             w_up = _fp4_tile(w_ptr + N * stride_wn, s_ptr + N * stride_sn, rn, n_ok, k, K,
                              stride_wn, stride_sn, BLOCK_N, BLOCK_K, a.dtype)
-            acc_up += _dot(w_up, a_t, PRECISION, UPCAST)
+            acc_up += dot(w_up, a_t, PRECISION, UPCAST)
     return acc, acc_up
 
 

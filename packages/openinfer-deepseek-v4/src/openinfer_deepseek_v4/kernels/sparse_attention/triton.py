@@ -20,19 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.dot import dot
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """tl.dot; under the interpreter (UPCAST) in fp32, since its bf16 tl.dot is wrong (triton
-    3.9 multiplies the bit patterns); bf16 x bf16 in fp32 is exact, as on the tensor cores."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -45,7 +37,7 @@ def _attend_rows(q, acc, m_i, l_i, pool_ptr, slots_ptr, offs, n_mask, stride_row
     valid = slots >= 0
     rows = tl.load(pool_ptr + slots.to(tl.int64)[:, None] * stride_row + offs_d[None, :],
                    mask=valid[:, None] & d_mask[None, :], other=0.0)
-    scores = _dot(q, tl.trans(rows), PRECISION, UPCAST) * scale_log2
+    scores = dot(q, tl.trans(rows), PRECISION, UPCAST) * scale_log2
     scores = tl.where(valid[None, :], scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -53,7 +45,7 @@ def _attend_rows(q, acc, m_i, l_i, pool_ptr, slots_ptr, offs, n_mask, stride_row
     p = tl.exp2(scores - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     # Probabilities rounded to the rows' dtype for the PV product, as the reference does.
-    acc = acc * alpha[:, None] + _dot(p.to(rows.dtype), rows, PRECISION, UPCAST)
+    acc = acc * alpha[:, None] + dot(p.to(rows.dtype), rows, PRECISION, UPCAST)
     return acc, m_new, l_i
 
 

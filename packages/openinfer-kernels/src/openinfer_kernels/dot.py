@@ -1,0 +1,20 @@
+# mypy: disable-error-code="no-untyped-def"
+"""`dot`: Triton's `tl.dot`, exact under the interpreter too. Every tensor-core product of the
+kernels here and in the model lines' own kernels goes through it, so CPU tests under
+TRITON_INTERPRET=1 check the same math the GPU runs.
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot, except under the interpreter (UPCAST), whose tl.dot multiplies bf16 bit patterns
+    as integers (triton 3.9): there the operands go to fp32 first, which is exact, so the
+    result matches the tensor cores' bf16 x bf16 -> fp32 product."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
