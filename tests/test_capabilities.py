@@ -4,7 +4,7 @@ that no source file probes for a declared capability with `getattr` / `hasattr`.
 
 from __future__ import annotations
 
-import re
+import ast
 from pathlib import Path
 
 import torch
@@ -108,13 +108,36 @@ _CAPABILITY_NAMES = (
     "supports_tensor_parallel",
     "supports_expert_parallel", "supports_offload", "attach_offload", "attend_appended",
     "top_p_sample", "top_k_top_p_sample", "warm_up", "launched", "close")
-_PROBE = re.compile(r"\b(?:getattr|hasattr)\([^)]*[\"'](" + "|".join(_CAPABILITY_NAMES)
-                    + r")[\"']")
+_PROBES = {"getattr", "hasattr", "getattr_static"}
+
+
+def _probes(source: str) -> list[str]:
+    """Each call of getattr / hasattr / inspect.getattr_static whose attribute is a string naming
+    a declared capability, however its object is written."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call) or len(node.args) < 2:
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        attr = node.args[1]
+        if (name in _PROBES and isinstance(attr, ast.Constant)
+                and attr.value in _CAPABILITY_NAMES):
+            found.append(f"{name}(..., {attr.value!r}) at line {node.lineno}")
+    return found
+
+
+def test_the_probe_scan_finds_every_form() -> None:
+    source = ("getattr(entry.load(), 'supports_expert_parallel', False)\n"
+              "hasattr(model, 'kv_block_tensors')\n"
+              "inspect.getattr_static(line, 'supports_tensor_parallel')\n"
+              "getattr(batch, 'input_ids')\n")
+    assert len(_probes(source)) == 3
 
 
 def test_no_source_probes_a_declared_capability() -> None:
     sources = [*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("examples/*/src/**/*.py")]
     assert len(sources) > 100
-    probes = [f"{path.relative_to(ROOT)}: {m.group(0)}" for path in sources
-              for m in _PROBE.finditer(path.read_text())]
+    probes = [f"{path.relative_to(ROOT)}: {probe}" for path in sources
+              for probe in _probes(path.read_text())]
     assert probes == []

@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 
 from openinfer_core.interfaces.sampling import SamplingKernels
 from openinfer_core.params import SamplingParams
-from openinfer_core.sampling.sampler import Sampler, SamplingRow, mix_seed
+from openinfer_core.sampling.sampler import Sampler, SamplingRow, mix_seed, warm_up_kernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -345,10 +345,10 @@ def test_fused_draws_get_a_fresh_seed_and_never_rows_with_banned_ids() -> None:
 
 def test_warm_up_reaches_kernels_that_support_the_device() -> None:
     kernels = FusedKernels()
-    Sampler(30, kernels=kernels).warm_up(torch.device("cpu"))
+    warm_up_kernels(kernels, torch.device("cpu"), 30)
     assert kernels.warmed == [(torch.device("cpu"), 30)]
     elsewhere = FusedKernels()
     elsewhere.device_type = "cuda"
-    Sampler(30, kernels=elsewhere).warm_up(torch.device("cpu"))  # not its device: no call
+    warm_up_kernels(elsewhere, torch.device("cpu"), 30)  # not its device: no call
     assert elsewhere.warmed == []
-    Sampler(30, kernels=FakeKernels()).warm_up(torch.device("cpu"))  # kernels without warm_up
+    warm_up_kernels(FakeKernels(), torch.device("cpu"), 30)  # kernels without warm_up

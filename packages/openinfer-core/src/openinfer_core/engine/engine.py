@@ -16,9 +16,9 @@ from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.capabilities import (
+    sampling_kernels_of,
     supports_close,
     supports_offload,
-    supports_sampling_kernels,
 )
 from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
@@ -64,11 +64,11 @@ class Engine:
             eos_token_ids=self.eos_token_ids,
         ), self.kv)
         self.offload = started.offload
-        if self.offload is not None and supports_offload(self.scheduler):
+        if self.offload is not None:
+            assert supports_offload(self.scheduler)  # its class was checked before start-up
             self.scheduler.attach_offload(self.offload)
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
-                          kernels=(self.model.sampling_kernels
-                                   if supports_sampling_kernels(self.model) else None))
+                          kernels=sampling_kernels_of(self.model))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,

@@ -55,6 +55,11 @@ def supports_sampling_kernels(model: object) -> TypeIs[SupportsSamplingKernels]:
     return isinstance(model, SupportsSamplingKernels)
 
 
+def sampling_kernels_of(model: object) -> SamplingKernels | None:
+    """The model's sampling kernels, or None: what `Sampler(..., kernels=)` takes."""
+    return model.sampling_kernels if supports_sampling_kernels(model) else None
+
+
 @runtime_checkable
 class SupportsWeightBytes(Protocol):
     """A model that knows how many weight bytes one decode step reads (per device): the

@@ -177,15 +177,15 @@ class Sampler:
         self.vocab_size = vocab_size
         self.seed = seed
         self.kernels = kernels
+        # The kernels' optional draws, looked up once (interfaces/sampling.py).
+        self._top_p_kernel = kernels.top_p_sample if supports_top_p_sample(kernels) else None
+        self._fused_kernel = (kernels.top_k_top_p_sample
+                              if supports_top_k_top_p_sample(kernels) else None)
         # Torch path: one generator per device, made on first use (the device is not known yet).
         self._generators: dict[torch.device, torch.Generator] = {}
         # Kernel path: unseeded rows get a fresh 63-bit seed per step from this host stream.
         self._host_rng = random.Random(seed)
         self._row_params = RowParamUpload()
-
-    def warm_up(self, device: torch.device) -> None:
-        """`warm_up_kernels` for this sampler's kernels and vocabulary."""
-        warm_up_kernels(self.kernels, device, self.vocab_size)
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
                token_mask: TokenMask | None = None) -> list[SampledToken]:
@@ -234,10 +234,7 @@ class Sampler:
         sorted_rows: list[int] = []
         nucleus_rows: list[int] = []  # top_p alone, where the kernels race within it
         fused_rows: list[int] = []  # unseeded top_k / top_p rows the kernels draw themselves
-        top_p_kernel = (self.kernels.top_p_sample if supports_top_p_sample(self.kernels)
-                        else None)
-        fused_kernel = (self.kernels.top_k_top_p_sample
-                        if supports_top_k_top_p_sample(self.kernels) else None)
+        top_p_kernel, fused_kernel = self._top_p_kernel, self._fused_kernel
         for i, row in enumerate(rows):
             p = row.params
             if p.is_greedy:

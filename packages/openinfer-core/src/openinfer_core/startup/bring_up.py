@@ -25,7 +25,7 @@ import torch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner, new_graph_runner
 from openinfer_core.engine.offload import KVOffload
-from openinfer_core.interfaces.capabilities import supports_sampling_kernels
+from openinfer_core.interfaces.capabilities import sampling_kernels_of
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import Model
 from openinfer_core.plugins import PluginManager
@@ -43,7 +43,8 @@ log = logging.getLogger("openinfer")
 
 # "start" (the default): a serving engine captures only the graphs a start needs most and the
 # rest when idle; "all": every graph before ready. Under load from the first second the two
-# served the same throughput on the H100 (Qwen3-8B, 128/128 x 1024: 15,488 and 15,381 tok/s).
+# serve the same throughput on the H100 (Qwen3-8B, 128/128 x 1024 at concurrency 512:
+# `gpu_check.sh serve`, with and without OPENINFER_CUDA_GRAPHS_AT_START=all).
 GRAPHS_AT_START_ENV = "OPENINFER_CUDA_GRAPHS_AT_START"
 
 
@@ -53,14 +54,12 @@ class StartedEngine:
 
     model: Model
     kv: KVManager
-    model_line: str
     eos_token_ids: tuple[int, ...]
     hf_config: dict[str, Any]
     offload: KVOffload | None
     graphs: CudaGraphRunner | None  # graphs.pending: those left to capture when idle
     # Start-up phases: weights, compile_ahead, kv_cache, cuda_graphs, warm_up, other.
     seconds: dict[str, float]
-    resident_mb: dict[str, float]  # the process's resident host memory after each phase
 
 
 def bring_up(config: EngineConfig, plugins: PluginManager, *,
@@ -83,15 +82,14 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
     seconds["kv_cache"] = time.perf_counter() - sized
     resident["kv_cache"] = resident_mb()
     offload = KVOffload.build(config, plugins, model, kv, loaded.hf_config)
-    warm_up_kernels(model.sampling_kernels if supports_sampling_kernels(model) else None,
-                    model.device, model.vocab_size)
+    warm_up_kernels(sampling_kernels_of(model), model.device, model.vocab_size)
     defer = defer_graphs and os.environ.get(GRAPHS_AT_START_ENV, "start") == "start"
     graphs = _first_steps(config, model, step, defer, seconds, resident)
     plan.finish()
     seconds["other"] = time.perf_counter() - start - sum(seconds.values())
     _log_ready(time.perf_counter() - start, seconds, resident)
-    return StartedEngine(model, kv, loaded.model_line, loaded.eos_token_ids, loaded.hf_config,
-                         offload, graphs, seconds, resident)
+    return StartedEngine(model, kv, loaded.eos_token_ids, loaded.hf_config, offload, graphs,
+                         seconds)
 
 
 def _allocate_kv(config: EngineConfig, model: Model, step: StepMemory | None) -> KVManager:

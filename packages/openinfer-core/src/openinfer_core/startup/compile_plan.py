@@ -5,12 +5,12 @@ Only where the model declares `compile_ahead_safe` (`capabilities.SupportsCompil
 registered a kernel compiler and the device is CUDA. OPENINFER_COMPILE_AHEAD: 1 always, 0
 never, auto (default) only on a cold start. A compile-ahead pass runs each forward twice (once
 compiling, its torch ops for real, then for real), which a warm start, whose kernels are all in
-the compiler's cache, only pays for: that is why turning it on for every start made warm starts
-slower (8.3 -> 9.8 s, issue 13). So a start that compiled ahead and finished leaves a stamp for
-its setup (model, limits, device, kernel sources, compiler versions) in the compilers' caches,
-and "auto" skips the pass where the stamp is. Emptying the cache empties the stamps with it; a
-stale stamp (kernels changed) costs one start compiling kernels one after the other, as without
-compile-ahead, never a wrong result."""
+the compiler's cache, only pays for (`benchmarks/device/startup.py`: warm starts with
+OPENINFER_COMPILE_AHEAD=1 against auto). So a start that compiled ahead and finished leaves a
+stamp for its setup (model, limits, device, kernel sources, compiler versions) in the compilers'
+caches, and "auto" skips the pass where the stamp is. Emptying the cache empties the stamps with
+it; a stale stamp (kernels changed) costs one start compiling kernels one after the other, as
+without compile-ahead, never a wrong result."""
 
 from __future__ import annotations
 
@@ -33,12 +33,15 @@ STAMPS = "openinfer-compiled"  # the stamps' folder inside each compiler's cache
 
 @dataclass(slots=True)
 class CompilePlan:
-    """This start's choice. `active` until `finish`: what compiles after start does so on
-    use."""
+    """This start's choice: it compiles ahead while it has stamps to write (until `finish`);
+    what compiles after start does so on use."""
 
     compilers: KernelCompilers
-    active: bool = False
     stamps: list[Path] = field(default_factory=list)  # to write when start-up finishes
+
+    @property
+    def active(self) -> bool:
+        return bool(self.stamps)
 
     def finish(self) -> None:
         """Start-up finished: stop the compile workers; where it compiled ahead, every
@@ -55,7 +58,7 @@ class CompilePlan:
             self.compilers.mark_compiled()
         except OSError as exc:
             log.warning("compile ahead: could not write %s (%s)", self.stamps, exc)
-        self.active, self.stamps = False, []
+        self.stamps = []
 
 
 def plan_compile(model: Model, key: dict[str, Any], compilers: KernelCompilers) -> CompilePlan:
@@ -69,4 +72,4 @@ def plan_compile(model: Model, key: dict[str, Any], compilers: KernelCompilers) 
     active = mode == "1" or (mode == "auto" and not all(s.exists() for s in stamps))
     log.info("compile ahead: %s (%s=%s)", "on" if active else
              "off, this setup's kernels were compiled by an earlier start", MODE_ENV, mode)
-    return CompilePlan(compilers, active, stamps if active else [])
+    return CompilePlan(compilers, stamps if active else [])

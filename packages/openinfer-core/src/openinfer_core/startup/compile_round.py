@@ -19,7 +19,7 @@ import torch
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import new_graph_runner
-from openinfer_core.interfaces.capabilities import supports_sampling_kernels
+from openinfer_core.interfaces.capabilities import sampling_kernels_of
 from openinfer_core.interfaces.model import ForwardBatch, Model
 from openinfer_core.sampling.sampler import warm_up_kernels
 from openinfer_core.startup.compile_plan import CompilePlan
@@ -50,7 +50,7 @@ def compile_start_kernels(config: EngineConfig, model: Model, plan: CompilePlan)
     model.create_kv_cache(int(profile.block_tables.max()) + 1, config.block_size)
     batches = start_batches(config, model, profile)
     # The sampler's kernels too (their warm-up launches each variant once).
-    kernels = model.sampling_kernels if supports_sampling_kernels(model) else None
+    kernels = sampling_kernels_of(model)
     compiling = time.perf_counter()
     with torch.inference_mode(), plan.compilers.compiling():
         for batch in batches:

@@ -27,7 +27,6 @@ ATTENTION_BACKEND_ENV = "OPENINFER_ATTENTION_BACKEND"
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     model: Model
-    model_line: str
     attention_backend: str
     eos_token_ids: tuple[int, ...]
     hf_config: dict[str, Any]
@@ -80,5 +79,5 @@ def load_model(config: EngineConfig, plugins: PluginManager) -> LoadedModel:
                                           config.tensor_parallel_size, layout=layout)
     else:
         model = entry.load().load(model_dir, hf_config, options)
-    return LoadedModel(model, entry.name, backend_name, eos_token_ids(model_dir, hf_config),
+    return LoadedModel(model, backend_name, eos_token_ids(model_dir, hf_config),
                        hf_config, time.perf_counter() - start, imports_mb)
