@@ -99,6 +99,25 @@ def test_run_op_checks_against_the_reference_and_writes_a_row_per_case_and_impl(
     assert "floor_us" not in only_n8[0]  # no ceiling, no floor
 
 
+def test_run_op_sets_the_blas_preference_back_after_each_impl() -> None:
+    # prefill_linear's impls set torch's process-wide preference: no later row may inherit it.
+    before = torch.backends.cuda.preferred_blas_library()
+    seen = []
+
+    def lt(x: Any) -> Any:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        return lambda: x * 2
+
+    def plain(x: Any) -> Any:
+        seen.append(torch.backends.cuda.preferred_blas_library())
+        return lambda: x * 2
+
+    op = _op(impls={"lt": lt, "plain": plain}, sweep=None)
+    rows = run.run_op(op, None, timer=lambda t, c: 1.0)
+    assert len(rows) == 4 and seen == [before, before]
+    assert torch.backends.cuda.preferred_blas_library() == before
+
+
 def test_the_runner_exits_1_on_a_mismatch(monkeypatch: pytest.MonkeyPatch,
                                           tmp_path: Path) -> None:
     monkeypatch.setattr(run, "run_here", lambda args, ops: (
@@ -147,6 +166,28 @@ def test_ab_interleaves_base_and_new_in_fresh_interpreters(monkeypatch: pytest.M
     assert argv[1:3] == ["-m", "benchmarks.ops.run"] and "--sweep" in argv
     line = next(x for x in run.table(rows) if x.startswith("x "))
     assert line.split()[-4:] == ["2.0", "nan", "4.0", "0.500"]
+
+
+def test_base_commit_builds_with_ab_base_sh_then_runs_as_base_dir(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    built = []
+    monkeypatch.setattr(base.subprocess, "run",
+                        lambda argv, cwd, check: built.append((argv, cwd, check)))
+    assert base.build_base("abc1234") == ROOT / ".ab-base"
+    assert built == [(["bash", str(ROOT / "benchmarks" / "device" / "ab_base.sh"), "abc1234"],
+                      ROOT, True)]
+    wheels = tmp_path / "ab-base"
+    wheels.mkdir()
+    (wheels / "COMMIT").write_text("abc1234\n")
+    asked = []
+    monkeypatch.setattr(base, "build_base", lambda commit: asked.append(commit) or wheels)
+    monkeypatch.setattr(base, "site_of", lambda folder, into: asked.append(folder) or into)
+    args = run.parse_args(["--ops", "lm_head", "--base", "main", "--rounds", "1"])
+    monkeypatch.setattr(run.subprocess, "run",
+                        lambda argv, env, cwd: subprocess.CompletedProcess(argv, 1))
+    info, rows = run.run_ab(args, registry.select(args.ops), tmp_path)
+    assert asked == ["main", wheels] and info["base_commit"] == "abc1234"
+    assert [r["error"] for r in rows] == ["exit 1", "exit 1"]
 
 
 def test_the_table_keeps_the_fastest_of_a_sweep_and_lists_errors() -> None:

@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
 # The one GPU script: on the device machine, from the repo root, after benchmarks/device/prepare.sh
-# ran here. Usage: bash benchmarks/device/gpu_check.sh [STAGE ...]
-# (default: tests latency throughput serve stream1 timeline prefix qps interference structured
-# offload startup). Each stage is a function stage_NAME in benchmarks/device/stages/*.sh:
-#   gates.sh     tests basetests gate verify pdl
-#   latency.sh   latency ab fusion stream1
-#   kernels.sh   ops attention prefillattn tiles gemm ttft sampling flashinfer (benchmarks/ops)
-#   serving.sh   throughput serve deferred timeline prefix qps interference structured
-#   offload.sh   offload          startup.sh  startup
-#   dsv4.sh      dsv4 dsv4model   tp.sh       tp (on nvidia-h200-x2)
-# API_SERVERS=N serves with --api-server-count N. Logs and JSON results go to $OUT; a short
-# table prints last.
+# ran here. Usage: bash benchmarks/device/gpu_check.sh [STAGE ...] (default: `stages` below).
+# Each stage is a function stage_NAME in benchmarks/device/stages/*.sh, whose heads say what
+# they measure (`grep -h '^stage_' benchmarks/device/stages/*.sh` lists them); ORDER is the
+# order they run in. API_SERVERS=N serves with --api-server-count N. Logs and JSON results go
+# to $OUT; a short table prints last.
 set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
@@ -19,11 +13,17 @@ ORDER="tests basetests gate tp dsv4 dsv4model latency ab prefillattn fusion veri
        ttft flashinfer attention ops throughput serve deferred stream1 timeline prefix qps
        interference structured offload startup"
 stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured offload startup}
-for name in $stages; do
-  [[ " $(echo $ORDER) " == *" $name "* ]] || { echo "unknown stage: $name (stages: $(echo $ORDER))"; exit 2; }
-done
 API_SERVERS=${API_SERVERS:-1}
-for file in benchmarks/device/stages/*.sh; do source "$file"; done
+# lib.sh first: the helpers the stage files use.
+source benchmarks/device/stages/lib.sh
+for file in benchmarks/device/stages/*.sh; do
+  [ "$file" = benchmarks/device/stages/lib.sh ] || source "$file"
+done
+for name in $stages; do
+  declare -F "stage_$name" >/dev/null \
+    || { echo "unknown stage: $name (stages: $(echo $ORDER))"; exit 2; }
+  [[ " $(echo $ORDER) " == *" $name "* ]] || { echo "stage_$name is missing from ORDER"; exit 2; }
+done
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1

@@ -1,36 +1,24 @@
 """The baseline of an A/B (`run.py --base COMMIT` or `--base-dir DIR`): COMMIT's openinfer
-wheels built from a git worktree (as benchmarks/device/ab_base.sh does for gpu_check.sh's
-`ab` stage), unpacked into a folder that goes first on the base side's PYTHONPATH, so its
+wheels, which benchmarks/device/ab_base.sh builds into .ab-base (as for gpu_check.sh's `ab`
+stage), unpacked into a folder that goes first on the base side's PYTHONPATH, so its
 openinfer packages shadow the tree's while every other package is shared."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+AB_BASE_SH = ROOT / "benchmarks" / "device" / "ab_base.sh"
 
 
-def build_wheels(commit: str, dest: Path) -> Path:
-    """COMMIT's openinfer wheels in `dest` (`uv build` in a detached worktree, removed after)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    tree = Path(tempfile.mkdtemp(prefix="openinfer-base-"))
-    tree.rmdir()
-    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), commit], cwd=ROOT,
-                   check=True)
-    try:
-        subprocess.run(["uv", "build", "-q", "--all-packages", "--wheel", "-o",
-                        str(dest.resolve())], cwd=tree, check=True)
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                       check=True)
-    sha = subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    (dest / "COMMIT").write_text(sha + "\n")
-    return dest
+def build_base(commit: str) -> Path:
+    """COMMIT's openinfer wheels (and its COMMIT file) in the repo's .ab-base, made by
+    ab_base.sh (git and uv needed), which replaces what .ab-base held."""
+    subprocess.run(["bash", str(AB_BASE_SH), commit], cwd=ROOT, check=True)
+    return ROOT / ".ab-base"
 
 
 def site_of(folder: Path, into: Path) -> Path:

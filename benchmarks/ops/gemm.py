@@ -186,6 +186,11 @@ PREFILL_SHAPES = {  # name: (K, N)
 
 
 def _blas(library: str) -> Impl:
+    """`F.linear` on `library`. The preference is set when the implementation builds its
+    call, not inside the call, so the checked and timed calls run on `library` with no host
+    work beyond `F.linear`'s own; the setting is process-wide, and `run.run_op` sets the one
+    before back after each implementation."""
+
     def impl(a: tuple[torch.Tensor, torch.Tensor]) -> Any:
         torch.backends.cuda.preferred_blas_library(library)
         x, w = a

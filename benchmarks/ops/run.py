@@ -3,10 +3,11 @@ of its cases through each implementation, checked against the package's referenc
 set beside the floor of its work at the ceilings measured in the same run. One row per op x
 case x implementation x side, as JSON (`--json`) and CSV (`--csv`); a short table last.
 
-A/B: `--base COMMIT` builds COMMIT's wheels in a git worktree (needs git and uv: a machine
-with both and a GPU); `--base-dir DIR` takes them built (benchmarks/device/ab_base.sh makes
-.ab-base) or a folder they are installed in. Each op then runs in fresh interpreters, base and
-new interleaved `--rounds` times, the base's openinfer packages first on its PYTHONPATH.
+A/B: `--base COMMIT` builds COMMIT's wheels into .ab-base with benchmarks/device/ab_base.sh
+(needs git and uv: a machine with both and a GPU), then runs as `--base-dir .ab-base`;
+`--base-dir DIR` takes them built (ab_base.sh run before) or a folder they are installed in.
+Each op then runs in fresh interpreters, base and new interleaved `--rounds` times, the base's
+openinfer packages first on its PYTHONPATH.
 
 Usage: python -m benchmarks.ops.run [--list] [--ops a,b] [--cases SUBSTR] [--sweep]
        [--base COMMIT | --base-dir DIR] [--rounds N] [--json OUT] [--csv OUT]"""
@@ -46,7 +47,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the comparison with the reference")
     base = p.add_mutually_exclusive_group()
-    base.add_argument("--base", metavar="COMMIT", help="A/B against COMMIT, built here")
+    base.add_argument("--base", metavar="COMMIT",
+                      help="A/B against COMMIT, built here into .ab-base (ab_base.sh)")
     base.add_argument("--base-dir", type=Path, metavar="DIR",
                       help="A/B against the openinfer wheels (or packages) in DIR")
     p.add_argument("--rounds", type=int, default=2, help="A/B: base/new rounds per op")
@@ -76,6 +78,9 @@ def run_op(op: Op, ceiling: Any, *, side: str = "new", round_: int = 0, sweep: b
     if timer is None:
         from benchmarks.ops.timing import time_us as timer
 
+    # An implementation may change torch's process-wide BLAS preference (prefill_linear's
+    # cublaslt rows): it is set back after each one, so no later row runs on it by accident.
+    blas = torch.backends.cuda.preferred_blas_library()
     rows: list[Row] = []
     for case in op.cases:
         if cases and cases not in case.label:
@@ -104,7 +109,10 @@ def run_op(op: Op, ceiling: Any, *, side: str = "new", round_: int = 0, sweep: b
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 rows.append(row)
                 continue
-            rows.append({**row, **rates(us, work.flops, work.bytes, ceiling)})
+            finally:
+                if torch.backends.cuda.preferred_blas_library() != blas:
+                    torch.backends.cuda.preferred_blas_library(blas)
+            rows.append({**row, **rates(us, work, ceiling)})
         del copies, want
         torch.cuda.empty_cache()
     return rows
@@ -123,13 +131,13 @@ def compare(got: object, want: object, tolerance: tuple[float, float]) -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
 
 
-def rates(us: float, flops: float, nbytes: float, ceiling: Any) -> Row:
+def rates(us: float, work: Work, ceiling: Any) -> Row:
     """A time and what it is against the work and the ceilings (`ceiling`: read_gbps and
     matmul_tflops, or None)."""
-    out: Row = {"us": us, "tflops": flops / us / 1e6 if flops else None,
-                "gbps": nbytes / us / 1e3 if nbytes else None}
-    if ceiling is not None and (flops or nbytes):
-        floor = Work(flops, nbytes).floor_us(ceiling.read_gbps, ceiling.matmul_tflops)
+    out: Row = {"us": us, "tflops": work.flops / us / 1e6 if work.flops else None,
+                "gbps": work.bytes / us / 1e3 if work.bytes else None}
+    if ceiling is not None and (work.flops or work.bytes):
+        floor = work.floor_us(ceiling.read_gbps, ceiling.matmul_tflops)
         out.update(floor_us=floor, x_floor=us / floor)
     return out
 
@@ -183,9 +191,9 @@ def side_envs(base_site: Path) -> dict[str, dict[str, str]]:
 
 
 def run_ab(args: argparse.Namespace, ops: list[Op], work: Path) -> tuple[Row, list[Row]]:
-    from benchmarks.ops.base import build_wheels, site_of
+    from benchmarks.ops.base import build_base, site_of
 
-    wheels = build_wheels(args.base, work / "wheels") if args.base else args.base_dir
+    wheels = build_base(args.base) if args.base else args.base_dir
     site = site_of(wheels, work / "site")
     envs = side_envs(site)
     info: Row = {}

@@ -66,7 +66,7 @@ IMPLS: dict[str, Impl] = {"sampler": _sampler_impl, "flashinfer": _flashinfer_im
 
 register_op(
     "sampling",
-    doc="sampling a step's ids to the host, ms per step by batch and mode (host wall time: "
+    doc="sampling a step's ids to the host, us per step by batch and mode (host wall time: "
         "the sampler waits on the device itself)",
     cases=[Case(f"{mode}-B{b}", {"batch": b, "mode": mode})
            for b in (1, 64, 256, 512) for mode in MODES],

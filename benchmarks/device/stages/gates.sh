@@ -42,10 +42,7 @@ stage_gate() {
 stage_verify() {
   # The sampler's kernels and the start-up compile round, compiled (their CPU tests run in CI).
   stage "kernel tests: sampling, compiled; nothing compiles after start-up's round"
-  timeout 400 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests/kernels/test_sampling.py \
-    packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py \
-    packages/openinfer-kernels/tests/kernels/test_top_p_sample.py \
+  timeout 400 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" $SAMPLING_TESTS \
     tests/gpu/test_start_kernels_gpu.py 2>&1 | tail -8 | tee "$OUT/verify_tests.log"
 }
 
@@ -67,8 +64,6 @@ stage_pdl() {
       --result-file "$OUT/latency-qwen3-$size-$combo.json" | grep -E "TPOT|floor"
   done
   if [ -n "${PDL_GOLDEN:-}" ]; then
-    stage "golden gate, OPENINFER_LINEAR=triton OPENINFER_PDL=1"
-    OPENINFER_LINEAR=triton OPENINFER_PDL=1 timeout 420 python3 -m pytest -p no:cacheprovider \
-      -q -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_pdl.log"
+    golden_with pdl tests/gpu OPENINFER_LINEAR=triton OPENINFER_PDL=1
   fi
 }

@@ -4,38 +4,31 @@
 stage_ops() {
   # OPS: a comma-separated list of ops (default all); OPS_ARGS: more runner flags (--sweep).
   stage "kernel ops: ${OPS:-all}"
-  timeout 540 python3 -m benchmarks.ops.run --ops "${OPS:-all}" ${OPS_ARGS:-} \
-    --json "$OUT/ops.json" 2>&1 | tail -80
+  run_ops 540 80 ops.json "${OPS:-all}" ${OPS_ARGS:-}
 }
 
 stage_attention() {
   stage "decode attention: split counts and tiles"
-  timeout 240 python3 -m benchmarks.ops.run --ops paged_decode --sweep \
-    --json "$OUT/decode-attention.json" 2>&1 | tail -14
+  run_ops 240 14 decode-attention.json paged_decode --sweep
 }
 
 stage_prefillattn() {
   # Prompt attention's tile settings and launch order (Qwen3-8B heads, 2048 / 8192 tokens).
   stage "prompt attention tiles, Triton split and prefill kernels"
-  timeout 500 python3 -m benchmarks.ops.run --ops prefill_attention --sweep \
-    --json "$OUT/prefill-attention.json" 2>&1 | tail -14
+  run_ops 500 14 prefill-attention.json prefill_attention --sweep
 }
 
 stage_tiles() {
   stage "o_proj / down + add-norm, split-K sum in the norm: tiles for SUM_FUSED_TILES"
-  timeout 480 python3 -m benchmarks.ops.run --ops linear_add_norm --sweep \
-    --json "$OUT/fused-sum-gemm.json" 2>&1 | tail -30
+  run_ops 480 30 fused-sum-gemm.json linear_add_norm --sweep
 }
 
 stage_gemm() {
   stage "small-batch linear tiles against cuBLAS and the read floor, Qwen3-4B/8B shapes"
-  timeout 300 python3 -m benchmarks.ops.run --ops small_linear --sweep \
-    --json "$OUT/small-gemm.json" 2>&1 | tail -60
+  run_ops 300 60 small-gemm.json small_linear --sweep
   # The default is the Triton small-batch linear with PDL (the tests stage): the gate and the
   # step once more on the path it replaced, cuBLAS without PDL.
-  stage "golden gate, OPENINFER_LINEAR=cublas OPENINFER_PDL=0"
-  OPENINFER_LINEAR=cublas OPENINFER_PDL=0 timeout 420 python3 -m pytest -p no:cacheprovider -q \
-    -m gpu tests/gpu 2>&1 | tail -15 | tee "$OUT/golden_tests_cublas.log"
+  golden_with cublas tests/gpu OPENINFER_LINEAR=cublas OPENINFER_PDL=0
   stage "decode breakdown, Qwen3-4B, OPENINFER_LINEAR=cublas OPENINFER_PDL=0"
   OPENINFER_LINEAR=cublas OPENINFER_PDL=0 timeout 120 python3 benchmarks/device/decode_breakdown.py \
     $M4 --json "$OUT/breakdown-qwen3-4b-cublas.json"
@@ -49,8 +42,7 @@ stage_ttft() {
   stage "the elementwise kernels of a layer against their bytes (Qwen3-8B heads)"
   timeout 120 python3 benchmarks/device/norm_bench.py --json "$OUT/norm-bench.json"
   stage "o_proj / down + add + norm: the residual in cuBLAS's epilogue or in the norm kernel"
-  timeout 120 python3 -m benchmarks.ops.run --ops residual_add_norm \
-    --json "$OUT/residual-gemm.json"
+  run_ops 120 all residual-gemm.json residual_add_norm
 }
 
 stage_sampling() {
@@ -58,15 +50,12 @@ stage_sampling() {
   # for top-k / top-p) against FlashInfer's sampling where .fi is carried.
   for kind in ${SAMPLING_KINDS:-triton flashinfer}; do
     stage "sampling, us per step, OPENINFER_SAMPLING=$kind"
-    OPENINFER_SAMPLING=$kind timeout 300 python3 -m benchmarks.ops.run --ops sampling \
-      --json "$OUT/sampling-$kind.json" 2>&1 | tail -40
+    OPENINFER_SAMPLING=$kind run_ops 300 40 "sampling-$kind.json" sampling
   done
   save_jit
   stage "kernel tests: sampling, compiled"
-  timeout 200 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" \
-    packages/openinfer-kernels/tests/kernels/test_sampling.py \
-    packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py \
-    packages/openinfer-kernels/tests/kernels/test_top_p_sample.py 2>&1 | tail -3 | tee "$OUT/sampling_tests.log"
+  timeout 200 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" $SAMPLING_TESTS 2>&1 \
+    | tail -3 | tee "$OUT/sampling_tests.log"
   # Served, Qwen3-8B 128/128 x 1024 at 512: greedy against Qwen3's recommended sampling
   # (temperature 0.6, top_p 0.95, top_k 20) and top_p alone.
   python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
@@ -90,9 +79,8 @@ stage_sampling() {
 stage_flashinfer() {
   if [ -n "${FI_GOLDEN:-}" ]; then
     # Every step on FlashInfer's kernels, so the gate covers them (no CUDA graphs then).
-    stage "golden gate, OPENINFER_ATTENTION_BACKEND=flashinfer OPENINFER_FLASHINFER_EVERY_STEP=1"
-    OPENINFER_ATTENTION_BACKEND=flashinfer OPENINFER_FLASHINFER_EVERY_STEP=1 timeout 420 python3 -m pytest -p no:cacheprovider \
-      -q -m gpu tests/gpu/test_golden_qwen3_gpu.py 2>&1 | tail -15 | tee "$OUT/golden_tests_flashinfer.log"
+    golden_with flashinfer tests/gpu/test_golden_qwen3_gpu.py \
+      OPENINFER_ATTENTION_BACKEND=flashinfer OPENINFER_FLASHINFER_EVERY_STEP=1
     save_jit
   fi
   for backend in ${FI_TTFT:-}; do
@@ -110,7 +98,6 @@ stage_flashinfer() {
   fi
   if [ -z "${FI_SKIP_AB:-}" ]; then
     stage "attention backends A/B: decode 128 x 4k and 1 x 4k, prefill 2048 and 8192"
-    timeout 300 python3 -m benchmarks.ops.run --ops attention_backends \
-      --json "$OUT/attention-ab.json"
+    run_ops 300 all attention-ab.json attention_backends
   fi
 }

@@ -41,8 +41,7 @@ stage_ab() {
   done
   if [ -n "${AB_OPS:-}" ]; then
     stage "A/B kernel ops: $AB_OPS"
-    timeout 500 python3 -m benchmarks.ops.run --ops "$AB_OPS" --base-dir /tmp/site-base --rounds "${AB_ROUNDS:-2}" \
-      --json "$OUT/ab-ops.json" 2>&1 | tail -40
+    run_ops 500 40 ab-ops.json "$AB_OPS" --base-dir /tmp/site-base --rounds "${AB_ROUNDS:-2}"
   fi
 }
 

@@ -24,9 +24,39 @@ PY
 stop() { kill -TERM "$1"; wait "$1"; }
 # /tmp/site-base: /tmp/site with the openinfer packages of the baseline wheels in $1
 # (benchmarks/device/ab_base.sh COMMIT makes .ab-base), for the `ab` and `basetests` stages.
+# Once a run: `basetests ab` installs the same folder's wheels once (BASE_SITE_OF: the folder
+# /tmp/site-base holds the wheels of in this run; a shell variable, so no earlier run's counts).
 install_base() {
+  [ "${BASE_SITE_OF:-}" = "$1" ] && return 0
   [ -d "$1" ] || { echo "no baseline wheels in $1 (run benchmarks/device/ab_base.sh here)"; exit 1; }
   rm -rf /tmp/site-base && cp -r /tmp/site /tmp/site-base && rm -rf /tmp/site-base/openinfer_*
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
     "$1"/openinfer_*.whl || exit 1
+  BASE_SITE_OF=$1
 }
+# The kernel benchmarks' runner: run_ops TIMEOUT_S LINES JSON OPS [FLAG ...] runs OPS (a
+# comma-separated list, or all) with the runner's FLAGs, its rows to $OUT/JSON, the last LINES
+# lines of its output shown (LINES `all`: every line).
+run_ops() {
+  local limit=$1 lines=$2 json=$3 ops=$4
+  shift 4
+  if [ "$lines" = all ]; then
+    timeout "$limit" python3 -m benchmarks.ops.run --ops "$ops" "$@" --json "$OUT/$json"
+  else
+    timeout "$limit" python3 -m benchmarks.ops.run --ops "$ops" "$@" --json "$OUT/$json" 2>&1 \
+      | tail -n "$lines"
+  fi
+}
+# The golden gate with settings: golden_with NAME TESTS VAR=VALUE ... runs pytest -m gpu on
+# TESTS (a file or folder) under the VARs, the last 15 lines to $OUT/golden_tests_NAME.log.
+golden_with() {
+  local name=$1 tests=$2
+  shift 2
+  stage "golden gate, $*"
+  env "$@" timeout 420 python3 -m pytest -p no:cacheprovider -q -m gpu "$tests" 2>&1 \
+    | tail -15 | tee "$OUT/golden_tests_$name.log"
+}
+# The sampler's kernel tests (the `sampling` and `verify` stages run them compiled).
+SAMPLING_TESTS="packages/openinfer-kernels/tests/kernels/test_sampling.py
+  packages/openinfer-kernels/tests/kernels/test_sampling_flashinfer.py
+  packages/openinfer-kernels/tests/kernels/test_top_p_sample.py"

@@ -18,7 +18,11 @@ stage_serve() {
       --max-model-len 4608 --port 8000 --api-server-count $servers \
       >> "$OUT/serve.log" 2>&1 &
     server=$!
-    wait_ready $server
+    if ! wait_ready $server; then
+      echo "serve: no server with --api-server-count $servers (see serve.log); its benches skipped"
+      stop $server
+      continue
+    fi
     # Who uses the CPUs while the server is loaded: the engine, the frontends, the clients.
     top -b -d 3 -n 8 -w 150 | grep -E "^ *PID|python|openinf" > "$OUT/top$tag.log" 2>&1 &
     timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 --random-output-len 128 --num-prompts 1024 \
