@@ -17,7 +17,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from openinfer_kernels.attention import triton as attention
+from openinfer_kernels.attention import prefill as prefill_kernels
+from openinfer_kernels.attention import split as split_kernels
 
 POINTERS = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
             "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
@@ -54,20 +55,20 @@ def resources(fn: Any, constexprs: dict[str, Any], num_warps: int, num_stages: i
 def main() -> None:
     split = {**QWEN3_8B, "SPLIT": False, "HEAVY_FIRST": True}
     cases: dict[str, tuple[Any, dict[str, Any], int, int]] = {
-        "split, decode (16 rows)": (attention._split_kernel, {
+        "split, decode (16 rows)": (split_kernels._split_kernel, {
             **split, "SPLIT": True, "DECODE": True, "BLOCK_Q": 1, "BLOCK_G": 16,
             "BLOCK_N": 64, "HEAVY_FIRST": False}, 4, 2),
-        "split, prompt (64 rows), 4 warps": (attention._split_kernel, {
+        "split, prompt (64 rows), 4 warps": (split_kernels._split_kernel, {
             **split, "DECODE": False, "BLOCK_Q": 16, "BLOCK_G": 4, "BLOCK_N": 64}, 4, 3),
-        "split, prompt (64 rows), 8 warps": (attention._split_kernel, {
+        "split, prompt (64 rows), 8 warps": (split_kernels._split_kernel, {
             **split, "DECODE": False, "BLOCK_Q": 16, "BLOCK_G": 4, "BLOCK_N": 64}, 8, 3),
-        "split, prompt (128 rows), 4 warps": (attention._split_kernel, {
+        "split, prompt (128 rows), 4 warps": (split_kernels._split_kernel, {
             **split, "DECODE": False, "BLOCK_Q": 32, "BLOCK_G": 4, "BLOCK_N": 64}, 4, 3),
-        "prefill, 64 queries": (attention._prefill_kernel, {
+        "prefill, 64 queries": (prefill_kernels._prefill_kernel, {
             **QWEN3_8B, "BLOCK_M": 64, "BLOCK_N": 64, "HEAVY_FIRST": True}, 4, 2),
-        "prefill, 128 queries": (attention._prefill_kernel, {
+        "prefill, 128 queries": (prefill_kernels._prefill_kernel, {
             **QWEN3_8B, "BLOCK_M": 128, "BLOCK_N": 64, "HEAVY_FIRST": True}, 4, 3),
-        "merge (sanity: a small kernel)": (attention._merge_kernel, {
+        "merge (sanity: a small kernel)": (split_kernels._merge_kernel, {
             "HEAD_DIM": 128, "BLOCK_S": 16, "BLOCK_D": 128, "PDL": True}, 1, 2),
     }
     print(f"triton {triton.__version__}, sm_90a, Qwen3-8B heads")

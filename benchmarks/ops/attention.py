@@ -56,13 +56,13 @@ def _decode_build(case: Case) -> list[Args]:
 
 
 def _paged_decode(args: Args) -> Any:
-    from openinfer_kernels.attention.triton import paged_decode
+    from openinfer_kernels.attention.split import paged_decode
 
     return lambda: paged_decode(*args, SCALE)
 
 
 def _decode_sweep(case: Case) -> dict[str, Impl]:
-    from openinfer_kernels.attention.triton import SplitConfig, launch_split, num_splits_for
+    from openinfer_kernels.attention.split import SplitConfig, launch_split, num_splits_for
 
     default = num_splits_for(case.params["batch"], HK, torch.device("cuda"))
     impls: dict[str, Impl] = {}
@@ -107,12 +107,12 @@ def _prompt_args(length: int) -> Args:
 
 def _prompt_impls() -> dict[str, Impl]:
     def split(a: Args) -> Any:
-        from openinfer_kernels.attention.triton import paged_split
+        from openinfer_kernels.attention.split import paged_split
 
         return lambda: paged_split(*a, SCALE, a[0].shape[0])
 
     def prefill(a: Args) -> Any:
-        from openinfer_kernels.attention.triton import paged_prefill
+        from openinfer_kernels.attention.prefill import paged_prefill
 
         return lambda: paged_prefill(*a, SCALE, a[0].shape[0])
 
@@ -125,12 +125,8 @@ def _prompt_impls() -> dict[str, Impl]:
 
 
 def _prompt_sweep(case: Case) -> dict[str, Impl]:
-    from openinfer_kernels.attention.triton import (
-        PrefillConfig,
-        SplitConfig,
-        launch_prefill,
-        launch_split,
-    )
+    from openinfer_kernels.attention.prefill import PrefillConfig, launch_prefill
+    from openinfer_kernels.attention.split import SplitConfig, launch_split
 
     impls: dict[str, Impl] = {}
     for kernel, m, block_n, warps, stages, heavy in itertools.product(
@@ -187,13 +183,13 @@ def _mixed_args(prompt: int, decodes: int, context: int) -> Args:
 
 
 def _mixed_split(a: Args) -> Any:
-    from openinfer_kernels.attention.triton import paged_split
+    from openinfer_kernels.attention.split import paged_split
 
     return lambda: paged_split(*a, SCALE, BUCKET)
 
 
 def _mixed_sweep(case: Case) -> dict[str, Impl]:
-    from openinfer_kernels.attention.triton import SplitConfig, launch_split
+    from openinfer_kernels.attention.split import SplitConfig, launch_split
 
     impls: dict[str, Impl] = {}
     for m, stages in itertools.product((64, 128), (2, 3)):
@@ -253,14 +249,14 @@ def _backend_step(batch: int, context: int, queries: int) -> tuple[Any, Args]:
 
 def _backend(name: str) -> Impl:
     def impl(step: tuple[Any, Args]) -> Any:
-        from openinfer_core.plugins import PluginManager
+        from openinfer_core.plugins import get_plugin_manager
 
         if name == "flashinfer":
             try:
                 import flashinfer  # noqa: F401
             except ImportError:
                 return None
-        cls = PluginManager().registries.attention_backends.resolve(name)
+        cls = get_plugin_manager().registries.attention_backends.resolve(name)
         # FlashInfer's kernels on every step, decode included (the backend's default runs
         # decode and short steps on the Triton kernels, from CUDA graphs).
         backend = cls(every_step=True) if name == "flashinfer" else cls()

@@ -15,10 +15,10 @@ def openinfer_register_attention_backends(register: RegisterAttentionBackend) ->
              devices=("cpu", "cuda"), priority=0)
     register("triton", "openinfer_kernels.attention.triton_backend:TritonAttentionBackend",
              devices=("cuda",), priority=10)
-    # The [flashinfer] extra. Where installed it is the default on CUDA: it runs steps of more
-    # than 2048 tokens on FlashInfer's prefill, which is faster there (TTFT of an 8192-token
-    # Qwen3-8B prompt on an H100: 215 against 229 ms), and every other step on the Triton
-    # kernels from CUDA graphs (flashinfer_backend.py).
+    # The [flashinfer] extra. Where installed it is the default on CUDA: it runs the long
+    # prompt steps (past the Triton graphs' token limit) on FlashInfer's prefill, which is
+    # faster there, and every other step on the Triton kernels from CUDA graphs
+    # (flashinfer_backend.py; the measurements are in the package README).
     if importlib.util.find_spec("flashinfer") is not None:
         register("flashinfer",
                  "openinfer_kernels.attention.flashinfer_backend:FlashInferAttentionBackend",

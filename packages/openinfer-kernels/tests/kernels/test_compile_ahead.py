@@ -93,6 +93,7 @@ def test_the_plugin_registers_the_triton_compiler_for_its_sources(tmp_path, monk
     monkeypatch.delenv("TRITON_CACHE_DIR")
     assert compiler.cache_dir() == Path.home() / ".triton" / "cache"
     compiler.stop_workers()  # none started: nothing to do
+    assert ahead._workers["pool"] is None
     x = torch.zeros(3)
     with compiler.compiling():  # `compile_ahead`: torch ops run as usual
         x += 1

@@ -28,18 +28,18 @@ from paged_cases import (
 
 import openinfer_kernels
 from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_kernels.attention.prefill import PrefillConfig, launch_prefill, paged_prefill
+from openinfer_kernels.attention.split import (
+    SplitConfig,
+    launch_split,
+    paged_decode,
+    paged_split,
+    split_tiles,
+)
 from openinfer_kernels.attention.triton import (
     SPLIT_MAX_QUERIES,
     SPLIT_MAX_TOKENS,
-    PrefillConfig,
-    SplitConfig,
-    launch_prefill,
-    launch_split,
     paged_attention_triton,
-    paged_decode,
-    paged_prefill,
-    paged_split,
-    split_tiles,
 )
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 from openinfer_kernels.kv_store import kv_append

@@ -6,11 +6,10 @@ FlashInfer's `BatchPrefillWithPagedKVCacheWrapper`, causal, whose `auto` backend
 FlashAttention-3 on Hopper. Decode steps and steps of up to `GRAPH_TOKENS` tokens run the
 `triton` backend's kernels, which replay from CUDA graphs: FlashInfer plans each step on the host
 before its kernels run, so it cannot be replayed from a graph as the engine captures them, and a
-step launched eagerly costs more host time than its attention saves (the A/B in BENCHMARKS.md).
-`GRAPH_TOKENS` is the Triton graphs' own limit, `SPLIT_MAX_TOKENS`: at 2048 tokens the Triton
-kernels from a graph give a Qwen3-8B prompt its first token sooner than FlashInfer's eager step
-(46.1 against 46.5-47.3 ms), at 8192 FlashInfer wins (215-216 against 229 ms) (`openinfer bench
-latency --attention-backend`, H100).
+step launched eagerly costs more host time than its attention saves. `GRAPH_TOKENS` is the
+Triton graphs' own limit, `SPLIT_MAX_TOKENS`, and where FlashInfer starts to win: the package
+README gives the measurements and their command (benchmarks/LOG.md, "FlashInfer against
+Triton", the history).
 `OPENINFER_FLASHINFER_EVERY_STEP=1` runs every step on FlashInfer instead (decode steps on its
 `BatchDecodeWithPagedKVCacheWrapper`, on tensor cores), with no CUDA graphs.
 

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.dot import dot
+from openinfer_kernels.device import sm_count
+from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 BLOCK = 128  # the FP8 scale block, both ways
@@ -176,10 +177,6 @@ def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
                          f"{scale.dtype} {tuple(scale.shape)}")
 
 
-def _sms(x: torch.Tensor) -> int:
-    return torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-
-
 def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                             out_dtype: torch.dtype | None = None,
                             tile: Fp8Tile | None = None) -> torch.Tensor:
@@ -191,7 +188,7 @@ def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
-    _launch(x, w, scale, out, tile or fp8_tile(m, n, k, x.dtype, _sms(x)), n, 0)
+    _launch(x, w, scale, out, tile or fp8_tile(m, n, k, x.dtype, sm_count(x.device)), n, 0)
     return out
 
 
@@ -210,7 +207,7 @@ def fp8_grouped_linear_triton(x: torch.Tensor, w: torch.Tensor,
     if m == 0:
         return out
     rows = n // groups
-    tile = fp8_tile(m, rows, k, x.dtype, _sms(x))
+    tile = fp8_tile(m, rows, k, x.dtype, sm_count(x.device))
     if rows % tile.block_n:
         raise ValueError(f"fp8_grouped_linear: {rows} rows a group do not fill whole tiles")
     _launch(x, w, scale, out.view(m, n), tile, rows, x.stride(1))
@@ -231,8 +228,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
                              k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                              SUB=min(tile.block_k, BLOCK),
-                             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                             UPCAST=not x.is_cuda, num_warps=tile.num_warps,
+                             **dot_options(x), num_warps=tile.num_warps,
                              num_stages=tile.num_stages, **pdl_launch(x))
     if split > 1:
         sum_slices(target, out, split, m * n, n)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.dot import dot
+from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
@@ -154,8 +154,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(-2),
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
-                         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                         UPCAST=x.device.type != "cuda", num_warps=tile.num_warps,
+                         **dot_options(x), num_warps=tile.num_warps,
                          num_stages=tile.num_stages, **pdl_launch(x))
 
 

@@ -126,9 +126,8 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
 
 def heads_per_program(tokens: int, heads: int) -> int:
     """Heads one program normalises and rotates: one each for a few tokens (decode: more
-    programs, each short), up to 8 on prefill steps, where a program per head was too small
-    to stream at the read bandwidth (4.8x the bytes' floor at 2048 tokens on the H100,
-    benchmarks/device/norm_bench.py)."""
+    programs, each short), up to 8 on prefill steps, where a program per head is too small
+    to stream at the read bandwidth."""
     return 1 if tokens < 64 else min(8, triton.next_power_of_2(heads))
 
 

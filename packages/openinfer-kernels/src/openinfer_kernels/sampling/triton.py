@@ -29,6 +29,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
+from openinfer_kernels.device import sm_count
+
 BLOCK = 2048  # ids per loop step of a program (four Philox lanes of BLOCK // 4)
 PROGRAMS_PER_SM = 8  # programs in flight to read the logits at full bandwidth (H100: 4 -> 8, -6%)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -214,7 +216,6 @@ class _Workspace:
 
 
 _workspaces: dict[tuple[torch.device, int], _Workspace] = {}
-_sm_counts: dict[torch.device, int] = {}
 
 
 def _workspace(device: torch.device) -> _Workspace:
@@ -228,16 +229,6 @@ def _workspace(device: torch.device) -> _Workspace:
     if ws is None:
         ws = _workspaces[(device, stream)] = _Workspace(device)
     return ws
-
-
-def _sm_count(device: torch.device) -> int:
-    count = _sm_counts.get(device)
-    if count is None:
-        count = 1  # the interpreter runs one program at a time
-        if device.type == "cuda":
-            count = torch.cuda.get_device_properties(device).multi_processor_count
-        _sm_counts[device] = count
-    return count
 
 
 def race_sample_triton(
@@ -266,7 +257,8 @@ def race_sample_triton(
     row_tiles = triton.cdiv(rows, rows_per_program)
     blocks = triton.cdiv(vocab, block)
     if num_splits is None:
-        num_splits = triton.cdiv(PROGRAMS_PER_SM * _sm_count(device), row_tiles)
+        # Under the interpreter, which runs one program at a time: one SM.
+        num_splits = triton.cdiv(PROGRAMS_PER_SM * sm_count(device, 1), row_tiles)
     chunk = triton.cdiv(blocks, max(1, min(num_splits, blocks))) * block
     splits = triton.cdiv(vocab, chunk)
     grid = (row_tiles, splits)

@@ -19,16 +19,8 @@ import triton
 import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import entry_rows, launch_topk
+from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
-
-
-@triton.jit
-def _dot(a, b, UPCAST: tl.constexpr):
-    """tl.dot in fp32 accumulation; under the interpreter (UPCAST) on fp32 operands, since its
-    bf16 tl.dot is wrong (triton 3.9); bf16 x bf16 in fp32 is exact, as on the tensor cores."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision="ieee" if a.dtype == tl.float32 else "tf32")
 
 
 @triton.jit
@@ -38,7 +30,8 @@ def _scores_kernel(
     stride_qt, stride_qh, stride_wt, stride_key, stride_bt, stride_st,
     HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, RATIO: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, SLOTS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -64,7 +57,7 @@ def _scores_kernel(
     keys = tl.load(keys_ptr + rows[:, None] * stride_key + offs_d[None, :],
                    mask=e_mask[:, None] & d_mask[None, :], other=0.0)
     w = tl.load(w_ptr + token * stride_wt + heads, mask=h_mask, other=0.0).to(tl.float32)
-    dots = tl.maximum(_dot(q, tl.trans(keys), UPCAST), 0.0)
+    dots = tl.maximum(dot(q, tl.trans(keys), PRECISION, UPCAST), 0.0)
     scores = tl.sum(dots * (w * scale)[:, None], 0)
     tl.store(scores_ptr + token * stride_st + entries, scores, mask=e_mask)
 
@@ -87,8 +80,8 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         scores.stride(0), HEAD_DIM=head_dim, PAGED=bool(paged),
         RATIO=paged.get("ratio", 1), BLOCK_SIZE=paged.get("block_size", 1),
         SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), BLOCK_H=block_h, BLOCK_E=block_e,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), UPCAST=q.device.type != "cuda",
-        num_warps=4, **pdl_launch(q))
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), **dot_options(q), num_warps=4,
+        **pdl_launch(q))
 
 
 def indexer_scores_triton(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, *,

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.moe.align import align_by_expert
 from openinfer_deepseek_v4.kernels.moe.decode import DecodeTile, fp4_moe_decode
-from openinfer_kernels.dot import dot
+from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.fp8_linear.triton import e8m0_to_fp32, sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -197,7 +197,7 @@ def _grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up:
     fp32 = x.dtype == torch.float32
     block_n, block_k = 64, 64 if fp32 else 128
     common = dict(BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  PRECISION="ieee" if fp32 else "tf32", UPCAST=not x.is_cuda, num_warps=4,
+                  **dot_options(x), num_warps=4,
                   num_stages=2 if fp32 else 3, **pdl_launch(x))
     routing = (tiles.pair, tiles.tile_expert, tiles.tile_start, tiles.tile_rows, route_w)
     n_tiles = tiles.tile_expert.numel()

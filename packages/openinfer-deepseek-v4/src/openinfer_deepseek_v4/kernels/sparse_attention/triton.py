@@ -14,16 +14,15 @@ only (no host sync): safe to capture in a CUDA graph.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.dot import dot
+from openinfer_kernels.attention.tiles import LOG2E, online_softmax_step
+from openinfer_kernels.device import sm_count
+from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 
 
@@ -31,22 +30,15 @@ MAX_SPLITS = 16
 def _attend_rows(q, acc, m_i, l_i, pool_ptr, slots_ptr, offs, n_mask, stride_row, offs_d,
                  d_mask, scale_log2, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Fold the rows named by `slots_ptr[offs]` (masked offsets and slots < 0 skipped) into the
-    running softmax of the heads of `q`. A head that has seen nothing keeps max -inf; it is
-    shifted by 0 instead, so its weights are exp2(-inf) = 0 rather than NaN."""
+    running softmax of the heads of `q` (K = V: the rows are both)."""
     slots = tl.load(slots_ptr + offs, mask=n_mask, other=-1)
     valid = slots >= 0
     rows = tl.load(pool_ptr + slots.to(tl.int64)[:, None] * stride_row + offs_d[None, :],
                    mask=valid[:, None] & d_mask[None, :], other=0.0)
     scores = dot(q, tl.trans(rows), PRECISION, UPCAST) * scale_log2
     scores = tl.where(valid[None, :], scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, 1))
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_shift)
-    p = tl.exp2(scores - m_shift[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    # Probabilities rounded to the rows' dtype for the PV product, as the reference does.
-    acc = acc * alpha[:, None] + dot(p.to(rows.dtype), rows, PRECISION, UPCAST)
-    return acc, m_new, l_i
+    # Probabilities rounded to the rows' dtype for the PV product there, as the reference does.
+    return online_softmax_step(scores, rows, acc, m_i, l_i, PRECISION, UPCAST)
 
 
 @triton.jit(do_not_specialize=["num_splits", "chunk"])
@@ -126,24 +118,17 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, num_splits, nu
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-@functools.lru_cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few splits keep the merge in play
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def plan(num_tokens: int, num_heads: int, head_dim: int, entries: int,
          device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_N, num_splits, num_warps) from the shapes alone (never the slot
     values: a CUDA graph replays them changed). Splits fill every SM about once, each with at
     least one tile of rows (benchmarks/device/dsv4_attention_bench.py on the H100, V4-Flash's
     64 heads x 512 over 640 entries: 64-row tiles, 10 splits at batch 1 and none at 64 were the
-    fastest tried)."""
+    fastest tried). Under the interpreter: 4 SMs, a few splits to keep the merge in play."""
     block_h = 16 if head_dim > 128 else min(64, max(16, triton.next_power_of_2(num_heads)))
     block_n = 64
     programs = num_tokens * triton.cdiv(num_heads, block_h)
-    wanted = triton.cdiv(_sm_count(device), max(1, programs))
+    wanted = triton.cdiv(sm_count(device), max(1, programs))
     splits = max(1, min(MAX_SPLITS, wanted, triton.cdiv(entries, block_n)))
     return block_h, block_n, splits, 8 if head_dim > 128 else 4
 
@@ -188,8 +173,8 @@ def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
         q.stride(0), q.stride(1), kv_pool.stride(0), entry_pool.stride(0),
         window_slots.stride(0), picked_slots.stride(0), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT=splits > 1, BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_D=block_d, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UPCAST=q.device.type != "cuda", num_warps=num_warps, num_stages=2, **pdl_launch(q))
+        BLOCK_D=block_d, **dot_options(q), num_warps=num_warps, num_stages=2,
+        **pdl_launch(q))
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
             part_out, part_lse, sinks, out, splits, num_heads, out.stride(0), out.stride(1),
