@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from openinfer_core.engine.batch import plan_batch
@@ -29,10 +30,9 @@ def prompt_logits(engine: Engine, token_ids: Sequence[int]) -> torch.Tensor:
     seq = RequestState.from_request(GenerateRequest("logits-probe", tuple(token_ids)))
     assert engine.kv.allocate(seq.request_id, len(token_ids))
     try:
-        batch = plan_batch([ScheduledRow(seq, len(token_ids), True)],
-                           engine.kv).to_device(engine.model.device)
-        batch.logits_indices = torch.arange(len(token_ids), device=engine.model.device)
-        return engine.model.forward(batch)
+        host = plan_batch([ScheduledRow(seq, len(token_ids), True)], engine.kv)
+        host.logits_indices = np.arange(len(token_ids), dtype=np.int64)
+        return engine.model.forward(host.to_device(engine.model.device))
     finally:
         engine.kv.free(seq.request_id)
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from dsv4_checkpoints import random_model, write_model_folder
@@ -78,10 +79,9 @@ def prompt_logits(eng: Engine, token_ids: Sequence[int]) -> torch.Tensor:
     seq = RequestState.from_request(GenerateRequest("probe", tuple(token_ids)))
     assert eng.kv.allocate(seq.request_id, len(token_ids))
     try:
-        batch = plan_batch([ScheduledRow(seq, len(token_ids), True)], eng.kv).to_device(
-            eng.model.device)
-        batch.logits_indices = torch.arange(len(token_ids))
-        return eng.model.forward(batch)
+        host = plan_batch([ScheduledRow(seq, len(token_ids), True)], eng.kv)
+        host.logits_indices = np.arange(len(token_ids), dtype=np.int64)
+        return eng.model.forward(host.to_device(eng.model.device))
     finally:
         eng.kv.free(seq.request_id)
 

@@ -101,7 +101,7 @@ class Qwen3Model:
                                                  layer.post_norm)
             pending = (linear_silu_mul(x, layer.gate_up), layer.down)
         assert pending is not None
-        hidden = linear(*pending) if tp is None else tp.all_reduce(linear(*pending))
+        hidden = linear(*pending) if tp is None else self._row_split(*pending)
         # Only rows that sample need the final norm and the vocabulary projection. In a decode
         # step every row samples its one token, in order: no gather then.
         rows = batch.logits_indices
@@ -125,7 +125,17 @@ class Qwen3Model:
         eps = self.cfg.rms_norm_eps
         if self.tp is None:
             return linear_add_rms_norm(x, w, residual, norm_weight, eps)
-        return fused_add_rms_norm(self.tp.all_reduce(linear(x, w)), residual, norm_weight, eps)
+        return fused_add_rms_norm(self._row_split(x, w), residual, norm_weight, eps)
+
+    def _row_split(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x @ w.T of a layer whose input width is split over the ranks: each rank's partial
+        product, summed over the ranks. With `tp.reduce_dtype` (an experiment) the partials
+        stay in that dtype until summed, so the sum is rounded once, as on one GPU."""
+        assert self.tp is not None
+        wide = self.tp.reduce_dtype
+        if wide is None:
+            return self.tp.all_reduce(linear(x, w))
+        return self.tp.all_reduce(F.linear(x.to(wide), w.to(wide))).to(x.dtype)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T, H]: under tensor parallelism each rank looks up the ids of its vocabulary part

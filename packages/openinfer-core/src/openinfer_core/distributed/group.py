@@ -9,21 +9,29 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from openinfer_core.distributed.all_reduce import SymmetricAllReduce
+
 log = logging.getLogger("openinfer")
+
+# An experiment, not a serving mode: "1" makes the model lines compute each rank's partial
+# product of a row-split layer in fp32 and all-reduce it in fp32, so the sum is rounded to bf16
+# once, as one GPU's GEMM rounds it (the tensor-parallel gate's `fp32-reduce` case).
+FP32_REDUCE_ENV = "OPENINFER_TP_FP32_REDUCE"
 
 
 class TorchTensorParallelGroup:
     """`interfaces.model.TensorParallelGroup` over torch.distributed's default group.
 
-    The collectives take device tensors and never synchronise the host with the device
-    (all-reduce in place, all-gather into one preallocated tensor), so they can be captured in
-    CUDA graphs once the engine captures tensor-parallel steps; `all_to_all` is the exception
-    when it exchanges its counts. Engine thread only."""
+    The collectives take device tensors and never synchronise the host with the device, so
+    they are captured in the engine's CUDA graphs; `all_to_all` is the exception when it
+    exchanges its counts. On CUDA, all-reduces small enough go through symmetric memory
+    (`all_reduce.py`), the rest through NCCL. Engine thread only."""
 
     def __init__(self, rank: int, size: int, device: torch.device, store: Path | dist.Store,
                  timeout_s: float) -> None:
@@ -37,12 +45,26 @@ class TorchTensorParallelGroup:
                                "process: close the other tensor-parallel model first")
         if isinstance(store, Path):
             store = dist.FileStore(str(store), size)
+        # NCCL binds the group to one GPU and wants it indexed ("cuda" alone is refused).
+        device_id = None
+        if device.type == "cuda":
+            device_id = torch.device("cuda", torch.cuda.current_device() if device.index is None
+                                     else device.index)
         dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                                 timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+                                device_id=device_id)
         self._closed = False
+        self.reduce_dtype: torch.dtype | None = (
+            torch.float32 if os.environ.get(FP32_REDUCE_ENV) == "1" else None)
+        self._symmetric = SymmetricAllReduce.open(size, device) if size > 1 else None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the ranks: x itself summed in place (NCCL, gloo) or a new tensor
+        (symmetric memory); x's contents are undefined after."""
+        if self._symmetric is not None and x.is_cuda:
+            path = self._symmetric.path(x)
+            if path != "nccl":
+                return self._symmetric(x, path)
         dist.all_reduce(x)
         return x
 

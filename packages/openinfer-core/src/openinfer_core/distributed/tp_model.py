@@ -3,13 +3,24 @@ protocol, so the engine loop does not change.
 
 The engine's process is rank 0: it loads shard 0 through the model line itself and spawns one
 worker process per other rank (`worker.py`), each loading its own shard and KV cache (the
-same block count). Each step `forward` publishes the batch's header once over a ZeroMQ XPUB,
-broadcasts its device tensors over the group, then runs shard 0; the shards' collectives
-meet inside the model line's forward, and rank 0 returns the full-vocabulary logits.
+same block count). Each step, rank 0 publishes one small message over a ZeroMQ XPUB (IPC on
+one host, TCP across nodes): the step's host image (`engine.batch.HostBatch`: positions,
+slots, block tables, ...), and which CUDA graph replays it, if one does. Every rank builds its
+own device inputs from it. The token ids travel on the device instead: each rank's forward
+starts with a broadcast of rank 0's ids, so ids sampled by the step before never come back to
+the host first, and overlapped steps keep overlapping. The shards' collectives meet inside the
+model line's forward; rank 0 samples from the full-vocabulary logits.
 
-Failure: every wait is bounded (collectives by the group's timeout, start-up by
-`start_timeout_s`); a dead worker or a failed collective makes `forward` raise
-`ModelFailedError`, and every later call too."""
+CUDA graphs: every rank captures the same buckets at the same time (`capturing`: rank 0's
+`CudaGraphRunner` tells the workers before each capture) and replays the bucket rank 0 names
+(`replaying`), collectives inside the graphs.
+
+Failure: every wait outside the graphs is bounded (collectives by the group's timeout,
+start-up by `start_timeout_s`); a dead worker or a failed collective makes `forward` raise
+`ModelFailedError`, and every later call too. A collective inside a CUDA graph (or a
+symmetric-memory barrier) never times out, so on CUDA a watchdog thread ends this process when
+a rank dies and the engine has not closed the model within `HANG_GRACE_S`: its caller (the
+server's engine process) then fails every request as for a dead engine."""
 
 from __future__ import annotations
 
@@ -22,7 +33,9 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -31,7 +44,6 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from openinfer_core.distributed.batch_wire import header_of, pack
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_core.distributed.nodes import (
     NodeLayout,
@@ -41,8 +53,11 @@ from openinfer_core.distributed.nodes import (
     publish,
 )
 from openinfer_core.distributed.worker import WorkerSpec, run_worker
+from openinfer_core.engine.batch import HostBatch
+from openinfer_core.engine.cuda_graphs import GraphPlan
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
+    supports_cuda_graphs,
     supports_expert_parallel,
     supports_sampling_kernels,
     supports_tensor_parallel,
@@ -65,6 +80,10 @@ TIMEOUT_ENV = "OPENINFER_TP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 1800.0  # loading a shard: large checkpoints from slow disks
 STOP_LINGER_MS = 2000  # for "stop" to leave over TCP before the socket closes
+WATCH_S = 0.2  # how often the watchdog looks at the workers
+# After a rank died, how long the engine has to notice (its next step raises) and close the
+# model before the watchdog ends the process: a step stuck in a graph's collective never ends.
+HANG_GRACE_S = 5.0
 
 
 def check_expert_parallel(line: type[ModelLine], asked: bool) -> None:
@@ -84,15 +103,10 @@ class TensorParallelModel:
     """Rank 0's face of a tensor-parallel model (`interfaces.model.Model`). Build it with
     `start`; `close()` stops the workers (the engine thread, or after it stopped)."""
 
-    # capabilities.SupportsCudaGraphs, declined: the workers would have to replay the same
-    # graphs, which they do not yet.
-    cuda_graph_safe = False
-    cuda_graph_max_tokens = 0
-
     def __init__(self, local: Model, group: TorchTensorParallelGroup,
                  workers: list[_Worker | RemoteRank], publisher: zmq.Socket[bytes],
                  context: zmq.Context[Any], folder: Path, threads: int,
-                 store: dist.Store | None = None) -> None:
+                 store: dist.Store | None = None, expert_parallel: bool = False) -> None:
         self.local = local
         self.group = group
         self.workers = workers
@@ -100,10 +114,18 @@ class TensorParallelModel:
         self.max_model_len = local.max_model_len
         self.device = local.device
         self.size = group.size
-        # Rank 0's capabilities, but for CUDA graphs (the class says none yet).
+        # Rank 0's capabilities. CUDA graphs (SupportsCudaGraphs, SupportsGraphPeers) where the
+        # shard can be captured and no step exchanges counts with the host (expert
+        # parallelism's all-to-all does).
         self.weight_bytes = local.weight_bytes if supports_weight_bytes(local) else 0
         if supports_sampling_kernels(local):
             self.sampling_kernels = local.sampling_kernels
+        self.cuda_graph_safe = False
+        self.cuda_graph_max_tokens = 0
+        if supports_cuda_graphs(local) and local.cuda_graph_safe and not expert_parallel:
+            self.cuda_graph_safe = True
+            self.cuda_graph_max_tokens = local.cuda_graph_max_tokens
+        self._capturing = False
         self._publisher = publisher
         self._context = context
         self._folder = folder
@@ -111,6 +133,11 @@ class TensorParallelModel:
         self._store = store  # several nodes: the TCP store this process hosts
         self._failed: str | None = None
         self._closed = False
+        self._watchdog: threading.Thread | None = None
+        if self.device.type == "cuda":
+            self._watchdog = threading.Thread(target=self._watch, name="openinfer-tp-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
 
     @classmethod
     def start(cls, line: type[ModelLine], model_dir: Path, config: dict[str, Any],
@@ -183,7 +210,8 @@ class TensorParallelModel:
             raise
         log.info("tensor parallel: %d ranks (%s) on %d node(s), local worker pids %s", size,
                  options.device, layout.nnodes, [w.process.pid for w in _local(workers)])
-        return cls(local, group, workers, publisher, context, folder, threads, store)
+        return cls(local, group, workers, publisher, context, folder, threads, store,
+                   options.expert_parallel)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         """Rank 0's: its shard is the largest (`sharding` gives earlier ranks the larger
@@ -203,18 +231,68 @@ class TensorParallelModel:
         return kv
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Every rank runs `batch`; returns rank 0's logits (the full vocabulary)."""
+        """Every rank runs `batch`; returns rank 0's logits (the full vocabulary). Inside
+        `capturing` the workers run their own captures: nothing is sent."""
+        self._check_alive()
+        try:
+            if not self._capturing:
+                self._publish(("forward", HostBatch.of(batch)))
+            return self._forward(batch)
+        except Exception as exc:
+            raise self._fail(f"{type(exc).__name__}: {exc}") from exc
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        # Rank 0's token ids reach every rank on the device (the workers' forward starts with
+        # the same broadcast): ids the step before sampled stay where they are.
+        self.group.broadcast(batch.input_ids)
+        return self.local.forward(batch)
+
+    @contextlib.contextmanager
+    def capturing(self, plan: GraphPlan, keys: Sequence[tuple[str, int]],
+                  reset: bool) -> Iterator[None]:
+        """capabilities.SupportsGraphPeers: the workers capture `keys` as rank 0 does."""
+        self._check_alive()
+        self._publish(("capture", plan, list(keys), reset))
+        self._capturing = True
+        try:
+            yield
+        except Exception as exc:
+            raise self._fail(f"capturing CUDA graphs: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._capturing = False
+
+    def replaying(self, key: tuple[str, int], host: HostBatch) -> None:
+        """capabilities.SupportsGraphPeers: the workers replay `key` over `host`."""
+        self._check_alive()
+        self._publish(("replay", key, host))
+
+    def _check_alive(self) -> None:
         if self._failed is not None:
             raise ModelFailedError(self._failed)
         dead = [w.rank for w in self.workers if not w.alive()]
         if dead:
             raise self._fail(f"rank(s) {dead} died before this step")
-        try:
-            self._publish(("forward", header_of(batch)))
-            self.group.broadcast(pack(batch))
-            return self.local.forward(batch)
-        except Exception as exc:
-            raise self._fail(f"{type(exc).__name__}: {exc}") from exc
+
+    def _watch(self) -> None:
+        """The watchdog (CUDA only): a dead rank makes the engine's next step raise, unless
+        that step is stuck in a collective inside a graph; then the process ends."""
+        while not self._closed:
+            time.sleep(WATCH_S)
+            dead = [w.rank for w in self.workers if not w.alive()]
+            if not dead or self._closed:
+                continue
+            deadline = time.monotonic() + HANG_GRACE_S
+            while not self._closed and time.monotonic() < deadline:
+                time.sleep(WATCH_S)
+            if self._closed:
+                return
+            log.critical("tensor-parallel rank(s) %s died and the engine did not stop within "
+                         "%.0f s (a collective inside a CUDA graph never times out): ending "
+                         "this process", dead, HANG_GRACE_S)
+            for worker in _local(self.workers):
+                with contextlib.suppress(Exception):
+                    worker.process.kill()
+            os._exit(1)
 
     def _publish(self, message: tuple[Any, ...]) -> None:
         self._publisher.send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))

@@ -3,11 +3,16 @@
     join the group, load the shard, say `ready` on the pipe
     loop: wait for rank 0's next message (checking that rank 0 lives)
           kv      -> allocate the KV cache, say `kv` on the pipe
-          forward -> receive the batch's broadcast, run the shard's forward (collectives inside)
+          forward -> build the step's inputs on this device from its host image, run the
+                     shard's forward (rank 0's token ids broadcast first, collectives inside)
+          capture -> capture the CUDA graphs rank 0 captures, in step with it
+          replay  -> replay the graph rank 0 replays, over the step's host image
           stop    -> leave
 
 Any failure is reported on the pipe (`error`, the traceback) and ends the process: rank 0's
-collectives then fail at once (gloo: the connection closes) or at their timeout."""
+collectives then fail at once (gloo: the connection closes) or at their timeout. A watchdog
+thread ends the process when rank 0's is gone, even while a step waits in a collective inside
+a graph (which never times out)."""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +34,18 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from openinfer_core.distributed.batch_wire import BatchHeader, empty_flat, unpack
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_core.distributed.nodes import NodeLayout, group_store, open_store
-from openinfer_core.interfaces.model import LoadOptions, Model
+from openinfer_core.engine.batch import HostBatch
+from openinfer_core.engine.cuda_graphs import CudaGraphRunner, GraphPlan
+from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.model import ForwardBatch, LoadOptions, Model
 from openinfer_core.registry import import_target
 
 log = logging.getLogger("openinfer")
 
 POLL_MS = 1000  # how often an idle worker checks that rank 0 is alive
+ORPHAN_CHECK_S = 0.5  # how often the watchdog thread checks the same
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +95,9 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
                                          spec.timeout_s)
         model = _load(spec, group, device)
         conn.send(("ready", None))
-        _serve(model, group, batches, conn, device)
+        threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True,
+                         name="openinfer-tp-orphan-watch").start()
+        _serve(RankModel(model, group), batches, conn)
     except BaseException:
         with contextlib.suppress(OSError):  # rank 0 is gone: nobody to tell
             conn.send(("error", traceback.format_exc()))
@@ -114,10 +126,33 @@ def _load(spec: WorkerSpec, group: TorchTensorParallelGroup, device: torch.devic
     return model
 
 
+class RankModel:
+    """A worker's shard as its steps and CUDA graphs run it: rank 0's token ids first, then
+    the shard's forward (`interfaces.model.Model`, for the worker's `CudaGraphRunner`)."""
+
+    def __init__(self, local: Model, group: TorchTensorParallelGroup) -> None:
+        self.local = local
+        self.group = group
+        self.vocab_size = local.vocab_size
+        self.max_model_len = local.max_model_len
+        self.device = local.device
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        return self.local.kv_bytes_per_block(block_size)
+
+    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
+        return self.local.create_kv_cache(num_blocks, block_size)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.group.broadcast(batch.input_ids)  # rank 0's ids (TensorParallelModel._forward)
+        return self.local.forward(batch)
+
+
 @torch.inference_mode()
-def _serve(model: Model, group: TorchTensorParallelGroup, batches: zmq.Socket[bytes],
-           conn: multiprocessing.connection.Connection, device: torch.device) -> None:
+def _serve(model: RankModel, batches: zmq.Socket[bytes],
+           conn: multiprocessing.connection.Connection) -> None:
     parent = os.getppid()
+    graphs: CudaGraphRunner | None = None
     while True:
         if not batches.poll(POLL_MS):
             if os.getppid() != parent:
@@ -127,9 +162,17 @@ def _serve(model: Model, group: TorchTensorParallelGroup, batches: zmq.Socket[by
         message = pickle.loads(batches.recv())
         kind = message[0]
         if kind == "forward":
-            header: BatchHeader = message[1]
-            flat = group.broadcast(empty_flat(header, device))
-            model.forward(unpack(header, flat))
+            host: HostBatch = message[1]
+            model.forward(host.to_device(model.device))
+        elif kind == "replay":
+            assert graphs is not None, "rank 0 replays a graph never captured here"
+            graphs.replay(message[1], message[2])
+        elif kind == "capture":
+            plan: GraphPlan = message[1]
+            if graphs is None:
+                graphs = CudaGraphRunner(model, plan.max_batch, plan.max_blocks_per_seq,
+                                         plan.mixed_max_tokens)
+            graphs.capture_keys(message[2], message[3])
         elif kind == "kv":
             model.create_kv_cache(message[1], message[2])
             conn.send(("kv", None))
@@ -138,3 +181,11 @@ def _serve(model: Model, group: TorchTensorParallelGroup, batches: zmq.Socket[by
         else:
             raise RuntimeError(f"unknown message from rank 0: {kind!r}")
 
+
+def _exit_when_orphaned(parent: int) -> None:
+    """End this process once rank 0's is gone: the main thread may wait forever in a
+    collective inside a CUDA graph, which no timeout ends."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    log.error("rank 0 died: ending this rank")
+    os._exit(1)

@@ -62,7 +62,31 @@ class HostBatch:
             max_seq_len=self.max_seq_len,
             query_start_loc_cpu=torch.from_numpy(self.query_start_loc),
             seq_lens_cpu=torch.from_numpy(self.seq_lens),
-            block_tables_cpu=torch.from_numpy(self.block_tables))
+            block_tables_cpu=torch.from_numpy(self.block_tables), host=self)
+
+    @classmethod
+    def of(cls, batch: ForwardBatch) -> HostBatch:
+        """The host image of a device batch: `batch.host` where it has one, else its fields
+        read back from the device (a synchronisation; start-up and tests only)."""
+        known = batch.host
+        if known is not None:
+            if (len(known.input_ids), known.num_seqs, len(known.logits_indices),
+                    known.block_tables.shape) != (batch.num_tokens, batch.num_seqs,
+                                                  len(batch.logits_indices),
+                                                  tuple(batch.block_tables.shape)):
+                raise ValueError("ForwardBatch.host does not describe its batch: change the "
+                                 "HostBatch before to_device(), or set host=None")
+            return known
+
+        def host(t: torch.Tensor) -> np.ndarray:
+            return t.cpu().numpy()
+
+        return cls(
+            input_ids=host(batch.input_ids), positions=host(batch.positions),
+            slot_mapping=host(batch.slot_mapping), query_start_loc=host(batch.query_start_loc),
+            seq_lens=host(batch.seq_lens), block_tables=host(batch.block_tables),
+            logits_indices=host(batch.logits_indices), max_query_len=batch.max_query_len,
+            max_seq_len=batch.max_seq_len)
 
 
 def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:

@@ -23,10 +23,12 @@ runs eagerly."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,7 @@ import torch
 from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
-from openinfer_core.interfaces.capabilities import supports_cuda_graphs
+from openinfer_core.interfaces.capabilities import supports_cuda_graphs, supports_graph_peers
 from openinfer_core.interfaces.model import ForwardBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -85,12 +87,22 @@ def pick_bucket(buckets: Sequence[int], captured: Collection[int], n: int) -> in
     return min(larger) if larger and min(larger) <= PAD_RATIO * own else None
 
 
+@dataclass(frozen=True, slots=True)
+class GraphPlan:
+    """What a `CudaGraphRunner` is built from: a graph peer builds the same one."""
+
+    max_batch: int
+    max_blocks_per_seq: int
+    mixed_max_tokens: int
+
+
 class CudaGraphRunner:
     """Owns the fixed input buffers and one captured graph per bucket. Engine thread only."""
 
     def __init__(self, model: Model, max_batch: int, max_blocks_per_seq: int,
                  mixed_max_tokens: int = 0) -> None:
         self.model = model
+        self.plan = GraphPlan(max_batch, max_blocks_per_seq, mixed_max_tokens)
         self.device = model.device
         self.max_batch = max_batch
         self.buckets = graph_buckets(max_batch)
@@ -154,22 +166,37 @@ class CudaGraphRunner:
         started = time.perf_counter()
         self._inputs[key].reset()
         self.block_tables.zero_()
-        self._capture_all([key], collect=False)  # a full collection costs more than a capture
+        # A full collection costs more than a capture.
+        self._capture_all([key], collect=False, reset=True)
         log.debug("CUDA graph %s %d captured in %.3f s", *key, time.perf_counter() - started)
         if not self.pending:
             log.info("CUDA graphs: every bucket captured")
         return bool(self.pending)
 
-    def _capture_all(self, keys: list[tuple[str, int]], collect: bool = True) -> None:
+    def _capture_all(self, keys: list[tuple[str, int]], collect: bool = True,
+                     reset: bool = False) -> None:
+        """Capture `keys`, together with the model's graph peers where it has them (`reset`:
+        the buffers were reset to padding first, which the peers repeat)."""
+        peers = (self.model.capturing(self.plan, keys, reset)
+                 if supports_graph_peers(self.model) else contextlib.nullcontext())
         # No garbage collection while capturing: freeing some other engine's graphs or events
         # in the middle of a capture invalidates it.
         if collect:
             gc.collect()
         gc.disable()
         try:
-            self._capture(keys)
+            with peers:
+                self._capture(keys)
         finally:
             gc.enable()
+
+    def capture_keys(self, keys: list[tuple[str, int]], reset: bool) -> None:
+        """A graph peer's side of `_capture_all`: the same keys, after the same reset."""
+        if reset:
+            for key in keys:
+                self._inputs[key].reset()
+            self.block_tables.zero_()
+        self._capture_all(keys, collect=False)
 
     def every_batch(self) -> list[ForwardBatch]:
         """The batches of every bucket's graph, as `capture` runs them (compile ahead)."""
@@ -215,27 +242,36 @@ class CudaGraphRunner:
             fill: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Copy `batch` into the buffers, write `fill`'s token ids (device values: positions,
         ids) over its pending slots, replay its bucket; fp32 logits [S, V] (a view of the
-        graph's output, valid until the next replay)."""
+        graph's output, valid until the next replay). A model with graph peers (tensor-parallel
+        ranks) is told first, so that they replay the same bucket."""
+        key = self.key_of(batch)
+        if supports_graph_peers(self.model):
+            self.model.replaying(key, batch)
+        return self.replay(key, batch, fill)
+
+    def key_of(self, batch: HostBatch) -> tuple[str, int]:
+        """The captured graph `batch` replays (`can_run` said it has one)."""
+        if batch.is_decode:
+            bucket = pick_bucket(self.buckets, self._graphs, batch.num_seqs)
+        else:
+            bucket = pick_bucket(self.mixed, self._mixed_graphs, len(batch.input_ids))
+        assert bucket is not None, "can_run said no"
+        return ("decode" if batch.is_decode else "mixed", bucket)
+
+    def replay(self, key: tuple[str, int], batch: HostBatch,
+               fill: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`run` for the graph `key` (a graph peer replays the key rank 0 sent)."""
         self._turn ^= 1
         self._staging, self._copied = self._stagings[self._turn], self._copies[self._turn]
         self._copied.synchronize()
         self._fill = fill
-        if batch.is_decode:
-            return self._run_decode(batch)
-        return self._run_mixed(batch)
-
-    def _run_decode(self, batch: HostBatch) -> torch.Tensor:
-        bucket = pick_bucket(self.buckets, self._graphs, batch.num_seqs)
-        assert bucket is not None, "can_run said no"
-        self._copy_in(("decode", bucket), batch, stage_decode)
-        self._graphs[bucket].replay()
-        self.replays["decode"] += 1
-        return self._logits[bucket][:batch.num_seqs]
-
-    def _run_mixed(self, batch: HostBatch) -> torch.Tensor:
-        bucket = pick_bucket(self.mixed, self._mixed_graphs, len(batch.input_ids))
-        assert bucket is not None, "can_run said no"
-        self._copy_in(("mixed", bucket), batch, stage_mixed)
+        kind, bucket = key
+        if kind == "decode":
+            self._copy_in(key, batch, stage_decode)
+            self._graphs[bucket].replay()
+            self.replays["decode"] += 1
+            return self._logits[bucket][:batch.num_seqs]
+        self._copy_in(key, batch, stage_mixed)
         self._mixed_graphs[bucket].replay()
         self.replays["mixed"] += 1
         return self._mixed_logits[bucket][:len(batch.logits_indices)]

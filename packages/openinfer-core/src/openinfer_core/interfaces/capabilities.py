@@ -14,9 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from contextlib import AbstractContextManager
+
     import torch
     from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
+    from openinfer_core.engine.batch import HostBatch
+    from openinfer_core.engine.cuda_graphs import GraphPlan
     from openinfer_core.interfaces.offload import PrefixRestorer
     from openinfer_core.interfaces.sampling import SamplingKernels
 
@@ -40,6 +45,24 @@ class SupportsCudaGraphs(Protocol):
 
 def supports_cuda_graphs(model: object) -> TypeIs[SupportsCudaGraphs]:
     return isinstance(model, SupportsCudaGraphs)
+
+
+@runtime_checkable
+class SupportsGraphPeers(Protocol):
+    """A model whose forward also runs in other processes that must capture and replay the
+    engine's CUDA graphs with it (tensor-parallel ranks: their collectives meet inside the
+    graphs). The engine's graph runner tells them before its own capture and replay; the
+    forwards it runs inside `capturing` are the captures', not steps to send. Without it a
+    model is captured alone."""
+
+    def capturing(self, plan: GraphPlan, keys: Sequence[tuple[str, int]],
+                  reset: bool) -> AbstractContextManager[None]: ...
+
+    def replaying(self, key: tuple[str, int], host: HostBatch) -> None: ...
+
+
+def supports_graph_peers(model: object) -> TypeIs[SupportsGraphPeers]:
+    return isinstance(model, SupportsGraphPeers)
 
 
 @runtime_checkable

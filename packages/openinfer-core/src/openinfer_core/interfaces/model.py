@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
 from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_core.interfaces.kv import KVManager
+
+if TYPE_CHECKING:
+    from openinfer_core.engine.batch import HostBatch
 
 
 @dataclass(slots=True)
@@ -26,7 +29,12 @@ class ForwardBatch:
 
     `logits_out`, when set, is an fp32 buffer of at least `[len(logits_indices), vocab_size]`
     that the model may write its logits into (its first rows) and return a view of; CUDA
-    graphs set it so that every captured graph shares one output. A model may ignore it."""
+    graphs set it so that every captured graph shares one output. A model may ignore it.
+
+    `host`, when set, is the engine's host image of the whole batch (`engine.batch.HostBatch`),
+    which a tensor-parallel rank 0 sends to the other ranks instead of the device tensors.
+    Whoever changes a field after `HostBatch.to_device` sets `host` to None (or changes the
+    host image first)."""
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -41,6 +49,7 @@ class ForwardBatch:
     seq_lens_cpu: torch.Tensor | None = None
     block_tables_cpu: torch.Tensor | None = None
     logits_out: torch.Tensor | None = None
+    host: HostBatch | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -93,9 +102,13 @@ class TensorParallelGroup(Protocol):
 
     rank: int  # 0 .. size - 1; rank 0 is the engine's process and returns the logits
     size: int
+    # The dtype a row-split layer's partial products are summed in: None, the model's own;
+    # float32 in the tensor-parallel gate's experiment (`distributed.group.FP32_REDUCE_ENV`).
+    reduce_dtype: torch.dtype | None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place; returns `x`."""
+        """The sum of `x` over the ranks: `x` summed in place or a new tensor (use the
+        returned one; `x`'s contents are undefined after)."""
         ...
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,123 @@
+"""The all-reduce each message size takes on CUDA: torch's symmetric-memory kernels over NVLink
+for the small messages of decode steps, NCCL for the rest.
+
+A decode step of Qwen3-8B all-reduces 73 messages of batch × 8 KB; NCCL's ring spends ~15-20 us
+on each whatever its size. torch's symmetric memory (`torch.distributed._symmetric_memory`)
+maps every rank's staging buffer into every other rank's address space, and its kernels read the
+peers' buffers directly over NVLink:
+
+- one-shot: each rank reads all the others' whole buffers and sums (one barrier, size × (n-1)
+  bytes read per rank): the least latency, for the smallest messages;
+- two-shot: a reduce-scatter then an all-gather through the buffers (two barriers, 2 × size ×
+  (n-1)/n bytes moved per rank): for the middle sizes.
+
+Neither needs NVLink multicast (off on the lent machines). Both run inside CUDA graphs, and a
+call stages its input into this rank's buffer (one copy), so callers keep their own tensors.
+Which one a size takes is measured by `benchmarks/all_reduce.py` (`BENCHMARKS.md`, "All-reduce")
+and kept in `ONE_SHOT_MAX` / `TWO_SHOT_MAX`; `OPENINFER_TP_ALL_REDUCE` forces one path for an
+A/B."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("openinfer")
+
+ALL_REDUCE_ENV = "OPENINFER_TP_ALL_REDUCE"  # auto (default) | nccl | one_shot | two_shot
+Path_ = Literal["nccl", "one_shot", "two_shot"]
+
+# The largest message (bytes) each path takes, by group size. Placeholders until the H100
+# measurement of benchmarks/all_reduce.py replaces them.
+ONE_SHOT_MAX = {2: 512 << 10, 4: 256 << 10}
+TWO_SHOT_MAX = {2: 8 << 20, 4: 16 << 20}
+DEFAULT_ONE_SHOT_MAX = 128 << 10  # group sizes not measured
+DEFAULT_TWO_SHOT_MAX = 8 << 20
+ALIGN_BYTES = 16  # two-shot splits the message into per-rank parts of whole 16-byte units
+
+
+class SymmetricAllReduce:
+    """One rank's symmetric-memory staging buffer and the rule that picks a path per message.
+    Build with `open` (collective: every rank of the group at once)."""
+
+    def __init__(self, buffer: torch.Tensor, group_name: str, size: int, forced: str) -> None:
+        self.buffer = buffer  # uint8, mapped into every rank
+        self.group_name = group_name
+        self.size = size
+        self.forced = forced
+        self.one_shot_max = ONE_SHOT_MAX.get(size, DEFAULT_ONE_SHOT_MAX)
+        self.two_shot_max = min(TWO_SHOT_MAX.get(size, DEFAULT_TWO_SHOT_MAX),
+                                buffer.numel())
+
+    @classmethod
+    def open(cls, size: int, device: torch.device) -> SymmetricAllReduce | None:
+        """This rank's part of the group's symmetric buffer, or None (on every rank alike)
+        where symmetric memory is not usable or `OPENINFER_TP_ALL_REDUCE=nccl`."""
+        forced = os.environ.get(ALL_REDUCE_ENV, "auto")
+        if forced not in ("auto", "nccl", "one_shot", "two_shot"):
+            raise ValueError(f"{ALL_REDUCE_ENV}={forced!r}: use auto, nccl, one_shot or "
+                             "two_shot")
+        if forced == "nccl" or device.type != "cuda":
+            return None
+        group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
+        nbytes = max(TWO_SHOT_MAX.get(size, DEFAULT_TWO_SHOT_MAX),
+                     ONE_SHOT_MAX.get(size, DEFAULT_ONE_SHOT_MAX))
+        buffer = None
+        why = ""
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch
+                symm_mem.enable_symm_mem_for_group(group_name)
+            buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+            symm_mem.rendezvous(buffer, group_name)
+            ops = torch.ops.symm_mem
+            for name in ("one_shot_all_reduce_copy", "two_shot_all_reduce_out"):
+                if not hasattr(ops, name):
+                    raise RuntimeError(f"torch {torch.__version__} has no symm_mem.{name}")
+        except Exception as exc:  # no NVLink peer access, an older torch: NCCL it is
+            why = f"{type(exc).__name__}: {exc}"
+            buffer = None
+        # Every rank must take the same paths: agree that all of them have the buffer.
+        ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int32, device=device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not int(ok.item()):
+            log.warning("tensor parallel: symmetric-memory all-reduce unavailable (%s); every "
+                        "all-reduce goes through NCCL", why or "another rank failed")
+            return None
+        assert buffer is not None
+        return cls(buffer, group_name, size, forced)
+
+    def path(self, x: torch.Tensor) -> Path_:
+        """The path `x` takes: the same on every rank for the same shape and dtype."""
+        nbytes = x.numel() * x.element_size()
+        if nbytes > self.buffer.numel() or x.dtype not in (torch.bfloat16, torch.float16,
+                                                            torch.float32):
+            return "nccl"
+        aligned = nbytes % (ALIGN_BYTES * self.size) == 0
+        if self.forced == "one_shot":
+            return "one_shot"
+        if self.forced == "two_shot":
+            return "two_shot" if aligned else "nccl"
+        if nbytes <= self.one_shot_max:
+            return "one_shot"
+        if nbytes <= self.two_shot_max and aligned:
+            return "two_shot"
+        return "nccl"
+
+    def __call__(self, x: torch.Tensor, path: Path_) -> torch.Tensor:
+        """The sum of `x` over the ranks, in a new tensor of x's shape (`path` from `path`)."""
+        flat = x.reshape(-1)
+        staged = self.buffer[:flat.numel() * flat.element_size()].view(flat.dtype)
+        if path == "one_shot":  # copies x into the buffer and sums in one kernel
+            out = torch.ops.symm_mem.one_shot_all_reduce_copy(staged, flat, "sum",
+                                                              self.group_name)
+        else:
+            staged.copy_(flat)
+            out = torch.empty_like(flat)
+            torch.ops.symm_mem.two_shot_all_reduce_out(staged, "sum", self.group_name, out)
+        return out.view(x.shape)
