@@ -1,27 +1,78 @@
-# Tensor parallelism (on nvidia-h200-x2): TP=2 against one GPU, Qwen3 and DeepSeek-V4.
+# Tensor parallelism (on nvidia-h100-x2 / -x4): the all-reduce paths, the TP gate against
+# transformers, batch-1 TPOT against one GPU and the per-rank read floor, served throughput,
+# and a rank killed mid-stream. TP_SIZES: the TP sizes measured (default "1 2"; "1 2 4" on 4
+# GPUs).
 
 stage_tp() {
-  local m32=/tmp/qwen3-32b
-  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
-  stage "tensor parallelism: TP=2 against one GPU, Qwen3-8B shapes, teacher-forced"
-  timeout 400 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_gpu.py 2>&1 \
-    | tail -15 | tee "$OUT/tp_tests.log"
-  stage "tensor and expert parallelism: DeepSeek-V4 (3 layers against one GPU; all 43 layers served)"
-  timeout 900 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_deepseek_v4_gpu.py \
-    2>&1 | tail -15 | tee "$OUT/tp_dsv4_tests.log"
-  for size in 8b 32b; do
-    model=$M8; [ "$size" = 32b ] && model=$m32
-    for tp in 1 2; do
-      stage "batch-1 latency, Qwen3-${size^^}, TP=$tp"
-      timeout 240 python3 -m openinfer_server.cli bench latency $model --load-format dummy \
-        --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
-        --tensor-parallel-size $tp --result-file "$OUT/latency-qwen3-$size-tp$tp.json" \
-        | grep -E "TPOT|floor"
-      stage "offline throughput 128/128 x 512, Qwen3-${size^^}, TP=$tp"
-      timeout 300 python3 -m openinfer_server.cli bench throughput $model --load-format dummy \
-        --max-num-seqs 512 --max-model-len 4608 --num-prompts 512 --input-len 128 \
-        --output-len 128 --tensor-parallel-size $tp \
-        --result-file "$OUT/throughput-$size-128-tp$tp.json" | tail -3
+  local tps=${TP_SIZES:-1 2}
+  for n in $tps; do
+    [ "$n" = 1 ] && continue
+    stage "all-reduce on $n GPUs: NCCL, symmetric-memory one-shot and two-shot, 8 KB - 32 MB"
+    timeout 240 python3 benchmarks/all_reduce.py --gpus $n --json "$OUT/all-reduce-$n.json" 2>&1 \
+      | grep -v "^\[" | tail -45
+  done
+  for tp in $tps; do
+    for ar in ${TP_ALL_REDUCE:-auto}; do
+      [ "$tp" = 1 ] && [ "$ar" != auto ] && continue
+      stage "batch-1 latency, Qwen3-8B, TP=$tp, all-reduce $ar"
+      OPENINFER_TP_ALL_REDUCE=$ar timeout 240 python3 -m openinfer_server.cli bench latency $M8 \
+        --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+        --output-len 128 --num-iters 3 --tensor-parallel-size $tp \
+        --result-file "$OUT/latency-qwen3-8b-tp$tp-$ar.json" > /tmp/latency.log 2>&1
+      grep -E "TPOT|floor" /tmp/latency.log || tail -25 /tmp/latency.log
     done
   done
+  stage "tensor-parallel gate: TP2 (CUDA graphs) against transformers, Qwen3-4B shapes and 1 KV head"
+  timeout 600 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_gpu.py 2>&1 \
+    > /tmp/tp_tests.log 2>&1
+  grep -E "^\{|passed|failed|Error|error" /tmp/tp_tests.log | tail -40 | tee "$OUT/tp_tests.log"
+}
+
+stage_tp32() {
+  local m32=/tmp/qwen3-32b tps=${TP_SIZES:-1 2}
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
+  for tp in $tps; do
+    [ "$tp" = 1 ] && continue
+    stage "batch-1 latency, Qwen3-32B, TP=$tp"
+    timeout 300 python3 -m openinfer_server.cli bench latency $m32 --load-format dummy \
+      --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
+      --tensor-parallel-size $tp --result-file "$OUT/latency-qwen3-32b-tp$tp.json" \
+      > /tmp/latency.log 2>&1
+    grep -E "TPOT|floor" /tmp/latency.log || tail -25 /tmp/latency.log
+  done
+}
+
+stage_tpserve() {
+  local m32=/tmp/qwen3-32b
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
+  stage "served throughput, Qwen3-32B, TP=2: 128/128 at concurrency 256, 2048/2048 at 64"
+  python3 -m openinfer_server.cli serve $m32 --load-format dummy --tensor-parallel-size 2 \
+    --max-num-seqs 256 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp.log" 2>&1 &
+  server=$!
+  if wait_ready $server; then
+    timeout 200 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+      --random-output-len 128 --num-prompts 1024 --max-concurrency 256 --request-rate inf \
+      --ignore-eos --tokenizer $m32 --result-file "$OUT/serve-32b-tp2-128.json" \
+      | grep -E "throughput|TTFT|TPOT|Failed"
+    timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 2048 \
+      --random-output-len 2048 --num-prompts 128 --max-concurrency 64 --request-rate inf \
+      --ignore-eos --tokenizer $m32 --result-file "$OUT/serve-32b-tp2-2048.json" \
+      | grep -E "throughput|TTFT|TPOT|Failed"
+  else
+    echo "tpserve: no server (see serve-tp.log)"; tail -30 "$OUT/serve-tp.log"
+  fi
+  stop $server
+  stage "a tensor-parallel rank killed mid-stream: Qwen3-8B, TP=2, the rank on GPU 1"
+  python3 -m openinfer_server.cli serve $M8 --load-format dummy --tensor-parallel-size 2 \
+    --max-num-seqs 16 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp-kill.log" 2>&1 &
+  server=$!
+  if wait_ready $server; then
+    timeout 150 python3 benchmarks/device/kill_rank.py --gpu 1 --model $M8 \
+      --json "$OUT/kill-tp-rank.json"
+    sleep 2
+    kill -0 $server 2>/dev/null && echo "the server still runs after its rank died" \
+      || echo "the server stopped after its rank died"
+  fi
+  kill -9 $server 2>/dev/null; wait $server 2>/dev/null
+  tail -5 "$OUT/serve-tp-kill.log"
 }
