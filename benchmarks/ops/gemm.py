@@ -22,6 +22,10 @@ SMALL_SHAPES = {
     "4B down": (2560, 9728), "4B lm_head": (151936, 2560),
     "8B qkv": (6144, 4096), "8B o": (4096, 4096), "8B gate_up": (24576, 4096),
     "8B down": (4096, 12288), "8B lm_head": (151936, 4096),
+    # one rank's shard at tensor-parallel size 2 (M = 1 only)
+    "8B/tp2 qkv": (3072, 4096), "8B/tp2 o": (4096, 2048), "8B/tp2 gate_up": (12288, 4096),
+    "8B/tp2 down": (4096, 6144), "32B/tp2 qkv": (5120, 5120), "32B/tp2 o": (5120, 4096),
+    "32B/tp2 gate_up": (25600, 5120), "32B/tp2 down": (5120, 12800),
 }
 
 
@@ -54,7 +58,7 @@ def _small_cases() -> list[Case]:
     cases = []
     for name, (n, k) in SMALL_SHAPES.items():
         for gated in (False, True) if "gate_up" in name else (False,):
-            for m in (1, 16):
+            for m in (1,) if "/tp" in name else (1, 16):
                 label = f"{name}{'+silu' if gated else ''} M{m}".replace(" ", "-")
                 cases.append(Case(label, {"n": n, "k": k, "m": m, "gated": gated}))
     return cases

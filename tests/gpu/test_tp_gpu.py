@@ -9,9 +9,10 @@ query heads). Cases, each teacher-forced over sequences with prompts of 1-500 to
 - batch 1 from CUDA graphs: the prompt from a mixed-step graph, then decode graphs;
 - a mixed batch of 24-token chunks beside decodes, every step from mixed-step graphs.
 
-The same cases at TP1 run beside them (their rows are the one-GPU baseline of this run), and
-two diagnostics are recorded with them: the distance of TP2 from TP1 (the form of the earlier
-gate, which compared two bf16 runs of ours) and the `fp32-reduce` experiment
+Batch 1 eager runs at TP1 beside them (the one-GPU baseline of this run; the one-GPU golden
+gate covers the other cases), and two diagnostics are recorded with it: the distance of TP2
+from TP1 (the form of the earlier gate, which compared two bf16 runs of ours) and the
+`fp32-reduce` experiment
 (`OPENINFER_TP_FP32_REDUCE=1`: each rank's partial products kept in fp32 and summed in fp32,
 so the sum is rounded once, as one GPU's GEMM rounds it)."""
 
@@ -21,6 +22,7 @@ import json
 import os
 import random
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from forced import Picks, gate_row, run_forced
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
 
-PROMPT_LENS = [1, 7, 17, 33, 64, 100, 128, 200, 255, 300, 400, 500]
+PROMPT_LENS = [1, 17, 64, 128, 255, 300, 400, 500]
 DECODES = 8
 REGRET_MAX, MEAN_MAX, P99_MAX = 0.20, 0.06, 0.20
 RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
@@ -83,7 +85,7 @@ def _engine(checkpoint: Path, tp: int):  # type: ignore[no-untyped-def]
     from openinfer_core.engine.engine import Engine
 
     return Engine(EngineConfig(model=str(checkpoint), device="cuda", max_model_len=1024,
-                               max_num_seqs=16, max_num_batched_tokens=1024,
+                               max_num_seqs=8, max_num_batched_tokens=512,
                                num_kv_blocks=1024, tensor_parallel_size=tp))
 
 
@@ -128,10 +130,12 @@ def _run_cases(engine, sequences: list[list[int]],  # type: ignore[no-untyped-de
 
 @pytest.fixture(scope="module")
 def runs(checkpoint: Path, sequences: list[list[int]]) -> Iterator[dict[str, dict]]:  # type: ignore[type-arg]
-    """Every case at TP1, TP2, and TP2 with the fp32-reduce experiment (batch 1 eager)."""
+    """Every case at TP2; batch 1 eager at TP1 and with the fp32-reduce experiment too (the
+    one-GPU gate covers TP1's other cases)."""
     got = {}
-    for name, tp, env, cases in [("tp1", 1, None, CASES), ("tp2", 2, None, CASES),
+    for name, tp, env, cases in [("tp1", 1, None, ["batch1-eager"]), ("tp2", 2, None, CASES),
                                  ("tp2-fp32-reduce", 2, "1", ["batch1-eager"])]:
+        started = time.perf_counter()
         if env is not None:
             os.environ["OPENINFER_TP_FP32_REDUCE"] = env
         try:
@@ -144,6 +148,7 @@ def runs(checkpoint: Path, sequences: list[list[int]]) -> Iterator[dict[str, dic
                 torch.cuda.empty_cache()
         finally:
             os.environ.pop("OPENINFER_TP_FP32_REDUCE", None)
+        print(f"{checkpoint.name} {name}: {time.perf_counter() - started:.0f} s", flush=True)
     yield got
 
 
@@ -178,9 +183,10 @@ def test_tp2_passes_the_golden_gate(checkpoint: Path, runs, reference,  # type: 
     label = checkpoint.name.rstrip("0123456789")
     rows = {}
     for name in ("tp1", "tp2"):
-        picks, which = runs[name][case]
-        rows[name] = gate_row(f"{name}-{case}-{label}", picks, reference, which)
-        _record(rows[name])
+        if case in runs[name]:
+            picks, which = runs[name][case]
+            rows[name] = gate_row(f"{name}-{case}-{label}", picks, reference, which)
+            _record(rows[name])
     if case == "batch1-eager":
         picks, which = runs["tp2-fp32-reduce"][case]
         _record(gate_row(f"tp2-fp32-reduce-{case}-{label}", picks, reference, which))

@@ -3,42 +3,53 @@
 # and a rank killed mid-stream. TP_SIZES: the TP sizes measured (default "1 2"; "1 2 4" on 4
 # GPUs).
 
-stage_tp() {
-  local tps=${TP_SIZES:-1 2}
-  for n in $tps; do
+# tp_latency SIZE MODEL TP NAME [VAR=VALUE ...]: batch-1 latency at TP, 128 in / 128 out.
+tp_latency() {
+  local size=$1 model=$2 tp=$3 name=$4
+  shift 4
+  stage "batch-1 latency, Qwen3-${size^^}, TP=$tp, $name"
+  env "$@" timeout 300 python3 -m openinfer_server.cli bench latency $model --load-format dummy \
+    --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
+    --tensor-parallel-size $tp --result-file "$OUT/latency-qwen3-$size-tp$tp-$name.json" \
+    > "$OUT/latency-qwen3-$size-tp$tp-$name.log" 2>&1
+  grep -E "TPOT|floor" "$OUT/latency-qwen3-$size-tp$tp-$name.log" \
+    || tail -25 "$OUT/latency-qwen3-$size-tp$tp-$name.log"
+  grep -h "all-reduce by\|unavailable" "$OUT/latency-qwen3-$size-tp$tp-$name.log" | head -2
+}
+
+stage_allreduce() {
+  for n in ${TP_SIZES:-1 2}; do
     [ "$n" = 1 ] && continue
     stage "all-reduce on $n GPUs: NCCL, symmetric-memory one-shot and two-shot, 8 KB - 32 MB"
     timeout 240 python3 benchmarks/all_reduce.py --gpus $n --json "$OUT/all-reduce-$n.json" 2>&1 \
       | grep -v "^\[" | tail -45
   done
+}
+
+stage_tp() {
+  local tps=${TP_SIZES:-1 2}
   for tp in $tps; do
-    for ar in ${TP_ALL_REDUCE:-auto}; do
-      [ "$tp" = 1 ] && [ "$ar" != auto ] && continue
-      stage "batch-1 latency, Qwen3-8B, TP=$tp, all-reduce $ar"
-      OPENINFER_TP_ALL_REDUCE=$ar timeout 240 python3 -m openinfer_server.cli bench latency $M8 \
-        --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
-        --output-len 128 --num-iters 3 --tensor-parallel-size $tp \
-        --result-file "$OUT/latency-qwen3-8b-tp$tp-$ar.json" > /tmp/latency.log 2>&1
-      grep -E "TPOT|floor" /tmp/latency.log || tail -25 /tmp/latency.log
-    done
+    tp_latency 8b $M8 $tp auto
   done
+  # A/Bs at TP2 (TP_VARIANTS="OPENINFER_TP_ALL_REDUCE=nccl OPENINFER_LINEAR=cublas": the
+  # all-reduce through NCCL only; the linears on cuBLAS, not the shard tiles).
+  for variant in ${TP_VARIANTS:-}; do
+    tp_latency 8b $M8 2 "${variant//=/-}" "$variant"
+  done
+}
+
+stage_tpgate() {
   stage "tensor-parallel gate: TP2 (CUDA graphs) against transformers, Qwen3-4B shapes and 1 KV head"
   timeout 600 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_gpu.py 2>&1 \
-    > /tmp/tp_tests.log 2>&1
-  grep -E "^\{|passed|failed|Error|error" /tmp/tp_tests.log | tail -40 | tee "$OUT/tp_tests.log"
+    > "$OUT/tp_tests_full.log" 2>&1
+  grep -E "^\{|passed|failed|Error|error| s$" "$OUT/tp_tests_full.log" | tail -40
 }
 
 stage_tp32() {
   local m32=/tmp/qwen3-32b tps=${TP_SIZES:-1 2}
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
   for tp in $tps; do
-    [ "$tp" = 1 ] && continue
-    stage "batch-1 latency, Qwen3-32B, TP=$tp"
-    timeout 300 python3 -m openinfer_server.cli bench latency $m32 --load-format dummy \
-      --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
-      --tensor-parallel-size $tp --result-file "$OUT/latency-qwen3-32b-tp$tp.json" \
-      > /tmp/latency.log 2>&1
-    grep -E "TPOT|floor" /tmp/latency.log || tail -25 /tmp/latency.log
+    [ "$tp" = 1 ] || tp_latency 32b $m32 $tp auto
   done
 }
 

@@ -31,10 +31,13 @@ log = logging.getLogger("openinfer")
 ALL_REDUCE_ENV = "OPENINFER_TP_ALL_REDUCE"  # auto (default) | nccl | one_shot | two_shot
 Path_ = Literal["nccl", "one_shot", "two_shot"]
 
-# The largest message (bytes) each path takes, by group size. Placeholders until the H100
-# measurement of benchmarks/all_reduce.py replaces them.
-ONE_SHOT_MAX = {2: 512 << 10, 4: 256 << 10}
-TWO_SHOT_MAX = {2: 8 << 20, 4: 16 << 20}
+# The largest message (bytes) each path takes, by group size, from `benchmarks/all_reduce.py`
+# on 2 H100s (NVLink, 386 GB/s peer copy), bf16 in CUDA graphs: one-shot is the fastest up to
+# 1 MB (8.5 us at 8-64 KB against NCCL's 12.2-12.7), two-shot from 2 to 16 MB, NCCL from
+# 32 MB. 4 GPUs were not lent: their values are untested guesses (a one-shot rank reads three
+# peers there, so its crossover comes earlier).
+ONE_SHOT_MAX = {2: 1 << 20, 4: 256 << 10}
+TWO_SHOT_MAX = {2: 16 << 20, 4: 8 << 20}
 DEFAULT_ONE_SHOT_MAX = 128 << 10  # group sizes not measured
 DEFAULT_TWO_SHOT_MAX = 8 << 20
 ALIGN_BYTES = 16  # two-shot splits the message into per-rank parts of whole 16-byte units
@@ -71,8 +74,6 @@ class SymmetricAllReduce:
         try:
             import torch.distributed._symmetric_memory as symm_mem
 
-            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch
-                symm_mem.enable_symm_mem_for_group(group_name)
             buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
             symm_mem.rendezvous(buffer, group_name)
             ops = torch.ops.symm_mem
@@ -90,7 +91,11 @@ class SymmetricAllReduce:
                         "all-reduce goes through NCCL", why or "another rank failed")
             return None
         assert buffer is not None
-        return cls(buffer, group_name, size, forced)
+        made = cls(buffer, group_name, size, forced)
+        log.info("tensor parallel: all-reduce by symmetric memory up to %d KB (one-shot up to "
+                 "%d KB), NCCL past it%s", made.two_shot_max >> 10, made.one_shot_max >> 10,
+                 "" if forced == "auto" else f" ({ALL_REDUCE_ENV}={forced})")
+        return made
 
     def path(self, x: torch.Tensor) -> Path_:
         """The path `x` takes: the same on every rank for the same shape and dtype."""

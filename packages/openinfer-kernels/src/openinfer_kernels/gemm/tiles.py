@@ -28,6 +28,17 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (4096, 4096): (Tile(4, 512), Tile(32, 256)),  # o: 1.27 vs 1.42, 1.29 vs 1.43
     (24576, 4096): (Tile(4, 512), Tile(32, 128)),  # gate_up + silu: 1.04 vs 1.13, 1.06 vs 1.15
     (4096, 12288): (Tile(16, 512, 2, 8), Tile(32, 256)),  # down: 1.13 vs 1.17, 1.16 vs 1.19
+    # One rank's shard at tensor-parallel size 2, at M = 1 only: the tile of the nearest shape
+    # above, not swept yet (the `small_linear` op has these cases); `stage_tp` in
+    # benchmarks/device/stages/tp.sh A/Bs them against cuBLAS end to end (BENCHMARKS.md).
+    (3072, 4096): (Tile(4, 512), None),  # 8B qkv
+    (4096, 2048): (Tile(4, 512), None),  # 8B o
+    (12288, 4096): (Tile(4, 512), None),  # 8B gate_up + silu
+    (4096, 6144): (Tile(16, 512, 2, 8), None),  # 8B down
+    (5120, 5120): (Tile(4, 512), None),  # 32B qkv
+    (5120, 4096): (Tile(4, 512), None),  # 32B o
+    (25600, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
+    (5120, 12800): (Tile(16, 512, 2, 8), None),  # 32B down
 }
 
 
