@@ -40,8 +40,10 @@ stage_tp() {
 
 stage_tpgate() {
   stage "tensor-parallel gate: TP2 (CUDA graphs) against transformers, Qwen3-4B shapes and 1 KV head"
-  timeout 600 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu/test_tp_gpu.py 2>&1 \
-    > "$OUT/tp_tests_full.log" 2>&1
+  # Logs at INFO as they come; a stuck run is stopped with SIGABRT so that faulthandler prints
+  # where rank 0's threads were (a worker prints its own when rank 0 is gone).
+  timeout -s ABRT ${TPGATE_TIMEOUT_S:-600} python3 -m pytest -p no:cacheprovider -q -s -m gpu \
+    -o log_cli=true --log-cli-level=INFO tests/gpu/test_tp_gpu.py > "$OUT/tp_tests_full.log" 2>&1
   grep -E "^\{|passed|failed|Error|error| s$" "$OUT/tp_tests_full.log" | tail -40
 }
 

@@ -17,6 +17,7 @@ a graph (which never times out)."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import multiprocessing.connection
 import os
@@ -187,5 +188,6 @@ def _exit_when_orphaned(parent: int) -> None:
     collective inside a CUDA graph, which no timeout ends."""
     while os.getppid() == parent:
         time.sleep(ORPHAN_CHECK_S)
-    log.error("rank 0 died: ending this rank")
+    log.error("rank 0 died: ending this rank; where its threads were:")
+    faulthandler.dump_traceback(all_threads=True)
     os._exit(1)
