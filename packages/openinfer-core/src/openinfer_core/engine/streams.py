@@ -55,6 +55,14 @@ class EventStreams:
                     self._streams.pop(rid, None)
                 abort(rid)
 
+    def open_count(self) -> int:
+        """Requests whose streams are open: submitted (or about to be) and not ended."""
+        return len(self._streams)
+
+    def holds(self, request_id: str) -> bool:
+        """Whether `request_id`'s stream is open here."""
+        return request_id in self._streams
+
     def deliver(self, events: list[TokenEvent]) -> None:
         # One wake-up per event loop per call, not one per event: each call_soon_threadsafe
         # writes to the loop's self-pipe, and a step at batch 512 has 512 events.
