@@ -1,6 +1,7 @@
-"""`ReplicaRouter` over scripted replicas: least-loaded routing with ties taken in turn, prefix
-affinity within AFFINITY_MARGIN, dead replicas skipped, aborts to the holder, summed load; and
-the block keys and the bounded prefix map it routes by."""
+"""`ReplicaRouter` over scripted replicas: least-loaded routing (the engine's count plus what
+was routed since) with ties taken in turn, prefix affinity within AFFINITY_MARGIN, dead
+replicas skipped, aborts to the holder, summed load; and the block keys and the bounded prefix
+map it routes by."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ BLOCK = 4
 
 
 class FakeReplica:
-    """A replica handle whose load, in-flight requests and death the test sets."""
+    """A replica handle whose load, requests and death the test sets."""
 
     def __init__(self, blocks: int = 50) -> None:
         self.model_info = ModelInfo("m", 64, blocks, BLOCK, (0,))
@@ -31,9 +32,6 @@ class FakeReplica:
 
     def load(self) -> LoadSnapshot:
         return self.snapshot
-
-    def in_flight(self) -> int:
-        return len(self.requests)
 
     def holds(self, request_id: str) -> bool:
         return request_id in self.requests
@@ -55,8 +53,9 @@ def _router(count: int = 2) -> tuple[ReplicaRouter, list[FakeReplica]]:
     return ReplicaRouter(replicas), replicas
 
 
-def _busy(replica: FakeReplica, count: int) -> None:
-    replica.requests |= {f"busy-{i}" for i in range(count)}
+def _busy(replica: FakeReplica, running: int, waiting: int = 0) -> None:
+    """A step's load from the engine: `running` and `waiting` requests."""
+    replica.snapshot = LoadSnapshot(running, waiting, 0, replica.snapshot.kv_total_blocks)
 
 
 def test_block_keys_chain_whole_blocks() -> None:
@@ -88,12 +87,16 @@ def test_prefix_map_matches_the_longest_prefix_and_drops_tails_first() -> None:
 
 def test_least_loaded_wins_ties_taken_in_turn() -> None:
     router, replicas = _router(3)
-    assert [router.route([i]) for i in range(4)] == [0, 1, 2, 0]
-    _busy(replicas[0], 2)
-    _busy(replicas[2], 1)
-    assert router.route([9]) == 1
-    replicas[1].snapshot = LoadSnapshot(3, 2, 0, 50)  # the engine knows of 5 (other frontends)
+    _busy(replicas[2], 2)
+    # Between two steps: what was routed since counts (loads 0 0 2, 1 0 2, 1 1 2, 2 1 2).
+    assert [router.route([i]) for i in range(4)] == [0, 1, 0, 1]
+    _busy(replicas[0], 0)  # replica 0's engine stepped: its requests are done
+    assert router.route([9]) == 0
+    _busy(replicas[0], 3, 2)  # the engine knows of 5 (other frontends' included)
+    _busy(replicas[1], 4)
     assert router.route([9]) == 2
+    _busy(replicas[2], 1)
+    assert [router.route([i]) for i in range(4)] == [2, 2, 2, 1]  # 1 2 3 then 4 4: in turn
 
 
 def test_a_conversation_follows_its_prefix_within_the_margin() -> None:

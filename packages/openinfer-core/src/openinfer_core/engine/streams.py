@@ -55,10 +55,6 @@ class EventStreams:
                     self._streams.pop(rid, None)
                 abort(rid)
 
-    def open_count(self) -> int:
-        """Requests whose streams are open: submitted (or about to be) and not ended."""
-        return len(self._streams)
-
     def holds(self, request_id: str) -> bool:
         """Whether `request_id`'s stream is open here."""
         return request_id in self._streams

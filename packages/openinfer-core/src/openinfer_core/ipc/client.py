@@ -94,10 +94,6 @@ class EngineClient:
             self._send(Abort(request_id))
 
     # -- what a router over replicas asks ------------------------------------------------
-    def in_flight(self) -> int:
-        """Requests sent through this client and not yet ended."""
-        return self._streams.open_count()
-
     def holds(self, request_id: str) -> bool:
         """Whether `request_id` was sent through this client and has not ended."""
         return self._streams.holds(request_id)

@@ -8,9 +8,9 @@ Each new request goes to one replica, chosen in `route`:
     holder  = the live replica that last served the longest whole-block prefix of the prompt
     holder if its load is within AFFINITY_MARGIN of least's, else least
 
-A replica's load is what its client knows: its requests in flight from this frontend, or the
-engine's own running + waiting count (which includes other frontends' requests), whichever is
-larger. Aborts go to the replica holding the request. A dead replica fails its own requests
+A replica's load is what its client knows: the engine's running + waiting count from its
+latest step (other frontends' requests included), plus the requests routed to it since that
+count arrived (a burst of arrivals between two steps would all see the same counts). Aborts go to the replica holding the request. A dead replica fails its own requests
 (its client does that) and gets no new ones; the router then reports itself dead, so the
 server answers /health with 503 and stops, as it does when its one engine dies."""
 
@@ -36,10 +36,6 @@ AFFINITY_MARGIN = 16
 class Replica(EngineHandle, Protocol):
     """What the router needs of a replica's handle beyond `EngineHandle` (`EngineClient`)."""
 
-    def in_flight(self) -> int:
-        """Requests sent through this handle and not yet ended."""
-        ...
-
     def holds(self, request_id: str) -> bool:
         """Whether `request_id` was sent through this handle and has not ended."""
         ...
@@ -63,6 +59,8 @@ class ReplicaRouter:
         self._affinity = PrefixAffinity(sum(r.model_info.kv_total_blocks for r in replicas))
         self._block_size = replicas[0].model_info.kv_block_size
         self._turn = 0  # the replica ties start from, moved on each request
+        self._seen: list[LoadSnapshot | None] = [None] * len(replicas)  # each latest load
+        self._routed = [0] * len(replicas)  # requests routed since that load arrived
 
     # -- EngineHandle ----------------------------------------------------------------------
     @property
@@ -105,7 +103,7 @@ class ReplicaRouter:
         live = [i for i, r in enumerate(self.replicas) if r.dead is None]
         if not live:
             return 0  # its client ends the request with the engine's error at once
-        loads = {i: self._load_of(self.replicas[i]) for i in live}
+        loads = {i: self._load_of(i) for i in live}
         count, turn = len(self.replicas), self._turn
         self._turn = (turn + 1) % count
         least = min(live, key=lambda i: (loads[i], (i - turn) % count))
@@ -115,12 +113,14 @@ class ReplicaRouter:
         if holder is not None and loads[holder] <= loads[least] + AFFINITY_MARGIN:
             chosen = holder
         self._affinity.record(keys, chosen)
+        self._routed[chosen] += 1
         return chosen
 
-    @staticmethod
-    def _load_of(replica: Replica) -> int:
-        snapshot = replica.load()
-        return max(replica.in_flight(), snapshot.running + snapshot.waiting)
+    def _load_of(self, index: int) -> int:
+        snapshot = self.replicas[index].load()
+        if snapshot is not self._seen[index]:  # a new step's count holds what was sent before
+            self._seen[index], self._routed[index] = snapshot, 0
+        return snapshot.running + snapshot.waiting + self._routed[index]
 
     # -- lifecycle -------------------------------------------------------------------------
     def on_death(self, callback: Callable[[str], None]) -> None:
