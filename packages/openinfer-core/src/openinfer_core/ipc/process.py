@@ -54,15 +54,17 @@ class EngineProcess:
                 folder = Path(tempfile.mkdtemp(prefix="openinfer-"))
                 addresses = EngineAddresses(f"ipc://{folder}/inputs", f"ipc://{folder}/outputs")
                 control, child_end = context.Pipe()
-                name = "openinfer-engine" if len(configs) == 1 else f"openinfer-engine-{i}"
-                process = context.Process(target=run_engine_core, name=name,
-                                          args=(config, addresses, child_end, log_level))
+                label = "engine" if len(configs) == 1 else f"engine {i}"
+                process = context.Process(
+                    target=run_engine_core, name=f"openinfer-{label.replace(' ', '-')}",
+                    args=(config, addresses, child_end, log_level, label))
                 started.append((process, control, addresses, folder))
                 process.start()
                 child_end.close()
             if while_starting is not None:
                 while_starting()
-            infos = [_wait_ready(p, c) for p, c, _, _ in started]
+            infos = [_wait_ready(p, c, None if len(started) == 1 else i)
+                     for i, (p, c, _, _) in enumerate(started)]
         except BaseException:  # Ctrl-C while loading too: nothing may outlive us
             for p, _, _, f in started:
                 _kill(p)
@@ -104,20 +106,22 @@ def set_process_name(name: str) -> None:
         pass
 
 
-def _wait_ready(process: BaseProcess, control: multiprocessing.connection.Connection) -> ModelInfo:
+def _wait_ready(process: BaseProcess, control: multiprocessing.connection.Connection,
+                replica: int | None) -> ModelInfo:
+    which = "the engine process" if replica is None else f"data-parallel replica {replica}"
     while not control.poll(0.2):
         if not process.is_alive():
-            raise EngineStartError(f"the engine process exited with code {process.exitcode} "
+            raise EngineStartError(f"{which} exited with code {process.exitcode} "
                                    "while starting (its log is above)")
     try:
         message = control.recv()
     except EOFError:
         process.join(5)
-        raise EngineStartError(f"the engine process exited with code {process.exitcode} "
+        raise EngineStartError(f"{which} exited with code {process.exitcode} "
                                "while starting (its log is above)") from None
     if message[0] != "ready":
         process.join(5)
-        raise EngineStartError(message[1])
+        raise EngineStartError(message[1] if replica is None else f"{which}: {message[1]}")
     info: ModelInfo = message[1]
     return info
 

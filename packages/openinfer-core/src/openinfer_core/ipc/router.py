@@ -10,12 +10,16 @@ Each new request goes to one replica, chosen in `route`:
 
 A replica's load is what its client knows: the engine's running + waiting count from its
 latest step (other frontends' requests included), plus the requests routed to it since that
-count arrived (a burst of arrivals between two steps would all see the same counts). Aborts go to the replica holding the request. A dead replica fails its own requests
-(its client does that) and gets no new ones; the router then reports itself dead, so the
-server answers /health with 503 and stops, as it does when its one engine dies."""
+count arrived (a burst of arrivals between two steps would all see the same counts).
+
+Aborts go to the replica holding the request. A dead replica fails its own requests (its
+client does that) and gets no new ones; the router then reports itself dead, so the server
+answers /health with 503 and stops, as it does when its one engine dies."""
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
@@ -24,6 +28,8 @@ from openinfer_core.handle import EngineHandle, LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.kv import PrefixCacheStats
 from openinfer_core.ipc.affinity import PrefixAffinity, block_keys
 from openinfer_core.request import GenerateRequest
+
+log = logging.getLogger("openinfer")
 
 # How many more requests the replica holding a prompt's prefix may carry than the least loaded
 # one and still get it. A prefix hit saves the matched tokens' whole prefill and a second copy
@@ -61,6 +67,8 @@ class ReplicaRouter:
         self._turn = 0  # the replica ties start from, moved on each request
         self._seen: list[LoadSnapshot | None] = [None] * len(replicas)  # each latest load
         self._routed = [0] * len(replicas)  # requests routed since that load arrived
+        for i, replica in enumerate(replicas):
+            replica.on_death(functools.partial(_log_death, i))
 
     # -- EngineHandle ----------------------------------------------------------------------
     @property
@@ -128,3 +136,7 @@ class ReplicaRouter:
         for replica in self.replicas:
             replica.on_death(callback)
 
+
+
+def _log_death(index: int, message: str) -> None:
+    log.error("data-parallel replica %d: %s; no new request goes to it", index, message)
