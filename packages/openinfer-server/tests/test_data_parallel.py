@@ -23,9 +23,13 @@ from processes import children, comm, wait_gone
 from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.handle import LoadSnapshot, ModelInfo
+from openinfer_core.interfaces.kv import PrefixCacheStats
+from openinfer_core.interfaces.offload import RESTORE_BUCKETS, OffloadStats, TierStats
 from openinfer_core.ipc import EngineClient, EngineProcess, ReplicaRouter
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.app import build_app
+from openinfer_server.metrics import ServerMetrics
 
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
@@ -122,6 +126,33 @@ def test_second_turn_lands_on_the_first_turns_replica(dp_server: LiveServer,
     assert second.usage.prompt_tokens_details.cached_tokens >= shared // 16 * 16
     moved = _moved(before_hits, _per_replica(dp_server, hits))
     assert moved[replica] >= shared // 16 * 16 and sum(moved.values()) == moved[replica]
+
+
+class _TwoReplicas:
+    """A handle over two replicas as /metrics sees it: their loads, replica 1 with offload."""
+
+    model_info = ModelInfo("m", 64, 100, 16, (0,))
+    dead = None
+    offload = OffloadStats(tiers=(TierStats("host", hits=3, saved=5),), restores=1,
+                           restored_blocks=3, restore_seconds=0.5,
+                           restore_buckets=(1,) + (0,) * len(RESTORE_BUCKETS))
+
+    def replica_loads(self) -> list[LoadSnapshot]:
+        return [LoadSnapshot(2, 1, 10, 100, PrefixCacheStats(40, 16)),
+                LoadSnapshot(0, 0, 4, 100, offload=self.offload)]
+
+
+def test_metrics_series_per_replica() -> None:
+    text = ServerMetrics(_TwoReplicas(), "m").render().decode()  # type: ignore[arg-type]
+    for line in ['openinfer:num_requests_running{model_name="m",replica="0"} 2.0',
+                 'openinfer:num_requests_running{model_name="m",replica="1"} 0.0',
+                 'openinfer:kv_cache_usage_perc{model_name="m",replica="1"} 0.04',
+                 'openinfer:prefix_cache_hits_total{model_name="m",replica="0"} 16.0',
+                 'openinfer:kv_offload_hits_total{model_name="m",replica="1",tier="host"} 3.0',
+                 'openinfer:kv_offload_restored_tokens_total{model_name="m",replica="1"} 48.0',
+                 'openinfer:kv_offload_restore_seconds_count{model_name="m",replica="1"} 1.0']:
+        assert line in text, line
+    assert 'replica="0",tier=' not in text  # replica 0 has no offload tiers
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
