@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -180,17 +182,31 @@ def _wait_for(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.mark.slow
-def test_a_killed_replica_fails_only_its_own_stream(checkpoint: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("frontends", [1, 2], ids=["one-frontend", "two-frontends"])
+def test_a_killed_replica_fails_only_its_own_stream(checkpoint: Path, tmp_path: Path,
+                                                    frontends: int) -> None:
+    # Two frontends: each routes on its own, the second seeing the first's request in the
+    # engine's count.
     log = tmp_path / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "OPENINFER_API_KEY"}
+    port = "0" if frontends == 1 else str(_free_port())
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*openinfer_command(), "serve", str(checkpoint), "--device", "cpu", "--port", "0",
-             "--served-model-name", "m", "--data-parallel-size", "2"],
+            [*openinfer_command(), "serve", str(checkpoint), "--device", "cpu", "--port", port,
+             "--served-model-name", "m", "--data-parallel-size", "2",
+             "--api-server-count", str(frontends)],
             stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         url = wait_for_ready(proc, log, timeout=180)
+        _wait_for(lambda: len(re.findall(r"ready in [\d.]+ s: http", log.read_text()))
+                  == frontends, 60, "not every frontend came up")
         descendants = children(proc.pid)
         cores = [p for p in descendants if comm(p) == "openinfer-core"]
         assert len(cores) == 2, log.read_text()
