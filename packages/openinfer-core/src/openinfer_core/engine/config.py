@@ -119,9 +119,10 @@ class EngineConfig:
         if self.device == "cpu":
             return
         if self.device == "auto":
-            # Asking the driver costs start-up time: only when several GPUs are needed.
-            if self.gpus_needed() == 1 or _cuda_device_count() == 0:
-                return  # one GPU, or the CPU
+            # Asking the driver costs start-up time: only for data-parallel replicas, which
+            # take their GPUs from it (`replica`).
+            if self.data_parallel_size == 1 or _cuda_device_count() == 0:
+                return  # the engine picks its device, or all run on the CPU
         elif not re.fullmatch(r"cuda(:\d+)?", self.device):
             raise InvalidParameterError(
                 "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
