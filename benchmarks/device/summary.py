@@ -69,6 +69,7 @@ def lines(out: Path) -> list[tuple[str, str]]:
                          f"TTFT p50 {s['median_ttft_ms']:.1f} p99 {s['p99_ttft_ms']:.1f}; TPOT "
                          f"p50 {s['median_tpot_ms']:.2f}; ITL p99 {s['p99_itl_ms']:.2f} ms; "
                          f"{s['completed']}/{s['num_prompts']} ok"))
+    rows += dp_rows(out)
     rows += prefix_rows(load(out, "prefix-qwen3-4b.json"))
     for r in load(out, "prefill-breakdown-qwen3-4b.json") or []:
         ops = ", ".join(f"{k} {v:.2f}" for k, v in r["by_op_ms"].items())
@@ -144,6 +145,33 @@ def prefix_rows(p: Any) -> list[tuple[str, str]]:
                      f"{run['p99_cold_ttft_ms']:.2f}; warm p50 {run['median_warm_ttft_ms']:.2f}"
                      f" p99 {run['p99_warm_ttft_ms']:.2f} ms{goal}; "
                      f"{run['cached_fraction']:.1%} cached"))
+    return rows
+
+
+def dp_rows(out: Path) -> list[tuple[str, str]]:
+    """The `dp` stage: served 128/128 by DP1 and DP2 (and their ratio, the issue's bar 1.9),
+    second-turn prefix-cache hits under each, and the killed replica."""
+    rows = []
+    served = {dp: load(out, f"serve-8b-128-dp{dp}.json") for dp in (1, 2)}
+    for dp, s in served.items():
+        if s:
+            rows.append((f"served 128/128 c1024, DP{dp}", f"{s['output_throughput']:.0f} output "
+                         f"tok/s; TTFT p50 {s['median_ttft_ms']:.1f}; TPOT p50 "
+                         f"{s['median_tpot_ms']:.2f} ms; {s['completed']}/{s['num_prompts']} ok"))
+    if served[1] and served[2]:
+        ratio = served[2]["output_throughput"] / served[1]["output_throughput"]
+        rows.append(("served DP2 / DP1", f"{ratio:.2f}x (bar: 1.9x)"))
+    for dp in (1, 2):
+        m = load(out, f"multiturn-dp{dp}.json")
+        if m:
+            rows.append((f"2-turn prefix hits, DP{dp}", f"{m['second_turns_hit']}/"
+                         f"{m['conversations']} second turns reuse the first's "
+                         f"{m['expected_cached']} tokens"))
+    kill = load(out, "replica-kill-dp2.json")
+    if kill:
+        rows.append(("DP2 replica killed", f"{kill['failed']} streams failed (slowest "
+                     f"{kill['slowest_failure_s']:.2f} s after the kill), {kill['finished']} "
+                     "finished"))
     return rows
 
 

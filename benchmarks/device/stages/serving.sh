@@ -35,6 +35,57 @@ stage_serve() {
   done
 }
 
+stage_dp() {
+  # Data parallelism, Qwen3-8B on 2 GPUs with the `serve` stage's per-engine flags: served
+  # 128/128 at concurrency 1024 by one engine (DP1) and by two, one per GPU (DP2), behind the
+  # same DP_API_SERVERS frontends (one frontend streams ~15k tokens/s, less than DP2 makes);
+  # 2-turn conversations whose second turns should hit the prefix cache, under both; then
+  # one DP2 replica killed under load: its streams end with an error within 15 s, the others
+  # finish, the server exits 1 and no openinfer process is left.
+  local gpus servers=${DP_API_SERVERS:-4} dp pid
+  gpus=$(nvidia-smi -L | wc -l)
+  if [ "$gpus" -lt 2 ]; then echo "dp: needs 2 GPUs, this machine shows $gpus; skipped"; return; fi
+  for dp in 1 2; do
+    stage "served throughput, Qwen3-8B, 128/128 at concurrency 1024, --data-parallel-size $dp"
+    echo "=== --data-parallel-size $dp" >> "$OUT/serve-dp.log"
+    python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+      --max-model-len 4608 --port 8000 --data-parallel-size $dp --api-server-count $servers \
+      >> "$OUT/serve-dp.log" 2>&1 &
+    server=$!
+    if ! wait_ready $server; then
+      echo "dp: no server with --data-parallel-size $dp (see serve-dp.log); its benches skipped"
+      stop $server
+      continue
+    fi
+    timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+      --random-output-len 128 --num-prompts 4096 --max-concurrency 1024 --request-rate inf \
+      --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-dp$dp.json" \
+      | grep -E "throughput|TTFT|TPOT|Failed"
+    stage "2-turn conversations, --data-parallel-size $dp: second turns' prefix-cache hits"
+    timeout 200 python3 benchmarks/device/multiturn_cache.py --conversations 256 \
+      --concurrency 128 --first-len 1024 --next-len 128 --output-len 64 \
+      --json "$OUT/multiturn-dp$dp.json"
+    if [ "$dp" = 1 ]; then
+      stop $server
+      continue
+    fi
+    stage "one replica killed under load, --data-parallel-size 2"
+    pid=$(grep -o "replica engine pids \[[0-9, ]*\]" "$OUT/serve-dp.log" | tail -1 \
+      | grep -o "[0-9][0-9]*" | tail -1)
+    timeout 200 python3 benchmarks/device/replica_kill.py --pid "$pid" --streams 128 \
+      --output-len 500 --json "$OUT/replica-kill-dp2.json"
+    for _ in $(seq 90); do kill -0 $server 2>/dev/null || break; sleep 1; done
+    if kill -0 $server 2>/dev/null; then
+      echo "dp: the server still runs 90 s after the kill"
+      stop $server
+    else
+      wait $server
+      echo "server exit status $? (1 expected)"
+    fi
+    echo "openinfer processes left: $(ps -eo comm | grep -c '^openinfer')"
+  done
+}
+
 stage_deferred() {
   # Served throughput with load from the first second: every graph captured before ready
   # (`all`, the default) against only the start buckets (`start`, the rest when idle); each

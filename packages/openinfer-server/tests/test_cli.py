@@ -22,6 +22,7 @@ VLLM_FLAGS = [
     "--enforce-eager", "--seed", "--load-format", "--block-size", "--tensor-parallel-size",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--generation-config",
     "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
+    "--data-parallel-size",
 ]
 OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--download-dir",
              "--no-prefix-cache"]
@@ -141,6 +142,7 @@ def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     (["serve", "--kv-offload", "host,host"], "--kv-offload: names a tier twice"),
     (["serve", "--kv-offload-host-gib", "0"], "--kv-offload-host-gib: must be > 0, got 0.0"),
     (["serve", "--kv-offload-disk-gib", "lots"], "--kv-offload-disk-gib: must be a number"),
+    (["serve", "--data-parallel-size", "0"], "--data-parallel-size/-dp: must be >= 1, got 0"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -276,3 +278,30 @@ def test_tensor_parallel_size_reaches_the_engine_config() -> None:
     args = parser.parse_args(["serve", "--device", "cpu", "-tp", "2"])
     config = engine_config(args, parser, get_plugin_manager().registries)
     assert config.tensor_parallel_size == 2
+
+
+def test_data_parallel_size_reaches_the_engine_config_and_is_checked_against_the_gpus(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import openinfer_core.engine.config as config_module
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    registries = get_plugin_manager().registries
+    config = engine_config(parser.parse_args(["serve", "--device", "cpu", "-dp", "2"]), parser,
+                           registries)
+    assert config.data_parallel_size == 2
+    monkeypatch.setattr(config_module, "_cuda_device_count", lambda: 2)
+    args = parser.parse_args(["serve", "--device", "cuda", "-dp", "2", "-tp", "2"])
+    with pytest.raises(SystemExit) as exit_info:
+        engine_config(args, parser, registries)
+    assert exit_info.value.code == 2
+    assert "argument --data-parallel-size: 2 replicas of 2 GPU(s) each from cuda need GPUs " \
+        "0..3, but 2 GPU(s) are visible" in capsys.readouterr().err
+
+
+def test_in_process_benches_refuse_data_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "throughput", "--device", "cpu", "--data-parallel-size", "2"])
+    assert exit_info.value.code == 2
+    assert "--data-parallel-size: this bench drives one engine" in capsys.readouterr().err

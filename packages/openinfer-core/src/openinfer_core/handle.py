@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from openinfer_core.events import TokenEvent
 from openinfer_core.interfaces.kv import PrefixCacheStats
 from openinfer_core.interfaces.offload import OffloadStats, TierStats  # noqa: F401 (msgspec)
 from openinfer_core.request import GenerateRequest
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +59,25 @@ class EngineHandle(Protocol):
     @property
     def dead(self) -> str | None:
         """Why the engine can no longer serve (its process or loop died), or None while it
-        can. Once set, every request ends with `Error`; the server answers /health with 503."""
+        can. Once set, every request ends with `Error`; the server answers /health with 503
+        and stops. Over data-parallel replicas: set once any replica died, whose requests end
+        with `Error`; the live replicas serve on until the server has stopped."""
         ...
 
     def load(self) -> LoadSnapshot:
         """Running / waiting requests and KV use, for metrics. Never blocks on the engine."""
         ...
+
+
+@runtime_checkable
+class SupportsReplicaLoads(Protocol):
+    """A handle over data-parallel replicas (`openinfer_core.ipc.router.ReplicaRouter`), whose
+    metrics are reported per replica."""
+
+    def replica_loads(self) -> list[LoadSnapshot]:
+        """Each replica's `load()`, in replica order. Never blocks on an engine."""
+        ...
+
+
+def supports_replica_loads(engine: object) -> TypeIs[SupportsReplicaLoads]:
+    return isinstance(engine, SupportsReplicaLoads)

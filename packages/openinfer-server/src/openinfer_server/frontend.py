@@ -1,12 +1,14 @@
 """The HTTP frontend processes of `openinfer serve`: uvicorn + the FastAPI app, holding an
-`EngineClient` to the engine process.
+`EngineClient` to the engine process (with `--data-parallel-size N`, a `ReplicaRouter` over
+one client per replica).
 
 With one frontend (the default) it runs in the launching process. With `--api-server-count N`
 the launcher binds the port once and supervises N frontend processes that share it; any of them
 may take a connection, and all talk to the one engine.
 
-Failure: if the engine dies, every open request ends with an error, /health answers 503, and
-the frontend stops after `DEATH_GRACE_S` with exit code 1. SIGTERM or Ctrl-C stop accepting
+Failure: if the engine (or one replica) dies, every open request of it ends with an error,
+/health answers 503, and the frontend stops after `DEATH_GRACE_S` with exit code 1 (the
+other replicas' requests may finish while uvicorn drains). SIGTERM or Ctrl-C stop accepting
 connections and let in-flight requests finish for up to `--shutdown-timeout`, then exit 0."""
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from openinfer_core.errors import OpenInferError
+from openinfer_core.handle import EngineHandle
 from openinfer_core.interfaces.chat import ChatEncoderFactory
-from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess
+from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess, ReplicaRouter
 from openinfer_core.registry import import_target
 from openinfer_server.parser_choice import ParserChoice
 
@@ -84,24 +87,30 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def run_frontend(frontend: Frontend, addresses: EngineAddresses, *, sentinel: int | None = None,
+def run_frontend(frontend: Frontend, addresses: Sequence[EngineAddresses], *,
+                 sentinels: Sequence[int] | None = None,
                  sock: socket.socket | None = None) -> int:
-    """Serve HTTP until stopped; returns the exit code. `sentinel`: the engine process's, when
-    this process started it; `sock`: a listening socket shared with other frontends."""
-    client = EngineClient(addresses, sentinel=sentinel)
+    """Serve HTTP until stopped; returns the exit code. `addresses`: the engine's, or each
+    data-parallel replica's; `sentinels`: their processes', when this process started them;
+    `sock`: a listening socket shared with other frontends."""
+    clients = _connect(addresses, sentinels)
+    engine: EngineHandle = clients[0] if len(clients) == 1 else ReplicaRouter(clients)
     code = 0
     server: _Server | None = None
     try:
-        server = _build_server(frontend, client)
+        server = _build_server(frontend, engine)
 
         def engine_died(message: str) -> None:
             nonlocal code
+            if code == 1:
+                return  # a second replica: the server is stopping already
             code = 1
             timer = threading.Timer(DEATH_GRACE_S, _stop, args=(server,))
             timer.daemon = True
             timer.start()
 
-        client.on_death(engine_died)
+        for client in clients:
+            client.on_death(engine_died)
         if threading.current_thread() is threading.main_thread():
             # SIGTERM ends the server like Ctrl-C: uvicorn drains its connections first.
             signal.signal(signal.SIGTERM, _interrupt)
@@ -111,9 +120,25 @@ def run_frontend(frontend: Frontend, addresses: EngineAddresses, *, sentinel: in
             log.info("interrupted before the server was ready")
             return 130
     finally:
-        client.close()
+        for client in clients:
+            client.close()
     log.info("stopped" if code == 0 else "stopped: the engine died")
     return code
+
+
+def _connect(addresses: Sequence[EngineAddresses],
+             sentinels: Sequence[int] | None) -> list[EngineClient]:
+    """A client per engine process; none left open if one cannot connect."""
+    clients: list[EngineClient] = []
+    try:
+        for i, address in enumerate(addresses):
+            clients.append(EngineClient(address, sentinel=None if sentinels is None
+                                        else sentinels[i]))
+    except BaseException:
+        for client in clients:
+            client.close()
+        raise
+    return clients
 
 
 def _stop(server: uvicorn.Server) -> None:
@@ -145,7 +170,7 @@ def _load_tokenizer(frontend: Frontend) -> Tokenizer:
     return Tokenizer.from_dir(frontend.folder, chat_encoder=encoder)
 
 
-def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
+def _build_server(frontend: Frontend, engine: EngineHandle) -> _Server:
     # Imported here: the app's modules are only needed once the engine is up.
     from openinfer_core.plugins import get_plugin_manager
     from openinfer_server.app import build_app
@@ -173,13 +198,14 @@ def _build_server(frontend: Frontend, engine: EngineClient) -> _Server:
 
 
 # -- several frontends -----------------------------------------------------------------------
-def supervise(frontend: Frontend, engine: EngineProcess, count: int) -> int:
-    """Run `count` frontend processes on one port until one of them or the engine ends."""
+def supervise(frontend: Frontend, engines: Sequence[EngineProcess], count: int) -> int:
+    """Run `count` frontend processes on one port until one of them or an engine ends."""
     args = frontend.args
     sock = _listen(args.host, args.port)
     context = multiprocessing.get_context("spawn")
+    addresses = [engine.addresses for engine in engines]
     children = [context.Process(target=_frontend_main, name=f"openinfer-api-{i}",
-                                args=(frontend, engine.addresses, sock, args.log_level))
+                                args=(frontend, addresses, sock, args.log_level))
                 for i in range(count)]
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
@@ -188,14 +214,15 @@ def supervise(frontend: Frontend, engine: EngineProcess, count: int) -> int:
             child.start()
         sock.close()  # each child holds its own copy now
         log.info("%d HTTP frontends on %s:%d", count, args.host, args.port)
-        ready = multiprocessing.connection.wait([engine.sentinel,
+        ready = multiprocessing.connection.wait([*(e.sentinel for e in engines),
                                                  *(c.sentinel for c in children)])
     except KeyboardInterrupt:
         _stop_children(children, args.shutdown_timeout + 5)
         return 0
-    if engine.sentinel in ready:
+    dead_engines = [e for e in engines if e.sentinel in ready]
+    if dead_engines:
         log.error("the engine process died (exit code %s); frontends are failing their requests",
-                  engine.process.exitcode)
+                  dead_engines[0].process.exitcode)
         _stop_children(children, DEATH_GRACE_S + 10, signal_first=False)
         return 1
     dead = [c for c in children if c.sentinel in ready]
@@ -231,7 +258,7 @@ def _stop_children(children: Sequence[BaseProcess], timeout: float,
             child.join(5)
 
 
-def _frontend_main(frontend: Frontend, addresses: EngineAddresses, sock: socket.socket,
+def _frontend_main(frontend: Frontend, addresses: list[EngineAddresses], sock: socket.socket,
                    log_level: str) -> None:
     from openinfer_core.ipc.process import set_process_name
     from openinfer_server.serve import setup_logging

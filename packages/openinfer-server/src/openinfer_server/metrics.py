@@ -15,7 +15,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from openinfer_core.handle import EngineHandle
+from openinfer_core.handle import EngineHandle, LoadSnapshot, supports_replica_loads
 from openinfer_core.interfaces.offload import RESTORE_BUCKETS, OffloadStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -29,7 +29,7 @@ _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04
 class ServerMetrics:
     """Counters and histograms fed by the request handlers (on the event loop), plus gauges
     and engine-wide counters (prefix cache, preemptions) read from `engine.load()` at scrape
-    time."""
+    time, per replica under data parallelism."""
 
     def __init__(self, engine: EngineHandle, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -82,45 +82,62 @@ class ServerMetrics:
 
 
 class _EngineLoadCollector(Collector):
+    """The engine's gauges and totals. Over data-parallel replicas, one series per replica
+    (label `replica`, 0..N-1); one engine keeps the `model_name` label alone."""
+
     def __init__(self, engine: EngineHandle, model_name: str) -> None:
         self._engine = engine
         self._model = model_name
         self._block_size = engine.model_info.kv_block_size
 
+    def _series(self) -> tuple[list[str], list[tuple[list[str], LoadSnapshot]]]:
+        """The label names, and each series' label values with its load."""
+        if supports_replica_loads(self._engine):
+            loads = self._engine.replica_loads()
+            return (["model_name", "replica"],
+                    [([self._model, str(i)], load) for i, load in enumerate(loads)])
+        return ["model_name"], [([self._model], self._engine.load())]
+
     def collect(self) -> Iterator[Metric]:
-        load = self._engine.load()
+        labels, series = self._series()
         gauges = [
-            ("openinfer:num_requests_running", "Requests in the running batch.", load.running),
+            ("openinfer:num_requests_running", "Requests in the running batch.",
+             lambda s: s.running),
             ("openinfer:num_requests_waiting", "Requests waiting to be scheduled.",
-             load.waiting),
+             lambda s: s.waiting),
             ("openinfer:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = 100%).",
-             load.kv_used_blocks / load.kv_total_blocks if load.kv_total_blocks else 0.0),
+             lambda s: s.kv_used_blocks / s.kv_total_blocks if s.kv_total_blocks else 0.0),
         ]
         for name, doc, value in gauges:
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([self._model], float(value))
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            for values, load in series:
+                family.add_metric(values, float(value(load)))
             yield family
         # Engine totals (exposed with a `_total` suffix), counted where the engine decides:
         # a preempted request looked up again on re-admission counts again, as in vLLM.
         counters = [
             ("openinfer:prefix_cache_queries", "Tokens looked up in the prefix cache.",
-             load.prefix_cache.queries),
+             lambda s: s.prefix_cache.queries),
             ("openinfer:prefix_cache_hits", "Tokens found in the prefix cache.",
-             load.prefix_cache.hits),
+             lambda s: s.prefix_cache.hits),
             ("openinfer:num_preemptions", "Preempted requests (their KV freed, recomputed "
-             "later).", load.num_preemptions),
+             "later).", lambda s: s.num_preemptions),
         ]
         for name, doc, value in counters:
-            counter = CounterMetricFamily(name, doc, labels=["model_name"])
-            counter.add_metric([self._model], float(value))
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            for values, load in series:
+                counter.add_metric(values, float(value(load)))
             yield counter
-        if load.offload is not None:
-            yield from self._offload(load.offload)
+        offloaded = [(values, load.offload) for values, load in series
+                     if load.offload is not None]
+        if offloaded:
+            yield from self._offload(labels, offloaded)
 
-    def _offload(self, stats: OffloadStats) -> Iterator[Metric]:
+    def _offload(self, labels: list[str],
+                 series: list[tuple[list[str], OffloadStats]]) -> Iterator[Metric]:
         """Per tier (label `tier`): blocks restored from it, blocks saved to it, bytes in and
         out, blocks held; and the restores' latency."""
-        labels = ["model_name", "tier"]
+        tier_labels = [*labels, "tier"]
         per_tier = [
             ("openinfer:kv_offload_hits", "KV blocks restored from the tier.", "hits"),
             ("openinfer:kv_offload_saved", "KV blocks written to the tier.", "saved"),
@@ -128,28 +145,37 @@ class _EngineLoadCollector(Collector):
             ("openinfer:kv_offload_bytes_out", "Bytes read from the tier.", "bytes_out"),
         ]
         for name, doc, attr in per_tier:
-            counter = CounterMetricFamily(name, doc, labels=labels)
-            for tier in stats.tiers:
-                counter.add_metric([self._model, tier.name], float(getattr(tier, attr)))
+            counter = CounterMetricFamily(name, doc, labels=tier_labels)
+            for values, stats in series:
+                for tier in stats.tiers:
+                    counter.add_metric([*values, tier.name], float(getattr(tier, attr)))
             yield counter
         used = GaugeMetricFamily("openinfer:kv_offload_used_blocks",
-                                 "KV blocks the tier holds.", labels=labels)
-        for tier in stats.tiers:
-            used.add_metric([self._model, tier.name], float(tier.used_blocks))
+                                 "KV blocks the tier holds.", labels=tier_labels)
+        for values, stats in series:
+            for tier in stats.tiers:
+                used.add_metric([*values, tier.name], float(tier.used_blocks))
         yield used
         restored = CounterMetricFamily("openinfer:kv_offload_restored_tokens",
                                        "Prompt tokens whose KV came back from a tier.",
-                                       labels=["model_name"])
-        restored.add_metric([self._model], float(stats.restored_blocks * self._block_size))
+                                       labels=labels)
+        for values, stats in series:
+            restored.add_metric(values, float(stats.restored_blocks * self._block_size))
         yield restored
-        buckets: list[tuple[str, float]] = []
-        total = 0
-        for bound, count in zip((*RESTORE_BUCKETS, float("inf")), stats.restore_buckets,
-                                strict=True):
-            total += count
-            buckets.append((str(bound) if bound != float("inf") else "+Inf", float(total)))
         latency = HistogramMetricFamily("openinfer:kv_offload_restore_seconds",
                                         "From a restore's start to its KV in GPU memory.",
-                                        labels=["model_name"])
-        latency.add_metric([self._model], buckets, stats.restore_seconds)
+                                        labels=labels)
+        for values, stats in series:
+            latency.add_metric(values, _restore_buckets(stats), stats.restore_seconds)
         yield latency
+
+
+def _restore_buckets(stats: OffloadStats) -> list[tuple[str, float]]:
+    """The restores' histogram as Prometheus's cumulative buckets."""
+    buckets: list[tuple[str, float]] = []
+    total = 0
+    for bound, count in zip((*RESTORE_BUCKETS, float("inf")), stats.restore_buckets,
+                            strict=True):
+        total += count
+        buckets.append((str(bound) if bound != float("inf") else "+Inf", float(total)))
+    return buckets

@@ -1,4 +1,5 @@
-"""`openinfer serve`: resolve the model, start the engine process, run the HTTP frontend(s).
+"""`openinfer serve`: resolve the model, start the engine process (or one per data-parallel
+replica), run the HTTP frontend(s).
 
 Imported only when serving, so `openinfer --help` and `openinfer models` stay quick."""
 
@@ -8,6 +9,7 @@ import argparse
 import dataclasses
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,7 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             kv_offload_disk_dir=args.kv_offload_disk_dir,
             kv_offload_disk_gib=args.kv_offload_disk_gib,
             tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
             enable_expert_parallel=args.enable_expert_parallel, nnodes=args.nnodes,
             node_rank=args.node_rank, master_addr=args.master_addr,
             master_port=args.master_port)
@@ -161,8 +164,9 @@ def lend_node(config: EngineConfig) -> int:
 
 def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
           started: float) -> int:
-    """Start the engine process, then the HTTP frontend(s) in front of it; returns the exit
-    code (0 after a drained shutdown, 1 if the engine or a frontend died)."""
+    """Start the engine process (one per data-parallel replica), then the HTTP frontend(s) in
+    front of it; returns the exit code (0 after a drained shutdown, 1 if an engine or a
+    frontend died)."""
     setup_logging(args.log_level)
     plugins = get_plugin_manager()
     config = engine_config(args, parser, plugins.registries)
@@ -177,22 +181,48 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser, *,
                             started, generation_defaults(args.generation_config, choice.folder),
                             parsers=parsers,
                             chat_encoder=chat_encoder(plugins.registries, choice.folder))
-        log.info("[2/4] engine process: loading weights and allocating the KV cache")
-        engine = EngineProcess.start(
-            dataclasses.replace(config, model=str(choice.folder)), args.log_level,
-            while_starting=(lambda: prepare(frontend)) if args.api_server_count == 1 else None)
+        engines = start_engines(dataclasses.replace(config, model=str(choice.folder)),
+                                args.log_level, while_starting=(lambda: prepare(frontend))
+                                if args.api_server_count == 1 else None)
     except KeyboardInterrupt:
         log.info("interrupted before the server was ready")
         return 130
     try:
-        info = engine.model_info
-        log.info("KV cache capacity: %d tokens (%d blocks of %d); max model length %d tokens",
-                 info.kv_capacity_tokens, info.kv_total_blocks, info.kv_block_size,
+        info = engines[0].model_info
+        each = " each" if len(engines) > 1 else ""
+        log.info("KV cache capacity: %d tokens (%d blocks of %d)%s; max model length %d tokens",
+                 info.kv_capacity_tokens, info.kv_total_blocks, info.kv_block_size, each,
                  info.max_model_len)
         if args.enforce_eager:
             log.info("--enforce-eager: decode runs without CUDA graphs")
         if args.api_server_count == 1:
-            return run_frontend(frontend, engine.addresses, sentinel=engine.sentinel)
-        return supervise(frontend, engine, args.api_server_count)
+            return run_frontend(frontend, [e.addresses for e in engines],
+                                sentinels=[e.sentinel for e in engines])
+        return supervise(frontend, engines, args.api_server_count)
     finally:
-        engine.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def start_engines(config: EngineConfig, log_level: str,
+                  while_starting: Callable[[], object] | None) -> list[EngineProcess]:
+    """The engine process, or one per data-parallel replica (each on its own devices)."""
+    if config.data_parallel_size == 1:
+        log.info("[2/4] engine process: loading weights and allocating the KV cache")
+        return [EngineProcess.start(config, log_level, while_starting)]
+    replicas = [config.replica(r) for r in range(config.data_parallel_size)]
+    log.info("[2/4] engine processes: %d data-parallel replicas (%s) loading weights and "
+             "allocating their KV caches", len(replicas),
+             ", ".join(_devices(r) for r in replicas))
+    engines = EngineProcess.start_many(replicas, log_level, while_starting)
+    log.info("data parallel: replica engine pids %s", [e.pid for e in engines])
+    return engines
+
+
+def _devices(config: EngineConfig) -> str:
+    """What one replica runs on: its device, or its tensor-parallel group's."""
+    size = config.tensor_parallel_size
+    if size == 1 or config.device == "cpu":
+        return config.device
+    first = int(config.device.partition(":")[2] or 0)
+    return f"cuda:{first}..cuda:{first + size - 1}"

@@ -4,6 +4,7 @@ imports no torch: the API process builds and checks an `EngineConfig` without it
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,10 +62,14 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    # Engine replicas behind one API (`--data-parallel-size`), each its own engine process on
+    # its own GPU or tensor-parallel group (`replica`); the frontend routes requests between
+    # them (openinfer_core.ipc.router). One node only. An engine itself runs one replica.
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size",
-                    "tensor_parallel_size", "nnodes")
+                    "tensor_parallel_size", "nnodes", "data_parallel_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -73,6 +78,10 @@ class EngineConfig:
             raise InvalidParameterError(
                 "tensor_parallel_size", f"{self.tensor_parallel_size} ranks do not split evenly "
                 f"over {self.nnodes} nodes: give every node the same number of GPUs")
+        if self.data_parallel_size > 1 and self.nnodes > 1:
+            raise InvalidParameterError(
+                "data_parallel_size", "replicas run on one node: use --nnodes 1 with "
+                f"--data-parallel-size {self.data_parallel_size}")
         if not 0 <= self.node_rank < self.nnodes:
             raise InvalidParameterError(
                 "node_rank", f"must be in 0..{self.nnodes - 1} for {self.nnodes} node(s), got "
@@ -104,25 +113,57 @@ class EngineConfig:
                 "dtype", f"must be auto or one of {', '.join(sorted(_DTYPES))}, got {self.dtype!r}")
 
     def check_device(self) -> None:
-        """`device` names a device this machine has, checked without torch (through the CUDA
-        driver for cuda); `torch_device` is what the engine process uses."""
-        if self.device in ("auto", "cpu"):
+        """`device` names a device this machine has, and enough GPUs follow it for every
+        rank of every replica; checked without torch (through the CUDA driver for cuda).
+        `torch_device` is what the engine process uses."""
+        if self.device == "cpu":
             return
-        if not re.fullmatch(r"cuda(:\d+)?", self.device):
+        if self.device == "auto":
+            # Asking the driver costs start-up time: only for data-parallel replicas, which
+            # take their GPUs from it (`replica`).
+            if self.data_parallel_size == 1 or _cuda_device_count() == 0:
+                return  # the engine picks its device, or all run on the CPU
+        elif not re.fullmatch(r"cuda(:\d+)?", self.device):
             raise InvalidParameterError(
                 "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        index = int(self.device.partition(":")[2] or 0)
+        index = self._first_gpu()
         count = _cuda_device_count()
         if count == 0:
             raise InvalidParameterError("device", "cuda was asked for but no GPU is visible")
         if index >= count:
             raise InvalidParameterError(
                 "device", f"{self.device} was asked for but {count} GPU(s) are visible")
-        local = self.tensor_parallel_size // self.nnodes  # ranks on this node
-        if index + local > count:
+        needed = self.gpus_needed()
+        if index + needed <= count:
+            return
+        local = self.tensor_parallel_size // self.nnodes
+        if self.data_parallel_size == 1:
             raise InvalidParameterError(
                 "tensor_parallel_size", f"{local} ranks on this node from {self.device} "
                 f"need GPUs {index}..{index + local - 1}, but {count} GPU(s) are visible")
+        raise InvalidParameterError(
+            "data_parallel_size", f"{self.data_parallel_size} replicas of {local} GPU(s) each "
+            f"from {self.device} need GPUs {index}..{index + needed - 1}, but {count} GPU(s) "
+            "are visible: lower --data-parallel-size or --tensor-parallel-size")
+
+    def gpus_needed(self) -> int:
+        """GPUs this node's ranks take: every replica's tensor-parallel ranks."""
+        return self.data_parallel_size * (self.tensor_parallel_size // self.nnodes)
+
+    def replica(self, index: int) -> EngineConfig:
+        """Data-parallel replica `index`'s engine: devices index * tensor_parallel_size ..
+        after the configured first GPU, or the CPU, as one engine (data_parallel_size 1)."""
+        if not 0 <= index < self.data_parallel_size:
+            raise ValueError(f"replica {index} of {self.data_parallel_size}")
+        device = self.device
+        if device == "auto":
+            device = "cuda" if _cuda_device_count() else "cpu"
+        if device != "cpu":
+            device = f"cuda:{self._first_gpu() + index * self.tensor_parallel_size}"
+        return dataclasses.replace(self, device=device, data_parallel_size=1)
+
+    def _first_gpu(self) -> int:
+        return int(self.device.partition(":")[2] or 0)
 
     def torch_device(self) -> torch.device:
         import torch

@@ -55,6 +55,10 @@ class EventStreams:
                     self._streams.pop(rid, None)
                 abort(rid)
 
+    def holds(self, request_id: str) -> bool:
+        """Whether `request_id`'s stream is open here."""
+        return request_id in self._streams
+
     def deliver(self, events: list[TokenEvent]) -> None:
         # One wake-up per event loop per call, not one per event: each call_soon_threadsafe
         # writes to the loop's self-pipe, and a step at batch 512 has 512 events.

@@ -93,6 +93,11 @@ class EngineClient:
         if self.dead is None:
             self._send(Abort(request_id))
 
+    # -- what a router over replicas asks ------------------------------------------------
+    def holds(self, request_id: str) -> bool:
+        """Whether `request_id` was sent through this client and has not ended."""
+        return self._streams.holds(request_id)
+
     # -- lifecycle -------------------------------------------------------------------------
     def on_death(self, callback: Callable[[str], None]) -> None:
         """Call `callback(message)` (on the reader thread) if the engine dies."""

@@ -194,16 +194,18 @@ class _LoopStats:
 
 
 def run_engine_core(config: EngineConfig, addresses: EngineAddresses,
-                    control: multiprocessing.connection.Connection, log_level: str) -> None:
+                    control: multiprocessing.connection.Connection, log_level: str,
+                    log_name: str = "engine") -> None:
     """The engine-core process's entry point: build the engine, say `ready` (or why not) on
-    `control`, then loop until told to stop."""
+    `control`, then loop until told to stop. `log_name` tags its log lines ("engine 1" for
+    data-parallel replica 1)."""
     from openinfer_core.ipc.process import set_process_name
 
     set_process_name("openinfer-core")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher drains first, then stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(levelname)s %(asctime)s [engine] %(message)s",
+                        format=f"%(levelname)s %(asctime)s [{log_name}] %(message)s",
                         datefmt="%m-%d %H:%M:%S")
     logging.getLogger("openinfer").setLevel(log_level.upper())
     try:

@@ -7,7 +7,7 @@ import multiprocessing
 import multiprocessing.connection
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -38,23 +38,41 @@ class EngineProcess:
               while_starting: Callable[[], object] | None = None) -> EngineProcess:
         """Spawn the engine and wait until it is ready (weights loaded, KV allocated);
         `while_starting` runs here in the meantime."""
-        folder = Path(tempfile.mkdtemp(prefix="openinfer-"))
-        addresses = EngineAddresses(f"ipc://{folder}/inputs", f"ipc://{folder}/outputs")
+        [engine] = cls.start_many([config], log_level, while_starting)
+        return engine
+
+    @classmethod
+    def start_many(cls, configs: Sequence[EngineConfig], log_level: str = "info",
+                   while_starting: Callable[[], object] | None = None) -> list[EngineProcess]:
+        """Spawn one engine per config (data-parallel replicas), all loading at once, and wait
+        until every one is ready; if one fails, none is left running."""
         context = multiprocessing.get_context("spawn")
-        control, child_end = context.Pipe()
-        process = context.Process(target=run_engine_core, name="openinfer-engine",
-                                  args=(config, addresses, child_end, log_level))
+        started: list[tuple[BaseProcess, multiprocessing.connection.Connection,
+                            EngineAddresses, Path]] = []
         try:
-            process.start()
-            child_end.close()
+            for i, config in enumerate(configs):
+                folder = Path(tempfile.mkdtemp(prefix="openinfer-"))
+                addresses = EngineAddresses(f"ipc://{folder}/inputs", f"ipc://{folder}/outputs")
+                control, child_end = context.Pipe()
+                label = "engine" if len(configs) == 1 else f"engine {i}"
+                process = context.Process(
+                    target=run_engine_core, name=f"openinfer-{label.replace(' ', '-')}",
+                    args=(config, addresses, child_end, log_level, label))
+                started.append((process, control, addresses, folder))
+                process.start()
+                child_end.close()
             if while_starting is not None:
                 while_starting()
-            model_info = _wait_ready(process, control)
+            infos = [_wait_ready(p, c, None if len(started) == 1 else i)
+                     for i, (p, c, _, _) in enumerate(started)]
         except BaseException:  # Ctrl-C while loading too: nothing may outlive us
-            _kill(process)
-            shutil.rmtree(folder, ignore_errors=True)
+            for p, _, _, f in started:
+                _kill(p)
+                shutil.rmtree(f, ignore_errors=True)
             raise
-        return cls(process, control, addresses, model_info, folder)
+        return [cls(process, control, addresses, info, folder)
+                for (process, control, addresses, folder), info in zip(started, infos,
+                                                                       strict=True)]
 
     @property
     def pid(self) -> int | None:
@@ -88,20 +106,22 @@ def set_process_name(name: str) -> None:
         pass
 
 
-def _wait_ready(process: BaseProcess, control: multiprocessing.connection.Connection) -> ModelInfo:
+def _wait_ready(process: BaseProcess, control: multiprocessing.connection.Connection,
+                replica: int | None) -> ModelInfo:
+    which = "the engine process" if replica is None else f"data-parallel replica {replica}"
     while not control.poll(0.2):
         if not process.is_alive():
-            raise EngineStartError(f"the engine process exited with code {process.exitcode} "
+            raise EngineStartError(f"{which} exited with code {process.exitcode} "
                                    "while starting (its log is above)")
     try:
         message = control.recv()
     except EOFError:
         process.join(5)
-        raise EngineStartError(f"the engine process exited with code {process.exitcode} "
+        raise EngineStartError(f"{which} exited with code {process.exitcode} "
                                "while starting (its log is above)") from None
     if message[0] != "ready":
         process.join(5)
-        raise EngineStartError(message[1])
+        raise EngineStartError(message[1] if replica is None else f"{which}: {message[1]}")
     info: ModelInfo = message[1]
     return info
 

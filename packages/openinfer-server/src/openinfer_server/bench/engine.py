@@ -26,6 +26,10 @@ def bench_engine_config(args: argparse.Namespace,
     """The engine flags checked as `serve` checks them (a bad value exits 2); the model folder
     is filled in by `load_engine`."""
     setup_logging(args.log_level)
+    if args.data_parallel_size > 1:
+        parser.error("argument --data-parallel-size: this bench drives one engine in its own "
+                     "process; measure replicas with `openinfer serve --data-parallel-size N` "
+                     "and `openinfer bench serve`")
     return engine_config(args, parser, get_plugin_manager().registries)
 
 
