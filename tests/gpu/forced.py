@@ -133,3 +133,18 @@ def one_at_a_time(engine: Engine, sequences: Sequence[Sequence[int]], decodes: i
         engine.close()
         del engine
         torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def reference_logprobs(hf: torch.nn.Module, sequences: Sequence[Sequence[int]]
+                       ) -> list[torch.Tensor]:
+    """A transformers model's logprobs (its forward, fp32 log-softmax) at every position of
+    each sequence, kept on the host; frees the model's device memory after."""
+    out = []
+    for seq in sequences:
+        logits = hf(input_ids=torch.tensor([list(seq)], device="cuda")).logits[0]
+        out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
+    del hf
+    torch.cuda.empty_cache()
+    return out
+

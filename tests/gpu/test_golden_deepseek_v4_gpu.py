@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from dsv4_transformers import transformers_config, transformers_model
-from forced import Picks, gate_row, run_forced
+from forced import Picks, gate_row, reference_logprobs, run_forced
 
 pytestmark = pytest.mark.gpu
 
@@ -66,15 +66,8 @@ def reference(engine, sequences: list[list[int]]) -> list[torch.Tensor]:  # type
     from openinfer_deepseek_v4.config import DeepseekV4Config
 
     cfg: DeepseekV4Config = engine.model.cfg
-    hf = transformers_model(transformers_config(LAYERS), engine.model.w, cfg)
-    out = []
-    with torch.inference_mode():
-        for seq in sequences:
-            logits = hf(input_ids=torch.tensor([seq], device="cuda")).logits[0]
-            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
-    del hf
-    torch.cuda.empty_cache()
-    return out
+    return reference_logprobs(
+        transformers_model(transformers_config(LAYERS), engine.model.w, cfg), sequences)
 
 
 def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, gate_row, run_forced
+from forced import Picks, gate_row, reference_logprobs, run_forced
 
 from openinfer_kernels.gemm import triton_linear_on
 
@@ -83,15 +83,9 @@ def reference(checkpoint: Path, sequences: list[list[int]]) -> list[torch.Tensor
     sequence, kept in host memory (about 10 GB)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval()
-    out = []
-    with torch.inference_mode():
-        for seq in sequences:
-            logits = hf(input_ids=torch.tensor([seq], device="cuda")).logits[0]
-            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
-    del hf
-    torch.cuda.empty_cache()
-    return out
+    return reference_logprobs(
+        AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval(),
+        sequences)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, gate_row, run_forced
+from forced import Picks, gate_row, reference_logprobs, run_forced
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -69,15 +69,9 @@ def reference(checkpoint: Path, sequences: list[list[int]]) -> list[torch.Tensor
     """transformers' logprobs (bf16 forward, fp32 log-softmax) at every position, on the host."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval()
-    out = []
-    with torch.inference_mode():
-        for seq in sequences:
-            logits = hf(input_ids=torch.tensor([seq], device="cuda")).logits[0]
-            out.append(torch.log_softmax(logits.float(), dim=-1).cpu())
-    del hf
-    torch.cuda.empty_cache()
-    return out
+    return reference_logprobs(
+        AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval(),
+        sequences)
 
 
 def _engine(checkpoint: Path, tp: int):  # type: ignore[no-untyped-def]
