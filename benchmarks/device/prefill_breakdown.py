@@ -84,13 +84,13 @@ def host_phases(engine: Engine, prompts: list[tuple[int, ...]]) -> dict[str, flo
     scheduling, the host batch and its copy to the device, the forward's launches (FlashInfer's
     plan inside them, when it runs), sampling's launch, the wait for the token, the update;
     `ttft` is the whole, the rest of it is `other`."""
-    from openinfer_core.engine import batch as batch_module
     from openinfer_core.engine import runner as runner_module
+    from openinfer_core.interfaces.model import HostBatch
 
     attention = engine.model.attention
     targets = [(engine.scheduler, "schedule", "schedule"), (engine.scheduler, "update", "update"),
                (runner_module, "plan_batch", "plan_batch"),
-               (batch_module.HostBatch, "to_device", "to_device"),
+               (HostBatch, "to_device", "to_device"),
                (engine.model, "forward", "forward_launch"),
                (engine.runner.sampler, "sample_async", "sample_launch"),
                (runner_module.Launched, "result", "wait")]

@@ -53,10 +53,9 @@ from openinfer_core.distributed.nodes import (
     publish,
 )
 from openinfer_core.distributed.worker import WorkerSpec, run_worker
-from openinfer_core.engine.batch import HostBatch
-from openinfer_core.engine.cuda_graphs import GraphPlan
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
+    GraphPlan,
     supports_cuda_graphs,
     supports_expert_parallel,
     supports_sampling_kernels,
@@ -66,6 +65,7 @@ from openinfer_core.interfaces.capabilities import (
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import (
     ForwardBatch,
+    HostBatch,
     LoadOptions,
     Model,
     ModelFailedError,

@@ -37,10 +37,10 @@ import zmq
 
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_core.distributed.nodes import NodeLayout, group_store, open_store
-from openinfer_core.engine.batch import HostBatch
-from openinfer_core.engine.cuda_graphs import CudaGraphRunner, GraphPlan
+from openinfer_core.engine.cuda_graphs import CudaGraphRunner
+from openinfer_core.interfaces.capabilities import GraphPlan
 from openinfer_core.interfaces.kv import KVManager
-from openinfer_core.interfaces.model import ForwardBatch, LoadOptions, Model
+from openinfer_core.interfaces.model import ForwardBatch, HostBatch, LoadOptions, Model
 from openinfer_core.registry import import_target
 
 log = logging.getLogger("openinfer")

@@ -28,17 +28,19 @@ import gc
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
-from openinfer_core.interfaces.capabilities import supports_cuda_graphs, supports_graph_peers
-from openinfer_core.interfaces.model import ForwardBatch, Model
+from openinfer_core.interfaces.capabilities import (
+    GraphPlan,
+    supports_cuda_graphs,
+    supports_graph_peers,
+)
+from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
 
 log = logging.getLogger("openinfer")
 
@@ -85,15 +87,6 @@ def pick_bucket(buckets: Sequence[int], captured: Collection[int], n: int) -> in
         return own
     larger = [s for s in captured if s >= n]
     return min(larger) if larger and min(larger) <= PAD_RATIO * own else None
-
-
-@dataclass(frozen=True, slots=True)
-class GraphPlan:
-    """What a `CudaGraphRunner` is built from: a graph peer builds the same one."""
-
-    max_batch: int
-    max_blocks_per_seq: int
-    mixed_max_tokens: int
 
 
 class CudaGraphRunner:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from openinfer_core.engine.batch import HostBatch
+from openinfer_core.interfaces.model import HostBatch
 
 FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "query_start_loc",
           "logits_indices")

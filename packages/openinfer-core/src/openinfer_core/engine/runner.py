@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from openinfer_core.engine.batch import HostBatch, plan_batch
+from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.prompt_logprobs import PromptLogprobBatch, PromptLogprobPlan
 from openinfer_core.interfaces.kv import KVManager
-from openinfer_core.interfaces.model import Model
+from openinfer_core.interfaces.model import HostBatch, Model
 from openinfer_core.interfaces.scheduler import ScheduledRow, SchedulerOutput
 from openinfer_core.sampling.sampler import SampledBatch, SampledToken, Sampler, SamplingRow
 from openinfer_core.sampling.token_mask import TokenMask

@@ -11,6 +11,7 @@ caller checks it after `supports_x`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -20,8 +21,7 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
-    from openinfer_core.engine.batch import HostBatch
-    from openinfer_core.engine.cuda_graphs import GraphPlan
+    from openinfer_core.interfaces.model import HostBatch
     from openinfer_core.interfaces.offload import PrefixRestorer
     from openinfer_core.interfaces.sampling import SamplingKernels
 
@@ -45,6 +45,15 @@ class SupportsCudaGraphs(Protocol):
 
 def supports_cuda_graphs(model: object) -> TypeIs[SupportsCudaGraphs]:
     return isinstance(model, SupportsCudaGraphs)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPlan:
+    """What the engine's `CudaGraphRunner` is built from: a graph peer builds the same one."""
+
+    max_batch: int
+    max_blocks_per_seq: int
+    mixed_max_tokens: int
 
 
 @runtime_checkable

@@ -16,11 +16,10 @@ import time
 
 import torch
 
-from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import new_graph_runner
 from openinfer_core.interfaces.capabilities import sampling_kernels_of
-from openinfer_core.interfaces.model import ForwardBatch, Model
+from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
 from openinfer_core.sampling.sampler import warm_up_kernels
 from openinfer_core.startup.compile_plan import CompilePlan
 from openinfer_core.startup.eager_warmup import warm_up_batches

@@ -17,9 +17,8 @@ import time
 import numpy as np
 import torch
 
-from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
-from openinfer_core.interfaces.model import ForwardBatch, Model
+from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
 
 log = logging.getLogger("openinfer")
 

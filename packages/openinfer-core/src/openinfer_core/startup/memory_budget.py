@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from openinfer_core.engine.batch import HostBatch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import supports_cuda_graphs
-from openinfer_core.interfaces.model import Model
+from openinfer_core.interfaces.model import HostBatch, Model
 from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.startup import measurement_cache
 
