@@ -80,11 +80,14 @@ stage_tpserve() {
     --max-num-seqs 16 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp-kill.log" 2>&1 &
   server=$!
   if wait_ready $server; then
-    timeout 150 python3 benchmarks/device/kill_rank.py --gpu 1 --model $M8 \
-      --json "$OUT/kill-tp-rank.json"
-    sleep 2
-    kill -0 $server 2>/dev/null && echo "the server still runs after its rank died" \
+    # The rank on GPU 1 is the worker process: every stream must end with an error within 15 s.
+    timeout 200 python3 benchmarks/device/replica_kill.py \
+      --pid "$(nvidia-smi --id=1 --query-compute-apps=pid --format=csv,noheader | head -1)" \
+      --streams 16 --output-len 2000 --json "$OUT/kill-tp-rank.json"
+    for _ in $(seq 30); do kill -0 $server 2>/dev/null || break; sleep 1; done
+    kill -0 $server 2>/dev/null && echo "the server still runs 30 s after its rank died" \
       || echo "the server stopped after its rank died"
+    echo "GPU processes left: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
   fi
   kill -9 $server 2>/dev/null; wait $server 2>/dev/null
   tail -5 "$OUT/serve-tp-kill.log"
