@@ -4,7 +4,7 @@ protocol, so the engine loop does not change.
 The engine's process is rank 0: it loads shard 0 through the model line itself and spawns one
 worker process per other rank (`worker.py`), each loading its own shard and KV cache (the
 same block count). Each step, rank 0 publishes one small message over a ZeroMQ XPUB (IPC on
-one host, TCP across nodes): the step's host image (`engine.batch.HostBatch`: positions,
+one host, TCP across nodes): the step's host image (`interfaces.model.HostBatch`: positions,
 slots, block tables, ...), and which CUDA graph replays it, if one does. Every rank builds its
 own device inputs from it. The token ids travel on the device instead: each rank's forward
 starts with a broadcast of rank 0's ids, so ids sampled by the step before never come back to
