@@ -36,9 +36,15 @@ stage_tp() {
   for variant in ${TP_VARIANTS:-}; do
     tp_latency 8b $M8 2 "${variant//=/-}" "$variant"
   done
+  tp_gate
 }
 
+# The TP gate alone (the `tp` stage ends with it too).
 stage_tpgate() {
+  tp_gate
+}
+
+tp_gate() {
   stage "tensor-parallel gate: TP2 (CUDA graphs) against transformers, Qwen3-4B shapes and 1 KV head"
   # Logs at INFO as they come; a stuck run is stopped with SIGABRT so that faulthandler prints
   # where rank 0's threads were (a worker prints its own when rank 0 is gone).
