@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from openinfer_core.distributed.local_ranks import LocalRank, rank_device
 from openinfer_core.distributed.nodes import BEAT_S, NodeLayout, open_store, publish, read
-from openinfer_core.distributed.tp_model import _rank_device, _Worker
 from openinfer_core.distributed.worker import WorkerSpec
 
 if TYPE_CHECKING:
@@ -33,8 +33,8 @@ def run_node(layout: NodeLayout, base: torch.device, timeout_s: float) -> int:
     ranks = layout.local_ranks(spec.size)
     log.info("node %d of %d: ranks %d..%d of %d, model %s", layout.node_rank, layout.nnodes,
              ranks.start, ranks.stop - 1, spec.size, spec.model_dir)
-    workers = [_Worker.spawn(dataclasses.replace(
-        spec, rank=r, device=_rank_device(base, r - ranks.start))) for r in ranks]
+    workers = [LocalRank.spawn(dataclasses.replace(
+        spec, rank=r, device=rank_device(base, r - ranks.start))) for r in ranks]
     failed = False
     open_pipes = {w.rank for w in workers}  # until each rank's pipe is read to its end
     try:
@@ -68,7 +68,7 @@ def run_node(layout: NodeLayout, base: torch.device, timeout_s: float) -> int:
     return 1 if failed or any(code != 0 for code in exit_codes) else 0
 
 
-def _report_exit(store: Any, worker: _Worker) -> bool:
+def _report_exit(store: Any, worker: LocalRank) -> bool:
     """Tell rank 0 that `worker` died with a non-zero code (unless it said why itself); whether
     it did."""
     code = worker.process.exitcode

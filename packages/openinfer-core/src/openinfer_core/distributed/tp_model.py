@@ -36,7 +36,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,12 @@ import torch.distributed as dist
 import zmq
 
 from openinfer_core.distributed.group import TorchTensorParallelGroup
+from openinfer_core.distributed.local_ranks import (
+    LocalRank,
+    local_ranks,
+    rank_device,
+    stop_ranks,
+)
 from openinfer_core.distributed.nodes import (
     NodeLayout,
     RemoteRank,
@@ -52,7 +57,7 @@ from openinfer_core.distributed.nodes import (
     open_store,
     publish,
 )
-from openinfer_core.distributed.worker import WorkerSpec, run_worker
+from openinfer_core.distributed.worker import WorkerSpec
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
     GraphPlan,
@@ -104,7 +109,7 @@ class TensorParallelModel:
     `start`; `close()` stops the workers (the engine thread, or after it stopped)."""
 
     def __init__(self, local: Model, group: TorchTensorParallelGroup,
-                 workers: list[_Worker | RemoteRank], publisher: zmq.Socket[bytes],
+                 workers: list[LocalRank | RemoteRank], publisher: zmq.Socket[bytes],
                  context: zmq.Context[Any], folder: Path, threads: int,
                  store: dist.Store | None = None, expert_parallel: bool = False) -> None:
         self.local = local
@@ -183,8 +188,8 @@ class TensorParallelModel:
                 base, store_path="", nnodes=layout.nnodes,
                 store_address=f"{layout.master_addr}:{layout.master_port}")
         per_node = layout.ranks_per_node(size)
-        workers: list[_Worker | RemoteRank] = [_Worker.spawn(dataclasses.replace(
-            base, rank=r, device=_rank_device(options.device, r))) for r in range(1, per_node)]
+        workers: list[LocalRank | RemoteRank] = [LocalRank.spawn(dataclasses.replace(
+            base, rank=r, device=rank_device(options.device, r))) for r in range(1, per_node)]
         if store is not None:
             publish(store, "spec", base)  # what the other nodes' ranks load
             workers += [RemoteRank(r, r // per_node, store) for r in range(per_node, size)]
@@ -200,7 +205,7 @@ class TensorParallelModel:
                 worker.wait_for("ready", deadline)
             _wait_subscribers(publisher, size - 1, deadline)
         except BaseException:
-            _stop_workers(workers, timeout=0.0)
+            stop_ranks(workers, timeout=0.0)
             if group is not None:
                 group.close()
             context.destroy(linger=0)
@@ -209,7 +214,7 @@ class TensorParallelModel:
                 torch.set_num_threads(threads)
             raise
         log.info("tensor parallel: %d ranks (%s) on %d node(s), local worker pids %s", size,
-                 options.device, layout.nnodes, [w.process.pid for w in _local(workers)])
+                 options.device, layout.nnodes, [w.process.pid for w in local_ranks(workers)])
         return cls(local, group, workers, publisher, context, folder, threads, store,
                    options.expert_parallel)
 
@@ -289,7 +294,7 @@ class TensorParallelModel:
             log.critical("tensor-parallel rank(s) %s died and the engine did not stop within "
                          "%.0f s (a collective inside a CUDA graph never times out): ending "
                          "this process", dead, HANG_GRACE_S)
-            for worker in _local(self.workers):
+            for worker in local_ranks(self.workers):
                 with contextlib.suppress(Exception):
                     worker.process.kill()
             os._exit(1)
@@ -299,7 +304,8 @@ class TensorParallelModel:
 
     def _fail(self, why: str) -> ModelFailedError:
         """The group is out of step for good: say why, with what the workers said."""
-        multiprocessing.connection.wait([w.process.sentinel for w in _local(self.workers)], 1.0)
+        multiprocessing.connection.wait(
+            [w.process.sentinel for w in local_ranks(self.workers)], 1.0)
         notes = [note for w in self.workers if (note := w.describe_exit()) is not None]
         self._failed = (f"tensor parallelism failed ({self.size} ranks): {why}"
                         + "".join(f"\n{n}" for n in notes if n not in why))
@@ -318,77 +324,13 @@ class TensorParallelModel:
                 self._publish(("stop",))
             if self._store is not None:  # over TCP: let "stop" reach the other nodes
                 linger = STOP_LINGER_MS
-        _stop_workers(self.workers, timeout)
+        stop_ranks(self.workers, timeout)
         self._context.destroy(linger=linger)
         self.group.close()
         self._store = None  # the TCP store goes: the other nodes' agents stop what is left
         shutil.rmtree(self._folder, ignore_errors=True)
         if self._threads:
             torch.set_num_threads(self._threads)
-
-
-class _Worker:
-    """A spawned rank and the pipe it answers on."""
-
-    def __init__(self, rank: int, process: BaseProcess,
-                 conn: multiprocessing.connection.Connection) -> None:
-        self.rank = rank
-        self.process = process
-        self.conn = conn
-        self.error: str | None = None  # the traceback it sent before dying
-
-    @classmethod
-    def spawn(cls, spec: WorkerSpec) -> _Worker:
-        context = multiprocessing.get_context("spawn")
-        conn, child_end = context.Pipe()
-        process = context.Process(target=run_worker, args=(spec, child_end),
-                                  name=f"openinfer-tp{spec.rank}", daemon=True)
-        process.start()
-        child_end.close()
-        return cls(spec.rank, process, conn)
-
-    def alive(self) -> bool:
-        return self.process.is_alive()
-
-    def wait_for(self, kind: str, deadline: float) -> Any:
-        """The payload of this worker's next message, which must be `kind`; raises
-        `ModelFailedError` when it dies, reports an error, or `deadline` passes."""
-        while True:
-            left = deadline - time.monotonic()
-            ready = multiprocessing.connection.wait([self.conn, self.process.sentinel],
-                                                    max(0.0, left))
-            if self.conn in ready:
-                try:
-                    got, payload = self.conn.recv()
-                except EOFError:
-                    got, payload = "error", None
-                if got == kind:
-                    return payload
-                if got == "error":
-                    self.error = payload
-                    self.process.join(5)
-                    raise ModelFailedError(self.describe_exit() or f"rank {self.rank} failed")
-            elif ready:  # the sentinel: dead without a word
-                self.process.join(5)
-                raise ModelFailedError(self.describe_exit() or f"rank {self.rank} died")
-            elif left <= 0:
-                raise ModelFailedError(f"tensor-parallel rank {self.rank} (pid "
-                                       f"{self.process.pid}) did not answer {kind!r} in time")
-
-    def describe_exit(self) -> str | None:
-        """Why this worker is gone (None while it runs)."""
-        if self.error is None and self.conn.poll():
-            try:
-                got, payload = self.conn.recv()
-                self.error = payload if got == "error" else None
-            except (EOFError, OSError):
-                pass
-        if self.process.is_alive() and self.error is None:
-            return None
-        what = (f"tensor-parallel rank {self.rank} (pid {self.process.pid}) exited with code "
-                f"{self.process.exitcode}" if not self.process.is_alive()
-                else f"tensor-parallel rank {self.rank} (pid {self.process.pid}) failed")
-        return what if self.error is None else f"{what}:\n{self.error}"
 
 
 def _spec_base(line: Any, model_dir: Path, config: dict[str, Any], options: LoadOptions,
@@ -404,13 +346,6 @@ def _spec_base(line: Any, model_dir: Path, config: dict[str, Any], options: Load
         log_level=logging.getLevelName(log.getEffectiveLevel()).lower())
 
 
-def _rank_device(device: torch.device, rank: int) -> str:
-    """Rank r's device: the r-th GPU after rank 0's; the CPU for all on CPU."""
-    if device.type == "cuda":
-        return f"cuda:{(device.index or 0) + rank}"
-    return str(device)
-
-
 def _wait_subscribers(publisher: zmq.Socket[bytes], count: int, deadline: float) -> None:
     """Until `count` workers subscribed to the XPUB: a message published before a
     subscription arrives would be lost (ZeroMQ's slow joiner)."""
@@ -419,19 +354,3 @@ def _wait_subscribers(publisher: zmq.Socket[bytes], count: int, deadline: float)
         if not publisher.poll(left_ms):
             raise ModelFailedError("tensor-parallel workers did not subscribe in time")
         publisher.recv()
-
-
-def _local(workers: list[_Worker | RemoteRank]) -> list[_Worker]:
-    """The workers this process spawned (not the other nodes')."""
-    return [w for w in workers if isinstance(w, _Worker)]
-
-
-def _stop_workers(workers: list[_Worker | RemoteRank], timeout: float) -> None:
-    """Stop this process's workers (another node's agent stops its own)."""
-    deadline = time.monotonic() + timeout
-    for worker in _local(workers):
-        worker.process.join(max(0.0, deadline - time.monotonic()))
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join(5)
-        worker.conn.close()
