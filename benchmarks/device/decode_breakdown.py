@@ -1,6 +1,8 @@
 """Where a batch-1 decode step's time goes: GPU kernel time by op (torch profiler over CUDA-graph
 replays), against the weight-read floor. Usage: python decode_breakdown.py MODEL_DIR [--steps N]
-(MODEL_DIR: a config folder; weights are made up with --load-format dummy)."""
+[--tensor-parallel-size N] (MODEL_DIR: a config folder; weights are made up with --load-format
+dummy). Under tensor parallelism the profile is rank 0's, its collectives a category of their
+own."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
 CATEGORIES = [  # first match wins
+    ("collective", r"nccl|all_reduce|allreduce|one_shot|two_shot|broadcast|all_gather"),
     ("attention", r"attn|attention|split_kernel|merge_kernel|prefill_kernel|flash"),
     ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv|linear_kernel|sum_splits"),
     ("norm", r"rms|norm"),
@@ -84,11 +87,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--json", help="write the breakdown here")
     args = ap.parse_args()
     engine = Engine(EngineConfig(model=args.model, load_format="dummy", max_model_len=4096,
                                  max_num_seqs=8, enforce_eager=args.eager,
-                                 num_kv_blocks=1024))
+                                 num_kv_blocks=1024,
+                                 tensor_parallel_size=args.tensor_parallel_size))
     params = SamplingParams(temperature=0.0, max_tokens=args.steps * 3 + 20, ignore_eos=True)
     engine.add_request(GenerateRequest("probe", tuple(range(1000, 1000 + args.prompt_len)),
                                        params))
@@ -99,7 +104,8 @@ def main() -> None:
     for _ in range(args.steps):
         engine.step()
     step_ms = (time.perf_counter() - started) / args.steps * 1e3
-    replay_ms = graph_replay_ms(engine, args.steps)
+    # A graph replayed alone would wait forever for the other ranks' collectives.
+    replay_ms = graph_replay_ms(engine, args.steps) if args.tensor_parallel_size == 1 else None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
             engine.step()
@@ -123,11 +129,12 @@ def main() -> None:
                                                                      key=lambda kv: -kv[1])),
               "top_kernels_ms": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]),
               "marginal_by_op_ms": marginal_by_op, "marginal_top_kernels_ms": marginal_by_kernel,
-              "eager": args.eager}
+              "eager": args.eager, "tensor_parallel_size": args.tensor_parallel_size}
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    engine.close()  # the tensor-parallel workers
 
 
 if __name__ == "__main__":

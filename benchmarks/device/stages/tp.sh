@@ -53,6 +53,21 @@ tp_gate() {
   grep -E "^\{|passed|failed|Error|error| s$" "$OUT/tp_tests_full.log" | tail -40
 }
 
+stage_tpprofile() {
+  # Rank 0's GPU time per decode step by op (collectives apart), Qwen3-8B at each TP size.
+  for tp in ${TP_SIZES:-1 2}; do
+    stage "decode step by op, Qwen3-8B, TP=$tp"
+    timeout 240 python3 benchmarks/device/decode_breakdown.py $M8 --tensor-parallel-size $tp \
+      --json "$OUT/decode-breakdown-8b-tp$tp.json" > "$OUT/decode-breakdown-tp$tp.log" 2>&1
+    python3 - "$OUT/decode-breakdown-8b-tp$tp.json" <<'PY' || tail -20 "$OUT/decode-breakdown-tp$tp.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"step {r['step_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms; marginal by op:",
+      ", ".join(f"{k} {v:.2f}" for k, v in r["marginal_by_op_ms"].items()))
+PY
+  done
+}
+
 stage_tp32() {
   local m32=/tmp/qwen3-32b tps=${TP_SIZES:-1 2}
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
