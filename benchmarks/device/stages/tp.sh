@@ -21,7 +21,7 @@ stage_allreduce() {
   for n in ${TP_SIZES:-1 2}; do
     [ "$n" = 1 ] && continue
     stage "all-reduce on $n GPUs: NCCL, symmetric-memory one-shot and two-shot, 8 KB - 32 MB"
-    timeout 240 python3 benchmarks/all_reduce.py --gpus $n --json "$OUT/all-reduce-$n.json" 2>&1 \
+    timeout 240 python3 benchmarks/device/all_reduce.py --gpus $n --json "$OUT/all-reduce-$n.json" 2>&1 \
       | grep -v "^\[" | tail -45
   done
 }

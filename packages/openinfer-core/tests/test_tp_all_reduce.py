@@ -1,6 +1,6 @@
 """Which all-reduce path a message takes (`distributed/all_reduce.py`): the rule is pure, so
-it is checked here without GPUs; the paths themselves run in `benchmarks/all_reduce.py` and the
-GPU tensor-parallel gate."""
+it is checked here without GPUs; the paths themselves run in `benchmarks/device/all_reduce.py`
+and the GPU tensor-parallel gate."""
 
 from __future__ import annotations
 

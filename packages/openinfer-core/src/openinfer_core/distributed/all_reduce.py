@@ -1,10 +1,10 @@
 """The all-reduce each message size takes on CUDA: torch's symmetric-memory kernels over NVLink
 for the small messages of decode steps, NCCL for the rest.
 
-A decode step of Qwen3-8B all-reduces 73 messages of batch × 8 KB; NCCL's ring spends ~15-20 us
-on each whatever its size. torch's symmetric memory (`torch.distributed._symmetric_memory`)
-maps every rank's staging buffer into every other rank's address space, and its kernels read the
-peers' buffers directly over NVLink:
+A decode step of Qwen3-8B all-reduces 73 messages of batch × 8 KB; NCCL takes 12.2-12.7 us for
+each up to 64 KB, whatever its size (`benchmarks/device/all_reduce.py`, 2 H100s). torch's
+symmetric memory (`torch.distributed._symmetric_memory`) maps every rank's staging buffer into
+every other rank's address space, and its kernels read the peers' buffers directly over NVLink:
 
 - one-shot: each rank reads all the others' whole buffers and sums (one barrier, size × (n-1)
   bytes read per rank): the least latency, for the smallest messages;
@@ -13,9 +13,9 @@ peers' buffers directly over NVLink:
 
 Neither needs NVLink multicast (off on the lent machines). Both run inside CUDA graphs, and a
 call stages its input into this rank's buffer (one copy), so callers keep their own tensors.
-Which one a size takes is measured by `benchmarks/all_reduce.py` (`BENCHMARKS.md`, "All-reduce")
-and kept in `ONE_SHOT_MAX` / `TWO_SHOT_MAX`; `OPENINFER_TP_ALL_REDUCE` forces one path for an
-A/B."""
+Which one a size takes is measured by `benchmarks/device/all_reduce.py` (BENCHMARKS.md,
+"Tensor parallelism") and kept in `ONE_SHOT_MAX` / `TWO_SHOT_MAX`; `OPENINFER_TP_ALL_REDUCE`
+forces one path for an A/B."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ log = logging.getLogger("openinfer")
 ALL_REDUCE_ENV = "OPENINFER_TP_ALL_REDUCE"  # auto (default) | nccl | one_shot | two_shot
 Path_ = Literal["nccl", "one_shot", "two_shot"]
 
-# The largest message (bytes) each path takes, by group size, from `benchmarks/all_reduce.py`
-# on 2 H100s (NVLink, 386 GB/s peer copy), bf16 in CUDA graphs: one-shot is the fastest up to
-# 1 MB (8.5 us at 8-64 KB against NCCL's 12.2-12.7), two-shot from 2 to 16 MB, NCCL from
-# 32 MB. 4 GPUs were not lent: their values are untested guesses (a one-shot rank reads three
-# peers there, so its crossover comes earlier).
+# The largest message (bytes) each path takes, by group size, from
+# `benchmarks/device/all_reduce.py` on 2 H100s (NVLink, 386 GB/s peer copy), bf16 in CUDA
+# graphs: one-shot is the fastest up to 1 MB (8.5 us at 8-64 KB against NCCL's 12.2-12.7),
+# two-shot from 2 to 16 MB, NCCL from 32 MB. 4 GPUs were not lent: their values are untested
+# guesses (a one-shot rank reads three peers there, so its crossover comes earlier).
 ONE_SHOT_MAX = {2: 1 << 20, 4: 256 << 10}
 TWO_SHOT_MAX = {2: 16 << 20, 4: 8 << 20}
 DEFAULT_ONE_SHOT_MAX = 128 << 10  # group sizes not measured

@@ -261,6 +261,8 @@ class TensorParallelModel:
         self._capturing = True
         try:
             yield
+        except ModelFailedError:  # a forward inside failed the group already
+            raise
         except Exception as exc:
             raise self._fail(f"capturing CUDA graphs: {type(exc).__name__}: {exc}") from exc
         finally:

@@ -1,7 +1,7 @@
 """A tensor-parallel rank other than 0: its own process, its own shard and KV cache.
 
     join the group, load the shard, say `ready` on the pipe
-    loop: wait for rank 0's next message (checking that rank 0 lives)
+    loop: wait for rank 0's next message (a thread ends the process if rank 0's is gone)
           kv      -> allocate the KV cache, say `kv` on the pipe
           forward -> build the step's inputs on this device from its host image, run the
                      shard's forward (rank 0's token ids broadcast first, collectives inside)
@@ -45,8 +45,7 @@ from openinfer_core.registry import import_target
 
 log = logging.getLogger("openinfer")
 
-POLL_MS = 1000  # how often an idle worker checks that rank 0 is alive
-ORPHAN_CHECK_S = 0.5  # how often the watchdog thread checks the same
+ORPHAN_CHECK_S = 0.5  # how often the watchdog thread checks that rank 0 is alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +74,13 @@ class WorkerSpec:
 
 
 def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
-    """The worker process's entry point. It outlives no rank 0: an idle worker polls for it,
-    and a busy one's collectives fail when rank 0's end of the group closes."""
+    """The worker process's entry point. It outlives no rank 0: a thread watches for its end
+    (`_exit_when_orphaned`), whatever the main thread waits on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0's process decides when we stop
     logging.basicConfig(level=spec.log_level.upper(), stream=sys.stderr,
                         format=f"%(levelname)s %(asctime)s [tp{spec.rank}] %(message)s")
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True,
+                     name="openinfer-tp-orphan-watch").start()
     if spec.num_threads:
         torch.set_num_threads(spec.num_threads)
     context = zmq.Context()
@@ -96,8 +97,6 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
                                          spec.timeout_s)
         model = _load(spec, group, device)
         conn.send(("ready", None))
-        threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True,
-                         name="openinfer-tp-orphan-watch").start()
         _serve(RankModel(model, group), batches, conn)
     except BaseException:
         with contextlib.suppress(OSError):  # rank 0 is gone: nobody to tell
@@ -152,14 +151,8 @@ class RankModel:
 @torch.inference_mode()
 def _serve(model: RankModel, batches: zmq.Socket[bytes],
            conn: multiprocessing.connection.Connection) -> None:
-    parent = os.getppid()
     graphs: CudaGraphRunner | None = None
-    while True:
-        if not batches.poll(POLL_MS):
-            if os.getppid() != parent:
-                log.error("rank 0 died: stopping")
-                return
-            continue
+    while True:  # rank 0 gone: `_exit_when_orphaned` ends the process
         message = pickle.loads(batches.recv())
         kind = message[0]
         if kind == "forward":

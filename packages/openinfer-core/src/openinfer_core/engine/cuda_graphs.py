@@ -96,6 +96,9 @@ class CudaGraphRunner:
                  mixed_max_tokens: int = 0) -> None:
         self.model = model
         self.plan = GraphPlan(max_batch, max_blocks_per_seq, mixed_max_tokens)
+        # Tensor-parallel rank 0: the workers capture and replay with it (looked up once, not
+        # per replay).
+        self._peers = model if supports_graph_peers(model) else None
         self.device = model.device
         self.max_batch = max_batch
         self.buckets = graph_buckets(max_batch)
@@ -170,8 +173,8 @@ class CudaGraphRunner:
                      reset: bool = False) -> None:
         """Capture `keys`, together with the model's graph peers where it has them (`reset`:
         the buffers were reset to padding first, which the peers repeat)."""
-        peers = (self.model.capturing(self.plan, keys, reset)
-                 if supports_graph_peers(self.model) else contextlib.nullcontext())
+        peers = (self._peers.capturing(self.plan, keys, reset) if self._peers is not None
+                 else contextlib.nullcontext())
         # No garbage collection while capturing: freeing some other engine's graphs or events
         # in the middle of a capture invalidates it.
         if collect:
@@ -238,8 +241,8 @@ class CudaGraphRunner:
         graph's output, valid until the next replay). A model with graph peers (tensor-parallel
         ranks) is told first, so that they replay the same bucket."""
         key = self.key_of(batch)
-        if supports_graph_peers(self.model):
-            self.model.replaying(key, batch)
+        if self._peers is not None:
+            self._peers.replaying(key, batch)
         return self.replay(key, batch, fill)
 
     def key_of(self, batch: HostBatch) -> tuple[str, int]:

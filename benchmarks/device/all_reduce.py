@@ -1,14 +1,15 @@
 """All-reduce micro-benchmark on N GPUs: NCCL against torch's symmetric-memory one-shot and
 two-shot kernels (`openinfer_core.distributed.all_reduce`), bf16, 8 KB to 32 MB, each path
 captured in a CUDA graph of `CALLS` back-to-back all-reduces (as a decode step replays them)
-and timed by replaying it. The ceiling beside it, in the same run: the peer-to-peer copy
-bandwidth between GPU 0 and GPU 1 (a 256 MB copy), what one link direction moves.
+and timed by replaying it (`cuda_timing.graph_per_call_us`: the best of `REPLAYS`). The
+ceiling beside it, in the same run: the peer-to-peer copy bandwidth between GPU 0 and GPU 1 (a
+256 MB copy), what one link direction moves.
 
 Each row gives the time of one all-reduce and its bus bandwidth (NCCL's convention: size ×
 2(n-1)/n per time) as a fraction of that copy bandwidth. Before timing, each path's sums are
 checked against a float64 sum of the ranks' inputs, over CALLS calls that reuse the buffers.
 
-    python3 benchmarks/all_reduce.py --gpus 2 --json OUT.json"""
+    python3 benchmarks/device/all_reduce.py --gpus 2 --json OUT.json"""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from cuda_timing import graph_per_call_us
 
 SIZES = [8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20,
          2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20]
 CALLS = 20  # all-reduces per graph
-REPLAYS = 20  # timed replays (after 3 warm ones)
+REPLAYS = 20  # timed replays of the graph, the best kept
 PATHS = ("nccl", "one_shot", "two_shot")
 
 
@@ -74,28 +76,9 @@ def _measure(group, symmetric, path: str, n: int, rank: int, size: int,  # type:
         want = torch.stack([p.double() for p in parts]).sum(0)
         worst = max(worst, ((got - want).abs() / want.abs().clamp_min(1e-2)).max().item())
     work = [x.clone() for x in inputs]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for x in work[:2]:
-            _reduce(group, symmetric, path, x)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in work:
-            _reduce(group, symmetric, path, x)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
     torch.distributed.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    us = start.elapsed_time(end) * 1000 / (REPLAYS * CALLS)
+    us = graph_per_call_us([lambda x=x: _reduce(group, symmetric, path, x) for x in work],
+                           replays=REPLAYS)
     nbytes = n * 2
     return {"path": path, "bytes": nbytes, "us": round(us, 2),
             "busbw_gbs": round(nbytes * 2 * (size - 1) / size / us / 1e3, 1),
