@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ log = logging.getLogger("openinfer")
 # product of a row-split layer in fp32 and all-reduce it in fp32, so the sum is rounded to bf16
 # once, as one GPU's GEMM rounds it (the tensor-parallel gate's `fp32-reduce` case).
 FP32_REDUCE_ENV = "OPENINFER_TP_FP32_REDUCE"
+
+GLOO_LEAVE_S = 30.0  # gloo's teardown is local and quick: this bounds a broken one
 
 
 class TorchTensorParallelGroup:
@@ -98,14 +101,36 @@ class TorchTensorParallelGroup:
         dist.broadcast(x, src)
         return x
 
-    def close(self) -> None:
-        """Leave the group (idempotent). After a failed collective the group may be broken:
-        leaving it then is logged, not raised (the failure itself was raised already)."""
+    def close(self, timeout_s: float = 10.0, abort: bool = False) -> None:
+        """Leave the group (idempotent). NCCL's teardown waits for every rank of the node to
+        tear down too: rank 0 calls this right after telling the workers to stop, and they call
+        it on "stop", so the ranks leave together. It is bounded by `timeout_s`: past it (a
+        rank that is gone or stuck never joins in) the teardown is left to a daemon thread and
+        this process keeps its default group, so it cannot build another; it should end. After
+        a failed collective the group may be broken: leaving it then is logged, not raised.
+        `abort`: a rank is gone, so end the group's collectives rather than let them finish
+        (NCCL, with torch's abort where it has one). gloo's teardown is local: it is always
+        waited for, so that a next group can start in this process."""
         if self._closed:
             return
         self._closed = True
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        nccl = self.device.type == "cuda"
+        done = threading.Event()
+
+        def leave() -> None:
             try:
-                dist.destroy_process_group()
+                if nccl and abort and hasattr(dist.distributed_c10d, "_abort_process_group"):
+                    dist.distributed_c10d._abort_process_group()
+                else:
+                    dist.destroy_process_group()
             except Exception as exc:  # a broken group: nothing left to do with it
                 log.warning("leaving the tensor-parallel group failed: %s", exc)
+            done.set()
+
+        threading.Thread(target=leave, name="openinfer-tp-leave", daemon=True).start()
+        if not done.wait(timeout_s if nccl else max(timeout_s, GLOO_LEAVE_S)):
+            log.warning("tensor parallel: rank %d could not leave the group within %.0f s (another "
+                        "rank is gone or stuck); left to a background thread", self.rank,
+                        timeout_s)

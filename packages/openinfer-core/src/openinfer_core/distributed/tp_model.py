@@ -206,8 +206,8 @@ class TensorParallelModel:
             _wait_subscribers(publisher, size - 1, deadline)
         except BaseException:
             stop_ranks(workers, timeout=0.0)
-            if group is not None:
-                group.close()
+            if group is not None:  # its other ranks are killed: no teardown to wait for
+                group.close(0.0, abort=True)
             context.destroy(linger=0)
             shutil.rmtree(folder, ignore_errors=True)
             if threads:
@@ -321,14 +321,18 @@ class TensorParallelModel:
             return
         self._closed = True
         linger = 0
+        healthy = self._failed is None and all(w.alive() for w in local_ranks(self.workers))
         if self._failed is None:
             with contextlib.suppress(zmq.ZMQError):  # the workers are killed below anyway
                 self._publish(("stop",))
             if self._store is not None:  # over TCP: let "stop" reach the other nodes
                 linger = STOP_LINGER_MS
+        # The workers leave the group on "stop" and NCCL's teardown waits for every rank: leave
+        # with them, before waiting for them to exit. With a rank gone, the teardown could only
+        # time out: it gets no wait.
+        self.group.close(timeout if healthy else 0.0, abort=not healthy)
         stop_ranks(self.workers, timeout)
         self._context.destroy(linger=linger)
-        self.group.close()
         self._store = None  # the TCP store goes: the other nodes' agents stop what is left
         shutil.rmtree(self._folder, ignore_errors=True)
         if self._threads:

@@ -85,6 +85,7 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
         torch.set_num_threads(spec.num_threads)
     context = zmq.Context()
     group = None
+    stopped = False  # "stop" came: the ranks leave the group together
     try:
         batches = context.socket(zmq.SUB)
         batches.setsockopt(zmq.RCVHWM, 0)
@@ -98,13 +99,14 @@ def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) ->
         model = _load(spec, group, device)
         conn.send(("ready", None))
         _serve(RankModel(model, group), batches, conn)
+        stopped = True
     except BaseException:
         with contextlib.suppress(OSError):  # rank 0 is gone: nobody to tell
             conn.send(("error", traceback.format_exc()))
         raise SystemExit(1) from None
     finally:
         if group is not None:
-            group.close()
+            group.close(spec.timeout_s if stopped else 0.0, abort=not stopped)
         context.destroy(linger=0)
 
 
