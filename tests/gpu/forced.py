@@ -4,8 +4,12 @@ the next-token logits at every chunk's end are kept for comparison with transfor
 
 from __future__ import annotations
 
+import multiprocessing
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -17,6 +21,7 @@ from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
 
 TOP = 8
+T = TypeVar("T")
 
 
 @dataclass
@@ -148,3 +153,23 @@ def reference_logprobs(hf: torch.nn.Module, sequences: Sequence[Sequence[int]]
     torch.cuda.empty_cache()
     return out
 
+
+
+def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a new (spawned) process, its result back through a file; `fn` must be
+    importable by name (a module on sys.path)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "result.pt"
+        process = multiprocessing.get_context("spawn").Process(
+            target=_save_result, args=(fn, args, out))
+        process.start()
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"{fn.__name__} failed in its own process (exit code "
+                               f"{process.exitcode}; its traceback is in the log above)")
+        result: T = torch.load(out, weights_only=False)
+        return result
+
+
+def _save_result(fn: Callable[..., Any], args: tuple[Any, ...], out: Path) -> None:
+    torch.save(fn(*args), out)

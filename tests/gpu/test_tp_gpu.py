@@ -23,7 +23,6 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,16 +30,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, gate_row, reference_logprobs, run_forced
+from forced import Picks, gate_row, in_fresh_process, reference_logprobs
+from tp_cases import CASES, DECODES, engine_cases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
 
 PROMPT_LENS = [1, 17, 64, 128, 255, 300, 400, 500]
-DECODES = 8
 REGRET_MAX, MEAN_MAX, P99_MAX = 0.20, 0.06, 0.20
 RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
-CASES = ["batch1-eager", "batch1-graph", "mixed-24-graphs"]
 
 
 @pytest.fixture(scope="module", params=["qwen3-4b", "one-kv-head"])
@@ -74,76 +72,18 @@ def reference(checkpoint: Path, sequences: list[list[int]]) -> list[torch.Tensor
         sequences)
 
 
-def _engine(checkpoint: Path, tp: int):  # type: ignore[no-untyped-def]
-    from openinfer_core.engine.config import EngineConfig
-    from openinfer_core.engine.engine import Engine
-
-    return Engine(EngineConfig(model=str(checkpoint), device="cuda", max_model_len=1024,
-                               max_num_seqs=8, max_num_batched_tokens=512,
-                               num_kv_blocks=1024, tensor_parallel_size=tp))
-
-
-def _run_cases(engine, sequences: list[list[int]],  # type: ignore[no-untyped-def]
-               cases: list[str]) -> dict[str, tuple[list[Picks], list[int]]]:
-    """Each case's picks and the sequences they cover."""
-    out: dict[str, tuple[list[Picks], list[int]]] = {}
-    every = list(range(len(sequences)))
-    if "batch1-eager" in cases:
-        picks = []
-        for seq in sequences:
-            n = len(seq) - DECODES
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=False, all_positions=True)
-        out["batch1-eager"] = (picks, every)
-    if "batch1-graph" in cases:
-        assert engine.graphs is not None, "tensor parallelism must run from CUDA graphs"
-        before = dict(engine.graphs.replays)
-        picks = []
-        for seq in sequences:
-            n = len(seq) - DECODES
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=True)
-        assert engine.graphs.replays["decode"] >= before["decode"] + len(sequences) * (
-            DECODES - 1)
-        out["batch1-graph"] = (picks, every)
-    if "mixed-24-graphs" in cases:
-        assert engine.graphs is not None
-        before = dict(engine.graphs.replays)
-
-        def plan(step: int, i: int, done: int) -> int:
-            if step < i % 5:  # staggered arrivals
-                return 0
-            n = len(sequences[i]) - DECODES
-            return min(24, n - done) if done < n else 1
-
-        picks = run_forced(engine, sequences, plan, use_graphs=True)
-        assert engine.graphs.replays["mixed"] > before["mixed"] + 10
-        out["mixed-24-graphs"] = (picks, every)
-    return out
-
-
 @pytest.fixture(scope="module")
-def runs(checkpoint: Path, sequences: list[list[int]]) -> Iterator[dict[str, dict]]:  # type: ignore[type-arg]
+def runs(checkpoint: Path, sequences: list[list[int]]) -> dict[str, dict]:  # type: ignore[type-arg]
     """Every case at TP2; batch 1 eager at TP1 and with the fp32-reduce experiment too (the
-    one-GPU gate covers TP1's other cases)."""
+    one-GPU gate covers TP1's other cases). Each engine runs in a process of its own, as a
+    served engine does: one tensor-parallel group per process (`all_reduce.py`)."""
     got = {}
     for name, tp, env, cases in [("tp1", 1, None, ["batch1-eager"]), ("tp2", 2, None, CASES),
                                  ("tp2-fp32-reduce", 2, "1", ["batch1-eager"])]:
         started = time.perf_counter()
-        if env is not None:
-            os.environ["OPENINFER_TP_FP32_REDUCE"] = env
-        try:
-            engine = _engine(checkpoint, tp)
-            try:
-                got[name] = _run_cases(engine, sequences, cases)
-            finally:
-                engine.close()
-                del engine
-                torch.cuda.empty_cache()
-        finally:
-            os.environ.pop("OPENINFER_TP_FP32_REDUCE", None)
+        got[name] = in_fresh_process(engine_cases, checkpoint, tp, env, sequences, cases)
         print(f"{checkpoint.name} {name}: {time.perf_counter() - started:.0f} s", flush=True)
-    yield got
+    return got
 
 
 def _record(row: dict[str, object]) -> None:

@@ -42,6 +42,13 @@ DEFAULT_ONE_SHOT_MAX = 128 << 10  # group sizes not measured
 DEFAULT_TWO_SHOT_MAX = 8 << 20
 ALIGN_BYTES = 16  # two-shot splits the message into per-rank parts of whole 16-byte units
 
+# Whether a group of this process set up symmetric memory already. torch keeps its
+# symmetric-memory state per group name, and every default group is named "0": a later group
+# in the same process would meet the first one's state (a second group's rendezvous never
+# returned on 2 H100s). Only the first group of a process takes this path; the engine makes
+# one per process.
+_opened_in_process = False
+
 
 class SymmetricAllReduce:
     """One rank's symmetric-memory staging buffer and the rule that picks a path per message.
@@ -69,9 +76,13 @@ class SymmetricAllReduce:
         group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
         nbytes = max(TWO_SHOT_MAX.get(size, DEFAULT_TWO_SHOT_MAX),
                      ONE_SHOT_MAX.get(size, DEFAULT_ONE_SHOT_MAX))
+        global _opened_in_process
         buffer = None
         why = ""
         try:
+            if _opened_in_process:
+                raise RuntimeError("an earlier tensor-parallel group of this process set up "
+                                   "symmetric memory under the same group name")
             import torch.distributed._symmetric_memory as symm_mem
 
             buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
@@ -91,6 +102,7 @@ class SymmetricAllReduce:
                         "all-reduce goes through NCCL", why or "another rank failed")
             return None
         assert buffer is not None
+        _opened_in_process = True
         made = cls(buffer, group_name, size, forced)
         log.info("tensor parallel: all-reduce by symmetric memory up to %d KB (one-shot up to "
                  "%d KB), NCCL past it%s", made.two_shot_max >> 10, made.one_shot_max >> 10,

@@ -173,6 +173,8 @@ def _serve(model: RankModel, batches: zmq.Socket[bytes],
             model.create_kv_cache(message[1], message[2])
             conn.send(("kv", None))
         elif kind == "stop":
+            if graphs is not None:  # before the group is left (CudaGraphRunner.release)
+                graphs.release()
             return
         else:
             raise RuntimeError(f"unknown message from rank 0: {kind!r}")

@@ -152,6 +152,16 @@ class CudaGraphRunner:
                  "in %.2f s; %d left to capture when idle", len(self._graphs),
                  len(self._mixed_graphs), self.capture_seconds, len(self.pending))
 
+    def release(self) -> None:
+        """Destroy every captured graph (none is replayed after): the collectives captured in
+        them hold their NCCL communicator, whose teardown waits until they are gone. No
+        device sync: after a rank died a replay may never end (the watchdog ends the process)."""
+        for graphs in (self._graphs, self._mixed_graphs, self._logits, self._mixed_logits):
+            graphs.clear()
+        self.pending = []
+        self._out = None
+        self._pool = None
+
     def capture_next(self) -> bool:
         """Capture the next pending bucket; whether more are pending. Engine thread, between
         steps, with no step in flight: the warm-up forward runs over the graph buffers (reset

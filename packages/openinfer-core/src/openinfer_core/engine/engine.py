@@ -154,6 +154,8 @@ class Engine:
         started (tensor-parallel workers). Engine thread, or after it stopped."""
         if self.offload is not None:
             self.offload.close()
+        if self.graphs is not None:  # before the model: a tensor-parallel group outlives them
+            self.graphs.release()
         if supports_close(self.model):
             self.model.close()
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import supports_expert_parallel
@@ -51,6 +53,10 @@ def load_model(config: EngineConfig, plugins: PluginManager) -> LoadedModel:
     hf_config = read_model_config(model_dir)
     entry = plugins.registries.models.match(hf_config)
     device = config.torch_device()
+    if device.type == "cuda" and device.index is not None:
+        # Triton launches and CUDA graph captures go to the current device: make it this
+        # engine's (a data-parallel replica runs on cuda:N of its process).
+        torch.cuda.set_device(device)
     dtype = config.torch_dtype(device, hf_config.get("torch_dtype") or hf_config.get("dtype"))
     regs = plugins.registries
     backend_name = (config.attention_backend or os.environ.get(ATTENTION_BACKEND_ENV)
