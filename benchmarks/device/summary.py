@@ -30,7 +30,7 @@ def lines(out: Path) -> list[tuple[str, str]]:
         rows.append((f"golden {row['case']}",
                      f"regret max {row['regret_max']:.3f} (<=0.20)  |dlp| mean "
                      f"{row['dlogprob_mean']:.4f} (<=0.06)  p99 {row['dlogprob_p99']:.3f} "
-                     f"(<=0.20)  n={row['positions']}"))
+                     f"(<=0.20)" + (f"  n={row['positions']}" if "positions" in row else "")))
     for name in sorted(p.name for p in out.glob("latency-*.json")):
         lat = load(out, name)
         if not lat:

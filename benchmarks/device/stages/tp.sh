@@ -77,8 +77,25 @@ stage_tp32() {
 }
 
 stage_tpserve() {
+  # The rank kill first (short), then the served figures.
   local m32=/tmp/qwen3-32b
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
+  stage "a tensor-parallel rank killed mid-stream: Qwen3-8B, TP=2, the rank on GPU 1"
+  python3 -m openinfer_server.cli serve $M8 --load-format dummy --tensor-parallel-size 2 \
+    --max-num-seqs 16 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp-kill.log" 2>&1 &
+  server=$!
+  if wait_ready $server; then
+    # The rank on GPU 1 is the worker process: every stream must end with an error within 15 s.
+    timeout 200 python3 benchmarks/device/replica_kill.py \
+      --pid "$(nvidia-smi --id=1 --query-compute-apps=pid --format=csv,noheader | head -1)" \
+      --streams 16 --output-len 2000 --json "$OUT/kill-tp-rank.json"
+    for _ in $(seq 30); do kill -0 $server 2>/dev/null || break; sleep 1; done
+    kill -0 $server 2>/dev/null && echo "the server still runs 30 s after its rank died" \
+      || echo "the server stopped after its rank died"
+    echo "GPU processes left: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
+  fi
+  kill -9 $server 2>/dev/null; wait $server 2>/dev/null
+  tail -5 "$OUT/serve-tp-kill.log"
   stage "served throughput, Qwen3-32B, TP=2: 128/128 at concurrency 256, 2048/2048 at 64"
   python3 -m openinfer_server.cli serve $m32 --load-format dummy --tensor-parallel-size 2 \
     --max-num-seqs 256 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp.log" 2>&1 &
@@ -96,20 +113,4 @@ stage_tpserve() {
     echo "tpserve: no server (see serve-tp.log)"; tail -30 "$OUT/serve-tp.log"
   fi
   stop $server
-  stage "a tensor-parallel rank killed mid-stream: Qwen3-8B, TP=2, the rank on GPU 1"
-  python3 -m openinfer_server.cli serve $M8 --load-format dummy --tensor-parallel-size 2 \
-    --max-num-seqs 16 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp-kill.log" 2>&1 &
-  server=$!
-  if wait_ready $server; then
-    # The rank on GPU 1 is the worker process: every stream must end with an error within 15 s.
-    timeout 200 python3 benchmarks/device/replica_kill.py \
-      --pid "$(nvidia-smi --id=1 --query-compute-apps=pid --format=csv,noheader | head -1)" \
-      --streams 16 --output-len 2000 --json "$OUT/kill-tp-rank.json"
-    for _ in $(seq 30); do kill -0 $server 2>/dev/null || break; sleep 1; done
-    kill -0 $server 2>/dev/null && echo "the server still runs 30 s after its rank died" \
-      || echo "the server stopped after its rank died"
-    echo "GPU processes left: $(nvidia-smi --query-compute-apps=pid --format=csv,noheader | wc -l)"
-  fi
-  kill -9 $server 2>/dev/null; wait $server 2>/dev/null
-  tail -5 "$OUT/serve-tp-kill.log"
 }
