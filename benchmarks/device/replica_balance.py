@@ -1,0 +1,65 @@
+"""How evenly a data-parallel server's replicas carry their load: polls /metrics every
+`--interval` seconds for `--seconds` (or until the server stops answering, or SIGTERM) and
+reports, per replica, the running and waiting requests' mean and maximum over the samples
+where the server had any request. A replica that queues while another has free slots means
+the router, not the engines, sets the served throughput.
+
+Usage: python replica_balance.py [--base-url URL] [--seconds 120] [--interval 0.5] [--json F]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from collections import defaultdict
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+GAUGES = {"openinfer:num_requests_running": "running", "openinfer:num_requests_waiting": "waiting"}
+
+
+def sample(client: httpx.Client, url: str) -> dict[tuple[str, str], float]:
+    """{(replica, running|waiting): value} from one scrape."""
+    got: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(client.get(f"{url}/metrics").text):
+        for s in family.samples:
+            if s.name in GAUGES:
+                got[(s.labels.get("replica", "-"), GAUGES[s.name])] = s.value
+    return got
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--interval", type=float, default=0.5)
+    p.add_argument("--json", help="write the per-replica figures here")
+    args = p.parse_args()
+    series: dict[tuple[str, str], list[float]] = defaultdict(list)
+    deadline = time.monotonic() + args.seconds
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline and not stopped:
+            try:
+                got = sample(client, args.base_url)
+            except httpx.HTTPError:
+                break  # the server stopped
+            if sum(got.values()) > 0:  # only while requests are in
+                for key, value in got.items():
+                    series[key].append(value)
+            time.sleep(args.interval)
+    report = {f"replica {r} {what}": {"mean": sum(v) / len(v), "max": max(v), "samples": len(v)}
+              for (r, what), v in sorted(series.items()) if v}
+    for name, figures in report.items():
+        print(f"  {name}: mean {figures['mean']:.0f}, max {figures['max']:.0f} "
+              f"({figures['samples']} samples)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
