@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
 # The order stages run in, whatever order they are named in.
-ORDER="tests basetests gate allreduce tp tpprofile tp32 tpgate tpserve dsv4 dsv4model latency ab prefillattn fusion verify sampling tiles gemm pdl
+ORDER="tests basetests gate allreduce tpfused tp tpprofile tp32 tpgate tpserve dsv4 dsv4model latency ab prefillattn fusion verify sampling tiles gemm pdl
        ttft flashinfer attention ops throughput serve dp deferred stream1 timeline prefix qps
        interference structured offload startup"
 stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured offload startup}
@@ -35,6 +35,11 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 OPENINFER_GPU_RESULTS=$OUT PYTHON
 if [ -f .fi/flashinfer.tar.xz ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .fi/*.whl \
     && tar -xJf .fi/flashinfer.tar.xz -C /tmp/site || exit 1
+  # flashinfer.comm's imports (pynvml, cuda-python), where the image lacks them.
+  for pair in pynvml:nvidia_ml_py cuda.bindings.driver:cuda_bindings cuda.pathfinder:cuda_pathfinder; do
+    python3 -c "import ${pair%%:*}" 2>/dev/null || python3 -m pip install -q --no-index --no-deps \
+      --no-compile --target /tmp/site .fi/extra/${pair##*:}-*.whl || exit 1
+  done
   # pip dates what it installs now, newer than a carried JIT build's objects: ninja would then
   # rebuild every module that includes tvm_ffi's headers (minutes each, inside the first
   # engine start). Dated back, the carried builds are up to date.

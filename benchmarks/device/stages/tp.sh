@@ -14,7 +14,7 @@ tp_latency() {
     > "$OUT/latency-qwen3-$size-tp$tp-$name.log" 2>&1
   grep -E "TPOT|floor" "$OUT/latency-qwen3-$size-tp$tp-$name.log" \
     || tail -25 "$OUT/latency-qwen3-$size-tp$tp-$name.log"
-  grep -h "all-reduce by\|unavailable" "$OUT/latency-qwen3-$size-tp$tp-$name.log" | head -2
+  grep -h "all-reduce by\|RMSNorm fused\|unavailable" "$OUT/latency-qwen3-$size-tp$tp-$name.log" | head -3
 }
 
 stage_allreduce() {
@@ -66,6 +66,24 @@ print(f"step {r['step_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms; marginal
       ", ".join(f"{k} {v:.2f}" for k, v in r["marginal_by_op_ms"].items()))
 PY
   done
+}
+
+stage_tpfused() {
+  # FlashInfer's all-reduce + residual add + RMSNorm fusion (carry .fi, from
+  # benchmarks/device/flashinfer_pack.sh): the micro-benchmark at Qwen3-8B's and 32B's hidden
+  # sizes, batch-1 TPOT with the fusion and without it in the same call, then the TP gate with it.
+  local m32=/tmp/qwen3-32b
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
+  for h in 4096 5120; do
+    stage "all-reduce + add + RMSNorm on 2 GPUs, fused (FlashInfer) against unfused, hidden $h"
+    timeout 400 python3 benchmarks/device/add_norm.py --gpus 2 --hidden $h \
+      --json "$OUT/add-norm-$h.json" 2>&1 | grep -v "^\[" | tail -16
+  done
+  tp_latency 8b $M8 1 auto
+  tp_latency 8b $M8 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
+  tp_latency 8b $M8 2 unfused OPENINFER_TP_FUSED_NORM=off
+  tp_latency 32b $m32 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
+  OPENINFER_TP_FUSED_NORM=flashinfer tp_gate
 }
 
 stage_tp32() {

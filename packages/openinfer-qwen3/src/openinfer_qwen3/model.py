@@ -56,6 +56,8 @@ class Qwen3Model:
         # Capturable exactly where the attention backend is (capabilities.SupportsCudaGraphs).
         self.cuda_graph_safe = False
         self.cuda_graph_max_tokens = 0
+        if tp is not None:
+            tp.enable_add_rms_norm(cfg.hidden_size, dtype)
         if supports_cuda_graphs(attention) and attention.cuda_graph_safe:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens
@@ -125,6 +127,12 @@ class Qwen3Model:
         eps = self.cfg.rms_norm_eps
         if self.tp is None:
             return linear_add_rms_norm(x, w, residual, norm_weight, eps)
+        if self.tp.reduce_dtype is None:  # the all-reduce, add and norm in one kernel, or None
+            partial = linear(x, w)
+            fused = self.tp.all_reduce_add_rms_norm(partial, residual, norm_weight, eps)
+            if fused is not None:
+                return fused
+            return fused_add_rms_norm(self.tp.all_reduce(partial), residual, norm_weight, eps)
         return fused_add_rms_norm(self._row_split(x, w), residual, norm_weight, eps)
 
     def _row_split(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

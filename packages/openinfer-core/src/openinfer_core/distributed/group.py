@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from openinfer_core.distributed.add_norm import FusedAllReduceAddNorm
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce
 
 log = logging.getLogger("openinfer")
@@ -60,6 +61,7 @@ class TorchTensorParallelGroup:
         self.reduce_dtype: torch.dtype | None = (
             torch.float32 if os.environ.get(FP32_REDUCE_ENV) == "1" else None)
         self._symmetric = SymmetricAllReduce.open(size, device) if size > 1 else None
+        self._fused: FusedAllReduceAddNorm | None = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks: x itself summed in place (NCCL, gloo) or a new tensor
@@ -70,6 +72,23 @@ class TorchTensorParallelGroup:
                 return self._symmetric(x, path)
         dist.all_reduce(x)
         return x
+
+    def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype) -> None:
+        """Set up the fused all-reduce + add + RMSNorm for rows of `hidden` values of `dtype`
+        where it is asked for and available (`add_norm.py`). Collective: every rank, at load,
+        outside CUDA graph capture."""
+        if self.size > 1 and self._fused is None:
+            self._fused = FusedAllReduceAddNorm.open(self.rank, self.size, self.device, hidden,
+                                                     dtype)
+
+    def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                                weight: torch.Tensor,
+                                eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(sum + residual) * weight, sum + residual) in one kernel, `sum` the sum of
+        `x` over the ranks; None (nothing done) where the fused kernel does not take `x`."""
+        if self._fused is None or not x.is_cuda or not self._fused.fits(x):
+            return None
+        return self._fused(x, residual, weight, eps)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -114,6 +133,9 @@ class TorchTensorParallelGroup:
         if self._closed:
             return
         self._closed = True
+        if self._fused is not None:
+            self._fused.close()
+            self._fused = None
         if not dist.is_initialized():
             return
         nccl = self.device.type == "cuda"

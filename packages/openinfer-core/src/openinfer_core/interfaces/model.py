@@ -185,6 +185,20 @@ class TensorParallelGroup(Protocol):
         returned one; `x`'s contents are undefined after)."""
         ...
 
+    def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype) -> None:
+        """Let `all_reduce_add_rms_norm` fuse for rows of `hidden` values of `dtype` where the
+        group can (collective: every rank calls it at load, outside CUDA graph capture)."""
+        ...
+
+    def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                                weight: torch.Tensor,
+                                eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(s + residual) * weight, s + residual), s the sum of `x` over the ranks, in
+        one kernel; or None, nothing done, where the group has no fused kernel for `x` (then
+        `all_reduce` and the line's own norm). Every rank gets the same answer for the same
+        shape."""
+        ...
+
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's `x` (same shape on all ranks), concatenated along the last dim in rank
         order: [..., size * x.shape[-1]]."""

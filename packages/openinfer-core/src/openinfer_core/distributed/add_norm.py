@@ -1,0 +1,115 @@
+"""All-reduce + residual add + RMSNorm in one kernel, for the row-split layers of a
+tensor-parallel model line: FlashInfer's fusion (`flashinfer.comm.allreduce_fusion`, pattern
+`kARResidualRMSNorm`, TensorRT-LLM's kernel).
+
+Without it, a row-split layer under TP runs three steps: the ranks' partial products meet in an
+all-reduce, then one kernel adds the residual and normalizes. Each of a decode step's 72
+all-reduces costs ~9.6 us, and each add + norm is another launch (Qwen3-8B TP2 on 2 H100s,
+`decode_breakdown.py`). The fusion reads the peers' partials over NVLink and writes
+`residual + sum` and its norm in the same kernel.
+
+Its workspace is IPC memory that every rank maps (`create_allreduce_fusion_workspace`,
+backend "trtllm"): POSIX file descriptors or fabric handles, exchanged over the group; no
+NVLink multicast (off on the lent machines) and no MPI. It holds `MAX_TOKENS` rows: a larger
+step takes the unfused path. The partials are summed in fp32.
+
+Opt-in (`OPENINFER_TP_FUSED_NORM=flashinfer`) until a GPU run shows it faster than the unfused
+path at the sizes a decode step uses; `off` (the default) never loads FlashInfer here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("openinfer")
+
+FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # off (default) | flashinfer
+MAX_TOKENS = 2048  # rows the workspace holds (SGLang sizes it the same); larger steps: unfused
+
+
+class FusedAllReduceAddNorm:
+    """One rank's FlashInfer workspace for rows of `hidden` values of `dtype`. Build with
+    `open` (collective: every rank of the group at once, outside CUDA graph capture)."""
+
+    def __init__(self, workspace: Any, hidden: int, dtype: torch.dtype,
+                 max_tokens: int) -> None:
+        self.workspace = workspace
+        self.hidden = hidden
+        self.dtype = dtype
+        self.max_tokens = max_tokens
+
+    @classmethod
+    def open(cls, rank: int, size: int, device: torch.device, hidden: int, dtype: torch.dtype,
+             max_tokens: int = MAX_TOKENS) -> FusedAllReduceAddNorm | None:
+        """The workspace on every rank, or None on every rank alike (not asked for, not on
+        CUDA, FlashInfer missing or refusing these sizes, or any rank failing to set it up)."""
+        mode = os.environ.get(FUSED_NORM_ENV, "off")
+        if mode not in ("off", "flashinfer"):
+            raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use off or flashinfer")
+        if mode == "off" or device.type != "cuda":
+            return None
+        workspace, why = None, ""
+        try:
+            from flashinfer.comm import create_allreduce_fusion_workspace
+
+            if size not in (2, 4, 8, 16) or hidden % 8:
+                raise ValueError(f"{size} ranks, hidden size {hidden}: the kernel takes 2, 4, "
+                                 "8 or 16 ranks and rows of whole 16-byte vectors")
+            workspace = create_allreduce_fusion_workspace(
+                backend="trtllm", world_size=size, rank=rank, max_token_num=max_tokens,
+                hidden_dim=hidden, dtype=dtype, group=dist.group.WORLD)
+        except Exception as exc:  # no FlashInfer, no peer mapping: the unfused path
+            why = f"{type(exc).__name__}: {exc}"
+            workspace = None
+        # Every rank must take the same path: agree that all of them have a workspace.
+        ok = torch.tensor([0 if workspace is None else 1], dtype=torch.int32, device=device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not int(ok.item()):
+            log.warning("tensor parallel: fused all-reduce + add + RMSNorm unavailable (%s); "
+                        "the all-reduce and the norm run apart", why or "another rank failed")
+            if workspace is not None:
+                _destroy(workspace)
+            return None
+        log.info("tensor parallel: all-reduce + residual add + RMSNorm fused (FlashInfer), up "
+                 "to %d rows of %d", max_tokens, hidden)
+        return cls(workspace, hidden, dtype, max_tokens)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        """Whether `x` [T, hidden] takes the fused kernel (the same answer on every rank)."""
+        return (x.dim() == 2 and x.shape[1] == self.hidden and x.dtype == self.dtype
+                and 0 < x.shape[0] <= self.max_tokens)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(sum + residual) * weight, sum + residual), `sum` the sum of `x` over the
+        ranks; `fits(x)` must hold. New tensors: `x` and `residual` are left as they were."""
+        from flashinfer.comm import AllReduceFusionPattern, allreduce_fusion
+
+        x = x.contiguous()
+        normed, summed = torch.empty_like(x), torch.empty_like(x)
+        # `output`, the bare sum, is a scratch this pattern does not fill (the library would
+        # allocate it otherwise).
+        allreduce_fusion(
+            input=x, workspace=self.workspace, pattern=AllReduceFusionPattern.kARResidualRMSNorm,
+            launch_with_pdl=False, trigger_completion_at_end=True, output=torch.empty_like(x),
+            residual_in=residual.contiguous(), residual_out=summed, norm_out=normed,
+            rms_gamma=weight, rms_eps=eps, use_oneshot=None, fp32_acc=True)
+        return normed, summed
+
+    def close(self) -> None:
+        """Unmap the peers' buffers (before the group is left)."""
+        _destroy(self.workspace)
+
+
+def _destroy(workspace: Any) -> None:
+    """Drop the library's own reference to the mapped buffers, then the workspace's."""
+    with contextlib.suppress(Exception):  # best effort: the process may be ending anyway
+        from flashinfer.comm.trtllm_ar import trtllm_destroy_ipc_workspace_for_all_reduce_fusion
+
+        trtllm_destroy_ipc_workspace_for_all_reduce_fusion(workspace.ipc_handles)
+        workspace.destroy()
