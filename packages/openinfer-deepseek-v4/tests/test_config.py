@@ -39,6 +39,16 @@ def test_deepseek_layout() -> None:
                       "beta_slow": 1.0}
 
 
+def test_any_other_ratio_is_heavily_compressed_and_limit_0_is_none() -> None:
+    """As DeepSeek's own code reads them: ratio 4 is CSA (overlap, indexer), any other positive
+    ratio HCA; swiglu_limit 0 clamps nothing (inf for the kernels)."""
+    c = DeepseekV4Config.from_dict(DEEPSEEK | {"compress_ratios": [0, 4, 16, 64, 8, 0],
+                                               "swiglu_limit": 0})
+    assert c.attention_kinds == ("window", "csa", "hca", "hca", "hca")
+    assert c.compress_ratios == (0, 4, 16, 64, 8)
+    assert c.swiglu_limit == float("inf")
+
+
 def test_transformers_layout_reads_the_same() -> None:
     transformers = pytest.importorskip("transformers")
     written = transformers.DeepseekV4Config(**{k: v for k, v in DEEPSEEK.items()
@@ -51,7 +61,7 @@ def test_transformers_layout_reads_the_same() -> None:
 @pytest.mark.parametrize(("change", "message"), [
     ({"num_key_value_heads": 2}, "one shared KV head"),
     ({"scoring_func": "softmax"}, "scoring_func"),
-    ({"compress_ratios": [0, 0, 4, 64, 4, 0]}, r"compression ratios \[64\]"),
+    ({"compress_ratios": [0, 0, 4, -8, 4, 0]}, r"compress_ratios \[-8\]"),
     ({"compress_ratios": [0, 0]}, "2 layer types for 5 layers"),
     ({"tie_word_embeddings": True}, "tie_word_embeddings"),
     ({"hc_mult": "4"}, "'hc_mult' must be an integer"),

@@ -5,6 +5,7 @@ deepseek-v4.md §2."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from openinfer_core.model_config import ConfigReader
 # gives a ratio per layer, 0, 4 (CSA) or 128 (HCA).
 KINDS = {"sliding_attention": "window", "compressed_sparse_attention": "csa",
          "heavily_compressed_attention": "hca"}
-_LEGACY = {0: "window", 4: "csa", 128: "hca"}
+CSA_RATIO = 4  # DeepSeek's `compress_ratios`: 4 is CSA (overlapping windows, an indexer)
 _DEFAULT_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 
 
@@ -42,7 +43,7 @@ class DeepseekV4Config:
     top_k: int
     moe_intermediate_size: int
     routed_scaling_factor: float
-    swiglu_limit: float
+    swiglu_limit: float  # the experts' clamp; math.inf where config.json's is 0 (none)
     index_n_heads: int
     index_head_dim: int
     index_topk: int
@@ -95,7 +96,9 @@ class DeepseekV4Config:
             top_k=r.int("num_experts_per_tok"),
             moe_intermediate_size=r.int("moe_intermediate_size"),
             routed_scaling_factor=r.float("routed_scaling_factor"),
-            swiglu_limit=r.float("swiglu_limit"), index_n_heads=r.int("index_n_heads"),
+            # 0 means no clamp, as in DeepSeek's own code: the kernels then clamp at infinity.
+            swiglu_limit=r.float("swiglu_limit") or math.inf,
+            index_n_heads=r.int("index_n_heads"),
             index_head_dim=r.int("index_head_dim"), index_topk=r.int("index_topk"),
             hc_mult=r.int("hc_mult"), hc_sinkhorn_iters=r.int("hc_sinkhorn_iters"),
             hc_eps=r.float("hc_eps"), rms_norm_eps=r.float("rms_norm_eps", 1e-6),
@@ -118,12 +121,13 @@ def _attention_kinds(config: dict[str, Any], n: int) -> dict[str, tuple[Any, ...
         rates = {**_DEFAULT_RATES, **(config.get("compress_rates") or {}), "sliding_attention": 0}
         kinds, ratios = [KINDS[t] for t in types], [rates[t] for t in types]
     elif config.get("compress_ratios") is not None:
+        # As DeepSeek's own code reads them: 0 is the window alone, 4 CSA, any other HCA.
         ratios = list(config["compress_ratios"])
-        bad = sorted({r for r in ratios[:n] if r not in _LEGACY})
+        bad = sorted({r for r in ratios[:n] if not isinstance(r, int) or r < 0})
         if bad:
-            raise ModelConfigError(f"config.json: compression ratios {bad} are not supported "
-                                   "(0, 4 and 128 are)")
-        kinds = [_LEGACY[r] for r in ratios]
+            raise ModelConfigError(f"config.json: compress_ratios {bad} are not whole numbers "
+                                   ">= 0")
+        kinds = ["window" if r == 0 else "csa" if r == CSA_RATIO else "hca" for r in ratios]
     else:
         raise ModelConfigError("config.json: needs layer_types or compress_ratios")
     if len(ratios) < n:
