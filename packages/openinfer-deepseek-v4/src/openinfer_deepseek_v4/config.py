@@ -55,6 +55,9 @@ class DeepseekV4Config:
     compress_rope_theta: float
     yarn: dict[str, float]  # the compressed layers' YaRN: factor, original_max_positions, betas
     max_position_embeddings: int
+    # The FP8/FP4 rounding inside the forward that DeepSeek's own code applies (quant_sim.py):
+    # set by the model line from config.json and OPENINFER_DSV4_QUANT_SIM.
+    quant_sim: bool = False
 
     def rope_freqs(self, compressed: bool) -> torch.Tensor:
         """The rotary frequencies of the window-only layers (plain, theta 1e4) or of the
@@ -73,6 +76,7 @@ class DeepseekV4Config:
     def from_dict(cls, config: dict[str, Any]) -> DeepseekV4Config:
         r = ConfigReader(config)
         n = r.int("num_hidden_layers")
+        kinds, ratios = _attention_kinds(config, n)
         head_dim = r.int("head_dim")
         if r.int("num_key_value_heads", 1) != 1:
             raise ModelConfigError("config.json: DeepSeek-V4 has one shared KV head "
@@ -90,7 +94,8 @@ class DeepseekV4Config:
             num_heads=r.int("num_attention_heads"), head_dim=head_dim,
             rope_head_dim=_rope_head_dim(config, head_dim), q_lora_rank=r.int("q_lora_rank"),
             o_groups=r.int("o_groups"), o_lora_rank=r.int("o_lora_rank"),
-            sliding_window=r.int("sliding_window"), **_attention_kinds(config, n),
+            sliding_window=r.int("sliding_window"), attention_kinds=kinds,
+            compress_ratios=ratios,
             hash_layers=_hash_layers(config, n), num_experts=r.int("n_routed_experts"),
             num_shared_experts=r.int("n_shared_experts", 1),
             top_k=r.int("num_experts_per_tok"),
@@ -109,7 +114,8 @@ class DeepseekV4Config:
         )
 
 
-def _attention_kinds(config: dict[str, Any], n: int) -> dict[str, tuple[Any, ...]]:
+def _attention_kinds(config: dict[str, Any],
+                     n: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Per layer, the attention kind and compression ratio: from `layer_types` +
     `compress_rates` (transformers) or `compress_ratios` (DeepSeek's, one more entry for the
     MTP layer, which is dropped here)."""
@@ -134,8 +140,7 @@ def _attention_kinds(config: dict[str, Any], n: int) -> dict[str, tuple[Any, ...
         raise ModelConfigError(f"config.json: {len(ratios)} layer types for {n} layers")
     if any(r < 1 for k, r in zip(kinds, ratios, strict=True) if k != "window"):
         raise ModelConfigError("config.json: compress_rates must be positive")
-    return {"attention_kinds": tuple(kinds[:n]),
-            "compress_ratios": tuple(int(r) for r in ratios[:n])}
+    return tuple(kinds[:n]), tuple(int(r) for r in ratios[:n])
 
 
 def _hash_layers(config: dict[str, Any], n: int) -> tuple[bool, ...]:

@@ -3,6 +3,7 @@ under tensor parallelism, one rank's shard of it: `shard.py`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -11,6 +12,7 @@ from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.model import DeepseekV4Model
+from openinfer_deepseek_v4.quant_sim import quant_sim_for
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.weights import load_weights
 
@@ -23,7 +25,8 @@ class DeepseekV4ModelLine:
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any],
              options: LoadOptions) -> DeepseekV4Model:
-        cfg = DeepseekV4Config.from_dict(config)
+        cfg = dataclasses.replace(DeepseekV4Config.from_dict(config),
+                                  quant_sim=quant_sim_for(config))
         max_len = options.max_model_len or cfg.max_position_embeddings
         if max_len > cfg.max_position_embeddings:
             raise ModelConfigError(

@@ -25,6 +25,7 @@ from openinfer_deepseek_v4.kernels.mhc import (
 from openinfer_deepseek_v4.kernels.moe import route_hash_ref, route_topk_ref, swiglu_clamped_ref
 from openinfer_deepseek_v4.kernels.rotary import rotary_interleaved_ref
 from openinfer_deepseek_v4.kernels.sparse_attention import sink_attention_ref
+from openinfer_deepseek_v4.quant_sim import fp8_round_nope, indexer_round
 from openinfer_deepseek_v4.quantized import (
     Fp4Experts,
     Weight,
@@ -89,9 +90,10 @@ def project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
     t, eps = x.shape[0], cfg.rms_norm_eps
     q_residual = rms_norm(linear(x, w.q_a), w.q_a_norm, eps)
     q = rms_norm(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim), None, eps)
-    kv = rms_norm(linear(x, w.kv), w.kv_norm, eps)
-    return Projected(q_residual, rotary_interleaved_ref(q, positions, freqs),
-                     rotary_interleaved_ref(kv, positions, freqs))
+    kv = rotary_interleaved_ref(rms_norm(linear(x, w.kv), w.kv_norm, eps), positions, freqs)
+    if cfg.quant_sim:
+        kv = fp8_round_nope(kv, cfg.rope_head_dim)
+    return Projected(q_residual, rotary_interleaved_ref(q, positions, freqs), kv)
 
 
 def compressor_inputs(x: torch.Tensor, w: CompressorWeights) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,6 +105,14 @@ def _compress(x: torch.Tensor, w: CompressorWeights, freqs: torch.Tensor, ratio:
               overlap: bool, eps: float) -> torch.Tensor:
     return compress_kv_ref(*compressor_inputs(x, w), w.position_bias, w.norm, freqs,
                            ratio=ratio, overlap=overlap, norm_eps=eps)
+
+
+def round_entries(entries: torch.Tensor, cfg: DeepseekV4Config, indexer: bool) -> torch.Tensor:
+    """Compressed entries as the model rounds them where `cfg.quant_sim`: the indexer's keys
+    rotated and to FP4, the main entries' non-rotary dims to FP8 (`quant_sim.py`)."""
+    if not cfg.quant_sim:
+        return entries
+    return indexer_round(entries) if indexer else fp8_round_nope(entries, cfg.rope_head_dim)
 
 
 def window_positions(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +146,8 @@ def indexer_inputs(x: torch.Tensor, q_residual: torch.Tensor, positions: torch.T
     assert w.indexer is not None
     t, idx = x.shape[0], w.indexer
     q = linear(q_residual, idx.q_b).view(t, cfg.index_n_heads, cfg.index_head_dim)
-    return rotary_interleaved_ref(q, positions, freqs), linear(x, idx.weights_proj)
+    q = rotary_interleaved_ref(q, positions, freqs)
+    return (indexer_round(q) if cfg.quant_sim else q), linear(x, idx.weights_proj)
 
 
 def attend(q: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor, w: AttentionWeights,
@@ -170,11 +181,13 @@ def attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
     entries, valid = [p.kv[window]], [real]
     if kind != "window":
         assert w.compressor is not None
-        compressed = _compress(x, w.compressor, freqs, ratio, kind == "csa", eps)
+        compressed = round_entries(_compress(x, w.compressor, freqs, ratio, kind == "csa", eps),
+                                   cfg, indexer=False)
         keys = None
         if kind == "csa":
             assert w.indexer is not None
-            keys = _compress(x, w.indexer.compressor, freqs, ratio, True, eps)
+            keys = round_entries(_compress(x, w.indexer.compressor, freqs, ratio, True, eps),
+                                 cfg, indexer=True)
         if compressed.shape[0]:
             picks = compressed_picks(x, p.q_residual, positions, compressed.shape[0], w, cfg,
                                      freqs, ratio, keys)
