@@ -69,9 +69,11 @@ class DeepseekV4Model:
                                torch.tensor(shard.expert_starts, device=device))
         # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
         # the host and its widths follow `max_seq_len` (the graphs are captured with
-        # max_model_len): capturable on one GPU, decode steps only. Under tensor parallelism
-        # the engine captures nothing yet.
-        self.cuda_graph_safe = device.type == "cuda" and tp is None
+        # max_model_len): capturable, decode steps only; under tensor parallelism too (the
+        # collectives sit inside each rank's graphs), but not with expert parallelism, whose
+        # exchanges read their counts back to the host.
+        self.cuda_graph_safe = device.type == "cuda" and (shard is None
+                                                          or not shard.expert_parallel)
         self.cuda_graph_max_tokens = 0
         # The sampler's device kernels take any model's fp32 logits [B, V].
         self.sampling_kernels = SAMPLING_KERNELS
