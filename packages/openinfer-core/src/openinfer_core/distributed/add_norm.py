@@ -26,6 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from openinfer_core.distributed.all_reduce import every_rank
+
 log = logging.getLogger("openinfer")
 
 FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # off (default) | flashinfer
@@ -67,9 +69,7 @@ class FusedAllReduceAddNorm:
             why = f"{type(exc).__name__}: {exc}"
             workspace = None
         # Every rank must take the same path: agree that all of them have a workspace.
-        ok = torch.tensor([0 if workspace is None else 1], dtype=torch.int32, device=device)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if not int(ok.item()):
+        if not every_rank(workspace is not None, device):
             log.warning("tensor parallel: fused all-reduce + add + RMSNorm unavailable (%s); "
                         "the all-reduce and the norm run apart", why or "another rank failed")
             if workspace is not None:

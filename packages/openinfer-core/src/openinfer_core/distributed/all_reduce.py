@@ -95,9 +95,7 @@ class SymmetricAllReduce:
             why = f"{type(exc).__name__}: {exc}"
             buffer = None
         # Every rank must take the same paths: agree that all of them have the buffer.
-        ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int32, device=device)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if not int(ok.item()):
+        if not every_rank(buffer is not None, device):
             log.warning("tensor parallel: symmetric-memory all-reduce unavailable (%s); every "
                         "all-reduce goes through NCCL", why or "another rank failed")
             return None
@@ -138,3 +136,11 @@ class SymmetricAllReduce:
             out = torch.empty_like(flat)
             torch.ops.symm_mem.two_shot_all_reduce_out(staged, "sum", self.group_name, out)
         return out.view(x.shape)
+
+
+def every_rank(has: bool, device: torch.device) -> bool:
+    """Whether every rank of the default group says `has` (collective: all ranks at once), so
+    that all take the same path after a setup that may fail on some."""
+    ok = torch.tensor([int(has)], dtype=torch.int32, device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
