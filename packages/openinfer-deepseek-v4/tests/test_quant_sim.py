@@ -1,7 +1,8 @@
-"""The rounding DeepSeek-V4 applies inside its forward (`quant_sim.py`): FP8 and FP4 against
-brute force over the formats' values, the Hadamard rotation's orthonormality, and when a
-checkpoint gets it. The whole model with it runs against the official code in
-test_official_reference.py."""
+"""The rounding DeepSeek-V4 applies inside its forward (`kernels/quant_sim/`, switched by
+`quant_sim.py`): the references' FP8 and FP4 against brute force over the formats' values, the
+Hadamard rotation's orthonormality, and when a checkpoint gets it. The kernels against these
+references: kernels/test_quant_sim_kernels.py; the whole model with it against the official
+code: test_official_reference.py."""
 
 from __future__ import annotations
 
@@ -10,13 +11,8 @@ import math
 import pytest
 import torch
 
-from openinfer_deepseek_v4.quant_sim import (
-    QUANT_SIM_ENV,
-    fp4_round,
-    fp8_round,
-    hadamard,
-    quant_sim_for,
-)
+from openinfer_deepseek_v4.kernels.quant_sim import fp4_round, fp8_round, hadamard
+from openinfer_deepseek_v4.quant_sim import QUANT_SIM_ENV, quant_sim_for
 
 
 def nearest_even(value: float, grid: torch.Tensor, codes: torch.Tensor) -> float:

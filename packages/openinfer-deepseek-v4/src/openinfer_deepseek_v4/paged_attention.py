@@ -21,17 +21,20 @@ import torch
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kernels.compress import compress_pool
-from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged, paged_entry_slots
+from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged
+from openinfer_deepseek_v4.kernels.quant_sim import (
+    fp8_round_rows,
+    indexer_round,
+    indexer_round_rows,
+)
 from openinfer_deepseek_v4.kernels.rotary import rms_rotary, rms_rotary_scatter
 from openinfer_deepseek_v4.kernels.sparse_attention import sparse_sink_attention
 from openinfer_deepseek_v4.kv_cache import CompressedCache, LayerCache
-from openinfer_deepseek_v4.quant_sim import fp8_round_nope, indexer_round
 from openinfer_deepseek_v4.quantized import grouped_linear, linear
 from openinfer_deepseek_v4.reference import (
     AttentionWeights,
     CompressorWeights,
     compressor_inputs,
-    round_entries,
 )
 from openinfer_deepseek_v4.step_slots import StepSlots
 
@@ -68,7 +71,7 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
                       batch.max_query_len, ratio=part.ratio, overlap=overlap,
                       norm_eps=cfg.rms_norm_eps)
         if cfg.quant_sim:
-            _round_closed_entries(part, batch, slots, cfg, indexer=part is cache.indexer)
+            _round_closed_entries(part, slots, cfg, indexer=part is cache.indexer)
 
     window = slots.window(cfg.sliding_window)
     pool = cache.kv.new_zeros((0, cfg.head_dim))
@@ -92,24 +95,22 @@ def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch:
     rms_rotary_scatter(linear(x, w.kv), w.kv_norm, positions, rope.table,
                        cache.kv.flatten(0, 1), batch.slot_mapping, eps=eps)
     if cfg.quant_sim:  # the raw entries as the model rounds them (quant_sim.py)
-        raw = cache.kv.flatten(0, 1)
-        raw[batch.slot_mapping] = fp8_round_nope(raw[batch.slot_mapping], cfg.rope_head_dim)
+        fp8_round_rows(cache.kv.flatten(0, 1), batch.slot_mapping, cfg.rope_head_dim)
     return q_residual, q
 
 
-def _round_closed_entries(part: CompressedCache, batch: ForwardBatch, slots: StepSlots,
-                          cfg: DeepseekV4Config, indexer: bool) -> None:
-    """Round the compressed entries `compress_pool` closed in this step (those whose window's
-    last token is one of the step's) as the model rounds them (`reference.round_entries`).
-    Rows of tokens that close none, a graph's padding among them, round the padding block's
-    first row instead: rounding is idempotent, and that row is never read."""
-    closes = (batch.positions + 1) % part.ratio == 0
-    entry = torch.where(closes, (batch.positions + 1) // part.ratio - 1, -1)
-    rows = paged_entry_slots(batch.block_tables, slots.requests, entry[:, None],
-                             ratio=part.ratio, block_size=part.projections.shape[1],
-                             slots_per_block=part.entries.shape[1])[:, 0].long().clamp(min=0)
+def _round_closed_entries(part: CompressedCache, slots: StepSlots, cfg: DeepseekV4Config,
+                          indexer: bool) -> None:
+    """Round, in place, the compressed entries `compress_pool` closed in this step (those whose
+    window's last token is one of the step's) as the model rounds them
+    (`reference.round_entries`). Tokens that close none round the padding block's first row:
+    rounding is idempotent, and that row is never read."""
+    rows = slots.closed_entries(part.ratio, part.entries.shape[1])
     pool = part.entries.flatten(0, 1)
-    pool[rows] = round_entries(pool[rows], cfg, indexer)
+    if indexer:
+        indexer_round_rows(pool, rows)
+    else:
+        fp8_round_rows(pool, rows, cfg.rope_head_dim)
 
 
 def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
@@ -137,7 +138,7 @@ def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch
     q = linear(q_residual, idx.q_b).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
     q = rms_rotary(q, None, batch.positions, rope.table, eps=None)
     if cfg.quant_sim:
-        q = indexer_round(q)
+        q = indexer_round(q)  # [T, heads, d]: each head's row
     return indexer_topk_paged(q, linear(x, idx.weights_proj), cache.indexer.entries,
                               batch.block_tables, batch.query_start_loc, batch.positions,
                               ratio=part.ratio, block_size=part.projections.shape[1],

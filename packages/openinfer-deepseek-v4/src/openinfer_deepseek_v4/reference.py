@@ -23,9 +23,9 @@ from openinfer_deepseek_v4.kernels.mhc import (
     hc_weights_ref,
 )
 from openinfer_deepseek_v4.kernels.moe import route_hash_ref, route_topk_ref, swiglu_clamped_ref
+from openinfer_deepseek_v4.kernels.quant_sim import fp8_round_nope, indexer_round_ref
 from openinfer_deepseek_v4.kernels.rotary import rotary_interleaved_ref
 from openinfer_deepseek_v4.kernels.sparse_attention import sink_attention_ref
-from openinfer_deepseek_v4.quant_sim import fp8_round_nope, indexer_round
 from openinfer_deepseek_v4.quantized import (
     Fp4Experts,
     Weight,
@@ -112,7 +112,7 @@ def round_entries(entries: torch.Tensor, cfg: DeepseekV4Config, indexer: bool) -
     rotated and to FP4, the main entries' non-rotary dims to FP8 (`quant_sim.py`)."""
     if not cfg.quant_sim:
         return entries
-    return indexer_round(entries) if indexer else fp8_round_nope(entries, cfg.rope_head_dim)
+    return indexer_round_ref(entries) if indexer else fp8_round_nope(entries, cfg.rope_head_dim)
 
 
 def window_positions(positions: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +147,7 @@ def indexer_inputs(x: torch.Tensor, q_residual: torch.Tensor, positions: torch.T
     t, idx = x.shape[0], w.indexer
     q = linear(q_residual, idx.q_b).view(t, cfg.index_n_heads, cfg.index_head_dim)
     q = rotary_interleaved_ref(q, positions, freqs)
-    return (indexer_round(q) if cfg.quant_sim else q), linear(x, idx.weights_proj)
+    return (indexer_round_ref(q) if cfg.quant_sim else q), linear(x, idx.weights_proj)
 
 
 def attend(q: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor, w: AttentionWeights,

@@ -13,9 +13,9 @@ from openinfer_deepseek_v4.reference import window_positions
 class StepSlots:
     """The slot arithmetic of one step that every layer would repeat alike: each token's
     request, each query's window of raw-entry slots, the compressed-entry slots a query sees
-    (HCA). Made when a layer first asks, then shared by the step's other layers (a forward
-    makes one; on the GPU each is a few small torch ops, captured with the step). Reads the
-    batch only."""
+    (HCA), the entries the step closes (rounded where the model rounds them). Made when a
+    layer first asks, then shared by the step's other layers (a forward makes one; on the GPU
+    each is a few small torch ops, captured with the step). Reads the batch only."""
 
     def __init__(self, batch: ForwardBatch, block_size: int) -> None:
         self.batch = batch
@@ -23,6 +23,7 @@ class StepSlots:
         self._requests: torch.Tensor | None = None
         self._windows: dict[int, torch.Tensor] = {}
         self._visible: dict[tuple[int, int], torch.Tensor] = {}
+        self._closed: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def requests(self) -> torch.Tensor:
@@ -59,3 +60,18 @@ class StepSlots:
                 batch.block_tables, self.requests, entries, ratio=ratio,
                 block_size=self.block_size, slots_per_block=slots_per_block)
         return self._visible[key]
+
+    def closed_entries(self, ratio: int, slots_per_block: int) -> torch.Tensor:
+        """[T] int64: for each token that closes a compressed entry (its position + 1 a
+        multiple of `ratio`), that entry's slot; for the others (a graph's padding among them)
+        0, the padding block's first slot, which nothing reads."""
+        key = (ratio, slots_per_block)
+        if key not in self._closed:
+            batch = self.batch
+            closes = (batch.positions + 1) % ratio == 0
+            entry = torch.where(closes, (batch.positions + 1) // ratio - 1, -1)
+            slots = paged_entry_slots(batch.block_tables, self.requests, entry[:, None],
+                                      ratio=ratio, block_size=self.block_size,
+                                      slots_per_block=slots_per_block)
+            self._closed[key] = slots[:, 0].long().clamp(min=0)
+        return self._closed[key]
