@@ -67,6 +67,27 @@ def test_reference_is_the_dequantized_matmul() -> None:
     torch.testing.assert_close(fp8_block_linear_ref(x.cpu(), w.cpu(), scale.cpu()), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_dequant_reads_e8m0_and_float_scales(dtype: torch.dtype) -> None:
+    """E8M0 bytes and their powers of two as float32 (HF's `weight_scale_inv` layout)
+    dequantize alike; arbitrary float32 scales (amax / 448, HF's FP8 checkpoints) give each
+    e4m3 value times its block's scale, in fp32, rounded once to `dtype`, partial blocks at
+    the edges included."""
+    _, w, scale = make(1, 150, 300, torch.float32, seed=3)
+    w, scale = w.cpu(), scale.cpu()
+    powers = torch.ldexp(torch.ones(scale.shape), scale.to(torch.int32) - 127)
+    assert torch.equal(dequant_fp8_blocks_ref(w, powers, dtype=dtype),
+                       dequant_fp8_blocks_ref(w, scale, dtype=dtype))
+    floats = torch.rand(scale.shape, generator=torch.Generator().manual_seed(4)) / 448
+    want = torch.empty(w.shape)
+    for r in range(w.shape[0]):
+        for c in range(w.shape[1]):
+            want[r, c] = w[r, c].float() * floats[r // 128, c // 128]
+    assert torch.equal(dequant_fp8_blocks_ref(w, floats, dtype=dtype), want.to(dtype))
+    with pytest.raises(TypeError, match="E8M0 or float"):
+        dequant_fp8_blocks_ref(w, scale.to(torch.int32))
+
+
 def test_e8m0_scales_and_fp32_output() -> None:
     """float8_e8m0fnu scales read as their bytes; bf16 activations with an fp32 output keep
     the accumulator unrounded."""

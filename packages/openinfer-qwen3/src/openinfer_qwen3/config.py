@@ -1,4 +1,5 @@
-"""Qwen3 dense config.json, read and checked."""
+"""Qwen3 dense config.json, read and checked (a quantization_config too: only block-scaled FP8
+is read, anything else refused)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.model_config import ConfigReader
+from openinfer_core.weights.quantization import BlockFp8, block_fp8_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,8 @@ class Qwen3Config:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
+    # Block-scaled FP8 linears (HF's `quant_method: fp8`, 128 x 128 blocks); None: unquantized.
+    quantization: BlockFp8 | None = None
 
     @property
     def q_size(self) -> int:
@@ -68,6 +72,7 @@ class Qwen3Config:
             max_position_embeddings=r.int("max_position_embeddings", 40960),
             tie_word_embeddings=r.bool("tie_word_embeddings", False),
             attention_bias=r.bool("attention_bias", False),
+            quantization=block_fp8_config(config, line="qwen3"),
         )
         if out.head_dim % 2:
             raise ModelConfigError(

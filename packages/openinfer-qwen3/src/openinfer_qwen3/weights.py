@@ -1,5 +1,7 @@
 """Qwen3 tensors from a HuggingFace checkpoint: names mapped, q/k/v and gate/up fused at load;
-under tensor parallelism only the rank's slices are read (`Qwen3Shard`)."""
+under tensor parallelism only the rank's slices are read (`Qwen3Shard`). A checkpoint in HF's
+block-scaled FP8 layout has its linears dequantized to the model's dtype at load, each part
+before the fusing."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from openinfer_core.distributed.sharding import (
     split_range,
     vocab_shard,
 )
-from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint, get_part
+from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint
+from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight, read_linear, read_unquantized
+from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 from openinfer_qwen3.config import Qwen3Config
 
 
@@ -81,24 +85,29 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
                  device: torch.device, shard: Qwen3Shard | None = None) -> Qwen3Weights:
     """Read every tensor Qwen3 needs (only `shard`'s slices of them; default: all), checking
     full shapes against `cfg` (errors name the tensor). The embedding and LM head get zero
-    rows up to `shard.vocab.padded`."""
+    rows up to `shard.vocab.padded`. FP8 linears (`cfg.quantization`) are dequantized."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     shard = shard or Qwen3Shard.of(cfg)
     q_rows = _scaled(shard.heads.q_heads, d)
     kv_rows = _scaled(shard.heads.kv_heads, d)
 
     def get(name: str, *shape: int, dim: int = 0, part: range | None = None) -> torch.Tensor:
-        if part is None or len(part) == shape[dim]:
-            return ckpt.get(name, shape=shape, dtype=dtype, device=device)
-        return get_part(ckpt, name, shape=shape, dim=dim, part=part, dtype=dtype, device=device)
+        return read_unquantized(ckpt, name, shape=shape, dtype=dtype, device=device, dim=dim,
+                                part=part)
+
+    def linear(name: str, out: int, inp: int, *, dim: int = 0,
+               part: range | None = None) -> torch.Tensor:
+        w = read_linear(ckpt, name, shape=(out, inp), quant=cfg.quantization, dtype=dtype,
+                        device=device, dim=dim, part=part)
+        return w if isinstance(w, torch.Tensor) else dequantized(w, dtype)
 
     layers = []
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        qkv = torch.cat([get(attn + "q_proj.weight", cfg.q_size, h, part=q_rows),
-                         get(attn + "k_proj.weight", cfg.kv_size, h, part=kv_rows),
-                         get(attn + "v_proj.weight", cfg.kv_size, h, part=kv_rows)])
+        qkv = torch.cat([linear(attn + "q_proj.weight", cfg.q_size, h, part=q_rows),
+                         linear(attn + "k_proj.weight", cfg.kv_size, h, part=kv_rows),
+                         linear(attn + "v_proj.weight", cfg.kv_size, h, part=kv_rows)])
         bias = None
         if cfg.attention_bias:
             bias = torch.cat([get(attn + "q_proj.bias", cfg.q_size, part=q_rows),
@@ -110,11 +119,11 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
             qkv_bias=bias,
             q_norm=get(attn + "q_norm.weight", d),
             k_norm=get(attn + "k_norm.weight", d),
-            o_proj=get(attn + "o_proj.weight", h, cfg.q_size, dim=1, part=q_rows),
+            o_proj=linear(attn + "o_proj.weight", h, cfg.q_size, dim=1, part=q_rows),
             post_norm=get(p + "post_attention_layernorm.weight", h),
-            gate_up=torch.cat([get(mlp + "gate_proj.weight", i, h, part=shard.intermediate),
-                               get(mlp + "up_proj.weight", i, h, part=shard.intermediate)]),
-            down=get(mlp + "down_proj.weight", h, i, dim=1, part=shard.intermediate),
+            gate_up=torch.cat([linear(mlp + "gate_proj.weight", i, h, part=shard.intermediate),
+                               linear(mlp + "up_proj.weight", i, h, part=shard.intermediate)]),
+            down=linear(mlp + "down_proj.weight", h, i, dim=1, part=shard.intermediate),
         ))
 
     def vocab_rows(name: str) -> torch.Tensor:
@@ -125,6 +134,18 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
     embed = vocab_rows("model.embed_tokens.weight")
     lm_head = embed if cfg.tie_word_embeddings else vocab_rows("lm_head.weight")
     return Qwen3Weights(embed, layers, get("model.norm.weight", h), lm_head)
+
+
+def dequantized(w: Fp8BlockWeight, dtype: torch.dtype) -> torch.Tensor:
+    """An FP8 weight (or its part) in `dtype`: each e4m3 value times its block's scale, in fp32,
+    rounded once."""
+    rows, cols = w.block
+    if rows != cols:
+        raise ValueError(f"square scale blocks only, got {list(w.block)}")
+    whole = dequant_fp8_blocks_ref(w.weight, w.scale, rows, dtype)
+    if not w.skip:
+        return whole
+    return whole.narrow(w.dim, w.skip, whole.shape[w.dim] - w.skip).contiguous()
 
 
 def _scaled(heads: range, head_dim: int) -> range:

@@ -1,9 +1,10 @@
 """Block-scaled FP8 weights (DeepSeek-V4's format, spec: shared deepseek-v4.md §10.1): e4m3
 values [O, I] and one power-of-two scale per 128 x 128 block, stored as E8M0 (a byte e meaning
 2^(e - 127), 255 NaN), [ceil(O/128), ceil(I/128)]. Their dequantization, and the linear layers
-that multiply activations by such a weight.
+that multiply activations by such a weight. The dequantization also takes float scales (HF's
+fine-grained FP8 layout: a float32 `weight_scale_inv` per block, not a power of two).
 
-Scales are read as bytes: a numeric cast of E8M0 to an integer type would not give the
+E8M0 scales are read as bytes: a numeric cast of E8M0 to an integer type would not give the
 exponent."""
 
 from __future__ import annotations
@@ -18,12 +19,23 @@ def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(exponent == 255, torch.full_like(value, float("nan")), value)
 
 
+def block_scales_to_float(scale: torch.Tensor) -> torch.Tensor:
+    """Block scales as fp32 multipliers: E8M0 (float8_e8m0fnu, or its bytes as uint8) decoded,
+    float ones (fp32, bf16, fp16) widened."""
+    if scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
+        return e8m0_to_float(scale)
+    if scale.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return scale.float()
+    raise TypeError(f"block scales must be E8M0 or float, got {scale.dtype}")
+
+
 def dequant_fp8_blocks_ref(weight: torch.Tensor, scale: torch.Tensor, block: int = 128,
                            dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """e4m3 [O, I] times its block's scale ([ceil(O/block), ceil(I/block)]) -> [O, I]."""
+    """e4m3 [O, I] times its block's scale ([ceil(O/block), ceil(I/block)], E8M0 or float) ->
+    [O, I]: the product in fp32, rounded once to `dtype`."""
     rows, cols = weight.shape
-    s = e8m0_to_float(scale).repeat_interleave(block, 0)[:rows].repeat_interleave(block, 1)
-    return (weight.float() * s[:, :cols]).to(dtype)
+    s = block_scales_to_float(scale).repeat_interleave(block, 0)[:rows]
+    return (weight.float() * s.repeat_interleave(block, 1)[:, :cols]).to(dtype)
 
 
 def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,

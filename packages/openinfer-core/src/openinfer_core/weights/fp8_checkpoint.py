@@ -1,0 +1,96 @@
+"""Tensors of a checkpoint in HF's FP8 layout (`quantization.BlockFp8`), whole or a tensor-
+parallel rank's rows or columns: a quantized linear's e4m3 values and the scales of the
+blocks they touch, as stored (a model line dequantizes them, or keeps them for FP8 kernels);
+every other tensor plain, in the model's dtype.
+
+Nothing FP8 is ever cast as if it were a plain tensor: an FP8 tensor without its block scales,
+block scales where config.json declares no quantization, or scales beside a weight that is not
+e4m3 are refused with the tensor named, since the cast would load a model that runs and
+answers wrongly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from openinfer_core.errors import WeightLoadError
+from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint, get_part
+from openinfer_core.weights.quantization import BlockFp8, scale_name
+
+FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
+                        torch.float8_e5m2fnuz})
+# Float multipliers (HF's fp32 `weight_scale_inv`; bf16 in some exports), or E8M0 powers of two.
+SCALE_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16, torch.float8_e8m0fnu})
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8BlockWeight:
+    """A linear's block-scaled FP8 weight as stored: e4m3 `weight` [O, I] (or rows / columns of
+    it) and `scale`, one per `block` of it. A part that starts inside a scale block is read
+    from that block's start, so every block is whole at the front: the first `skip` rows
+    (`dim` 0) or columns (`dim` 1) of the dequantized weight precede the part."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor
+    block: tuple[int, int]
+    dim: int = 0
+    skip: int = 0
+
+
+def read_linear(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[int, int],
+                quant: BlockFp8 | None, dtype: torch.dtype, device: torch.device,
+                dim: int = 0, part: range | None = None) -> torch.Tensor | Fp8BlockWeight:
+    """Linear weight `name` of full `shape` [O, I], or its `part` along `dim`: FP8 as stored
+    where the checkpoint holds its block scales (`quant` must declare them), else a plain
+    tensor in `dtype`. A dummy checkpoint's weights are plain."""
+    scales = scale_name(name)
+    if isinstance(ckpt, RandomCheckpoint) or scales not in ckpt:
+        return read_unquantized(ckpt, name, shape=shape, dtype=dtype, device=device, dim=dim,
+                                part=part)
+    if quant is None:
+        raise WeightLoadError(
+            f"checkpoint {str(ckpt.folder)!r} has FP8 block scales ({scales!r}) but its "
+            "config.json declares no quantization_config: restore the quantization_config the "
+            "checkpoint was saved with, or load a checkpoint without quantized weights")
+    size = quant.block[dim]
+    part = range(shape[dim]) if part is None else part
+    start = part.start // size * size
+    weight = _read(ckpt, name, shape, dim, range(start, part.stop), device)
+    if weight.dtype != torch.float8_e4m3fn:
+        raise WeightLoadError(
+            f"tensor {name!r} is stored as {weight.dtype} beside block scales {scales!r}; "
+            "quantization_config fp8 (fmt e4m3) stores quantized weights as float8_e4m3fn")
+    grid = (-(-shape[0] // quant.block[0]), -(-shape[1] // quant.block[1]))
+    scale = _read(ckpt, scales, grid, dim, range(start // size, -(-part.stop // size)), device)
+    if scale.dtype not in SCALE_DTYPES:
+        raise WeightLoadError(
+            f"tensor {scales!r} is stored as {scale.dtype}; block scales are float32, "
+            "bfloat16, float16 or float8_e8m0fnu")
+    return Fp8BlockWeight(weight, scale, quant.block, dim, part.start - start)
+
+
+def read_unquantized(ckpt: Checkpoint | RandomCheckpoint, name: str, *,
+                     shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                     dim: int = 0, part: range | None = None) -> torch.Tensor:
+    """Tensor `name` of full `shape` (or its `part` along `dim`) in `dtype`; an FP8 one is
+    refused (without its block scales it cannot be read)."""
+    if isinstance(ckpt, RandomCheckpoint):
+        if part is None or len(part) == shape[dim]:
+            return ckpt.get(name, shape=shape, dtype=dtype, device=device)
+        return get_part(ckpt, name, shape=shape, dim=dim, part=part, dtype=dtype, device=device)
+    tensor = _read(ckpt, name, shape, dim, range(shape[dim]) if part is None else part, device)
+    if tensor.dtype in FP8_DTYPES:
+        raise WeightLoadError(
+            f"tensor {name!r} in {str(ckpt.folder)!r} is stored as {tensor.dtype} without "
+            f"block scales ({scale_name(name)!r} is missing): FP8 weights load only as "
+            "block-scaled linears that config.json's quantization_config declares")
+    return tensor.to(dtype)
+
+
+def _read(ckpt: Checkpoint, name: str, shape: tuple[int, ...], dim: int, part: range,
+          device: torch.device) -> torch.Tensor:
+    """`part` of tensor `name` along `dim`, as stored (only its bytes when it is not whole)."""
+    if len(part) == shape[dim]:
+        return ckpt.get(name, shape=shape, device=device)
+    return ckpt.get_part(name, shape=shape, dim=dim, part=part, device=device)
