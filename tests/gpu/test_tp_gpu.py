@@ -1,17 +1,18 @@
 """The tensor-parallel gate on GPUs (NCCL and symmetric memory): the golden gate's bounds
 (DESIGN §7: regret of our pick <= 0.20 nat, |Δ logprob| over our top 8: mean <= 0.06,
-p99 <= 0.20) against transformers in bf16, as the one-GPU gate, at TP2 with CUDA graphs on.
+p99 <= 0.20) against transformers in bf16, as the one-GPU gate, at TP2 (and TP4 on a machine
+with 4 GPUs) with CUDA graphs on.
 
 Checkpoints: random weights at Qwen3-4B's shapes (8 KV heads), and the same with one KV head
-and 4 layers (fewer KV heads than ranks: each rank holds a copy of the KV head and half its
-query heads). Cases, each teacher-forced over sequences with prompts of 1-500 tokens:
+and 4 layers (fewer KV heads than ranks: each rank holds a copy of the KV head and its share
+of the query heads). Cases, each teacher-forced over sequences with prompts of 1-500 tokens:
 - batch 1 eager: the prompt in one step with logits at every position, then decodes;
 - batch 1 from CUDA graphs: the prompt from a mixed-step graph, then decode graphs;
 - a mixed batch of 24-token chunks beside decodes, every step from mixed-step graphs.
 
 Batch 1 eager runs at TP1 beside them (the one-GPU baseline of this run; the one-GPU golden
-gate covers the other cases), and two diagnostics are recorded with it: the distance of TP2
-from TP1 (the form of the earlier gate, which compared two bf16 runs of ours) and the
+gate covers the other cases), and two diagnostics are recorded with it: the distance of each
+TP size from TP1 (the form of the earlier gate, which compared two bf16 runs of ours) and the
 `fp32-reduce` experiment
 (`OPENINFER_TP_FP32_REDUCE=1`: each rank's partial products kept in fp32 and summed in fp32,
 so the sum is rounded once, as one GPU's GEMM rounds it)."""
@@ -39,6 +40,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 PROMPT_LENS = [1, 17, 64, 128, 255, 300, 400, 500]
 REGRET_MAX, MEAN_MAX, P99_MAX = 0.20, 0.06, 0.20
 RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
+# TP4 where the machine has 4 GPUs (the issue asks for both; 2-GPU machines run TP2 alone)
+TP_SIZES = [2, 4] if torch.cuda.is_available() and torch.cuda.device_count() >= 4 else [2]
 
 
 @pytest.fixture(scope="module", params=["qwen3-4b", "one-kv-head"])
@@ -74,12 +77,14 @@ def reference(checkpoint: Path, sequences: list[list[int]]) -> list[torch.Tensor
 
 @pytest.fixture(scope="module")
 def runs(checkpoint: Path, sequences: list[list[int]]) -> dict[str, dict]:  # type: ignore[type-arg]
-    """Every case at TP2; batch 1 eager at TP1 and with the fp32-reduce experiment too (the
-    one-GPU gate covers TP1's other cases). Each engine runs in a process of its own, as a
-    served engine does: one tensor-parallel group per process (`all_reduce.py`)."""
+    """Every case at each TP size; batch 1 eager at TP1 and with the fp32-reduce experiment
+    too (the one-GPU gate covers TP1's other cases). Each engine runs in a process of its own,
+    as a served engine does: one tensor-parallel group per process (`all_reduce.py`)."""
+    plan = [("tp1", 1, None, ["batch1-eager"])]
+    for tp in TP_SIZES:
+        plan += [(f"tp{tp}", tp, None, CASES), (f"tp{tp}-fp32-reduce", tp, "1", ["batch1-eager"])]
     got = {}
-    for name, tp, env, cases in [("tp1", 1, None, ["batch1-eager"]), ("tp2", 2, None, CASES),
-                                 ("tp2-fp32-reduce", 2, "1", ["batch1-eager"])]:
+    for name, tp, env, cases in plan:
         started = time.perf_counter()
         got[name] = in_fresh_process(engine_cases, checkpoint, tp, env, sequences, cases)
         print(f"{checkpoint.name} {name}: {time.perf_counter() - started:.0f} s", flush=True)
@@ -94,7 +99,7 @@ def _record(row: dict[str, object]) -> None:
 
 
 def _distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
-    """TP2 against TP1 as the earlier gate measured it: regret of TP2's pick among TP1's top 8,
+    """A TP size against TP1 as the earlier gate measured it: regret of b's pick among a's top 8,
     |Δ logprob| on the ids both top-8 lists share."""
     regrets, deltas = [], []
     for pa, pb in zip(a, b, strict=True):
@@ -111,24 +116,27 @@ def _distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
             "dlogprob_p99": d.quantile(0.99).item()}
 
 
+@pytest.mark.parametrize("tp", TP_SIZES)
 @pytest.mark.parametrize("case", CASES)
-def test_tp2_passes_the_golden_gate(checkpoint: Path, runs, reference,  # type: ignore[no-untyped-def]
-                                    case: str) -> None:
+def test_tp_passes_the_golden_gate(checkpoint: Path, runs, reference,  # type: ignore[no-untyped-def]
+                                   case: str, tp: int) -> None:
     label = checkpoint.name.rstrip("0123456789")
+    name = f"tp{tp}"
     rows = {}
-    for name in ("tp1", "tp2"):
-        if case in runs[name]:
-            picks, which = runs[name][case]
-            rows[name] = gate_row(f"{name}-{case}-{label}", picks, reference, which)
-            _record(rows[name])
+    for run in ("tp1", name):
+        if case in runs[run]:
+            picks, which = runs[run][case]
+            rows[run] = gate_row(f"{run}-{case}-{label}", picks, reference, which)
+            if run != "tp1" or tp == TP_SIZES[0]:  # TP1's row once
+                _record(rows[run])
     if case == "batch1-eager":
-        picks, which = runs["tp2-fp32-reduce"][case]
-        _record(gate_row(f"tp2-fp32-reduce-{case}-{label}", picks, reference, which))
-        _record({"case": f"tp2-vs-tp1-{case}-{label}",
-                 **_distance(runs["tp1"][case][0], runs["tp2"][case][0]),
+        picks, which = runs[f"{name}-fp32-reduce"][case]
+        _record(gate_row(f"{name}-fp32-reduce-{case}-{label}", picks, reference, which))
+        _record({"case": f"{name}-vs-tp1-{case}-{label}",
+                 **_distance(runs["tp1"][case][0], runs[name][case][0]),
                  "fp32_reduce": _distance(runs["tp1"][case][0],
-                                          runs["tp2-fp32-reduce"][case][0])})
-    row = rows["tp2"]
+                                          runs[f"{name}-fp32-reduce"][case][0])})
+    row = rows[name]
     assert row["regret_max"] <= REGRET_MAX, row
     assert row["dlogprob_mean"] <= MEAN_MAX, row
     assert row["dlogprob_p99"] <= P99_MAX, row
