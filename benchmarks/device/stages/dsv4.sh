@@ -47,4 +47,10 @@ PY
   timeout 240 python3 -m openinfer_server.cli bench latency $d4 --load-format dummy --max-num-seqs 4 \
     --max-model-len 4096 --input-len 128 2048 --output-len 64 --num-iters 3 \
     --result-file "$OUT/latency-dsv4-cut.json" 2>&1 | tail -12
+  # The same with the official FP8 / FP4 rounding inside the forward (quant_sim.py; on by
+  # default for DeepSeek's quantized release configs, off for this transformers-written one).
+  stage "DeepSeek-V4 batch-1 latency, the same layers, OPENINFER_DSV4_QUANT_SIM=on"
+  OPENINFER_DSV4_QUANT_SIM=on timeout 240 python3 -m openinfer_server.cli bench latency $d4 \
+    --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 2048 \
+    --output-len 64 --num-iters 3 --result-file "$OUT/latency-dsv4-cut-quantsim.json" 2>&1 | tail -12
 }
