@@ -1,7 +1,7 @@
-"""`ReplicaRouter` over scripted replicas: least-loaded routing (the engine's count plus what
-was routed since) with ties taken in turn, prefix affinity within AFFINITY_MARGIN, dead
-replicas skipped, aborts to the holder, summed load; and the block keys and the bounded prefix
-map it routes by."""
+"""`ReplicaRouter` over scripted replicas: least-loaded routing (the engine's count plus this
+router's requests still on their way to it) with ties taken in turn, prefix affinity within
+AFFINITY_MARGIN, dead replicas skipped, aborts to the holder, summed load; and the block keys
+and the bounded prefix map it routes by."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from openinfer_core.events import TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo, supports_replica_loads
 from openinfer_core.interfaces.kv import PrefixCacheStats
+from openinfer_core.ipc import router as router_module
 from openinfer_core.ipc.affinity import PrefixAffinity, block_keys
 from openinfer_core.ipc.router import AFFINITY_MARGIN, ReplicaRouter
 from openinfer_core.request import GenerateRequest
@@ -29,6 +30,8 @@ class FakeReplica:
         self.aborted: list[str] = []
         self.dead: str | None = None
         self.callbacks: list[Callable[[str], None]] = []
+        self.taken = 0  # this router's requests the engine took in, at its latest step
+        self.open = 1  # requests started through this handle and not ended
 
     def load(self) -> LoadSnapshot:
         return self.snapshot
@@ -42,6 +45,12 @@ class FakeReplica:
     def on_death(self, callback: Callable[[str], None]) -> None:
         self.callbacks.append(callback)
 
+    def received(self) -> int:
+        return self.taken
+
+    def open_requests(self) -> int:
+        return self.open
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         self.requests.add(request.request_id)
         return
@@ -53,9 +62,14 @@ def _router(count: int = 2) -> tuple[ReplicaRouter, list[FakeReplica]]:
     return ReplicaRouter(replicas), replicas
 
 
-def _busy(replica: FakeReplica, running: int, waiting: int = 0) -> None:
-    """A step's load from the engine: `running` and `waiting` requests."""
+def _busy(router: ReplicaRouter, index: int, running: int, waiting: int = 0,
+          taken: int | None = None) -> None:
+    """A step's load from replica `index`'s engine: `running` and `waiting` requests, having
+    taken in `taken` of this router's (default: all it was sent)."""
+    replica = router.replicas[index]
+    assert isinstance(replica, FakeReplica)
     replica.snapshot = LoadSnapshot(running, waiting, 0, replica.snapshot.kv_total_blocks)
+    replica.taken = router.routed[index] if taken is None else taken
 
 
 def test_block_keys_chain_whole_blocks() -> None:
@@ -86,28 +100,58 @@ def test_prefix_map_matches_the_longest_prefix_and_drops_tails_first() -> None:
 
 
 def test_least_loaded_wins_ties_taken_in_turn() -> None:
-    router, replicas = _router(3)
-    _busy(replicas[2], 2)
-    # Between two steps: what was routed since counts (loads 0 0 2, 1 0 2, 1 1 2, 2 1 2).
+    router, _ = _router(3)
+    _busy(router, 2, 2)
+    # Between two steps: what is on its way counts (loads 0 0 2, 1 0 2, 1 1 2, 2 1 2).
     assert [router.route([i]) for i in range(4)] == [0, 1, 0, 1]
-    _busy(replicas[0], 0)  # replica 0's engine stepped: its requests are done
+    _busy(router, 0, 0)  # replica 0's engine stepped: its requests are done
     assert router.route([9]) == 0
-    _busy(replicas[0], 3, 2)  # the engine knows of 5 (other frontends' included)
-    _busy(replicas[1], 4)
+    _busy(router, 0, 3, 2)  # the engine knows of 5 (other frontends' included)
+    _busy(router, 1, 4)
     assert router.route([9]) == 2
-    _busy(replicas[2], 1)
+    _busy(router, 2, 1)
     assert [router.route([i]) for i in range(4)] == [2, 2, 2, 1]  # 1 2 3 then 4 4: in turn
 
 
-def test_a_conversation_follows_its_prefix_within_the_margin() -> None:
+def test_requests_on_their_way_count_until_the_engine_takes_them_in() -> None:
+    """A step's count that arrives while requests are still on their way to that engine does
+    not hide them: a burst stays spread."""
+    router, _ = _router()
+    assert [router.route([i]) for i in range(10)] == [0, 1] * 5
+    _busy(router, 0, 2, taken=2)  # replica 0 stepped having taken in 2 of its 5
+    # replica 0: 2 in the engine + 3 on their way; replica 1: 5 on their way
+    assert [router.route([i]) for i in range(4)] == [0, 1, 0, 1]
+    _busy(router, 0, 7)  # all 7 taken in and running
+    _busy(router, 1, 1, taken=1)  # 1 running, 6 still on their way
+    assert [router.route([0]) for _ in range(2)] == [0, 1]  # 7 against 7: in turn
+
+
+def test_an_idle_replica_forgets_requests_that_never_reached_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     router, replicas = _router()
+    clock = [100.0]
+    monkeypatch.setattr(router_module.time, "monotonic", lambda: clock[0])
+    for i in range(4):
+        router.route([i])  # 2 each, never sent (their clients went away first)
+    _busy(router, 0, 0, taken=0)
+    _busy(router, 1, 0, taken=0)
+    replicas[0].open = replicas[1].open = 0
+    # just routed: they may still be on their way, so they count
+    assert router.route([5]) == 0  # 2 against 2
+    clock[0] += router_module.SETTLE_S + 0.1
+    # idle, nothing started there, nothing routed there for a while: the counts restart
+    assert [router.route([i]) for i in range(3)] == [1, 0, 1]
+
+
+def test_a_conversation_follows_its_prefix_within_the_margin() -> None:
+    router, _ = _router()
     turn1 = list(range(100, 118))
     first = router.route(turn1)
     turn2 = [*turn1, 7, 8, 9, 10, 11]
     other = 1 - first
-    _busy(replicas[first], AFFINITY_MARGIN)  # busier, but within the margin
+    _busy(router, first, AFFINITY_MARGIN)  # busier, but within the margin
     assert router.route(turn2) == first
-    _busy(replicas[first], AFFINITY_MARGIN + 1)
+    _busy(router, first, AFFINITY_MARGIN + 1)
     assert router.route([*turn2, 12]) == other  # past it: the least loaded
     assert router.route([*turn2, 12, 13]) == other  # and the prefix now follows there
     assert router.route(list(range(300, 320))) == other  # no match: the least loaded
@@ -146,7 +190,7 @@ def test_generate_reaches_the_routed_replica() -> None:
     from openinfer_core.params import SamplingParams
 
     router, replicas = _router()
-    _busy(replicas[0], 1)
+    _busy(router, 0, 1)
 
     async def run() -> None:
         async for _ in router.generate(GenerateRequest("q", (1, 2, 3), SamplingParams())):

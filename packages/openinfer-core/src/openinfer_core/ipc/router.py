@@ -8,9 +8,13 @@ Each new request goes to one replica, chosen in `route`:
     holder  = the live replica that last served the longest whole-block prefix of the prompt
     holder if its load is within AFFINITY_MARGIN of least's, else least
 
-A replica's load is what its client knows: the engine's running + waiting count from its
-latest step (other frontends' requests included), plus the requests routed to it since that
-count arrived (a burst of arrivals between two steps would all see the same counts).
+A replica's load is the engine's running + waiting count from its latest step (other
+frontends' requests included), plus this router's requests still on their way to it: routed
+here (counted at once) minus those the engine had taken in by that step (it says how many).
+Both counts only grow, so a step's count arriving while requests are in flight cannot hide
+them (a burst would otherwise all see the same counts and pile onto one replica). A request
+routed but never sent (its client gone first) would count for ever: when the engine and this
+router's client of it are both idle, the count restarts from the engine's.
 
 Aborts go to the replica holding the request. A dead replica fails its own requests (its
 client does that) and gets no new ones; the router then reports itself dead, so the server
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
@@ -37,6 +42,9 @@ log = logging.getLogger("openinfer")
 # weights once for the whole batch). Past the margin the balance wins: a long conversation
 # cannot pile every request onto one replica.
 AFFINITY_MARGIN = 16
+# How long after its last request a replica's count may restart (see the module docstring):
+# a request routed is sent once its handler first awaits its stream, well within a second.
+SETTLE_S = 1.0
 
 
 class Replica(EngineHandle, Protocol):
@@ -48,6 +56,15 @@ class Replica(EngineHandle, Protocol):
 
     def on_death(self, callback: Callable[[str], None]) -> None:
         """Call `callback(message)` (on any thread) if the replica's engine dies."""
+        ...
+
+    def received(self) -> int:
+        """How many of the requests sent through this handle the engine had taken in at its
+        latest step."""
+        ...
+
+    def open_requests(self) -> int:
+        """Requests sent through this handle that have started and not ended."""
         ...
 
 
@@ -65,8 +82,8 @@ class ReplicaRouter:
         self._affinity = PrefixAffinity(sum(r.model_info.kv_total_blocks for r in replicas))
         self._block_size = replicas[0].model_info.kv_block_size
         self._turn = 0  # the replica ties start from, moved on each request
-        self._seen: list[LoadSnapshot | None] = [None] * len(replicas)  # each latest load
-        self._routed = [0] * len(replicas)  # requests routed since that load arrived
+        self.routed = [0] * len(replicas)  # requests this router sent each replica, ever
+        self._last_route = [0.0] * len(replicas)  # time.monotonic() of each one's latest
         for i, replica in enumerate(replicas):
             replica.on_death(functools.partial(_log_death, i))
 
@@ -121,14 +138,18 @@ class ReplicaRouter:
         if holder is not None and loads[holder] <= loads[least] + AFFINITY_MARGIN:
             chosen = holder
         self._affinity.record(keys, chosen)
-        self._routed[chosen] += 1
+        self.routed[chosen] += 1
+        self._last_route[chosen] = time.monotonic()
         return chosen
 
     def _load_of(self, index: int) -> int:
-        snapshot = self.replicas[index].load()
-        if snapshot is not self._seen[index]:  # a new step's count holds what was sent before
-            self._seen[index], self._routed[index] = snapshot, 0
-        return snapshot.running + snapshot.waiting + self._routed[index]
+        replica = self.replicas[index]
+        snapshot = replica.load()
+        received = replica.received()
+        if (snapshot.running + snapshot.waiting == 0 and replica.open_requests() == 0
+                and time.monotonic() - self._last_route[index] > SETTLE_S):
+            self.routed[index] = received  # idle: nothing of ours is on its way
+        return snapshot.running + snapshot.waiting + max(0, self.routed[index] - received)
 
     # -- lifecycle -------------------------------------------------------------------------
     def on_death(self, callback: Callable[[str], None]) -> None:
