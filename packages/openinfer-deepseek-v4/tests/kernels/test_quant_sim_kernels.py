@@ -35,7 +35,7 @@ def test_fp8_rows_match_the_reference(dtype: torch.dtype, width: int, rope: int)
     pool = (torch.randn(40, width, generator=g) * torch.logspace(-3, 2, 40)[:, None]).to(dtype)
     pool = pool.to(DEVICE)
     before = pool.clone()
-    rows = torch.tensor([3, 0, 17, 17, 39, 5], device=DEVICE)
+    rows = torch.tensor([3, 0, 17, 17, -1, 39, 5], device=DEVICE)  # -1: skipped
     want = pool.clone()
     fp8_round_rows_ref(want, rows, rope)
     fp8_round_rows_triton(pool, rows, rope)
@@ -45,7 +45,7 @@ def test_fp8_rows_match_the_reference(dtype: torch.dtype, width: int, rope: int)
     assert not torch.equal(pool[rows, :-rope], before[rows, :-rope])
     assert torch.equal(pool[:, -rope:], before[:, -rope:])
     others = torch.ones(40, dtype=torch.bool, device=DEVICE)
-    others[rows] = False
+    others[rows[rows >= 0]] = False
     assert torch.equal(pool[others], before[others])
 
 
@@ -64,14 +64,14 @@ def test_indexer_rounding_matches_the_reference(dtype: torch.dtype, d: int) -> N
     q = torch.randn(7, 3, d, generator=g).to(dtype).to(DEVICE)  # [T, heads, d]
     _within_one_step(indexer_round_triton(q), indexer_round_ref(q))
     pool = torch.randn(30, d, generator=g).to(dtype).to(DEVICE)
-    rows = torch.tensor([0, 0, 29, 4, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 1],
-                        device=DEVICE)  # 18 rows: two programs, one repeated row
+    rows = torch.tensor([0, 0, 29, 4, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, -1],
+                        device=DEVICE)  # 18 rows: two programs, one repeated, one skipped
     want = pool.clone()
     indexer_round_rows_ref(want, rows)
     indexer_round_rows_triton(pool, rows)
     _within_one_step(pool, want)
     others = torch.ones(30, dtype=torch.bool, device=DEVICE)
-    others[rows] = False
+    others[rows[rows >= 0]] = False
     assert torch.equal(pool[others], want[others])
 
 

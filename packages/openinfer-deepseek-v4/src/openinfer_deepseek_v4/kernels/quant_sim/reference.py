@@ -80,8 +80,9 @@ def hadamard_matrix(n: int, device: torch.device) -> torch.Tensor:
 
 
 def fp8_round_rows_ref(pool: torch.Tensor, rows: torch.Tensor, rope_dims: int) -> None:
-    """In place: pool rows `rows` ([N] int, repeats allowed) `fp8_round_nope`-ed."""
-    rows = rows.long()
+    """In place: pool rows `rows` ([N] int, repeats allowed, a negative row skipped)
+    `fp8_round_nope`-ed."""
+    rows = rows[rows >= 0].long()
     pool[rows] = fp8_round_nope(pool[rows], rope_dims)
 
 
@@ -92,6 +93,7 @@ def indexer_round_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def indexer_round_rows_ref(pool: torch.Tensor, rows: torch.Tensor) -> None:
-    """In place: pool rows `rows` ([N] int, repeats allowed) `indexer_round`-ed."""
-    rows = rows.long()
+    """In place: pool rows `rows` ([N] int, repeats allowed, a negative row skipped)
+    `indexer_round`-ed."""
+    rows = rows[rows >= 0].long()
     pool[rows] = indexer_round_ref(pool[rows])

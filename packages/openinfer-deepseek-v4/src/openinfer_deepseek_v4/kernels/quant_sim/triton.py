@@ -58,7 +58,8 @@ def _fp8_rows_kernel(pool_ptr, rows_ptr, stride_row, NOPE: tl.constexpr, BLOCKS:
     row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
     blocks = tl.arange(0, BLOCKS)
     cols = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    mask = cols < NOPE
+    mask = cols < tl.where(row >= 0, NOPE, 0)  # a negative row: skipped
+    row = tl.maximum(row, 0)
     ptrs = pool_ptr + row * stride_row + cols
     x = tl.load(ptrs, mask=mask, other=0.0)
     v = x.to(tl.float32)
@@ -75,6 +76,8 @@ def _indexer_kernel(x_ptr, rows_ptr, out_ptr, h_ptr, num_rows, stride_x, stride_
     ok = i < num_rows
     # the rows read and written: the pool rows named (in place) or the i-th (a new tensor)
     row = tl.load(rows_ptr + i, mask=ok, other=0).to(tl.int64) if GATHER else i.to(tl.int64)
+    ok = ok & (row >= 0)  # a negative pool row: skipped
+    row = tl.maximum(row, 0)
     cols = tl.arange(0, D)
     x = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=ok[:, None], other=0.0)
     h = tl.load(h_ptr + cols[:, None] * D + cols[None, :])
