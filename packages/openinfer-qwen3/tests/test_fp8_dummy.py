@@ -17,10 +17,12 @@ import openinfer_qwen3.fp8_weights as fp8_weights
 from openinfer_core import Engine, EngineConfig, GenerateRequest
 from openinfer_core.testing import run_staggered, tokens_of
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight, read_linear
+from openinfer_core.weights.quantization import BlockFp8
 from openinfer_core.weights.random_checkpoint import RandomCheckpoint
 from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
+from openinfer_qwen3.shapes import FP8_QUANTIZATION, write_config_folder
 
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 
@@ -99,3 +101,14 @@ def test_a_dummy_part_is_the_whole_weights_part(part: range, dim: int) -> None:
     assert 0.015 < values.std().item() < 0.025  # the config's initializer_range
     assert torch.equal(dequant_fp8_blocks_ref(cut.weight, cut.scale, dtype=torch.float32),
                        values.narrow(dim, start, part.stop - start))
+
+
+def test_the_fp8_config_folder_reads_as_block_fp8(tmp_path: Path) -> None:
+    """`write_config_folder(..., fp8=True)`, the benchmarks' Qwen3-*-FP8: its
+    quantization_config is Qwen's and the line reads it."""
+    write_config_folder("Qwen3-8B", tmp_path, fp8=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["quantization_config"] == FP8_QUANTIZATION
+    assert Qwen3Config.from_dict(config).quantization == BlockFp8((128, 128))
+    assert "quantization_config" not in json.loads(
+        (write_config_folder("Qwen3-8B", tmp_path / "bf16") / "config.json").read_text())

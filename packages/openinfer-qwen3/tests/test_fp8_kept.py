@@ -5,8 +5,8 @@ tensor the default path loads, the weight-read floor counts e4m3 bytes and scale
 engine decodes the dequantized model's greedy tokens.
 
 `keep` runs on CUDA only; here the tests let it run on the CPU (`KEEP_DEVICES`) with the
-Triton `fp8_block_linear` under the interpreter in the forward, so the kernel that a GPU runs
-is the one checked."""
+Triton `fp8_block_linear` in the forward (under the interpreter; compiled where a GPU is), so
+the kernel that a GPU runs is the one checked."""
 
 from __future__ import annotations
 
@@ -47,8 +47,11 @@ CALLS: list[tuple[int, int, int]] = []  # (M, N, K) of each FP8 product in the f
 
 
 def counted_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The Triton kernel: under the interpreter, or compiled on the GPU where there is one."""
     CALLS.append((x.shape[0], *w.shape))
-    return fp8_block_linear_triton(x, w, scale)
+    if not torch.cuda.is_available():
+        return fp8_block_linear_triton(x, w, scale)
+    return fp8_block_linear_triton(x.cuda(), w.cuda(), scale.cuda()).cpu()
 
 
 @pytest.fixture
