@@ -1,12 +1,13 @@
-"""FP8 block-scaled linear (weight e4m3 + E8M0 per 128 x 128 block, activations bf16/fp32)
-against its reference, dequantize-then-matmul in fp32: odd shapes whose N and K no tile and no
-scale block divides, both kernel paths (one row on the CUDA cores, more rows through tl.dot),
-K split into shares summed in a fixed order."""
+"""FP8 block-scaled linear (weight e4m3 + one scale per 128 x 128 block, E8M0 or float32,
+activations bf16/fp32) against its reference, dequantize-then-matmul in fp32: odd shapes whose
+N and K no tile and no scale block divides, both kernel paths (one row on the CUDA cores, more
+rows through tl.dot), K split into shares summed in a fixed order."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import openinfer_kernels.fp8_linear as fp8_linear
 from openinfer_kernels.fp8_linear import (
@@ -61,6 +62,34 @@ def test_fp8_linear_matches_reference(m: int, n: int, k: int, tile: str,
                                **TOL[dtype])
 
 
+def float_scales(scale: torch.Tensor, seed: int) -> torch.Tensor:
+    """float32 scales like HF's `weight_scale_inv` (block amax / 448: not powers of two),
+    spread over the E8M0 range of `make` (2^-7 .. 2^3) on DEVICE."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.exp2(torch.rand(scale.shape, generator=g) * 10 - 7).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 150, 300), (37, 200, 130), (37, 300, 260),
+                                           (2, 40, 70)])
+def test_float32_scales_match_the_dequantized_linear(m: int, n: int, k: int, tile: str,
+                                                     dtype: torch.dtype) -> None:
+    """HF's float32 block scales, partial blocks in both dims: the kernel gives the
+    reference's product and F.linear's over the weight dequantized in fp32 (the float scale
+    multiplies fp32 partial sums, so the tolerances are E8M0's)."""
+    x, w, e8m0 = make(m, n, k, dtype, seed=m * 1000 + n + k)
+    scale = float_scales(e8m0, seed=n + k)
+    out = fp8_block_linear_triton(x, w, scale, tile=TILES[tile])
+    assert out.shape == (m, n) and out.dtype == dtype
+    ref = fp8_block_linear_ref(x.cpu(), w.cpu(), scale.cpu())
+    torch.testing.assert_close(out.float().cpu(), ref.float(), **TOL[dtype])
+    dense = dequant_fp8_blocks_ref(w.cpu(), scale.cpu(), dtype=torch.float32)
+    want = F.linear(x.cpu().float(), dense)
+    torch.testing.assert_close(out.float().cpu(), want, **TOL[dtype])
+    assert torch.equal(ref, want.to(dtype))
+
+
 def test_reference_is_the_dequantized_matmul() -> None:
     x, w, scale = make(3, 130, 260, torch.float32, seed=0)
     want = x.cpu() @ dequant_fp8_blocks_ref(w.cpu(), scale.cpu(), dtype=torch.float32).t()
@@ -113,6 +142,8 @@ def test_bad_operands_are_refused() -> None:
         fp8_block_linear_triton(x, w.float(), scale)
     with pytest.raises(ValueError, match=r"shape \(1, 1\)"):
         fp8_block_linear_triton(x, w, scale.repeat(2, 1))
+    with pytest.raises(ValueError, match="E8M0 bytes or float32"):
+        fp8_block_linear_triton(x, w, scale.to(torch.bfloat16))
     with pytest.raises(ValueError, match="K contiguous"):
         fp8_block_linear_triton(x.t().contiguous().t(), w, scale)
 

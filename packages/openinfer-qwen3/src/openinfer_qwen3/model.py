@@ -5,7 +5,6 @@ the embedding, o_proj and down, and an all-gather of the logits."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from openinfer_core.interfaces.attention import AttentionBackend, supports_attend_appended
 from openinfer_core.interfaces.capabilities import supports_cuda_graphs
@@ -14,9 +13,6 @@ from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
-    linear,
-    linear_add_rms_norm,
-    linear_silu_mul,
     lm_head_logits,
     qk_norm_rope,
     qk_norm_rope_append,
@@ -26,6 +22,13 @@ from openinfer_kernels import (
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
+from openinfer_qwen3.fp8_weights import Linear
+from openinfer_qwen3.linears import (
+    project,
+    project_add_rms_norm,
+    project_silu_mul,
+    project_wide,
+)
 from openinfer_qwen3.weights import LayerWeights, Qwen3Shard, Qwen3Weights
 
 
@@ -92,7 +95,7 @@ class Qwen3Model:
         # The previous layer's MLP activation and down weight: its down projection runs with
         # this layer's add + norm, as o_proj runs with the post-attention one
         # (`_project_add_norm`).
-        pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        pending: tuple[torch.Tensor, Linear] | None = None
         for n, layer in enumerate(self.w.layers):
             if pending is None:
                 x = rms_norm(hidden, layer.input_norm, eps)
@@ -101,9 +104,9 @@ class Qwen3Model:
             attended = self._attention(n, layer, x, batch)
             x, residual = self._project_add_norm(attended, layer.o_proj, residual,
                                                  layer.post_norm)
-            pending = (linear_silu_mul(x, layer.gate_up), layer.down)
+            pending = (project_silu_mul(x, layer.gate_up), layer.down)
         assert pending is not None
-        hidden = linear(*pending) if tp is None else self._row_split(*pending)
+        hidden = project(*pending) if tp is None else self._row_split(*pending)
         # Only rows that sample need the final norm and the vocabulary projection. In a decode
         # step every row samples its one token, in order: no gather then.
         rows = batch.logits_indices
@@ -119,31 +122,31 @@ class Qwen3Model:
         return logits if logits.shape[1] == self.vocab_size else (
             logits[:, :self.vocab_size].contiguous())
 
-    def _project_add_norm(self, x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+    def _project_add_norm(self, x: torch.Tensor, w: Linear, residual: torch.Tensor,
                           norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(x @ w.T + residual), x @ w.T + residual). On one device in one
         `linear_add_rms_norm`, which sums a split-K product's shares inside the norm kernel;
         under tensor parallelism the ranks' partial products meet in an all-reduce first."""
         eps = self.cfg.rms_norm_eps
         if self.tp is None:
-            return linear_add_rms_norm(x, w, residual, norm_weight, eps)
+            return project_add_rms_norm(x, w, residual, norm_weight, eps)
         if self.tp.reduce_dtype is None:  # the all-reduce, add and norm in one kernel, or None
-            partial = linear(x, w)
+            partial = project(x, w)
             fused = self.tp.all_reduce_add_rms_norm(partial, residual, norm_weight, eps)
             if fused is not None:
                 return fused
             return fused_add_rms_norm(self.tp.all_reduce(partial), residual, norm_weight, eps)
         return fused_add_rms_norm(self._row_split(x, w), residual, norm_weight, eps)
 
-    def _row_split(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _row_split(self, x: torch.Tensor, w: Linear) -> torch.Tensor:
         """x @ w.T of a layer whose input width is split over the ranks: each rank's partial
         product, summed over the ranks. With `tp.reduce_dtype` (an experiment) the partials
         stay in that dtype until summed, so the sum is rounded once, as on one GPU."""
         assert self.tp is not None
         wide = self.tp.reduce_dtype
         if wide is None:
-            return self.tp.all_reduce(linear(x, w))
-        return self.tp.all_reduce(F.linear(x.to(wide), w.to(wide))).to(x.dtype)
+            return self.tp.all_reduce(project(x, w))
+        return self.tp.all_reduce(project_wide(x, w, wide)).to(x.dtype)
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T, H]: under tensor parallelism each rank looks up the ids of its vocabulary part
@@ -162,8 +165,7 @@ class Qwen3Model:
         assert self.kv is not None
         cfg = self.cfg
         t = x.shape[0]
-        qkv = (linear(x, layer.qkv) if layer.qkv_bias is None
-               else F.linear(x, layer.qkv, layer.qkv_bias))
+        qkv = project(x, layer.qkv, layer.qkv_bias)
         q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)

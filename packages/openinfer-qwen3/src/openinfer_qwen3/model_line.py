@@ -10,6 +10,7 @@ from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_qwen3.config import Qwen3Config
+from openinfer_qwen3.fp8_weights import keep_fp8_weights
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import Qwen3Shard, load_weights
 
@@ -33,7 +34,7 @@ class Qwen3ModelLine:
                                std=float(config.get("initializer_range", 0.02)))
         try:
             weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device,
-                                   shard=shard)
+                                   shard=shard, keep_fp8=keep_fp8_weights(options.device))
         finally:
             ckpt.close()
         model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,

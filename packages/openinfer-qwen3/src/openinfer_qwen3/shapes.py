@@ -1,6 +1,7 @@
 """The published Qwen3 configs (shapes only), for `--load-format dummy` benchmarks and GPU
 checks on machines without the hub: `write_config_folder("Qwen3-8B", dest)` writes a folder
-that `openinfer serve dest --load-format dummy` serves at the real model's shapes."""
+that `openinfer serve dest --load-format dummy` serves at the real model's shapes; with
+`fp8=True`, Qwen3-*-FP8's config (its `quantization_config`: FP8 linears, dummy ones too)."""
 
 from __future__ import annotations
 
@@ -33,14 +34,23 @@ QWEN3_SHAPES: dict[str, dict[str, Any]] = {
                   "tie_word_embeddings": False},
 }
 
+# The quantization_config Qwen publishes with Qwen3-*-FP8.
+FP8_QUANTIZATION: dict[str, Any] = {
+    "activation_scheme": "dynamic", "fmt": "e4m3", "modules_to_not_convert": ["lm_head"],
+    "quant_method": "fp8", "weight_block_size": [128, 128],
+}
 
-def write_config_folder(name: str, dest: Path) -> Path:
-    """config.json, generation_config.json and the real Qwen3 tokenizer for model `name`."""
+
+def write_config_folder(name: str, dest: Path, *, fp8: bool = False) -> Path:
+    """config.json, generation_config.json and the real Qwen3 tokenizer for model `name`
+    (`fp8`: its FP8 release's config)."""
     if name not in QWEN3_SHAPES:
         raise KeyError(f"unknown Qwen3 size {name!r}; known: {', '.join(QWEN3_SHAPES)}")
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "config.json").write_text(json.dumps(QWEN3_SHAPES[name], indent=2) + "\n")
+    config = dict(QWEN3_SHAPES[name], quantization_config=FP8_QUANTIZATION) if fp8 else (
+        QWEN3_SHAPES[name])
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (dest / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n")
     write_qwen3_tokenizer(dest)
     return dest

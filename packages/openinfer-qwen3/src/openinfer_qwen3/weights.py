@@ -1,11 +1,12 @@
 """Qwen3 tensors from a HuggingFace checkpoint: names mapped, q/k/v and gate/up fused at load;
 under tensor parallelism only the rank's slices are read (`Qwen3Shard`). A checkpoint in HF's
 block-scaled FP8 layout has its linears dequantized to the model's dtype at load, each part
-before the fusing."""
+before the fusing, or, with `keep_fp8`, kept FP8 where they can be (`fp8_weights`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +21,10 @@ from openinfer_core.distributed.sharding import (
 )
 from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight, read_linear, read_unquantized
-from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 from openinfer_qwen3.config import Qwen3Config
+from openinfer_qwen3.fp8_weights import Linear, fuse, nbytes
+
+log = logging.getLogger("openinfer.qwen3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +56,15 @@ class Qwen3Shard:
 class LayerWeights:
     input_norm: torch.Tensor  # [H]
     # Shapes at one rank; a tensor-parallel rank holds its heads' and MLP columns' parts.
-    qkv: torch.Tensor  # [q_size + 2 * kv_size, H]
+    # Linears are plain tensors or, kept FP8 (`fp8_weights`), e4m3 with block scales.
+    qkv: Linear  # [q_size + 2 * kv_size, H]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor  # [D]
     k_norm: torch.Tensor  # [D]
-    o_proj: torch.Tensor  # [H, q_size]
+    o_proj: Linear  # [H, q_size]
     post_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 * I, H]
-    down: torch.Tensor  # [H, I]
+    gate_up: Linear  # [2 * I, H]
+    down: Linear  # [H, I]
 
 
 @dataclass(slots=True)
@@ -72,20 +76,22 @@ class Qwen3Weights:
 
     def decode_bytes(self) -> int:
         """Bytes one decode step reads: every weight once, except an untied embedding table,
-        of which only the looked-up rows are read."""
-        tensors = [self.final_norm, self.lm_head]
+        of which only the looked-up rows are read; an FP8 linear's e4m3 values and scales."""
+        weights: list[Linear | None] = [self.final_norm, self.lm_head]
         for layer in self.layers:
-            tensors += [t for t in (layer.input_norm, layer.qkv, layer.qkv_bias, layer.q_norm,
-                                    layer.k_norm, layer.o_proj, layer.post_norm, layer.gate_up,
-                                    layer.down) if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+            weights += [layer.input_norm, layer.qkv, layer.qkv_bias, layer.q_norm, layer.k_norm,
+                        layer.o_proj, layer.post_norm, layer.gate_up, layer.down]
+        return sum(nbytes(w) for w in weights)
 
 
 def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype: torch.dtype,
-                 device: torch.device, shard: Qwen3Shard | None = None) -> Qwen3Weights:
+                 device: torch.device, shard: Qwen3Shard | None = None,
+                 keep_fp8: bool = False) -> Qwen3Weights:
     """Read every tensor Qwen3 needs (only `shard`'s slices of them; default: all), checking
     full shapes against `cfg` (errors name the tensor). The embedding and LM head get zero
-    rows up to `shard.vocab.padded`. FP8 linears (`cfg.quantization`) are dequantized."""
+    rows up to `shard.vocab.padded`. FP8 linears (`cfg.quantization`) are dequantized, or with
+    `keep_fp8` kept as `Fp8BlockWeight` wherever `fp8_weights.fuse` can keep them (the
+    others' reasons logged once)."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     shard = shard or Qwen3Shard.of(cfg)
     q_rows = _scaled(shard.heads.q_heads, d)
@@ -96,18 +102,25 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
                                 part=part)
 
     def linear(name: str, out: int, inp: int, *, dim: int = 0,
-               part: range | None = None) -> torch.Tensor:
-        w = read_linear(ckpt, name, shape=(out, inp), quant=cfg.quantization, dtype=dtype,
-                        device=device, dim=dim, part=part)
-        return w if isinstance(w, torch.Tensor) else dequantized(w, dtype)
+               part: range | None = None) -> torch.Tensor | Fp8BlockWeight:
+        return read_linear(ckpt, name, shape=(out, inp), quant=cfg.quantization, dtype=dtype,
+                           device=device, dim=dim, part=part)
+
+    dequantized: dict[str, str] = {}  # what was dequantized although keep_fp8: why
+
+    def fused(what: str, *parts: torch.Tensor | Fp8BlockWeight) -> Linear:
+        w, why = fuse(list(parts), dtype=dtype, keep=keep_fp8)
+        if why is not None:
+            dequantized.setdefault(what, why)
+        return w
 
     layers = []
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
         attn, mlp = p + "self_attn.", p + "mlp."
-        qkv = torch.cat([linear(attn + "q_proj.weight", cfg.q_size, h, part=q_rows),
-                         linear(attn + "k_proj.weight", cfg.kv_size, h, part=kv_rows),
-                         linear(attn + "v_proj.weight", cfg.kv_size, h, part=kv_rows)])
+        qkv = fused("q/k/v", linear(attn + "q_proj.weight", cfg.q_size, h, part=q_rows),
+                    linear(attn + "k_proj.weight", cfg.kv_size, h, part=kv_rows),
+                    linear(attn + "v_proj.weight", cfg.kv_size, h, part=kv_rows))
         bias = None
         if cfg.attention_bias:
             bias = torch.cat([get(attn + "q_proj.bias", cfg.q_size, part=q_rows),
@@ -119,11 +132,14 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
             qkv_bias=bias,
             q_norm=get(attn + "q_norm.weight", d),
             k_norm=get(attn + "k_norm.weight", d),
-            o_proj=linear(attn + "o_proj.weight", h, cfg.q_size, dim=1, part=q_rows),
+            o_proj=fused("o_proj", linear(attn + "o_proj.weight", h, cfg.q_size, dim=1,
+                                          part=q_rows)),
             post_norm=get(p + "post_attention_layernorm.weight", h),
-            gate_up=torch.cat([linear(mlp + "gate_proj.weight", i, h, part=shard.intermediate),
-                               linear(mlp + "up_proj.weight", i, h, part=shard.intermediate)]),
-            down=linear(mlp + "down_proj.weight", h, i, dim=1, part=shard.intermediate),
+            gate_up=fused("gate/up",
+                          linear(mlp + "gate_proj.weight", i, h, part=shard.intermediate),
+                          linear(mlp + "up_proj.weight", i, h, part=shard.intermediate)),
+            down=fused("down", linear(mlp + "down_proj.weight", h, i, dim=1,
+                                      part=shard.intermediate)),
         ))
 
     def vocab_rows(name: str) -> torch.Tensor:
@@ -131,21 +147,11 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
         missing = shard.vocab.padded - rows.shape[0]
         return F.pad(rows, (0, 0, 0, missing)) if missing else rows
 
+    for what, why in dequantized.items():
+        log.info("qwen3: FP8 %s dequantized to %s at load (%s)", what, dtype, why)
     embed = vocab_rows("model.embed_tokens.weight")
     lm_head = embed if cfg.tie_word_embeddings else vocab_rows("lm_head.weight")
     return Qwen3Weights(embed, layers, get("model.norm.weight", h), lm_head)
-
-
-def dequantized(w: Fp8BlockWeight, dtype: torch.dtype) -> torch.Tensor:
-    """An FP8 weight (or its part) in `dtype`: each e4m3 value times its block's scale, in fp32,
-    rounded once."""
-    rows, cols = w.block
-    if rows != cols:
-        raise ValueError(f"square scale blocks only, got {list(w.block)}")
-    whole = dequant_fp8_blocks_ref(w.weight, w.scale, rows, dtype)
-    if not w.skip:
-        return whole
-    return whole.narrow(w.dim, w.skip, whole.shape[w.dim] - w.skip).contiguous()
 
 
 def _scaled(heads: range, head_dim: int) -> range:

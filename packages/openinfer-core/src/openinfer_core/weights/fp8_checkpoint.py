@@ -1,7 +1,9 @@
 """Tensors of a checkpoint in HF's FP8 layout (`quantization.BlockFp8`), whole or a tensor-
 parallel rank's rows or columns: a quantized linear's e4m3 values and the scales of the
 blocks they touch, as stored (a model line dequantizes them, or keeps them for FP8 kernels);
-every other tensor plain, in the model's dtype.
+every other tensor plain, in the model's dtype. A dummy checkpoint (`--load-format dummy`)
+makes FP8 linears up where config.json declares FP8: random e4m3 values with float32 block
+scales at the real shapes, so benchmarks read what a real FP8 checkpoint gives.
 
 Nothing FP8 is ever cast as if it were a plain tensor: an FP8 tensor without its block scales,
 block scales where config.json declares no quantization, or scales beside a weight that is not
@@ -10,6 +12,7 @@ answers wrongly."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +46,10 @@ def read_linear(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[
                 dim: int = 0, part: range | None = None) -> torch.Tensor | Fp8BlockWeight:
     """Linear weight `name` of full `shape` [O, I], or its `part` along `dim`: FP8 as stored
     where the checkpoint holds its block scales (`quant` must declare them), else a plain
-    tensor in `dtype`. A dummy checkpoint's weights are plain."""
+    tensor in `dtype`. A dummy checkpoint's weights are FP8 where `quant` declares FP8."""
+    if isinstance(ckpt, RandomCheckpoint) and quant is not None:
+        return _random_fp8(ckpt, name, shape=shape, quant=quant, device=device, dim=dim,
+                           part=part)
     scales = scale_name(name)
     if isinstance(ckpt, RandomCheckpoint) or scales not in ckpt:
         return read_unquantized(ckpt, name, shape=shape, dtype=dtype, device=device, dim=dim,
@@ -67,6 +73,28 @@ def read_linear(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[
         raise WeightLoadError(
             f"tensor {scales!r} is stored as {scale.dtype}; block scales are float32, "
             "bfloat16, float16 or float8_e8m0fnu")
+    return Fp8BlockWeight(weight, scale, quant.block, dim, part.start - start)
+
+
+def _random_fp8(ckpt: RandomCheckpoint, name: str, *, shape: tuple[int, int], quant: BlockFp8,
+                device: torch.device, dim: int, part: range | None) -> Fp8BlockWeight:
+    """`read_linear` of a dummy checkpoint: the random weight (~ N(0, std), its values
+    depending on the name only, so every rank's part is of one model) as e4m3 codes of
+    N(0, std / 2^e) times one float32 scale 2^e (2^e <= std: the codes sit in e4m3's normal
+    range); a part is cut as a stored one is read, from its first block's start."""
+    exponent = math.floor(math.log2(ckpt.std)) if ckpt.std > 0 else 0
+    values = ckpt.get(name, shape=shape, dtype=torch.float32, device=device)
+    weight = (values * 2.0 ** -exponent).to(torch.float8_e4m3fn)
+    del values
+    grid = (-(-shape[0] // quant.block[0]), -(-shape[1] // quant.block[1]))
+    scale = torch.full(grid, 2.0 ** exponent, dtype=torch.float32, device=device)
+    size = quant.block[dim]
+    part = range(shape[dim]) if part is None else part
+    start = part.start // size * size
+    if len(part) != shape[dim]:
+        weight = weight.narrow(dim, start, part.stop - start).contiguous()
+        first = start // size
+        scale = scale.narrow(dim, first, -(-part.stop // size) - first).contiguous()
     return Fp8BlockWeight(weight, scale, quant.block, dim, part.start - start)
 
 

@@ -1,7 +1,8 @@
-"""Linear layers over block-scaled FP8 weights (e4m3, one E8M0 scale per 128 x 128 block) that
-keep the weight quantized on the GPU: `fp8_block_linear`, and `fp8_grouped_linear` for a
-block-diagonal one; the references on CPU, the Triton kernel (the weight dequantized in
-registers, activations bf16 or fp32) on CUDA. `dequant_fp8_blocks_ref` dequantizes a weight."""
+"""Linear layers over block-scaled FP8 weights (e4m3, one scale per 128 x 128 block: E8M0, or
+float32 as HF's `weight_scale_inv`) that keep the weight quantized on the GPU:
+`fp8_block_linear`, and `fp8_grouped_linear` for a block-diagonal one; the references on CPU,
+the Triton kernel (the weight dequantized in registers, activations bf16 or fp32) on CUDA.
+`dequant_fp8_blocks_ref` dequantizes a weight."""
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
 from openinfer_kernels.fp8_linear.reference import (

@@ -1,8 +1,8 @@
 """Block-scaled FP8 weights (DeepSeek-V4's format, spec: shared deepseek-v4.md §10.1): e4m3
 values [O, I] and one power-of-two scale per 128 x 128 block, stored as E8M0 (a byte e meaning
 2^(e - 127), 255 NaN), [ceil(O/128), ceil(I/128)]. Their dequantization, and the linear layers
-that multiply activations by such a weight. The dequantization also takes float scales (HF's
-fine-grained FP8 layout: a float32 `weight_scale_inv` per block, not a power of two).
+that multiply activations by such a weight. Both also take float scales (HF's fine-grained
+FP8 layout, Qwen3-*-FP8: a float32 `weight_scale_inv` per block, not a power of two).
 
 E8M0 scales are read as bytes: a numeric cast of E8M0 to an integer type would not give the
 exponent."""
@@ -41,8 +41,8 @@ def dequant_fp8_blocks_ref(weight: torch.Tensor, scale: torch.Tensor, block: int
 def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                          out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [M, K] (bf16 or fp32) times the dequantized FP8 weight: w [N, K] float8_e4m3fn,
-    scale [ceil(N/128), ceil(K/128)] E8M0 (uint8 bytes or float8_e8m0fnu) -> [M, N] in
-    `out_dtype` (default x's). The product in fp32, rounded once."""
+    scale [ceil(N/128), ceil(K/128)] E8M0 (uint8 bytes or float8_e8m0fnu) or float ->
+    [M, N] in `out_dtype` (default x's). The product in fp32, rounded once."""
     weight = dequant_fp8_blocks_ref(w, scale, dtype=torch.float32)
     return (x.float() @ weight.t()).to(out_dtype or x.dtype)
 

@@ -1,7 +1,10 @@
 # mypy: disable-error-code="no-untyped-def"
 """FP8 block-scaled linear layers with bf16 (or fp32) activations: the weight stays e4m3 in
 memory and is dequantized in registers, so the result is `x @ dequant(w).T` up to summation
-order (e4m3 times a power of two is exact in bf16 and fp32).
+order (e4m3 times a power of two is exact in bf16 and fp32). The block scales are E8M0 bytes
+(DeepSeek's powers of two) or float32 multipliers (HF's `weight_scale_inv`), a constexpr
+switch (E8M0): a float scale multiplies fp32 partial sums of one scale block, never a
+weight rounded to the activations' dtype, so the result is still `x @ dequant(w).T` in fp32.
 
 A program owns BLOCK_N weight rows, BLOCK_M activation rows and a 1/SPLIT_K share of K. One
 activation row (decode) multiplies on the CUDA cores, BLOCK_K up to 512 bytes of each weight
@@ -24,6 +27,8 @@ from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 BLOCK = 128  # the FP8 scale block, both ways
+# E8M0 (as bytes or float8_e8m0fnu) or float32 multipliers.
+SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu, torch.float32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +56,19 @@ def e8m0_to_fp32(byte, EXTRA: tl.constexpr):
 
 
 @triton.jit
+def _block_scales(ptrs, mask, E8M0: tl.constexpr):
+    """fp32 block scales at `ptrs`, 1 where masked: E8M0 bytes decoded, or float32 read."""
+    if E8M0:
+        s = e8m0_to_fp32(tl.load(ptrs, mask=mask, other=127), 0)
+    else:
+        s = tl.load(ptrs, mask=mask, other=1.0).to(tl.float32)
+    return s
+
+
+@triton.jit
 def _rows1(x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
-           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr):
+           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+           E8M0: tl.constexpr):
     """[BLOCK_N] fp32: one activation row times weight rows `rn` over K in [k_start, k_end);
     each SUB-wide piece of a step (SUB = min(BLOCK_K, 128)) summed, then scaled."""
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -66,16 +82,16 @@ def _rows1(x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
         prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
         part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
         kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
-        s = tl.load(s_rows + kb[None, :], mask=n_ok[:, None] & (kb * 128 < k_end)[None, :],
-                    other=127)
-        acc += tl.sum(part * e8m0_to_fp32(s, 0), axis=1)
+        s = _block_scales(s_rows + kb[None, :],
+                          n_ok[:, None] & (kb * 128 < k_end)[None, :], E8M0)
+        acc += tl.sum(part * s, axis=1)
     return acc
 
 
 @triton.jit
 def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, stride_wn,
            stride_sn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+           PRECISION: tl.constexpr, UPCAST: tl.constexpr, E8M0: tl.constexpr):
     """[BLOCK_N, BLOCK_M] fp32, transposed: weight rows `rn` times activation rows `rm`."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
@@ -86,9 +102,12 @@ def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, s
         k_ok = rk < k_end
         w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        s = e8m0_to_fp32(tl.load(s_rows + k // 128, mask=n_ok, other=127), 0)
-        w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
-        acc += dot(w, tl.trans(x), PRECISION, UPCAST)
+        s = _block_scales(s_rows + k // 128, n_ok, E8M0)
+        if E8M0:  # a power of two: the scaled weight tile is exact in x's dtype
+            w = (w.to(tl.float32) * s[:, None]).to(x.dtype)
+            acc += dot(w, tl.trans(x), PRECISION, UPCAST)
+        else:  # the step lies in one scale block: its fp32 product takes the scale, unrounded
+            acc += dot(w.to(x.dtype), tl.trans(x), PRECISION, UPCAST) * s[:, None]
     return acc
 
 
@@ -97,7 +116,8 @@ def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, s
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
                        k_per_split, rows_per_group, stride_xg, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, E8M0: tl.constexpr,
+                       PDL: tl.constexpr):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N."""
@@ -112,14 +132,15 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
     k_end = tl.minimum(k_start + k_per_split, K)
     if BLOCK_M == 1:
         acc = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn, n_ok, k_start, k_end,
-                     stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB)
+                     stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
         out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
         acc2 = _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm,
-                      stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+                      stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST,
+                      E8M0)
         out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
         tl.store(out2, acc2.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -172,16 +193,18 @@ def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
     if w.dtype != torch.float8_e4m3fn or not w.is_contiguous():
         raise ValueError(f"fp8_block_linear: w must be contiguous float8_e4m3fn, got {w.dtype}")
     want = (triton.cdiv(w.shape[0], BLOCK), triton.cdiv(w.shape[1], BLOCK))
-    if tuple(scale.shape) != want or scale.element_size() != 1 or scale.stride(-1) != 1:
-        raise ValueError(f"fp8_block_linear: scale must be E8M0 bytes of shape {want}, got "
-                         f"{scale.dtype} {tuple(scale.shape)}")
+    if (tuple(scale.shape) != want or scale.dtype not in SCALE_DTYPES
+            or scale.stride(-1) != 1):
+        raise ValueError(f"fp8_block_linear: scale must be E8M0 bytes or float32 of shape "
+                         f"{want} (last dim contiguous), got {scale.dtype} "
+                         f"{tuple(scale.shape)}")
 
 
 def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                             out_dtype: torch.dtype | None = None,
                             tile: Fp8Tile | None = None) -> torch.Tensor:
     """x [M, K] bf16/fp32 (K contiguous), w [N, K] float8_e4m3fn contiguous, scale
-    [ceil(N/128), ceil(K/128)] E8M0 (uint8 or float8_e8m0fnu) -> [M, N] in `out_dtype`
+    [ceil(N/128), ceil(K/128)] E8M0 (uint8 or float8_e8m0fnu) or float32 -> [M, N] in `out_dtype`
     (default x's); `tile` overrides the heuristic (benchmarks)."""
     _check(x, w, scale)
     (m, k), n = x.shape, w.shape[0]
@@ -222,12 +245,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     split = triton.cdiv(k, k_per_split)  # no empty shares
     target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
                                                 device=x.device)
-    s = scale.view(torch.uint8)
+    e8m0 = scale.dtype != torch.float32
+    s = scale.view(torch.uint8) if e8m0 else scale
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_m), split)
     _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
                              k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                             SUB=min(tile.block_k, BLOCK),
+                             SUB=min(tile.block_k, BLOCK), E8M0=e8m0,
                              **dot_options(x), num_warps=tile.num_warps,
                              num_stages=tile.num_stages, **pdl_launch(x))
     if split > 1:

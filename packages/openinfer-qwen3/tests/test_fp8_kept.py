@@ -1,0 +1,137 @@
+"""Qwen3's FP8 linears kept FP8 (OPENINFER_FP8_WEIGHTS=keep): each is an `Fp8BlockWeight`
+where its blocks allow (fusions whose leading parts are whole 128-row blocks, tensor-parallel
+parts that start on a block), the others dequantized; a kept weight dequantizes to exactly the
+tensor the default path loads, the weight-read floor counts e4m3 bytes and scales, and the
+engine decodes the dequantized model's greedy tokens.
+
+`keep` runs on CUDA only; here the tests let it run on the CPU (`KEEP_DEVICES`) with the
+Triton `fp8_block_linear` in the forward (under the interpreter; compiled where a GPU is), so
+the kernel that a GPU runs is the one checked."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fp8_checkpoints import GREEDY, PROMPTS, SPECS, write_pair
+
+import openinfer_qwen3.fp8_weights as fp8_weights
+import openinfer_qwen3.linears as linears
+from openinfer_core import Engine, EngineConfig, GenerateRequest
+from openinfer_core.testing import run_staggered, tokens_of
+from openinfer_core.weights.checkpoint import Checkpoint
+from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight
+from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
+from openinfer_kernels.fp8_linear.triton import fp8_block_linear_triton
+from openinfer_qwen3.config import Qwen3Config
+from openinfer_qwen3.model import Qwen3Model
+from openinfer_qwen3.weights import Qwen3Shard, Qwen3Weights, load_weights
+
+LINEARS = ("qkv", "o_proj", "gate_up", "down")
+# Which linears stay FP8, per model and rank (see SPECS): q (192 rows) and gate (320) are not
+# whole blocks, so their fusions are dequantized; a second rank's o/down columns start inside
+# a block in "partial-blocks"; in "whole-blocks" a rank's k (64 rows) is not whole blocks
+# and the second rank's k/v start inside one.
+KEPT = {
+    ("partial-blocks", None): {"o_proj", "down"},
+    ("partial-blocks", (0, 2)): {"o_proj", "down"},
+    ("partial-blocks", (1, 2)): set(),
+    ("whole-blocks", None): {"qkv", "o_proj", "gate_up", "down"},
+    ("whole-blocks", (0, 2)): {"o_proj", "gate_up", "down"},
+    ("whole-blocks", (1, 2)): {"o_proj", "gate_up", "down"},
+}
+CALLS: list[tuple[int, int, int]] = []  # (M, N, K) of each FP8 product in the forward
+
+
+def counted_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The Triton kernel: under the interpreter, or compiled on the GPU where there is one."""
+    CALLS.append((x.shape[0], *w.shape))
+    if not torch.cuda.is_available():
+        return fp8_block_linear_triton(x, w, scale)
+    return fp8_block_linear_triton(x.cuda(), w.cuda(), scale.cuda()).cpu()
+
+
+@pytest.fixture
+def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "keep")
+    monkeypatch.setattr(fp8_weights, "KEEP_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(linears, "fp8_block_linear", counted_triton)
+    CALLS.clear()
+    yield
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    return {name: write_pair(config, tmp_path_factory.mktemp(name))
+            for name, config in SPECS.items()}
+
+
+def _load(folder: Path, rank_of: tuple[int, int] | None, keep_fp8: bool) -> Qwen3Weights:
+    cfg = Qwen3Config.from_dict(json.loads((folder / "config.json").read_text()))
+    shard = None if rank_of is None else Qwen3Shard.of(cfg, *rank_of)
+    return load_weights(Checkpoint(folder), cfg, dtype=torch.float32,
+                        device=torch.device("cpu"), shard=shard, keep_fp8=keep_fp8)
+
+
+@pytest.mark.parametrize(("spec", "rank_of"), sorted(KEPT, key=str), ids=str)
+def test_kept_linears_dequantize_to_the_loaded_ones(pairs: dict[str, tuple[Path, Path]],
+                                                    spec: str,
+                                                    rank_of: tuple[int, int] | None) -> None:
+    fp8_dir = pairs[spec][0]
+    kept, plain = _load(fp8_dir, rank_of, True), _load(fp8_dir, rank_of, False)
+    saved = 0
+    for n, (k_layer, p_layer) in enumerate(zip(kept.layers, plain.layers, strict=True)):
+        for field in LINEARS:
+            got, want = getattr(k_layer, field), getattr(p_layer, field)
+            assert isinstance(want, torch.Tensor)
+            if field not in KEPT[spec, rank_of]:
+                assert isinstance(got, torch.Tensor) and torch.equal(got, want), (n, field)
+                continue
+            assert isinstance(got, Fp8BlockWeight), (n, field)
+            assert got.weight.dtype == torch.float8_e4m3fn and got.scale.dtype == torch.float32
+            assert got.weight.is_contiguous() and got.skip == 0
+            assert torch.equal(dequant_fp8_blocks_ref(got.weight, got.scale,
+                                                      dtype=torch.float32), want), (n, field)
+            saved += want.numel() * 3 - got.scale.numel() * 4  # fp32 -> e4m3 + scales
+    assert plain.decode_bytes() - kept.decode_bytes() == saved
+
+
+def test_default_and_cpu_dequantize(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(fp8_weights.FP8_WEIGHTS_ENV, raising=False)
+    assert not fp8_weights.keep_fp8_weights(torch.device("cuda"))
+    monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "keep")
+    assert fp8_weights.keep_fp8_weights(torch.device("cuda"))
+    assert not fp8_weights.keep_fp8_weights(torch.device("cpu"))
+    monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "fp8")
+    with pytest.raises(ValueError, match="OPENINFER_FP8_WEIGHTS must be one of dequantize, "
+                                         "keep, not 'fp8'"):
+        fp8_weights.keep_fp8_weights(torch.device("cuda"))
+
+
+def _greedy(engine: Engine, count: int) -> list[list[int]]:
+    requests = [GenerateRequest(f"p{i}", tuple(p), GREEDY) for i, p in enumerate(PROMPTS[:count])]
+    events = run_staggered(engine, requests, arrival_step=lambda i: i)
+    return [tokens_of(events[f"p{i}"]) for i in range(count)]
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_kept_model_decodes_the_dequantized_tokens(pairs: dict[str, tuple[Path, Path]],
+                                                   spec: str, keep: None) -> None:
+    """Four staggered prompts (prefill chunks and decode rows mixed): the FP8 kernel's
+    products give the greedy tokens of the model dequantized at load."""
+    fp8_dir, plain_dir = pairs[spec]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(fp8_weights.FP8_WEIGHTS_ENV, "dequantize")
+        want = _greedy(Engine(EngineConfig(model=str(plain_dir), device="cpu")), 4)
+    assert not CALLS
+    engine = Engine(EngineConfig(model=str(fp8_dir), device="cpu"))
+    model = engine.model
+    assert isinstance(model, Qwen3Model)
+    assert {f for f in LINEARS if isinstance(getattr(model.w.layers[0], f), Fp8BlockWeight)
+            } == KEPT[spec, None]
+    assert _greedy(engine, 4) == want
+    rows = {m for m, _, _ in CALLS}
+    assert 1 in rows and max(rows) > 1  # the one-row path and the tl.dot path ran
