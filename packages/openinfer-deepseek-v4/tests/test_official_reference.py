@@ -10,8 +10,9 @@ Tolerance: max |ours - official| over a prompt's logits, relative to their large
 - With it, 4 of the 5 prompts measure under 2e-6; the 60-token prompt of `kinds` measures
   2.6e-5 from its 18th position on: a value within fp32 noise of a rounding midpoint lands on
   the other side there, one FP8 or FP4 step apart, and later positions carry it. 1e-3 allows
-  such flips (an FP4 step is coarse) and stays 80x under what the rounding itself moves
-  (0.08-0.93 between the two data sets), so a missing or misplaced rounding still fails."""
+  such flips (an FP4 step is coarse) and stays far under what the rounding itself moves
+  (`test_the_rounding_moves_the_logits_past_the_tolerance`), so a missing or misplaced rounding
+  fails. `pytest -s` prints every prompt's error."""
 
 from __future__ import annotations
 
@@ -72,8 +73,13 @@ def case(request: pytest.FixtureRequest,
     return name, write_tokenizer_files(folder)
 
 
+def relative_error(ours: torch.Tensor, want: torch.Tensor) -> float:
+    return ((ours - want).abs().max() / want.abs().max()).item()
+
+
 def assert_close(ours: torch.Tensor, want: torch.Tensor, sim: str) -> None:
-    error = ((ours - want).abs().max() / want.abs().max()).item()
+    error = relative_error(ours, want)
+    print(f"rounding {sim}: {error:.1e}")
     assert error <= TOLERANCE[sim], f"logits differ by {error:.2e} of their largest magnitude"
 
 
@@ -93,6 +99,21 @@ def test_reference_matches_the_official_code(case: tuple[str, Path], sim: str) -
         assert_close(ours[:t], run.prefill_logits, sim)
         assert_close(ours[t:], run.decode_logits, sim)
         assert ours[t - 1:].argmax(-1).tolist() == run.greedy
+
+
+@torch.no_grad()
+def test_the_rounding_moves_the_logits_past_the_tolerance(case: tuple[str, Path]) -> None:
+    """The line without the rounding against the official numbers with it: on every prompt
+    more than 10x the tolerance apart, so the test above cannot pass without the rounding."""
+    name, folder = case
+    cfg = DeepseekV4Config.from_dict(json.loads((folder / "config.json").read_text()))
+    weights = weights_from_deepseek(load_file(str(folder / "model.safetensors")), cfg,
+                                    dtype=torch.float32)
+    for run in official_runs(name, "on"):
+        ours = forward(torch.tensor(run.prompt), weights, cfg)
+        error = relative_error(ours, run.prefill_logits)
+        print(f"no rounding against the rounded official numbers: {error:.2f}")
+        assert error > 10 * TOLERANCE["on"]
 
 
 @torch.inference_mode()

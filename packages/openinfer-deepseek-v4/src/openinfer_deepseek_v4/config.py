@@ -16,7 +16,7 @@ from openinfer_core.model_config import ConfigReader
 
 # Attention kinds: window only; CSA (overlapping compression and the indexer's picks); HCA
 # (all visible compressed entries). transformers' layer types name them; DeepSeek's config
-# gives a ratio per layer, 0, 4 (CSA) or 128 (HCA).
+# gives a ratio per layer: 0 (window only), 4 (CSA), any other (HCA; 128 in V4-Flash).
 KINDS = {"sliding_attention": "window", "compressed_sparse_attention": "csa",
          "heavily_compressed_attention": "hca"}
 CSA_RATIO = 4  # DeepSeek's `compress_ratios`: 4 is CSA (overlapping windows, an indexer)

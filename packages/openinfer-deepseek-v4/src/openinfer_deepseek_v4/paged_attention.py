@@ -103,8 +103,7 @@ def _round_closed_entries(part: CompressedCache, slots: StepSlots, cfg: Deepseek
                           indexer: bool) -> None:
     """Round, in place, the compressed entries `compress_pool` closed in this step (those whose
     window's last token is one of the step's) as the model rounds them
-    (`reference.round_entries`). Tokens that close none round the padding block's first row:
-    rounding is idempotent, and that row is never read."""
+    (`reference.round_entries`); the rows kernels skip the -1 of tokens that close none."""
     rows = slots.closed_entries(part.ratio, part.entries.shape[1])
     pool = part.entries.flatten(0, 1)
     if indexer:

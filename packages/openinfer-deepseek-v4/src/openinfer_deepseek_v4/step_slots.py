@@ -62,9 +62,8 @@ class StepSlots:
         return self._visible[key]
 
     def closed_entries(self, ratio: int, slots_per_block: int) -> torch.Tensor:
-        """[T] int64: for each token that closes a compressed entry (its position + 1 a
-        multiple of `ratio`), that entry's slot; for the others (a graph's padding among them)
-        0, the padding block's first slot, which nothing reads."""
+        """[T] int32: for each token that closes a compressed entry (its position + 1 a
+        multiple of `ratio`), that entry's slot; -1 for the others."""
         key = (ratio, slots_per_block)
         if key not in self._closed:
             batch = self.batch
@@ -73,5 +72,5 @@ class StepSlots:
             slots = paged_entry_slots(batch.block_tables, self.requests, entry[:, None],
                                       ratio=ratio, block_size=self.block_size,
                                       slots_per_block=slots_per_block)
-            self._closed[key] = slots[:, 0].long().clamp(min=0)
+            self._closed[key] = slots[:, 0]
         return self._closed[key]
