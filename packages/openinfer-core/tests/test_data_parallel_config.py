@@ -70,3 +70,12 @@ def test_replica_devices(set_gpus: GpuCount) -> None:
     assert [cpu.replica(r).device for r in range(2)] == ["cpu", "cpu"]
     set_gpus(0)
     assert auto.replica(1).device == "cpu"
+
+
+def test_one_engine_refuses_replicas() -> None:
+    """Replicas are engine processes behind `serve`'s router: an in-process Engine (and LLM)
+    says so rather than quietly running one."""
+    from openinfer_core.engine.engine import Engine
+
+    with pytest.raises(InvalidParameterError, match="data_parallel_size.*--data-parallel-size"):
+        Engine(EngineConfig(model="unused", device="cpu", data_parallel_size=2))

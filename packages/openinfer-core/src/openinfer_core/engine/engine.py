@@ -12,7 +12,7 @@ from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.grammars_and_logprobs import GrammarsAndLogprobs
 from openinfer_core.engine.overlap import OverlappedLoop
 from openinfer_core.engine.runner import ModelRunner
-from openinfer_core.errors import ModelConfigError
+from openinfer_core.errors import InvalidParameterError, ModelConfigError
 from openinfer_core.events import Rejected, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.capabilities import (
@@ -44,6 +44,10 @@ class Engine:
     def __init__(self, config: EngineConfig, plugins: PluginManager | None = None, *,
                  defer_graphs: bool = False) -> None:
         self.config = config
+        if config.data_parallel_size != 1:  # replicas are engine processes behind a router
+            raise InvalidParameterError(
+                "data_parallel_size", f"is {config.data_parallel_size}: one Engine is one "
+                "replica; `openinfer serve --data-parallel-size N` runs N behind one API")
         plugins = plugins or get_plugin_manager()
         # The scheduler is checked before the long start-up, so a wrong choice fails at once.
         scheduler_cls = plugins.registries.schedulers.resolve(config.scheduler)
