@@ -173,3 +173,21 @@ def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:
 
 def _save_result(fn: Callable[..., Any], args: tuple[Any, ...], out: Path) -> None:
     torch.save(fn(*args), out)
+
+
+def pick_distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
+    """Two runs of ours over the same positions: regret of b's pick among a's top 8, and
+    |Δ logprob| on the ids both top-8 lists share (mean, p99), with the position count."""
+    regrets, deltas = [], []
+    for pa, pb in zip(a, b, strict=True):
+        assert pa.positions == pb.positions
+        for k in range(len(pa.positions)):
+            lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
+            regrets.append(pa.top_logprobs[k, 0].item()
+                           - lp_a.get(int(pb.top_ids[k, 0]), pa.top_logprobs[k, -1].item()))
+            deltas += [abs(lp_a[i] - lp) for i, lp in zip(pb.top_ids[k].tolist(),
+                                                           pb.top_logprobs[k].tolist(),
+                                                           strict=True) if i in lp_a]
+    d = torch.tensor(deltas)
+    return {"positions": len(regrets), "regret_max": max(regrets),
+            "dlogprob_mean": d.mean().item(), "dlogprob_p99": d.quantile(0.99).item()}

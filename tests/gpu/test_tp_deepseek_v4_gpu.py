@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, one_at_a_time
+from forced import Picks, one_at_a_time, pick_distance
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -83,20 +83,8 @@ def test_tp2_matches_one_gpu(tmp_path: Path, ep: bool) -> None:
     sequences = [[rng.randrange(128000) for _ in range(n + DECODES)] for n in PROMPT_LENS]
     one = _picks(folder, sequences, 1, False)
     two = _picks(folder, sequences, 2, ep)
-    regrets, deltas = [], []
-    for a, b in zip(one, two, strict=True):
-        assert a.positions == b.positions
-        for k in range(len(a.positions)):
-            ids_a, ids_b = a.top_ids[k].tolist(), b.top_ids[k].tolist()
-            lp_a = dict(zip(ids_a, a.top_logprobs[k].tolist(), strict=True))
-            best = a.top_logprobs[k, 0].item()
-            regrets.append(best - lp_a.get(ids_b[0], a.top_logprobs[k, -1].item()))
-            deltas += [abs(lp_a[i] - lp) for i, lp in zip(ids_b, b.top_logprobs[k].tolist(),
-                                                           strict=True) if i in lp_a]
-    regret, delta = torch.tensor(regrets), torch.tensor(deltas)
     row = {"case": f"dsv4-3layers-{'tp2-ep' if ep else 'tp2'}-vs-tp1",
-           "positions": len(regrets), "regret_max": regret.max().item(),
-           "dlogprob_mean": delta.mean().item(), "dlogprob_p99": delta.quantile(0.99).item()}
+           **pick_distance(one, two)}
     _record(row)
     assert row["regret_max"] <= 0.20 and row["dlogprob_mean"] <= 0.06, row
     assert row["dlogprob_p99"] <= 0.20, row

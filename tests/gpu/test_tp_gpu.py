@@ -12,7 +12,7 @@ of the query heads). Cases, each teacher-forced over sequences with prompts of 1
 
 Batch 1 eager runs at TP1 beside them (the one-GPU baseline of this run; the one-GPU golden
 gate covers the other cases), and two diagnostics are recorded with it: the distance of each
-TP size from TP1 (the form of the earlier gate, which compared two bf16 runs of ours) and the
+TP size from TP1 (`forced.pick_distance`: two bf16 runs of ours compared) and the
 `fp32-reduce` experiment
 (`OPENINFER_TP_FP32_REDUCE=1`: each rank's partial products kept in fp32 and summed in fp32,
 so the sum is rounded once, as one GPU's GEMM rounds it)."""
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, gate_row, in_fresh_process, reference_logprobs
+from forced import gate_row, in_fresh_process, pick_distance, reference_logprobs
 from tp_cases import CASES, DECODES, engine_cases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -98,24 +98,6 @@ def _record(row: dict[str, object]) -> None:
     print(row)
 
 
-def _distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
-    """A TP size against TP1 as the earlier gate measured it: regret of b's pick among a's top 8,
-    |Δ logprob| on the ids both top-8 lists share."""
-    regrets, deltas = [], []
-    for pa, pb in zip(a, b, strict=True):
-        assert pa.positions == pb.positions
-        for k in range(len(pa.positions)):
-            lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
-            regrets.append(pa.top_logprobs[k, 0].item()
-                           - lp_a.get(int(pb.top_ids[k, 0]), pa.top_logprobs[k, -1].item()))
-            deltas += [abs(lp_a[i] - lp) for i, lp in zip(pb.top_ids[k].tolist(),
-                                                           pb.top_logprobs[k].tolist(),
-                                                           strict=True) if i in lp_a]
-    d = torch.tensor(deltas)
-    return {"regret_max": max(regrets), "dlogprob_mean": d.mean().item(),
-            "dlogprob_p99": d.quantile(0.99).item()}
-
-
 @pytest.mark.parametrize("tp", TP_SIZES)
 @pytest.mark.parametrize("case", CASES)
 def test_tp_passes_the_golden_gate(checkpoint: Path, runs, reference,  # type: ignore[no-untyped-def]
@@ -133,8 +115,8 @@ def test_tp_passes_the_golden_gate(checkpoint: Path, runs, reference,  # type: i
         picks, which = runs[f"{name}-fp32-reduce"][case]
         _record(gate_row(f"{name}-fp32-reduce-{case}-{label}", picks, reference, which))
         _record({"case": f"{name}-vs-tp1-{case}-{label}",
-                 **_distance(runs["tp1"][case][0], runs[name][case][0]),
-                 "fp32_reduce": _distance(runs["tp1"][case][0],
+                 **pick_distance(runs["tp1"][case][0], runs[name][case][0]),
+                 "fp32_reduce": pick_distance(runs["tp1"][case][0],
                                           runs[f"{name}-fp32-reduce"][case][0])})
     row = rows[name]
     assert row["regret_max"] <= REGRET_MAX, row

@@ -4,7 +4,9 @@ one client per replica).
 
 With one frontend (the default) it runs in the launching process. With `--api-server-count N`
 the launcher binds the port once and supervises N frontend processes that share it; any of them
-may take a connection, and all talk to the one engine.
+may take a connection, and all talk to the one engine (to every replica, each frontend through
+its own router, whose prefix map is its own: a conversation's turns that reach different
+frontends may land on different replicas).
 
 Failure: if the engine (or one replica) dies, every open request of it ends with an error,
 /health answers 503, and the frontend stops after `DEATH_GRACE_S` with exit code 1 (the

@@ -4,7 +4,8 @@ tensor-parallel model line: FlashInfer's fusion (`flashinfer.comm.allreduce_fusi
 
 Without it, a row-split layer under TP runs three steps: the ranks' partial products meet in an
 all-reduce, then one kernel adds the residual and normalizes. Each of a decode step's 72
-all-reduces costs ~9.6 us, and each add + norm is another launch (Qwen3-8B TP2 on 2 H100s,
+row-split all-reduces (o_proj and down of 36 layers; the embedding's is the 73rd) costs
+~9.6 us, and each add + norm is another launch (Qwen3-8B TP2 on 2 H100s,
 `decode_breakdown.py`). The fusion reads the peers' partials over NVLink and writes
 `residual + sum` and its norm in the same kernel.
 
@@ -108,8 +109,10 @@ class FusedAllReduceAddNorm:
 
 def _destroy(workspace: Any) -> None:
     """Drop the library's own reference to the mapped buffers, then the workspace's."""
-    with contextlib.suppress(Exception):  # best effort: the process may be ending anyway
+    # Best effort, each on its own: the process may be ending anyway.
+    with contextlib.suppress(Exception):
         from flashinfer.comm.trtllm_ar import trtllm_destroy_ipc_workspace_for_all_reduce_fusion
 
         trtllm_destroy_ipc_workspace_for_all_reduce_fusion(workspace.ipc_handles)
+    with contextlib.suppress(Exception):
         workspace.destroy()

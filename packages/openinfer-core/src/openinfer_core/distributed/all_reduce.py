@@ -14,8 +14,8 @@ every other rank's address space, and its kernels read the peers' buffers direct
 Neither needs NVLink multicast (off on the lent machines). Both run inside CUDA graphs, and a
 call stages its input into this rank's buffer (one copy), so callers keep their own tensors.
 Which one a size takes is measured by `benchmarks/device/all_reduce.py` (BENCHMARKS.md,
-"Tensor parallelism") and kept in `ONE_SHOT_MAX` / `TWO_SHOT_MAX`; `OPENINFER_TP_ALL_REDUCE`
-forces one path for an A/B."""
+"Tensor and data parallelism") and kept in `ONE_SHOT_MAX` / `TWO_SHOT_MAX`;
+`OPENINFER_TP_ALL_REDUCE` forces one path for an A/B."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ class TorchTensorParallelGroup:
                                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rms_norm(sum + residual) * weight, sum + residual) in one kernel, `sum` the sum of
         `x` over the ranks; None (nothing done) where the fused kernel does not take `x`."""
-        if self._fused is None or not x.is_cuda or not self._fused.fits(x):
+        if self._fused is None or not self._fused.fits(x):  # (it exists on CUDA only)
             return None
         return self._fused(x, residual, weight, eps)
 
@@ -151,8 +151,8 @@ class TorchTensorParallelGroup:
                 log.warning("leaving the tensor-parallel group failed: %s", exc)
             done.set()
 
+        wait_s = timeout_s if nccl else max(timeout_s, GLOO_LEAVE_S)
         threading.Thread(target=leave, name="openinfer-tp-leave", daemon=True).start()
-        if not done.wait(timeout_s if nccl else max(timeout_s, GLOO_LEAVE_S)):
+        if not done.wait(wait_s):
             log.warning("tensor parallel: rank %d could not leave the group within %.0f s (another "
-                        "rank is gone or stuck); left to a background thread", self.rank,
-                        timeout_s)
+                        "rank is gone or stuck); left to a background thread", self.rank, wait_s)

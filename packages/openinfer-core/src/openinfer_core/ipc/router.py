@@ -151,13 +151,6 @@ class ReplicaRouter:
             self.routed[index] = received  # idle: nothing of ours is on its way
         return snapshot.running + snapshot.waiting + max(0, self.routed[index] - received)
 
-    # -- lifecycle -------------------------------------------------------------------------
-    def on_death(self, callback: Callable[[str], None]) -> None:
-        """Call `callback(message)` (on a client's reader thread) when any replica dies."""
-        for replica in self.replicas:
-            replica.on_death(callback)
-
-
 
 def _log_death(index: int, message: str) -> None:
     log.error("data-parallel replica %d: %s; no new request goes to it", index, message)
