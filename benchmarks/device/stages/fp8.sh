@@ -1,4 +1,4 @@
-# Issue 34: Qwen3-8B with FP8 weights (`--load-format dummy` of Qwen3-8B-FP8's config: e4m3
+# Qwen3-8B with FP8 weights (`--load-format dummy` of Qwen3-8B-FP8's config: e4m3
 # linears with float32 block scales) kept FP8 (OPENINFER_FP8_WEIGHTS=keep, fp8_block_linear)
 # and dequantized at load (the default), beside bf16, batch 1, 128 in / 128 out; and the FP8
 # linear's tests compiled, with the Qwen3 kept-FP8 decode test running the compiled kernel.
@@ -10,7 +10,7 @@ stage_fp8() {
     packages/openinfer-qwen3/tests/test_fp8_kept.py 2>&1 | tail -5 | tee "$OUT/fp8_tests.log"
   local m8fp8=/tmp/qwen3-8b-fp8
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
-  # keep: FP8 on the GPU; dequantize: the FP8 checkpoint as bf16 (today's default); bf16: the
+  # keep: FP8 on the GPU; dequantize: the FP8 checkpoint as bf16 (the default); bf16: the
   # bf16 config, the baseline.
   for side in fp8-keep fp8-dequantize bf16; do
     stage "batch-1 latency, Qwen3-8B, $side"

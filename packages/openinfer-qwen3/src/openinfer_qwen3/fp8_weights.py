@@ -14,8 +14,7 @@ import os
 import torch
 
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight
-from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
-from openinfer_kernels.fp8_linear.reference import block_scales_to_float
+from openinfer_kernels.fp8_linear import block_scales_to_float, dequant_fp8_blocks_ref
 
 # A linear's weight as the forward holds it: a plain tensor, or FP8 kept with its scales.
 Linear = torch.Tensor | Fp8BlockWeight

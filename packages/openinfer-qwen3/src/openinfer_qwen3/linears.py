@@ -24,7 +24,7 @@ def project(x: torch.Tensor, w: Linear, bias: torch.Tensor | None = None) -> tor
     """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype."""
     if isinstance(w, Fp8BlockWeight):
         out = fp8_block_linear(x, w.weight, w.scale)
-        return out if bias is None else out + bias
+        return out if bias is None else out.add_(bias)
     return linear(x, w) if bias is None else F.linear(x, w, bias)
 
 

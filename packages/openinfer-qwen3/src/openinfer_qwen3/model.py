@@ -125,8 +125,9 @@ class Qwen3Model:
     def _project_add_norm(self, x: torch.Tensor, w: Linear, residual: torch.Tensor,
                           norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(x @ w.T + residual), x @ w.T + residual). On one device in one
-        `linear_add_rms_norm`, which sums a split-K product's shares inside the norm kernel;
-        under tensor parallelism the ranks' partial products meet in an all-reduce first."""
+        `linear_add_rms_norm` (a kept FP8 weight: its product, then the add + norm); under
+        tensor parallelism the ranks' partial products meet in an all-reduce first, fused with
+        the add + norm where the group has that kernel (`all_reduce_add_rms_norm`)."""
         eps = self.cfg.rms_norm_eps
         if self.tp is None:
             return project_add_rms_norm(x, w, residual, norm_weight, eps)

@@ -6,6 +6,7 @@ the Triton kernel (the weight dequantized in registers, activations bf16 or fp32
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
 from openinfer_kernels.fp8_linear.reference import (
+    block_scales_to_float,
     dequant_fp8_blocks_ref,
     e8m0_to_float,
     fp8_block_linear_ref,
@@ -19,5 +20,6 @@ fp8_block_linear = by_device(fp8_block_linear_ref,
 fp8_grouped_linear = by_device(fp8_grouped_linear_ref,
                                _kernels.fp8_grouped_linear_triton if _kernels else None)
 
-__all__ = ["dequant_fp8_blocks_ref", "e8m0_to_float", "fp8_block_linear", "fp8_block_linear_ref",
-           "fp8_grouped_linear", "fp8_grouped_linear_ref"]
+__all__ = ["block_scales_to_float", "dequant_fp8_blocks_ref", "e8m0_to_float",
+           "fp8_block_linear", "fp8_block_linear_ref", "fp8_grouped_linear",
+           "fp8_grouped_linear_ref"]

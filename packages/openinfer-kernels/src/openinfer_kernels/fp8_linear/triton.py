@@ -219,7 +219,7 @@ def fp8_grouped_linear_triton(x: torch.Tensor, w: torch.Tensor,
                               scale: torch.Tensor) -> torch.Tensor:
     """`fp8_grouped_linear_ref`'s contract in one launch (two when K is split): x [M, G, K]
     (K contiguous), w [G R, K] float8_e4m3fn contiguous with R a multiple of 128, scale its
-    E8M0 blocks -> [M, G, R] in x's dtype. Each group's tile and K split are what
+    blocks (E8M0 or float32) -> [M, G, R] in x's dtype. Each group's tile and K split are what
     `fp8_block_linear` picks for one group alone, so the result is that of G such calls."""
     if x.dim() != 3 or w.shape[0] % (x.shape[1] * BLOCK):
         raise ValueError(f"fp8_grouped_linear: need x [M, G, K] and w [G R, K] with R a "
