@@ -70,20 +70,29 @@ PY
 
 stage_tpfused() {
   # FlashInfer's all-reduce + residual add + RMSNorm fusion (carry .fi, from
-  # benchmarks/device/flashinfer_pack.sh): the micro-benchmark at Qwen3-8B's and 32B's hidden
-  # sizes, batch-1 TPOT with the fusion and without it in the same call, then the TP gate with it.
+  # benchmarks/device/flashinfer_pack.sh): batch-1 TPOT without the fusion and with it in the
+  # same call (TP1 first, the baseline), then the micro-benchmark at Qwen3-8B's and 32B's hidden
+  # sizes, 32B with the fusion and the TP gate with it. The fused module's JIT build (minutes,
+  # the first time) comes back as fi-jit.tgz.part-*: copied into .fi/, a later call skips it.
   local m32=/tmp/qwen3-32b
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
+  tp_latency 8b $M8 1 auto
+  tp_latency 8b $M8 2 unfused OPENINFER_TP_FUSED_NORM=off
+  tp_latency 8b $M8 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
+  save_jit
   for h in 4096 5120; do
     stage "all-reduce + add + RMSNorm on 2 GPUs, fused (FlashInfer) against unfused, hidden $h"
     timeout 400 python3 benchmarks/device/add_norm.py --gpus 2 --hidden $h \
       --json "$OUT/add-norm-$h.json" 2>&1 | grep -v "^\[" | tail -16
   done
-  tp_latency 8b $M8 1 auto
-  tp_latency 8b $M8 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
-  tp_latency 8b $M8 2 unfused OPENINFER_TP_FUSED_NORM=off
   tp_latency 32b $m32 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
   OPENINFER_TP_FUSED_NORM=flashinfer tp_gate
+}
+
+stage_tpunfused() {
+  # Batch-1 TPOT of Qwen3-8B at TP=2 without the fusion: tpfused's baseline, for a call that
+  # cannot also fit FlashInfer's JIT build.
+  tp_latency 8b $M8 2 unfused OPENINFER_TP_FUSED_NORM=off
 }
 
 stage_tp32() {
