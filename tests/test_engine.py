@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from engine_helpers import finished_of, run_staggered, tokens_of
 
 from openinfer_core import (
@@ -174,3 +175,21 @@ def test_async_handle_streams_and_aborts(toy: Path) -> None:
         asyncio.run(asyncio.wait_for(main(), timeout=60))
     finally:
         handle.shutdown()
+
+
+def test_an_engine_on_the_cpu_takes_its_share_of_the_cores(
+        toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two API servers beside one engine on 6 cores: 2 intra-op threads for the engine."""
+    import openinfer_core.cpu_threads as cpu_threads
+
+    monkeypatch.setattr(cpu_threads.os, "sched_getaffinity", lambda pid: set(range(6)),
+                        raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        engine = Engine(EngineConfig(model=str(toy), device="cpu", num_kv_blocks=16,
+                                     other_processes=2))
+        assert torch.get_num_threads() == 2
+        engine.close()
+    finally:
+        torch.set_num_threads(before)

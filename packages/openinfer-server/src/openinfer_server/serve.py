@@ -91,7 +91,8 @@ def engine_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
             data_parallel_size=args.data_parallel_size,
             enable_expert_parallel=args.enable_expert_parallel, nnodes=args.nnodes,
             node_rank=args.node_rank, master_addr=args.master_addr,
-            master_port=args.master_port)
+            master_port=args.master_port,
+            other_processes=getattr(args, "api_server_count", 0))  # bench: no API servers
         config.check_device()
     except InvalidParameterError as exc:
         reason = str(exc).removeprefix(f"{exc.param}: ")

@@ -110,7 +110,7 @@ class TensorParallelModel:
 
     def __init__(self, local: Model, group: TorchTensorParallelGroup,
                  workers: list[LocalRank | RemoteRank], publisher: zmq.Socket[bytes],
-                 context: zmq.Context[Any], folder: Path, threads: int,
+                 context: zmq.Context[Any], folder: Path,
                  store: dist.Store | None = None, expert_parallel: bool = False) -> None:
         self.local = local
         self.group = group
@@ -134,7 +134,6 @@ class TensorParallelModel:
         self._publisher = publisher
         self._context = context
         self._folder = folder
-        self._threads = threads  # torch's thread count to restore on close (CPU), or 0
         self._store = store  # several nodes: the TCP store this process hosts
         self._failed: str | None = None
         self._closed = False
@@ -178,10 +177,6 @@ class TensorParallelModel:
         else:
             address = f"ipc://{folder}/batches"
             publisher.bind(address)
-        threads = 0
-        if options.device.type == "cpu":  # the ranks share the cores
-            threads = torch.get_num_threads()
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
         base = _spec_base(line, model_dir, config, options, size, folder, address, timeout_s)
         if store is not None:
             base = dataclasses.replace(
@@ -210,12 +205,10 @@ class TensorParallelModel:
                 group.close(0.0, abort=True)
             context.destroy(linger=0)
             shutil.rmtree(folder, ignore_errors=True)
-            if threads:
-                torch.set_num_threads(threads)
             raise
         log.info("tensor parallel: %d ranks (%s) on %d node(s), local worker pids %s", size,
                  options.device, layout.nnodes, [w.process.pid for w in local_ranks(workers)])
-        return cls(local, group, workers, publisher, context, folder, threads, store,
+        return cls(local, group, workers, publisher, context, folder, store,
                    options.expert_parallel)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
@@ -335,8 +328,6 @@ class TensorParallelModel:
         self._context.destroy(linger=linger)
         self._store = None  # the TCP store goes: the other nodes' agents stop what is left
         shutil.rmtree(self._folder, ignore_errors=True)
-        if self._threads:
-            torch.set_num_threads(self._threads)
 
 
 def _spec_base(line: Any, model_dir: Path, config: dict[str, Any], options: LoadOptions,

@@ -66,6 +66,10 @@ class EngineConfig:
     # its own GPU or tensor-parallel group (`replica`); the frontend routes requests between
     # them (openinfer_core.ipc.router). One node only. An engine itself runs one replica.
     data_parallel_size: int = 1
+    # Processes of this node that compute beside this engine's ranks and replicas: the API
+    # servers (`serve` sets it), and for a replica the other replicas' ranks. On the CPU they
+    # all share the cores (openinfer_core.cpu_threads).
+    other_processes: int = 0
 
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "block_size",
@@ -160,7 +164,17 @@ class EngineConfig:
             device = "cuda" if _cuda_device_count() else "cpu"
         if device != "cpu":
             device = f"cuda:{self._first_gpu() + index * self.tensor_parallel_size}"
-        return dataclasses.replace(self, device=device, data_parallel_size=1)
+        others = self.other_processes + self._ranks_here() * (self.data_parallel_size - 1)
+        return dataclasses.replace(self, device=device, data_parallel_size=1,
+                                   other_processes=others)
+
+    def cpu_processes(self) -> int:
+        """The processes of this node that compute at once: every replica's ranks on this
+        node, and the others (`other_processes`)."""
+        return self._ranks_here() * self.data_parallel_size + self.other_processes
+
+    def _ranks_here(self) -> int:
+        return -(-self.tensor_parallel_size // self.nnodes)
 
     def _first_gpu(self) -> int:
         return int(self.device.partition(":")[2] or 0)

@@ -8,6 +8,7 @@ import time
 import traceback
 from pathlib import Path
 
+from openinfer_core.cpu_threads import share_cores
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.grammars_and_logprobs import GrammarsAndLogprobs
 from openinfer_core.engine.overlap import OverlappedLoop
@@ -55,6 +56,8 @@ class Engine:
             raise ModelConfigError(f"--kv-offload: scheduler {config.scheduler!r} cannot "
                                    "restore offloaded prefixes (it lacks "
                                    "capabilities.SupportsOffload)")
+        if config.torch_device().type == "cpu":
+            share_cores(config.cpu_processes())
         started = bring_up(config, plugins, defer_graphs=defer_graphs)
         self.model, self.kv, self.graphs = started.model, started.kv, started.graphs
         self.eos_token_ids = started.eos_token_ids
