@@ -7,13 +7,13 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 from offload_fixtures import block, context, fake_kv, read, store_at
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.interfaces.offload import BlockStore
 from openinfer_offload.disk import HEADER, DiskStore
+
 
 def test_round_trip_and_restart(tmp_path: Path) -> None:
     store = store_at(tmp_path)
