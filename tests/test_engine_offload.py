@@ -5,6 +5,9 @@ leave no block, lease or stale entry behind."""
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +131,54 @@ def test_a_restarted_engine_serves_old_prefixes_from_disk(
     disk = {t.name: t for t in second.offload.stats().tiers}["disk"]  # type: ignore[union-attr]
     assert disk.hits == 36
     second.close()
+
+
+@pytest.mark.parametrize(("failing", "code"), [("w", errno.ENOSPC), ("r", errno.EIO)],
+                         ids=["writes-ENOSPC", "reads-EIO"])
+def test_a_failing_disk_turns_its_tier_off_and_serving_goes_on(
+        qwen3_dir: Path, tmp_path: Path, baseline: dict[int, list[list[int]]], failing: str,
+        code: int, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk full on every write, or EIO on every read of a disk a previous run filled: one
+    ERROR line, the tier off (its gauge 1), and every request gives the tokens it gives
+    without offload, from host memory or recomputed."""
+    from openinfer_core.engine.async_engine import AsyncEngine
+    from openinfer_offload import disk
+    from openinfer_server.metrics import ServerMetrics
+
+    batch = prompts(4, 150)
+    options: dict[str, object] = dict(kv_offload=("host", "disk"),
+                                      kv_offload_host_gib=gib(200, qwen3_dir),
+                                      kv_offload_disk_dir=str(tmp_path))
+    if failing == "r":  # a new engine's host memory is empty: every restore reads the disk
+        options = fill_disk(qwen3_dir, tmp_path, batch)
+    e = engine(qwen3_dir, **options)
+    real_open = open
+
+    def failing_open(path: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+        if failing in mode:
+            raise OSError(code, os.strerror(code), str(path))
+        return real_open(path, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(disk, "open", failing_open, raising=False)
+    with caplog.at_level(logging.WARNING, logger="openinfer.offload"):
+        tokens, _ = run_twice(e, batch)
+    assert tokens == expected(qwen3_dir, baseline, 0, batch)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and os.strerror(code) in errors[0], errors
+    tiers = {t.name: t for t in e.offload.stats().tiers}  # type: ignore[union-attr]
+    assert tiers["disk"].disabled and not tiers["host"].disabled
+    assert tiers["disk"].hits == 0 and tiers["disk"].used_blocks == 0
+    if failing == "w":
+        assert tiers["host"].hits == 36  # the tier above serves on
+    handle = AsyncEngine(e)
+    try:
+        text = ServerMetrics(handle, "m").render().decode()
+    finally:
+        handle.shutdown()
+    assert 'openinfer:kv_offload_tier_disabled{model_name="m",tier="disk"} 1.0' in text
+    assert 'openinfer:kv_offload_tier_disabled{model_name="m",tier="host"} 0.0' in text
+    assert e.kv.num_used_blocks == 0
+    e.close()
 
 
 @pytest.mark.parametrize("pieces", [offload.PIECES, SMALL_PIECES])

@@ -11,12 +11,15 @@ from engine_helpers import run_staggered
 from safetensors.torch import load_file, save_file
 
 from openinfer_core import LLM, Engine, EngineConfig, GenerateRequest, Rejected, SamplingParams
+from openinfer_core.engine.scheduler import FcfsScheduler
 from openinfer_core.errors import (
     InvalidParameterError,
     ModelConfigError,
     TokenizerError,
     WeightLoadError,
 )
+from openinfer_core.interfaces.scheduler import SchedulerConfig
+from openinfer_kvcache import PagedKVManager
 
 INDEX = "model.safetensors.index.json"
 
@@ -160,10 +163,9 @@ def test_invalid_requests() -> None:
 
 def test_requests_that_can_never_run_are_rejected_with_numbers(qwen3_dir: Path) -> None:
     engine = Engine(EngineConfig(model=str(qwen3_dir), device="cpu", max_model_len=64,
-                                 num_kv_blocks=4))
+                                 num_kv_blocks=5))
     requests = [
         GenerateRequest("too-long", tuple(range(60)), SamplingParams(max_tokens=10)),
-        GenerateRequest("too-big", tuple(range(40)), SamplingParams(max_tokens=20)),
         GenerateRequest("bad-id", (5, 10**7), SamplingParams(max_tokens=2)),
         GenerateRequest("fine", (1, 2, 3), SamplingParams(temperature=0, max_tokens=2)),
     ]
@@ -171,11 +173,19 @@ def test_requests_that_can_never_run_are_rejected_with_numbers(qwen3_dir: Path) 
     assert events["too-long"] == [Rejected("too-long", (
         "prompt (60 tokens) + max_tokens (10) = 70 exceeds the maximum model length of 64 "
         "tokens"))]
-    assert events["too-big"] == [Rejected("too-big", (
-        "request needs 4 KV blocks (60 tokens) but the whole KV cache holds 3 blocks of 16 "
-        "tokens"))]
     rejected = events["bad-id"]
     assert len(rejected) == 1 and isinstance(rejected[0], Rejected)
     assert "prompt token id 10000000 is out of range" in rejected[0].message
     assert len(events["fine"]) == 4  # Scheduled, 2 tokens, Finished
     assert engine.kv.num_used_blocks == 0
+
+
+def test_a_request_larger_than_the_whole_kv_cache_is_rejected() -> None:
+    """Start-up fits max_model_len to the cache (test_max_model_len_fit.py); the scheduler
+    still refuses, with numbers, a request that a KV manager cannot hold whole."""
+    scheduler = FcfsScheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64,
+                                              max_model_len=64), PagedKVManager(4, 16))
+    scheduler.add(GenerateRequest("too-big", tuple(range(40)), SamplingParams(max_tokens=20)))
+    assert scheduler.schedule().events == [Rejected("too-big", (
+        "request needs 4 KV blocks (60 tokens) but the whole KV cache holds 3 blocks of 16 "
+        "tokens"))]

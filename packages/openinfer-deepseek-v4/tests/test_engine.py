@@ -68,8 +68,8 @@ def tied(config, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-unt
 
 
 def engine(folder: Path, **kw: object) -> Engine:
-    return Engine(EngineConfig(model=str(folder), device="cpu", max_model_len=256,
-                               **kw))  # type: ignore[arg-type]
+    options: dict[str, object] = {"max_model_len": 256, **kw}
+    return Engine(EngineConfig(model=str(folder), device="cpu", **options))  # type: ignore[arg-type]
 
 
 def prompts(n: int, seed: int, lengths: tuple[int, int] = (1, 50)) -> list[tuple[int, ...]]:
@@ -136,7 +136,7 @@ def test_staggered_chunked_and_preempted_requests_match_one_at_a_time(  # type: 
     events = run_staggered(chunked, greedy_requests(batch, "c"), lambda i: 2 * i)
     assert [tokens(events[f"c{i}"]) for i in range(len(batch))] == alone
     # preemption: 12 blocks of 8 tokens hold about two requests at full length
-    tight = engine(folder, num_kv_blocks=13, block_size=8)
+    tight = engine(folder, num_kv_blocks=13, block_size=8, max_model_len=96)
     events = run_staggered(tight, greedy_requests(batch, "p"), lambda i: i // 2)
     assert tight.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
     assert [tokens(events[f"p{i}"]) for i in range(len(batch))] == alone
@@ -220,7 +220,7 @@ def test_offloaded_prefixes_come_back_with_the_same_tokens(folder: Path, weights
     """Every tensor of the layout (raw entries, projections, compressed entries) goes to host
     memory and back: a device cache of one request at a time keeps no prefix, the host does."""
     batch = prompts(3, 7, (45, 45))
-    eng = engine(folder, block_size=8, num_kv_blocks=9, kv_offload=("host",),
+    eng = engine(folder, block_size=8, num_kv_blocks=9, max_model_len=64, kv_offload=("host",),
                  kv_offload_host_gib=0.01)
     events = run_staggered(eng, greedy_requests([*batch, *batch], "o", n=6), lambda i: 40 * i)
     for i, prompt in enumerate(batch):

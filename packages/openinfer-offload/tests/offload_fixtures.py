@@ -1,14 +1,16 @@
-"""A stand-in device KV cache and tier context for the tier tests."""
+"""A stand-in device KV cache and tier context for the tier tests, and disk stores over it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.interfaces.offload import OffloadContext
+from openinfer_offload.disk import DiskStore
 
 NUM_BLOCKS = 12
 BLOCK_SHAPE = (4, 2, 8)  # tokens, heads, head dim
@@ -37,3 +39,22 @@ def context(kv: FakeKV, *, host_blocks: float = 8, disk_dir: Path | None = None,
         kv_offload_disk_dir=str(disk_dir) if disk_dir else None,
         kv_offload_disk_gib=disk_blocks * (block_bytes + 32) / (1 << 30))
     return OffloadContext(kv.tensors, BLOCK_SHAPE[0], fingerprint, config)
+
+
+def block_bytes() -> int:
+    return sum(t[0].nbytes for t in fake_kv().tensors)
+
+
+def block(seed: int) -> memoryview:
+    """One block's bytes, random from `seed`."""
+    return memoryview(np.random.default_rng(seed).integers(0, 256, block_bytes(),
+                                                           dtype=np.uint8))
+
+
+def store_at(root: Path, **kw: object) -> DiskStore:
+    return DiskStore(context(fake_kv(), disk_dir=root, **kw))  # type: ignore[arg-type]
+
+
+def read(store: DiskStore, key: int) -> bytes | None:
+    out = np.zeros(block_bytes(), dtype=np.uint8)
+    return out.tobytes() if store.get(key, memoryview(out)) else None

@@ -1,35 +1,18 @@
 """The disk store: round trips, a restart, files that are corrupt, torn, missing or foreign,
-the LRU bound, and a disk that will not take writes."""
+and the LRU bound. Directories it cannot write and disks that fail later: disk_failures.py."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
-from offload_fixtures import context, fake_kv
+from offload_fixtures import block, context, fake_kv, read, store_at
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.interfaces.offload import BlockStore
 from openinfer_offload.disk import HEADER, DiskStore
-
-BLOCK_BYTES = sum(t[0].nbytes for t in fake_kv().tensors)
-
-
-def block(seed: int) -> memoryview:
-    return memoryview(np.random.default_rng(seed).integers(0, 256, BLOCK_BYTES, dtype=np.uint8))
-
-
-def read(store: DiskStore, key: int) -> bytes | None:
-    out = np.zeros(BLOCK_BYTES, dtype=np.uint8)
-    return out.tobytes() if store.get(key, memoryview(out)) else None
-
-
-def store_at(root: Path, **kw: object) -> DiskStore:
-    return DiskStore(context(fake_kv(), disk_dir=root, **kw))  # type: ignore[arg-type]
 
 
 def test_round_trip_and_restart(tmp_path: Path) -> None:
@@ -95,6 +78,7 @@ def test_a_file_deleted_behind_its_back_is_a_miss(tmp_path: Path) -> None:
     files(tmp_path)[0].unlink()
     assert store.contains(5)  # the index cannot know
     assert read(store, 5) is None and not store.contains(5)
+    assert not store.stats().disabled  # a miss, not a failing disk
 
 
 def test_lru_bound_keeps_the_recently_read(tmp_path: Path) -> None:
@@ -115,41 +99,6 @@ def test_restart_keeps_the_lru_order_and_the_bound(tmp_path: Path) -> None:
         os.utime(files(tmp_path)[0].parent / f"{key:016x}.kv", (1000 + i, 1000 + i))
     again = store_at(tmp_path, disk_blocks=2)  # a smaller bound: the oldest two go
     assert [again.contains(k) for k in (1, 2, 3, 4)] == [False, False, True, True]
-
-
-@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
-def test_an_unwritable_disk_degrades_to_misses(tmp_path: Path, code: int,
-                                               caplog: pytest.LogCaptureFixture,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    store = store_at(tmp_path)
-    store.put(9, block(9))
-    real_open = open
-    reason = os.strerror(code)
-
-    def refuse(path, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
-        if "w" in mode:
-            raise OSError(code, reason)
-        return real_open(path, mode, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", refuse)
-    with caplog.at_level(logging.WARNING, logger="openinfer.offload"):
-        store.put(1, block(1))
-        store.put(2, block(2))
-    assert caplog.text.count(reason) == 1  # once per cause, not per block
-    assert not store.contains(1) and read(store, 1) is None
-    assert read(store, 9) == block(9).tobytes()  # reads go on
-    assert not list(tmp_path.rglob("*.tmp"))
-
-
-def test_a_directory_that_cannot_be_made_degrades_to_misses(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    with caplog.at_level(logging.WARNING, logger="openinfer.offload"):
-        store = store_at(blocker)
-        store.put(1, block(1))
-    assert not store.contains(1) and read(store, 1) is None
-    assert "cannot create" in caplog.text
 
 
 def test_disk_tier_needs_a_directory() -> None:

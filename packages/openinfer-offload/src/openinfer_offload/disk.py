@@ -4,8 +4,14 @@ by `kv_offload_disk_gib`, kept across restarts.
 A file is a 32-byte header (magic, format version, key, payload length, CRC-32 of the payload)
 and the block's bytes. It is written to a temporary name and renamed into place, so a reader
 never sees half a file under a real name; a file that fails any check on reading (torn, short,
-bit-flipped, another key) is deleted and counts as a miss. Writes that fail (disk full, read-only,
-permissions) are logged once per cause and dropped."""
+bit-flipped, another key) is deleted and counts as a miss, as is one deleted behind its back.
+
+At start the directory is probed by creating and removing a file in it: a directory that cannot
+be written (read-only, a regular file, under /proc, no permission) is a start-up error naming the
+path and the cause. Any other I/O error later (disk full, EIO on a write or a read) turns the
+tier off for the rest of the run, with one ERROR line and `TierStats.disabled` set (the
+`openinfer:kv_offload_tier_disabled` gauge): from then on it holds nothing and takes nothing,
+reads in flight are misses, and serving goes on from the tiers above it."""
 
 from __future__ import annotations
 
@@ -28,6 +34,27 @@ MAGIC = b"OIKV"
 VERSION = 1
 HEADER = struct.Struct("<4sIQQI4x")  # magic, version, key, payload bytes, crc32, padding
 SUFFIX = ".kv"
+PROBE = ".probe"
+
+
+def probe_directory(root: Path) -> None:
+    """Create `root` (and its parents) and a file in it, then remove the file; raises
+    `InvalidParameterError` naming the path and the cause when any of it fails."""
+    probe = root / f"{PROBE}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"\0")
+        probe.unlink()
+    except OSError as error:
+        cause = error.strerror or str(error) or type(error).__name__
+        code = errno.errorcode.get(error.errno or 0)
+        where = f"{error.filename}: " if error.filename and str(error.filename) != str(root) \
+            else ""
+        raise InvalidParameterError("kv_offload_disk_dir", (
+            f"the KV disk tier cannot write in {root}: {where}{cause}"
+            + (f" ({code})" if code else "") + "; give --kv-offload-disk-dir a writable "
+            "directory, or leave disk out of --kv-offload")) from None
 
 
 class DiskStore:
@@ -50,13 +77,10 @@ class DiskStore:
                 f"{self.file_bytes / (1 << 20):.2f} MiB"))
         self._lock = threading.Lock()
         self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self._warned: set[str] = set()
+        self.disabled = False  # set once, by the first I/O error after start
         self.hits = self.saved = 0
         self.bytes_in = self.bytes_out = 0
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            self._warn(error, "cannot create the KV disk tier's directory")
+        probe_directory(self.root)
         self._scan()
 
     def _path(self, key: int) -> Path:
@@ -66,8 +90,6 @@ class DiskStore:
     def _scan(self) -> None:
         """Rebuild the index from the files a previous run left, oldest use first."""
         found: list[tuple[float, int]] = []
-        if not self.root.is_dir():
-            return
         for path in self.root.glob(f"??/*{SUFFIX}*"):
             try:
                 if path.suffix != SUFFIX:  # a temporary file a crash left behind
@@ -92,38 +114,44 @@ class DiskStore:
             return key in self._lru
 
     def put(self, key: int, data: memoryview) -> None:
-        if self.contains(key):
+        if self.disabled or self.contains(key):
             return
         path = self._path(key)
         tmp = path.with_suffix(f"{SUFFIX}.{threading.get_ident()}.tmp")
         header = HEADER.pack(MAGIC, VERSION, key, len(data), zlib.crc32(data))
         try:
-            path.parent.mkdir(exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(header)
                 f.write(data)
             os.replace(tmp, path)
         except OSError as error:
-            self._warn(error, "cannot write a KV block to disk; blocks that do not fit are "
-                              "recomputed")
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            self._disable("writing", path, error)
             return
         with self._lock:
+            if self.disabled:
+                return
             self._lru[key] = None
             self.saved += 1
             self.bytes_in += self.file_bytes
             self._evict()
 
     def get(self, key: int, out: memoryview) -> bool:
+        if self.disabled:
+            return False
         path = self._path(key)
         try:
             with open(path, "rb") as f:
                 header = f.read(HEADER.size)
                 got = f.readinto(out)
                 extra = f.read(1)
-        except OSError:
+        except FileNotFoundError:  # deleted behind its back: a miss
             self._forget(key)
+            return False
+        except OSError as error:
+            self._disable("reading", path, error)
             return False
         if len(header) != HEADER.size or got != len(out) or extra:
             return self._reject(key, path, "has the wrong size")
@@ -144,7 +172,7 @@ class DiskStore:
     def stats(self) -> TierStats:
         with self._lock:
             return TierStats(self.name, self.hits, self.saved, self.bytes_in, self.bytes_out,
-                             len(self._lru), self.capacity_blocks)
+                             len(self._lru), self.capacity_blocks, self.disabled)
 
     def close(self) -> None:
         pass
@@ -168,8 +196,14 @@ class DiskStore:
             path.unlink()
         return False
 
-    def _warn(self, error: OSError, what: str) -> None:
-        cause = errno.errorcode.get(error.errno or 0, type(error).__name__)
-        if cause not in self._warned:
-            self._warned.add(cause)
-            log.warning("KV disk tier %s: %s (%s)", self.root, what, error)
+    def _disable(self, doing: str, path: Path, error: OSError) -> None:
+        """Turn the tier off for the rest of the run: one ERROR line (the first failure of
+        any I/O thread), the index emptied (the files stay for a later run)."""
+        with self._lock:
+            if self.disabled:
+                return
+            self.disabled = True
+            self._lru.clear()
+        log.error("KV disk tier %s turned off for the rest of the run: %s %s failed (%s); "
+                  "serving goes on from host memory, the blocks it held are recomputed",
+                  self.root, doing, path, error)

@@ -136,7 +136,7 @@ class _EngineLoadCollector(Collector):
     def _offload(self, labels: list[str],
                  series: list[tuple[list[str], OffloadStats]]) -> Iterator[Metric]:
         """Per tier (label `tier`): blocks restored from it, blocks saved to it, bytes in and
-        out, blocks held; and the restores' latency."""
+        out, blocks held, whether it turned itself off; and the restores' latency."""
         tier_labels = [*labels, "tier"]
         per_tier = [
             ("openinfer:kv_offload_hits", "KV blocks restored from the tier.", "hits"),
@@ -156,6 +156,13 @@ class _EngineLoadCollector(Collector):
             for tier in stats.tiers:
                 used.add_metric([*values, tier.name], float(tier.used_blocks))
         yield used
+        disabled = GaugeMetricFamily("openinfer:kv_offload_tier_disabled",
+                                     "1 once the tier turned itself off after an I/O error "
+                                     "(a full or failing disk), else 0.", labels=tier_labels)
+        for values, stats in series:
+            for tier in stats.tiers:
+                disabled.add_metric([*values, tier.name], float(tier.disabled))
+        yield disabled
         restored = CounterMetricFamily("openinfer:kv_offload_restored_tokens",
                                        "Prompt tokens whose KV came back from a tier.",
                                        labels=labels)

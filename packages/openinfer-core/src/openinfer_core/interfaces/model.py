@@ -143,6 +143,9 @@ class Model(Protocol):
     `interfaces.capabilities`; the engine checks them with the `supports_*` helpers there."""
 
     vocab_size: int
+    # Start-up may lower it once the KV cache is allocated, to what the cache holds
+    # (startup/memory_budget.py, fit_max_model_len): a model serves a shorter length than it
+    # was loaded for (its position tables are then longer than needed).
     max_model_len: int
     device: torch.device
 

@@ -50,7 +50,8 @@ class OffloadContext:
 @dataclass(frozen=True, slots=True)
 class TierStats:
     """Running totals of one tier, in blocks and bytes: `hits` blocks were restored from it,
-    `saved` written to it, `bytes_in` / `bytes_out` moved into / out of it."""
+    `saved` written to it, `bytes_in` / `bytes_out` moved into / out of it. `disabled`: the
+    tier turned itself off after an I/O error (a full or failing disk) and serves nothing."""
 
     name: str
     hits: int = 0
@@ -59,6 +60,7 @@ class TierStats:
     bytes_out: int = 0
     used_blocks: int = 0
     capacity_blocks: int = 0
+    disabled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ answers /health with 503 and stops, as it does when its one engine dies."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -90,7 +91,11 @@ class ReplicaRouter:
     # -- EngineHandle ----------------------------------------------------------------------
     @property
     def model_info(self) -> ModelInfo:
-        return self.replicas[0].model_info  # every replica serves the same model
+        """Replica 0's, with the shortest `max_model_len` of any: every replica serves the
+        same model, but each may have lowered the length to fit its own KV cache."""
+        info = self.replicas[0].model_info
+        shortest = min(r.model_info.max_model_len for r in self.replicas)
+        return dataclasses.replace(info, max_model_len=shortest)
 
     @property
     def dead(self) -> str | None:

@@ -4,7 +4,8 @@
 2. on a cold start, compile ahead, in one round, every kernel start-up will run
    (compile_plan.py, compile_round.py, through the registered kernel_compilers.py);
 3. measure (or read back, measurement_cache.py) what a step needs, and give the KV cache what
-   is left (memory_budget.py);
+   is left (memory_budget.py); `max_model_len` is lowered to what it holds, or the start
+   refused, when it cannot hold one sequence;
 4. build the KV offload tiers and warm up the sampler's kernels;
 5. capture the CUDA graphs a start needs (engine/cuda_graphs.py; with `defer_graphs` the rest
    are left to the engine's idle time) and warm up the eager step shapes (eager_warmup.py);
@@ -36,7 +37,13 @@ from openinfer_core.startup.compile_round import compile_start_kernels
 from openinfer_core.startup.eager_warmup import warm_up_eager_steps
 from openinfer_core.startup.host_memory import resident_mb
 from openinfer_core.startup.kernel_compilers import KernelCompilers
-from openinfer_core.startup.memory_budget import StepMemory, kv_blocks, profile_key, step_memory
+from openinfer_core.startup.memory_budget import (
+    StepMemory,
+    fit_max_model_len,
+    kv_blocks,
+    profile_key,
+    step_memory,
+)
 from openinfer_core.startup.model_loader import load_model
 
 log = logging.getLogger("openinfer")
@@ -95,6 +102,7 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
 def _allocate_kv(config: EngineConfig, model: Model, step: StepMemory | None) -> KVManager:
     kv = model.create_kv_cache(kv_blocks(config, model, model.device, step), config.block_size)
     kv.enable_prefix_caching = config.enable_prefix_caching
+    fit_max_model_len(config, model, kv)
     log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
              kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
              "on" if config.enable_prefix_caching else "off")

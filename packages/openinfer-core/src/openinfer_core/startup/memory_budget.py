@@ -7,7 +7,11 @@ its peak allocation is what activations need. The sampler's working copies of th
 CUDA graphs' shared logits output and their memory pool are added on top.
 
 The peak is kept in the start-up cache (measurement_cache.py): a later start of the same model,
-limits, dtype and device reads it back, with a margin, and skips the forward."""
+limits, dtype and device reads it back, with a margin, and skips the forward.
+
+A KV cache too small for one sequence of `max_model_len` tokens lowers `max_model_len` to what
+it holds, with a warning, when the user left it to the model; when they set it, the start is
+refused with what to change (as vLLM does)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import supports_cuda_graphs
+from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import HostBatch, Model
 from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.startup import measurement_cache
@@ -156,3 +161,41 @@ def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
             "max_model_len or raise gpu_memory_utilization / cpu_kv_cache_gib"
         )
     return blocks
+
+
+def fit_max_model_len(config: EngineConfig, model: Model, kv: KVManager) -> None:
+    """Make one sequence of `model.max_model_len` tokens fit the KV cache `kv`: lower
+    `model.max_model_len` to the tokens `kv` holds (with a WARNING naming both) when
+    `config.max_model_len` was left to the model; raise `ModelConfigError` saying what to
+    change when the user set it. Mutates `model.max_model_len`."""
+    block = kv.block_size
+    holds = kv.num_total_blocks * block
+    wanted = model.max_model_len
+    if wanted <= holds:
+        return
+    need = -(-wanted // block)
+    more = _more_kv_memory(config, model.device, need + 1)
+    if config.max_model_len is None and holds >= 2:
+        log.warning(
+            "max_model_len lowered from %d (the model's) to %d tokens: the KV cache holds %d "
+            "blocks of %d tokens, one sequence of %d tokens needs %d. For the full length, "
+            "give the KV cache more memory (%s)", wanted, holds, kv.num_total_blocks, block,
+            wanted, need, more)
+        model.max_model_len = holds
+        return
+    raise ModelConfigError(
+        f"max_model_len {wanted} does not fit the KV cache: one sequence of {wanted} tokens "
+        f"needs {need} blocks of {block} tokens, the cache holds {kv.num_total_blocks} "
+        f"({holds} tokens). Lower --max-model-len to {holds} or less, or give the KV cache "
+        f"more memory ({more})")
+
+
+def _more_kv_memory(config: EngineConfig, device: torch.device, blocks: int) -> str:
+    """The settings that give the KV cache `blocks` blocks (padding included), or more."""
+    if config.num_kv_blocks is not None:
+        return f"--num-kv-blocks {blocks} or more, now {config.num_kv_blocks}"
+    if device.type == "cuda":
+        return (f"a higher --gpu-memory-utilization, now {config.gpu_memory_utilization}; "
+                "or a smaller step: --max-num-batched-tokens, --max-num-seqs")
+    return (f"EngineConfig.cpu_kv_cache_gib above {config.cpu_kv_cache_gib}, or "
+            f"--num-kv-blocks {blocks}")
