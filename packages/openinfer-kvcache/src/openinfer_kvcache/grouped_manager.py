@@ -90,7 +90,8 @@ class GroupedKVManager:
 
     def group_usage(self) -> tuple[KVGroupUsage, ...]:
         return tuple(KVGroupUsage(g.name, p.num_usable, p.num_usable - p.num_free, p.num_free,
-                                  p.num_cached) for g, p in zip(self.groups, self.pools))
+                                  p.num_cached)
+                     for g, p in zip(self.groups, self.pools, strict=True))
 
     # -- the request's life ------------------------------------------------------------------
     def computed_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
@@ -105,14 +106,14 @@ class GroupedKVManager:
         # At least one token must be computed: the step needs its logits to sample.
         for key in iter_block_hashes(token_ids, self.block_size, stop=len(token_ids) - 1):
             blocks = [pool.lookup(key) for pool in self.pools]
-            if any(b is None for b, g in zip(blocks, self.groups) if g.is_full):
+            if any(b is None for b, g in zip(blocks, self.groups, strict=True) if g.is_full):
                 break
             hashes.append(key)
-            for column, b in zip(found, blocks):
+            for column, b in zip(found, blocks, strict=True):
                 column.append(b)
         num_hit = self._longest_hit(found, len(hashes))
         live = self._live_from[request_id]
-        for g, (table, column, pool) in enumerate(zip(tables, found, self.pools)):
+        for g, (table, column, pool) in enumerate(zip(tables, found, self.pools, strict=True)):
             live[g] = self._first_live(g, num_hit * self.block_size)
             # `_longest_hit` checked that none of these is None.
             attached = [b for b in column[live[g]:num_hit] if b is not None]
@@ -146,7 +147,7 @@ class GroupedKVManager:
         if any(missing > pool.num_free for pool in self.pools):
             return False
         if missing > 0:
-            for table, pool in zip(tables, self.pools):
+            for table, pool in zip(tables, self.pools, strict=True):
                 table.extend(pool.allocate(missing))
         if (stats := self._pending_stats.pop(request_id, None)) is not None:
             self._queries += stats[0]
@@ -181,7 +182,7 @@ class GroupedKVManager:
                                 parent_hash=hashes[-1] if hashes else ROOT_PARENT_HASH)
         for i, key in enumerate(new, start):
             hashes.append(key)
-            for g, (table, pool) in enumerate(zip(tables, self.pools)):
+            for g, (table, pool) in enumerate(zip(tables, self.pools, strict=True)):
                 # A window group gives back only blocks sealed first, so table[i] is a block.
                 # False when another request cached the same KV first; this copy stays
                 # private.
@@ -219,7 +220,9 @@ class GroupedKVManager:
         self._pending_stats.pop(request_id, None)
         self._live_from.pop(request_id, None)
         tables = self._tables.pop(request_id, None)
-        for table, pool in zip(tables or (), self.pools):
+        if tables is None:
+            return
+        for table, pool in zip(tables, self.pools, strict=True):
             # Tail first, so the start of a prefix stays cached longest.
             pool.free(b for b in reversed(table) if b != PADDING_BLOCK)
 
