@@ -17,6 +17,46 @@ class PrefixCacheStats:
     hits: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class KVGroupSpec:
+    """One KV group: data a model keeps per token in its own block pool, with its own block
+    table per request. Every group of a manager has the same block size and the same token
+    positions: block i of each group holds tokens [i * block_size, (i + 1) * block_size).
+
+    `horizon` None: a full group, every computed token stays readable. An int h >= 0: a window
+    group, a token at position p reads the group's entries at positions [p - h, p] only (its
+    own and the h before it), so after n computed tokens the request needs [n - h, n) alone
+    and the blocks before it are given back. A window of W tokens that includes the reading
+    token is horizon W - 1."""
+
+    name: str
+    horizon: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a KV group needs a name")
+        if self.horizon is not None and self.horizon < 0:
+            raise ValueError(f"KV group {self.name!r}: horizon must be None (full) or >= 0, "
+                             f"got {self.horizon}")
+
+    @property
+    def is_full(self) -> bool:
+        return self.horizon is None
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroupUsage:
+    """One group's pool, in blocks (the padding block excluded): `used` held by requests,
+    `free` can be handed out (`cached` ones among them evictable), `cached` findable by a
+    prefix hash, held or free."""
+
+    name: str
+    total: int
+    used: int
+    free: int
+    cached: int
+
+
 @runtime_checkable
 class KVManager(Protocol):
     """Logical bookkeeping of a paged KV cache. Block 0 is reserved (padding) and never handed
@@ -80,6 +120,30 @@ class KVManager(Protocol):
         """Release every block of the request (unknown ids are ignored). Cached blocks stay
         findable until reused. `token_ids` is unused: only `cache_blocks` caches, since only
         the scheduler knows which tokens have KV (the last sampled token has none yet)."""
+        ...
+
+
+@runtime_checkable
+class GroupedKV(KVManager, Protocol):
+    """A `KVManager` whose requests hold one block table per `KVGroupSpec` (`groups`, in the
+    model's order), each group in its own pool. The `KVManager` methods keep their meaning and
+    speak of the first full group (`block_ids`, the block counts, the prefix cache's hits);
+    `allocate` is all or nothing across every group; `cache_blocks` also gives back a window
+    group's blocks no later step reads; a prefix hit of n tokens needs, in each window group,
+    the blocks covering [n - horizon, n) still cached, and is cut short where they are not.
+
+    A window group's table stays indexed by block position: entries of blocks given back, or
+    not attached on a prefix hit, are the padding block 0. Such an entry is never read: a
+    token reads only its group's horizon."""
+
+    groups: tuple[KVGroupSpec, ...]
+
+    def group_block_ids(self, request_id: str) -> tuple[Sequence[int], ...]:
+        """The request's table in every group, in `groups` order, all the same length. Pure."""
+        ...
+
+    def group_usage(self) -> tuple[KVGroupUsage, ...]:
+        """Each group's pool, in `groups` order. Pure."""
         ...
 
 

@@ -1,0 +1,37 @@
+"""How many blocks a window group's pool needs so that it never refuses a step the full
+group accepts."""
+
+from __future__ import annotations
+
+
+def window_pool_blocks(horizon: int, block_size: int, max_num_seqs: int,
+                       max_num_batched_tokens: int) -> int:
+    """The smallest pool size (`num_blocks`, the padding block included) with which a window
+    group of `horizon` never refuses an `allocate`, under the scheduler's limits: at most
+    `max_num_seqs` rows a step, `max_num_batched_tokens` new tokens in all.
+
+    Why it is enough. The scheduler allocates a step after the last step's `cache_blocks`
+    told the manager each running request's `c` computed tokens, which gave back the blocks
+    before position c - horizon. A row of k new tokens thus holds the blocks of positions
+    [c - horizon, c + k): its new tokens' entries are all written this step, and each reads
+    `horizon` before it. L = horizon + k positions touch at most (L - 2) // block_size + 2
+    blocks (when the first one sits at a block's last slot). Summed over the rows, that is
+    largest with as many rows as allowed, one token each, then the rest of the budget spent
+    where it crosses the next block boundary soonest: a row's first extra block costs
+    `first` more tokens, each later one `block_size`. A prefix hit attaches no more than the
+    same row would hold, and blocks given back to the pool stay evictable, so cached
+    window tails never refuse an allocation; they are what a pool larger than this keeps
+    for prefix hits under load.
+
+    Not sized here: a step launched before the previous one's `cache_blocks` (the engine
+    never does this) would hold one step more."""
+    if min(block_size, max_num_seqs, max_num_batched_tokens) < 1 or horizon < 0:
+        raise ValueError(f"window_pool_blocks({horizon}, {block_size}, {max_num_seqs}, "
+                         f"{max_num_batched_tokens}): horizon must be >= 0, the rest >= 1")
+    rows = min(max_num_seqs, max_num_batched_tokens)
+    blocks = rows * ((horizon - 1) // block_size + 2)  # every row with one new token
+    extra = max_num_batched_tokens - rows
+    first = block_size - (horizon - 1) % block_size
+    crossings = min(rows, extra // first)
+    blocks += crossings + (extra - crossings * first) // block_size
+    return blocks + 1  # the padding block
