@@ -1,4 +1,5 @@
-"""What clients see when the engine refuses or fails: a scripted EngineHandle behind the app."""
+"""What clients see when the engine refuses, fails or dies: a scripted EngineHandle behind the
+app."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+from live_server import error_of
 
 from openinfer_core.events import (
     Error,
@@ -33,6 +35,7 @@ class ScriptedEngine:
         self.script = script
         self.aborted: list[str] = []
         self.closed_early: list[str] = []
+        self.died: str | None = None  # what `dead` reports
 
     @property
     def model_info(self) -> ModelInfo:
@@ -40,7 +43,7 @@ class ScriptedEngine:
 
     @property
     def dead(self) -> str | None:
-        return None
+        return self.died
 
     def load(self) -> LoadSnapshot:
         return LoadSnapshot(0, 0, 0, 100)
@@ -68,13 +71,16 @@ def _tokens(request: GenerateRequest, ids: list[int]) -> list[TokenEvent]:
 
 
 def _call(engine: ScriptedEngine, tokenizer: Tokenizer, path: str,
-          body: dict[str, Any]) -> httpx.Response:
+          body: dict[str, Any] | None) -> httpx.Response:
+    """POST `body` to `path` (GET without a body)."""
     assert isinstance(engine, EngineHandle)
     app = build_app(engine, tokenizer, served_model_names=["m"])
 
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            if body is None:
+                return await client.get(path)
             return await client.post(path, json=body)
 
     return asyncio.run(go())
@@ -136,3 +142,45 @@ def test_broken_event_order_is_500(tokenizer: Tokenizer) -> None:
         engine = ScriptedEngine(lambda r, s=script: list(s))  # type: ignore[misc]
         r = _call(engine, tokenizer, "/v1/completions", BODY)
         assert r.status_code == 500 and "event order" in r.json()["error"]["message"]
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def test_a_dead_engine_is_503_with_retry_after(tokenizer: Tokenizer) -> None:
+    engine = ScriptedEngine(lambda r: [*_tokens(r, [9707]), Finished(
+        r.request_id, FinishReason.LENGTH, len(r.prompt_token_ids), 1)])
+    engine.died = "the engine process died"
+    for path, body in (("/v1/completions", BODY), ("/v1/chat/completions", CHAT),
+                       ("/health", None)):
+        for stream in (False, True):
+            if body is None and stream:
+                continue
+            r = _call(engine, tokenizer, path, None if body is None else {**body,
+                                                                          "stream": stream})
+            err = error_of(r, 503)
+            assert (err["code"], err["type"]) == ("engine_dead", "server_error")
+            assert "the engine process died" in err["message"]
+            assert r.headers["retry-after"] == "5"
+    assert engine.closed_early == engine.aborted == []  # refused before reaching the engine
+    # What does not need the engine still answers.
+    assert _call(engine, tokenizer, "/tokenize", {"prompt": "Hello"}).status_code == 200
+
+
+def test_death_mid_request_is_503_or_an_error_event(tokenizer: Tokenizer) -> None:
+    engine = ScriptedEngine(lambda r: [])
+
+    def dies(r: GenerateRequest) -> list[TokenEvent]:
+        engine.died = "the engine process died"  # as the client marks it before failing all
+        return [*_tokens(r, [9707]), Error(r.request_id, engine.died)]
+
+    engine.script = dies
+    r = _call(engine, tokenizer, "/v1/chat/completions", CHAT)
+    assert error_of(r, 503)["code"] == "engine_dead"
+    assert r.headers["retry-after"] == "5"
+    engine.died = None
+    r = _call(engine, tokenizer, "/v1/completions", {**BODY, "stream": True})
+    assert r.status_code == 200
+    events = [line.removeprefix("data: ") for line in r.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "engine_dead"

@@ -15,7 +15,7 @@ from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server import chat, completions, tokenization
 from openinfer_server.auth import APIKeyMiddleware
 from openinfer_server.chat_output import ChatParsers
-from openinfer_server.errors import APIError, install_error_handlers
+from openinfer_server.errors import install_error_handlers
 from openinfer_server.metrics import CONTENT_TYPE, ServerMetrics
 from openinfer_server.request_id import RequestIdMiddleware
 from openinfer_server.state import ServerState, StateDep
@@ -74,11 +74,8 @@ def _add_info_routes(app: fastapi.FastAPI) -> None:
 
     @app.get("/health")
     async def health(state: StateDep) -> Response:
-        dead = state.engine.dead
-        if dead is not None:
-            return APIError(503, f"the engine is not serving: {dead}",
-                            code="engine_dead").response()
-        return Response(status_code=200)
+        unavailable = state.unavailable()  # the engine died, or shutdown began
+        return Response(status_code=200) if unavailable is None else unavailable.response()
 
     @app.get("/version")
     async def version() -> dict[str, str]:

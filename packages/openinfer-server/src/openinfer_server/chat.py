@@ -35,6 +35,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "too
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: StateDep) -> Response:
     state.check_model(body.model)
+    state.check_serving()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     plan = chat_plan(body, state)
     prompt = chat_prompt(body, state.tokenizer)
@@ -45,7 +46,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                             parsing=state.parsers.for_request(body.tools, body.tool_choice,
                                                               prompt.text))
     return await respond(request, runs, renderer, n=plan.n, stream=body.stream,
-                         include_usage=body.include_usage)
+                         include_usage=body.include_usage, shutdown=state.shutdown)
 
 
 def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:

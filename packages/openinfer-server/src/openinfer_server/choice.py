@@ -24,6 +24,7 @@ from openinfer_core.request import GenerateRequest
 from openinfer_core.text.detokenizer import IncrementalDetokenizer
 from openinfer_core.text.stop_strings import StopStringMatcher
 from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.availability import engine_dead
 from openinfer_server.errors import APIError
 from openinfer_server.logprobs import TokenLogprob
 from openinfer_server.metrics import ServerMetrics
@@ -110,7 +111,7 @@ class ChoiceRun:
 
     async def start(self) -> None:
         """Submit the request; return once it is scheduled. Raises APIError if the engine
-        rejects it (400) or fails (500)."""
+        rejects it (400), fails (500) or has died (503)."""
         self._submitted = True
         event = await anext(self._events, None)
         if not isinstance(event, Scheduled):
@@ -222,6 +223,9 @@ class ChoiceRun:
         if isinstance(event, Rejected):
             raise APIError(400, event.message)
         if isinstance(event, Error):
+            dead = self._engine.dead
+            if dead is not None:  # not this request's doing: a 503, as for new requests
+                raise engine_dead(dead)
             raise APIError(500, f"the engine failed on this request: {event.message}")
         raise APIError(500, f"the engine broke its event order: got {event!r} "
                             f"for request {self.request.request_id}")

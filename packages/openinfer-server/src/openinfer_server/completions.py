@@ -34,6 +34,7 @@ DEFAULT_MAX_TOKENS = 16
 async def create_completion(body: CompletionRequest, request: Request,
                             state: StateDep) -> Response:
     state.check_model(body.model)
+    state.check_serving()
     request_id = f"cmpl-{uuid.uuid4().hex}"
     plan = completion_plan(body, state)
     prompts = completion_prompts(body.prompt, state.tokenizer,
@@ -43,7 +44,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     renderer = CompletionRenderer(request_id, state.model_name, names,
                                   logprobs=body.logprobs is not None)
     return await respond(request, runs, renderer, n=plan.n, stream=body.stream,
-                         include_usage=body.include_usage)
+                         include_usage=body.include_usage, shutdown=state.shutdown)
 
 
 def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:

@@ -4,6 +4,7 @@ failure a client can cause (and the few it cannot)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,13 +33,15 @@ class APIError(Exception):
     """A request failed in a way the client should hear about, with this status."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, type: str | None = None) -> None:
+                 code: str | None = None, type: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.headers = dict(headers or {})  # e.g. a 503's Retry-After
 
     @classmethod
     def invalid(cls, err: InvalidParameterError) -> APIError:
@@ -48,7 +51,7 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None,

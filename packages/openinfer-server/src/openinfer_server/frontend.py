@@ -9,13 +9,17 @@ its own router, whose prefix map is its own: a conversation's turns that reach d
 frontends may land on different replicas).
 
 Failure: if the engine (or one replica) dies, every open request of it ends with an error,
-/health answers 503, and the frontend stops after `DEATH_GRACE_S` with exit code 1 (the
-other replicas' requests may finish while uvicorn drains). SIGTERM or Ctrl-C stop accepting
-connections and let in-flight requests finish for up to `--shutdown-timeout`, then exit 0."""
+/health and every new generation request answer 503 with Retry-After, and the frontend stops
+after `DEATH_GRACE_S` with exit code 1 (the other replicas' requests may finish while uvicorn
+drains). SIGTERM or Ctrl-C stop accepting connections (a request that still reaches the app
+gets a 503) and let in-flight requests finish for up to `--shutdown-timeout`; then the
+responses still open end at once, a stream with an error event ("server shutting down") and
+[DONE], a non-streamed request with a 503, their engine requests aborted; exit code 0."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import multiprocessing
@@ -39,6 +43,7 @@ from openinfer_core.handle import EngineHandle
 from openinfer_core.interfaces.chat import ChatEncoderFactory
 from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess, ReplicaRouter
 from openinfer_core.registry import import_target
+from openinfer_server.availability import SHUTTING_DOWN, Shutdown
 from openinfer_server.parser_choice import ParserChoice
 
 if TYPE_CHECKING:  # imported when read (jinja2 and the tokenizers), beside the engine's start
@@ -47,6 +52,7 @@ if TYPE_CHECKING:  # imported when read (jinja2 and the tokenizers), beside the 
 log = logging.getLogger("openinfer.server")
 
 DEATH_GRACE_S = 3.0  # after the engine died: time for error responses and a 503 /health
+FINAL_WORDS_S = 2.0  # after the shutdown deadline: time for the last error events and 503s
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,16 +70,36 @@ class Frontend:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, reporting the URL it listens on once its socket is bound."""
+    """uvicorn's server, reporting the URL it listens on once its socket is bound. Its
+    shutdown refuses new requests at once and, `drain_s` later, ends the responses still
+    open with a word to their clients (availability.py) rather than uvicorn's cancelling."""
 
-    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None]) -> None:
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[str], None],
+                 requests: Shutdown, drain_s: float) -> None:
         super().__init__(config)
         self._on_ready = on_ready
+        self._requests = requests
+        self._drain_s = drain_s
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started:
             self._on_ready(_bound_url(self, self.config))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._requests.begin()
+        deadline = asyncio.get_running_loop().call_later(self._drain_s, self._end_requests)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            deadline.cancel()
+
+    def _end_requests(self) -> None:
+        if self._requests.open_responses:
+            log.warning("shutdown: %d response(s) still open after --shutdown-timeout %g s; "
+                        "ending them with \"%s\"", self._requests.open_responses,
+                        self._drain_s, SHUTTING_DOWN)
+        self._requests.end()
 
 
 def _bound_url(server: uvicorn.Server, config: uvicorn.Config) -> str:
@@ -188,15 +214,16 @@ def _build_server(frontend: Frontend, engine: EngineHandle) -> _Server:
                     parsers=ChatParsers.from_names(get_plugin_manager().registries,
                                                    frontend.parsers.tool,
                                                    frontend.parsers.reasoning))
+    # uvicorn cancels what is left FINAL_WORDS_S after our own deadline has ended it.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout + FINAL_WORDS_S)
 
     def on_ready(url: str) -> None:
         log.info("ready in %.2f s: %s (model %s)", time.perf_counter() - frontend.started, url,
                  frontend.served_names[0])
 
-    return _Server(config, on_ready)
+    return _Server(config, on_ready, app.state.openinfer.shutdown, args.shutdown_timeout)
 
 
 # -- several frontends -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from fastapi import Request
 from starlette.responses import JSONResponse, Response
 
+from openinfer_server.availability import Shutdown
 from openinfer_server.choice import ChoiceDelta, ChoiceRun, PromptScores
 from openinfer_server.errors import APIError
 from openinfer_server.logprobs import TokenLogprob
@@ -68,22 +69,23 @@ def usage(runs: Sequence[ChoiceRun], n: int) -> dict[str, Any]:
 
 
 async def respond(request: Request, runs: list[ChoiceRun], renderer: Renderer, *, n: int,
-                  stream: bool, include_usage: bool) -> Response:
+                  stream: bool, include_usage: bool, shutdown: Shutdown) -> Response:
     """Submit every run, then answer: JSON once all are done, or an event stream.
-    Whatever happens (errors, the client leaving), no engine request outlives this."""
+    Whatever happens (errors, the client leaving, the shutdown deadline), no engine request
+    outlives this."""
     handed_off = False
     try:
         try:
-            await until_disconnected(request, _start_all(runs))
+            await until_disconnected(request, _start_all(runs), shutdown=shutdown)
             if not stream:
-                choices = await until_disconnected(request, _collect(runs))
+                choices = await until_disconnected(request, _collect(runs), shutdown=shutdown)
                 return JSONResponse(renderer.response(choices, usage(runs, n)))
         except ClientGone:
             return Response(status_code=499)
         handed_off = True
         # on_close: the stream may be closed before it ever started (client already gone).
         return EventStreamResponse(_event_stream(runs, renderer, n, include_usage),
-                                   on_close=lambda: _close_all(runs))
+                                   on_close=lambda: _close_all(runs), shutdown=shutdown)
     finally:
         if not handed_off:
             await _close_all(runs)

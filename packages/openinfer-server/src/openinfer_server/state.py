@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server.availability import Shutdown, engine_dead, shutting_down
 from openinfer_server.chat_output import ChatParsers
 from openinfer_server.errors import APIError
 from openinfer_server.metrics import ServerMetrics
@@ -28,6 +29,8 @@ class ServerState:
     sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
     # --tool-call-parser / --reasoning-parser, resolved (chat_output.py applies them).
     parsers: ChatParsers = field(default_factory=ChatParsers)
+    # Begun and ended by the frontend process on SIGTERM (frontend.py).
+    shutdown: Shutdown = field(default_factory=Shutdown)
 
     @property
     def model_name(self) -> str:
@@ -41,6 +44,22 @@ class ServerState:
                 404, f"The model `{model}` does not exist. This server serves "
                 f"{', '.join(repr(n) for n in self.served_model_names)}.",
                 param="model", code="model_not_found")
+
+
+    def unavailable(self) -> APIError | None:
+        """The 503 (with Retry-After) for any request that needs the engine, from the moment
+        the engine is found dead or shutdown begins until the process exits; None while
+        serving."""
+        dead = self.engine.dead
+        if dead is not None:
+            return engine_dead(dead)
+        return shutting_down() if self.shutdown.begun else None
+
+    def check_serving(self) -> None:
+        """Raise `unavailable()`'s 503, if any."""
+        error = self.unavailable()
+        if error is not None:
+            raise error
 
 
 def get_state(request: Request) -> ServerState:
