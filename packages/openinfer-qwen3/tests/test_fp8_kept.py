@@ -20,9 +20,9 @@ import pytest
 import torch
 from fp8_checkpoints import GREEDY, PROMPTS, SPECS, write_pair
 
+import openinfer_kernels.fp8_linear.dynamic as dynamic
 import openinfer_qwen3.fp8_weights as fp8_weights
 import openinfer_qwen3.linears as linears
-import openinfer_kernels.fp8_linear.dynamic as dynamic
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.events import PromptLogprobs
 from openinfer_core.testing import run_staggered, tokens_of
@@ -201,7 +201,8 @@ def test_w8a8_prefill_stays_near_the_dequantized_model(
     assert {(m, path) for m, _, _, path in CALLS} == {(len(PROMPT), "w8a8"), (1, "weight-only")}
     monkeypatch.setattr(linears, "fp8_dynamic_linear", fp8_dynamic_linear)
     reference = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
-    torch.testing.assert_close(got, reference, rtol=0, atol=1e-3)
+    # The kernels' fp32 sums in another order (compiled: FP8 MMA sums of ~14 bits a step).
+    torch.testing.assert_close(got, reference, rtol=0, atol=2e-2 if ON_GPU else 1e-3)
     drift = (got - want).abs() / want.abs().mean()
     assert drift.max() <= W8A8_DRIFT["max"] and drift.mean() <= W8A8_DRIFT["mean"]
     assert drift.max() > 1e-3

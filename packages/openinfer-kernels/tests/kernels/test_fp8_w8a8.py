@@ -6,6 +6,8 @@ Shapes whose K and N no scale block divides, M from 1 up."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -33,13 +35,20 @@ TILES = {
     "m32-n32-split3": W8a8Tile(32, 32, split_k=3),  # N tiles inside a scale block
     "m64-n256-group2": W8a8Tile(64, 256, group_m=2),  # two weight scale rows in a tile
 }
-# Both operands are the same e4m3 values and fp32 scales on both sides: the only differences
-# are the fp32 summation order (a few ulps of the largest partial sum: |terms| ~ 3 * 4 * 2^3,
-# K <= 300) and, for bf16 output, its one rounding (the interpreter's cast may land one bf16
-# ulp off, 2^-7 relative). On a GPU the FP8 MMA keeps fewer bits inside a 128-wide step.
-TOL = {torch.float32: dict(rtol=1e-4, atol=1e-3) if DEVICE == "cpu" else dict(rtol=2e-3,
-                                                                                 atol=2e-2),
-       torch.bfloat16: dict(rtol=2**-7, atol=2e-2)}
+
+
+def tol(out_dtype: torch.dtype, want: torch.Tensor) -> dict[str, float]:
+    """Both operands are the same e4m3 values and fp32 scales on both sides: under the
+    interpreter the only differences are the fp32 summation order (a few ulps of the largest
+    partial sum: |terms| ~ 3 * 4 * 2^3, K <= 300) and, for bf16 output, its one rounding (the
+    interpreter's cast may land one bf16 ulp off: 2^-7 relative). On a GPU the FP8 MMA keeps
+    about 14 bits of its sum inside a 128-wide step (DeepSeek-V3's report): an error of a
+    few 1e-4 of the partial sums, so the absolute tolerance follows the output's size."""
+    rtol = 2**-7 if out_dtype == torch.bfloat16 else 1e-4
+    atol = 2e-2 if out_dtype == torch.bfloat16 else 1e-3
+    if DEVICE == "cuda":
+        rtol, atol = max(rtol, 2e-3), max(atol, 4e-3 * want.abs().max().item())
+    return dict(rtol=rtol, atol=atol)
 
 
 def make(m: int, n: int, k: int, dtype: torch.dtype, seed: int, e8m0: bool = False
@@ -110,7 +119,7 @@ def test_w8a8_matches_reference(m: int, n: int, k: int, tile: str, scales: str,
                                  tile=TILES[tile])
     assert out.shape == (m, n) and out.dtype == out_dtype
     want = fp8_w8a8_linear_ref(xq, x_scale, w.cpu(), scale.cpu(), torch.float32)
-    torch.testing.assert_close(out.float().cpu(), want, **TOL[out_dtype])
+    torch.testing.assert_close(out.float().cpu(), want, **tol(out_dtype, want))
 
 
 def bound(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -161,7 +170,7 @@ def test_no_rows() -> None:
     assert fp8_w8a8_linear_triton(xq, x_scale, w, scale).shape == (0, 40)
 
 
-def spy_ops(calls: list[str]) -> dynamic.Callable[..., torch.Tensor]:
+def spy_ops(calls: list[str]) -> Callable[..., torch.Tensor]:
     """The dynamic linear over the Triton kernels, each call noted."""
 
     def block(*args: object) -> torch.Tensor:
@@ -205,7 +214,7 @@ def test_dynamic_linear_chooses_by_rows(monkeypatch: pytest.MonkeyPatch, env: st
         want = fp8_w8a8_linear_ref(*fp8_group_quant_ref(x.cpu()), w.cpu(), scale.cpu())
     cpu = fp8_linear.fp8_dynamic_linear(x.cpu(), w.cpu(), scale.cpu())
     assert torch.equal(cpu, want)
-    torch.testing.assert_close(out.float().cpu(), want.float(), **TOL[torch.bfloat16])
+    torch.testing.assert_close(out.float().cpu(), want.float(), **tol(torch.bfloat16, want))
 
 
 def test_unknown_path_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,13 +232,15 @@ QWEN3_8B = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]
 @pytest.mark.parametrize("m", [64, 333, 2048])
 @pytest.mark.parametrize(("n", "k"), QWEN3_8B)
 def test_qwen3_8b_shapes(m: int, n: int, k: int) -> None:
+    """Compiled at full size, the references on the GPU too (torch's CUDA division and e4m3
+    cast round as the kernel does): the same quantized bits, the reference's product, the
+    same bits on every run."""
     x, w, scale = make(m, n, k, torch.bfloat16, seed=m + n + k)
     xq, x_scale = fp8_group_quant_triton(x)
-    want_q, want_scale = fp8_group_quant_ref(x.cpu())
-    assert torch.equal(xq.cpu().view(torch.uint8), want_q.view(torch.uint8))
-    assert torch.equal(x_scale.cpu(), want_scale)
+    want_q, want_scale = fp8_group_quant_ref(x)
+    assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(x_scale, want_scale)
     out = fp8_w8a8_linear_triton(xq, x_scale, w, scale)
-    want = fp8_w8a8_linear_ref(want_q, want_scale, w.cpu(), scale.cpu(), torch.float32)
-    torch.testing.assert_close(out.float().cpu(), want, rtol=2**-7,
-                               atol=1e-3 * want.abs().max().item())
+    want = fp8_w8a8_linear_ref(want_q, want_scale, w, scale, torch.float32)
+    torch.testing.assert_close(out.float(), want, **tol(torch.bfloat16, want))
     assert torch.equal(out, fp8_w8a8_linear_triton(xq, x_scale, w, scale))
