@@ -2,7 +2,7 @@
 `quantization_config`): every linear made up as e4m3 values with float32 block scales at the
 real shapes. Dequantized at load by default (plain tensors in the model's dtype); with
 OPENINFER_FP8_WEIGHTS=keep, held as `Fp8BlockWeight` (on the CPU here through `KEEP_DEVICES`,
-the forward's `fp8_block_linear` its reference), decoding the same greedy tokens."""
+the forward's `fp8_dynamic_linear` its references), decoding the same greedy tokens."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ tensor the default path loads, the weight-read floor counts e4m3 bytes and scale
 engine decodes the dequantized model's greedy tokens.
 
 `keep` runs on CUDA only; here the tests let it run on the CPU (`KEEP_DEVICES`) with the
-Triton `fp8_block_linear` in the forward (under the interpreter; compiled where a GPU is), so
-the kernel that a GPU runs is the one checked."""
+Triton kernels of `fp8_dynamic_linear` in the forward (under the interpreter; compiled where a
+GPU is), so the kernels that a GPU runs are the ones checked: the weight-only linear for
+decode-size products, and activations quantized to e4m3 (W8A8) for prompt-size ones, whose
+prompt logprobs stay within a measured bound of the dequantized model's."""
 
 from __future__ import annotations
 
@@ -18,14 +20,20 @@ import pytest
 import torch
 from fp8_checkpoints import GREEDY, PROMPTS, SPECS, write_pair
 
+import openinfer_kernels.fp8_linear.dynamic as dynamic
 import openinfer_qwen3.fp8_weights as fp8_weights
 import openinfer_qwen3.linears as linears
-from openinfer_core import Engine, EngineConfig, GenerateRequest
+from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
+from openinfer_core.events import PromptLogprobs
 from openinfer_core.testing import run_staggered, tokens_of
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight
-from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
+from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref, fp8_dynamic_linear
 from openinfer_kernels.fp8_linear.triton import fp8_block_linear_triton
+from openinfer_kernels.fp8_linear.w8a8_triton import (
+    fp8_group_quant_triton,
+    fp8_w8a8_linear_triton,
+)
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import Qwen3Shard, Qwen3Weights, load_weights
@@ -43,22 +51,39 @@ KEPT = {
     ("whole-blocks", (0, 2)): {"o_proj", "gate_up", "down"},
     ("whole-blocks", (1, 2)): {"o_proj", "gate_up", "down"},
 }
-CALLS: list[tuple[int, int, int]] = []  # (M, N, K) of each FP8 product in the forward
+# (M, N, K, path) of each FP8 product in the forward; path "weight-only" or "w8a8".
+CALLS: list[tuple[int, int, int, str]] = []
+ON_GPU = torch.cuda.is_available()
 
 
-def counted_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The Triton kernel: under the interpreter, or compiled on the GPU where there is one."""
-    CALLS.append((x.shape[0], *w.shape))
-    if not torch.cuda.is_available():
-        return fp8_block_linear_triton(x, w, scale)
-    return fp8_block_linear_triton(x.cuda(), w.cuda(), scale.cuda()).cpu()
+def _gpu(t: torch.Tensor) -> torch.Tensor:
+    return t.cuda() if ON_GPU else t
+
+
+def counted_block(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The weight-only Triton kernel: under the interpreter, or compiled where a GPU is."""
+    CALLS.append((x.shape[0], *w.shape, "weight-only"))
+    return fp8_block_linear_triton(_gpu(x), _gpu(w), _gpu(scale), out_dtype).to(x.device)
+
+
+def counted_w8a8(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
+                 scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    CALLS.append((xq.shape[0], *w.shape, "w8a8"))
+    return fp8_w8a8_linear_triton(xq, x_scale, _gpu(w), _gpu(scale), out_dtype).cpu()
+
+
+def quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return fp8_group_quant_triton(_gpu(x))
 
 
 @pytest.fixture
 def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "keep")
+    monkeypatch.delenv(dynamic.FP8_LINEAR_ENV, raising=False)
     monkeypatch.setattr(fp8_weights, "KEEP_DEVICES", frozenset({"cpu", "cuda"}))
-    monkeypatch.setattr(linears, "fp8_block_linear", counted_triton)
+    monkeypatch.setattr(linears, "fp8_dynamic_linear",
+                        dynamic.dynamic_linear(counted_block, quant, counted_w8a8))
     CALLS.clear()
     yield
 
@@ -133,5 +158,51 @@ def test_kept_model_decodes_the_dequantized_tokens(pairs: dict[str, tuple[Path, 
     assert {f for f in LINEARS if isinstance(getattr(model.w.layers[0], f), Fp8BlockWeight)
             } == KEPT[spec, None]
     assert _greedy(engine, 4) == want
-    rows = {m for m, _, _ in CALLS}
+    rows = {m for m, _, _, _ in CALLS}
     assert 1 in rows and max(rows) > 1  # the one-row path and the tl.dot path ran
+    # No product reached W8A8_MIN_ROWS: every one the weight-only kernel's, as before W8A8.
+    assert max(rows) < dynamic.W8A8_MIN_ROWS and {c[3] for c in CALLS} == {"weight-only"}
+
+
+PROMPT = [(29 * j + 5) % 384 for j in range(40)]
+# The prompt's logprobs with W8A8 prefill against the dequantized model's, as a fraction of
+# their mean magnitude (~11 nats in these random models). Each linear's input rounded to e4m3
+# (at most 2^-4 relative; 0.5-2.6% rms error in a linear's output in test_fp8_w8a8) moved
+# them by up to 11% (mean 3.0%) in "whole-blocks", every linear FP8, and 4.7% (1.6%) in
+# "partial-blocks", whose qkv and gate_up stay dequantized, measured under the interpreter;
+# the bounds are about twice that.
+W8A8_DRIFT = {"max": 0.25, "mean": 0.06}
+
+
+def _prompt_logprobs(engine: Engine) -> torch.Tensor:
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=0)
+    events = run_staggered(engine, [GenerateRequest("p", tuple(PROMPT), params)],
+                           arrival_step=lambda i: 0)
+    found = [e for e in events["p"] if isinstance(e, PromptLogprobs)]
+    assert len(found) == 1
+    return torch.tensor(found[0].logprobs)
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_w8a8_prefill_stays_near_the_dequantized_model(
+        pairs: dict[str, tuple[Path, Path]], spec: str, keep: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40-token prompt with W8A8_MIN_ROWS at 16: its prefill products take the W8A8 path,
+    its decode step the weight-only one. Its prompt logprobs are those of the same model
+    over the references (`fp8_dynamic_linear` on CPU tensors), and stay within the bound of
+    activation rounding of the dequantized model's (and move: the activations were
+    quantized)."""
+    fp8_dir, plain_dir = pairs[spec]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(fp8_weights.FP8_WEIGHTS_ENV, "dequantize")
+        want = _prompt_logprobs(Engine(EngineConfig(model=str(plain_dir), device="cpu")))
+    monkeypatch.setattr(dynamic, "W8A8_MIN_ROWS", 16)
+    got = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
+    assert {(m, path) for m, _, _, path in CALLS} == {(len(PROMPT), "w8a8"), (1, "weight-only")}
+    monkeypatch.setattr(linears, "fp8_dynamic_linear", fp8_dynamic_linear)
+    reference = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
+    # The kernels' fp32 sums in another order (compiled: FP8 MMA sums of ~14 bits a step).
+    torch.testing.assert_close(got, reference, rtol=0, atol=2e-2 if ON_GPU else 1e-3)
+    drift = (got - want).abs() / want.abs().mean()
+    assert drift.max() <= W8A8_DRIFT["max"] and drift.mean() <= W8A8_DRIFT["mean"]
+    assert drift.max() > 1e-3

@@ -1,7 +1,10 @@
 """The Qwen3 forward's products, by the weight's type: a plain tensor goes through the ops of
 openinfer-kernels (`linear`, and the fused `linear_silu_mul` / `linear_add_rms_norm`); a kept
-FP8 linear (`Fp8BlockWeight`) through `fp8_block_linear`, then the fused op's unfused rest
-(`silu_and_mul`, `fused_add_rms_norm`), since those have no FP8 form yet."""
+FP8 linear (`Fp8BlockWeight`) through `fp8_dynamic_linear` (decode-size products read the
+activations as they are against the weight dequantized in registers, prompt-size ones quantize
+them per 128-column group and multiply in FP8: openinfer_kernels.fp8_linear.dynamic), then the
+fused op's unfused rest (`silu_and_mul`, `fused_add_rms_norm`), since those have no FP8 form
+yet."""
 
 from __future__ import annotations
 
@@ -16,14 +19,14 @@ from openinfer_kernels import (
     linear_silu_mul,
     silu_and_mul,
 )
-from openinfer_kernels.fp8_linear import fp8_block_linear
+from openinfer_kernels.fp8_linear import fp8_dynamic_linear
 from openinfer_qwen3.fp8_weights import Linear
 
 
 def project(x: torch.Tensor, w: Linear, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w.T (+ bias) -> [M, N] in x's dtype."""
     if isinstance(w, Fp8BlockWeight):
-        out = fp8_block_linear(x, w.weight, w.scale)
+        out = fp8_dynamic_linear(x, w.weight, w.scale)
         return out if bias is None else out.add_(bias)
     return linear(x, w) if bias is None else F.linear(x, w, bias)
 
@@ -31,14 +34,14 @@ def project(x: torch.Tensor, w: Linear, bias: torch.Tensor | None = None) -> tor
 def project_wide(x: torch.Tensor, w: Linear, wide: torch.dtype) -> torch.Tensor:
     """x @ w.T in `wide` (activations and weight widened first), left in `wide`."""
     if isinstance(w, Fp8BlockWeight):
-        return fp8_block_linear(x.to(wide), w.weight, w.scale)
+        return fp8_dynamic_linear(x.to(wide), w.weight, w.scale)
     return F.linear(x.to(wide), w.to(wide))
 
 
 def project_silu_mul(x: torch.Tensor, w: Linear) -> torch.Tensor:
     """silu(gate) * up of a gated MLP's [gate; up] weight ([2I, K]) -> [M, I]."""
     if isinstance(w, Fp8BlockWeight):
-        return silu_and_mul(fp8_block_linear(x, w.weight, w.scale))
+        return silu_and_mul(fp8_dynamic_linear(x, w.weight, w.scale))
     return linear_silu_mul(x, w)
 
 
@@ -47,6 +50,6 @@ def project_add_rms_norm(x: torch.Tensor, w: Linear, residual: torch.Tensor,
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x @ w.T + residual), x @ w.T + residual)."""
     if isinstance(w, Fp8BlockWeight):
-        return fused_add_rms_norm(fp8_block_linear(x, w.weight, w.scale), residual,
+        return fused_add_rms_norm(fp8_dynamic_linear(x, w.weight, w.scale), residual,
                                   norm_weight, eps)
     return linear_add_rms_norm(x, w, residual, norm_weight, eps)

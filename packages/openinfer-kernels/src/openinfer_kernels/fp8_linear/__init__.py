@@ -1,25 +1,44 @@
 """Linear layers over block-scaled FP8 weights (e4m3, one scale per 128 x 128 block: E8M0, or
 float32 as HF's `weight_scale_inv`) that keep the weight quantized on the GPU:
-`fp8_block_linear`, and `fp8_grouped_linear` for a block-diagonal one; the references on CPU,
-the Triton kernel (the weight dequantized in registers, activations bf16 or fp32) on CUDA.
+`fp8_block_linear` (activations bf16 or fp32, the weight dequantized in registers), and
+`fp8_grouped_linear` for a block-diagonal one; the W8A8 pair for many rows, `fp8_group_quant`
+(activations to e4m3 per row and 128-column group) and `fp8_w8a8_linear` (e4m3 x e4m3 on the
+FP8 tensor cores); and `fp8_dynamic_linear`, which picks between the two by the row count
+(`dynamic.py`). The references on CPU, the Triton kernels on CUDA.
 `dequant_fp8_blocks_ref` dequantizes a weight."""
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
+from openinfer_kernels.fp8_linear.dynamic import (
+    FP8_LINEAR_ENV,
+    dynamic_linear,
+    quantizes_activations,
+)
 from openinfer_kernels.fp8_linear.reference import (
     block_scales_to_float,
     dequant_fp8_blocks_ref,
     e8m0_to_float,
     fp8_block_linear_ref,
+    fp8_group_quant_ref,
     fp8_grouped_linear_ref,
+    fp8_w8a8_linear_ref,
 )
 
 _kernels = triton_kernels("openinfer_kernels.fp8_linear.triton")
+_w8a8 = triton_kernels("openinfer_kernels.fp8_linear.w8a8_triton")
 
 fp8_block_linear = by_device(fp8_block_linear_ref,
                              _kernels.fp8_block_linear_triton if _kernels else None)
 fp8_grouped_linear = by_device(fp8_grouped_linear_ref,
                                _kernels.fp8_grouped_linear_triton if _kernels else None)
+fp8_group_quant = by_device(fp8_group_quant_ref,
+                            _w8a8.fp8_group_quant_triton if _w8a8 else None)
+fp8_w8a8_linear = by_device(fp8_w8a8_linear_ref,
+                            _w8a8.fp8_w8a8_linear_triton if _w8a8 else None)
+# Each op it calls dispatches by device, so this one does too.
+fp8_dynamic_linear = dynamic_linear(fp8_block_linear, fp8_group_quant, fp8_w8a8_linear)
 
-__all__ = ["block_scales_to_float", "dequant_fp8_blocks_ref", "e8m0_to_float",
-           "fp8_block_linear", "fp8_block_linear_ref", "fp8_grouped_linear",
-           "fp8_grouped_linear_ref"]
+__all__ = ["FP8_LINEAR_ENV", "block_scales_to_float", "dequant_fp8_blocks_ref",
+           "dynamic_linear", "e8m0_to_float", "fp8_block_linear", "fp8_block_linear_ref",
+           "fp8_dynamic_linear", "fp8_group_quant", "fp8_group_quant_ref", "fp8_grouped_linear",
+           "fp8_grouped_linear_ref", "fp8_w8a8_linear", "fp8_w8a8_linear_ref",
+           "quantizes_activations"]

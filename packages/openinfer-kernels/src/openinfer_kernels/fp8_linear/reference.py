@@ -62,3 +62,36 @@ def fp8_grouped_linear_ref(x: torch.Tensor, w: torch.Tensor,
     return torch.stack([fp8_block_linear_ref(x[:, g], w[g * rows:(g + 1) * rows],
                                              scale[g * per:(g + 1) * per])
                         for g in range(groups)], dim=1)
+
+
+# The activations' side of the W8A8 product (HF's `activation_scheme: dynamic`, DeepSeek's
+# `act_quant`): each row's K columns in groups of GROUP, each group scaled onto e4m3's range.
+GROUP = 128  # columns a scale covers: one weight scale block, so a K block has one of each
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+# A group's amax is taken as at least this, so an all-zero group gets a finite scale (its
+# values quantize to 0) and no division by zero.
+AMAX_FLOOR = 1e-10
+
+
+def fp8_group_quant_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (bf16, fp16 or fp32) -> (e4m3 [M, K], fp32 scales [M, ceil(K/128)]): per row
+    and 128-column group, scale = max(amax, AMAX_FLOOR) / 448 and q = x / scale rounded to
+    nearest e4m3 (ties to even; |q| <= 448), both divisions in fp32. A last partial group's
+    amax is over its own columns. x ~= q * scale, each value within half an e4m3 step."""
+    m, k = x.shape
+    groups = -(-k // GROUP)
+    padded = torch.nn.functional.pad(x.float(), (0, groups * GROUP - k)).view(m, groups, GROUP)
+    scale = padded.abs().amax(dim=-1).clamp(min=AMAX_FLOOR) / E4M3_MAX
+    q = (padded / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.view(m, groups * GROUP)[:, :k].contiguous(), scale
+
+
+def fp8_w8a8_linear_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
+                        scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
+                        ) -> torch.Tensor:
+    """Quantized activations times a block-scaled FP8 weight: xq [M, K] e4m3 with x_scale
+    [M, ceil(K/128)] (`fp8_group_quant`'s), w [N, K] e4m3 with scale [ceil(N/128), ceil(K/128)]
+    (E8M0 or float) -> [M, N] in `out_dtype`: both operands dequantized in fp32 (exact for E8M0,
+    one fp32 rounding for a float scale), multiplied in fp32, rounded once."""
+    x = xq.float() * x_scale.float().repeat_interleave(GROUP, 1)[:, :xq.shape[1]]
+    return (x @ dequant_fp8_blocks_ref(w, scale, dtype=torch.float32).t()).to(out_dtype)

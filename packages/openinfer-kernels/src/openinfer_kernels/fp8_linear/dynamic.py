@@ -1,0 +1,55 @@
+"""Which FP8 linear a product of a given number of rows takes, for checkpoints whose activations
+are quantized on the fly (HF's `activation_scheme: dynamic`): few rows (decode) read the
+activations as they are against the weight dequantized in registers (`fp8_block_linear`,
+bound by the weight read, and the more exact of the two); many rows (prefill) quantize them
+per 128-column group and multiply on the FP8 tensor cores (`fp8_group_quant`, then
+`fp8_w8a8_linear`), bound by the MMA rate, which FP8 doubles.
+
+OPENINFER_FP8_LINEAR forces one path for every row count (benchmarks): `auto` (the default)
+chooses by W8A8_MIN_ROWS, `w8a8` always quantizes, `weight-only` never does."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+FP8_LINEAR_ENV = "OPENINFER_FP8_LINEAR"
+PATHS = ("auto", "w8a8", "weight-only")
+# Rows from which `auto` quantizes the activations. Not yet measured: a guess, to be set from
+# the GPU sweep (benchmarks/device/fp8_gemm.py) where the W8A8 time falls below the
+# weight-only one at Qwen3-8B's shapes. Below it the weight-only kernel's results are the
+# ones it always gave (decode unchanged).
+W8A8_MIN_ROWS = 64
+
+BlockLinear = Callable[..., torch.Tensor]  # (x, w, scale, out_dtype) -> [M, N]
+GroupQuant = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+W8a8Linear = Callable[..., torch.Tensor]  # (xq, x_scale, w, scale, out_dtype) -> [M, N]
+
+
+def quantizes_activations(rows: int) -> bool:
+    """Whether a product of `rows` rows takes the W8A8 path, by OPENINFER_FP8_LINEAR (read at
+    each call, so a CUDA graph holds the path chosen when it was captured)."""
+    path = os.environ.get(FP8_LINEAR_ENV) or "auto"
+    if path == "auto":
+        return rows >= W8A8_MIN_ROWS
+    if path not in PATHS:
+        raise ValueError(f"{FP8_LINEAR_ENV} must be one of {', '.join(PATHS)}, not {path!r}")
+    return path == "w8a8"
+
+
+def dynamic_linear(block_linear: BlockLinear, group_quant: GroupQuant,
+                   w8a8_linear: W8a8Linear) -> Callable[..., torch.Tensor]:
+    """The FP8 linear over the given ops (the dispatching ones, the references or the Triton
+    kernels): x [M, K] times w [N, K] e4m3 with its block scales -> [M, N] in `out_dtype`
+    (default x's), through `block_linear` or quantize-then-`w8a8_linear` by M."""
+
+    def fp8_dynamic_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if quantizes_activations(x.shape[0]):
+            xq, x_scale = group_quant(x)
+            return w8a8_linear(xq, x_scale, w, scale, out_dtype or x.dtype)
+        return block_linear(x, w, scale, out_dtype)
+
+    return fp8_dynamic_linear
