@@ -7,13 +7,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.kv import GroupedKV, KVManager
 from openinfer_core.interfaces.model import HostBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 
 
-def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
-    """Flatten the scheduled rows: token ids, positions, KV slots, block tables."""
+def several_groups(kv: KVManager) -> GroupedKV | None:
+    """`kv` where it keeps several KV groups, else None (a protocol check costs tens of
+    microseconds: callers make it once, not per step)."""
+    return kv if isinstance(kv, GroupedKV) and len(kv.groups) > 1 else None
+
+
+def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager,
+               groups: GroupedKV | None = None) -> HostBatch:
+    """Flatten the scheduled rows: token ids, positions, KV slots, block tables; with
+    `groups` (`several_groups(kv)`), every KV group's tables too."""
     bs = kv.block_size
     n = len(rows)
     counts = np.fromiter((r.num_new_tokens for r in rows), dtype=np.int64, count=n)
@@ -45,4 +53,19 @@ def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
         input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
         query_start_loc=starts.astype(np.int32), seq_lens=seq_lens, block_tables=block_tables,
         logits_indices=starts[1:][samples] - 1,
-        max_query_len=int(counts.max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)))
+        max_query_len=int(counts.max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)),
+        group_block_tables=() if groups is None else _group_tables(rows, groups, block_tables))
+
+
+def _group_tables(rows: Sequence[ScheduledRow], kv: GroupedKV,
+                  block_tables: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every KV group's tables, `block_tables` standing for the first full group's (every
+    group's table of a request has its full group's length)."""
+    full = next(g for g, spec in enumerate(kv.groups) if spec.is_full)
+    out = [np.zeros_like(block_tables) for _ in kv.groups]
+    out[full] = block_tables
+    for b, row in enumerate(rows):
+        for g, table in enumerate(kv.group_block_ids(row.seq.request_id)):
+            if g != full:
+                out[g][b, :len(table)] = table
+    return tuple(out)
