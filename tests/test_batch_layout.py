@@ -77,7 +77,7 @@ def test_plan_batch_lays_out_every_kv_groups_table() -> None:
     assert [list(t) for t in kv.group_block_ids("b")] == [[4], [4]]
     groups = several_groups(kv)
     assert groups is kv
-    host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 3, True)], kv, groups)
+    host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 3, True)], kv)
     window, full = host.group_block_tables
     assert full is host.block_tables
     assert full.tolist() == [[1, 2, 3], [4, 0, 0]]
@@ -100,7 +100,7 @@ def test_one_group_adds_no_tables() -> None:
     kv = PagedKVManager(num_blocks=8, block_size=4)
     a = _seq("a", [1, 2, 3], computed=0)
     assert kv.allocate("a", 3) and several_groups(kv) is None
-    host = plan_batch([ScheduledRow(a, 3, True)], kv, several_groups(kv))
+    host = plan_batch([ScheduledRow(a, 3, True)], kv)
     assert host.group_block_tables == ()
     batch = host.to_device(torch.device("cpu"))
     assert batch.group_block_tables == () and batch.group_table(0) is batch.block_tables

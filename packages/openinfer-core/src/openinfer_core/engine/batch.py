@@ -4,6 +4,7 @@ moved to the device in one go."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -11,17 +12,25 @@ from openinfer_core.interfaces.kv import GroupedKV, KVManager
 from openinfer_core.interfaces.model import HostBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 
+# Per manager class, whether it is a `GroupedKV`: a protocol check costs tens of microseconds,
+# too much for every step.
+_GROUPED_CLASSES: dict[type, bool] = {}
+
 
 def several_groups(kv: KVManager) -> GroupedKV | None:
-    """`kv` where it keeps several KV groups, else None (a protocol check costs tens of
-    microseconds: callers make it once, not per step)."""
-    return kv if isinstance(kv, GroupedKV) and len(kv.groups) > 1 else None
+    """`kv` where it keeps several KV groups, else None."""
+    grouped = _GROUPED_CLASSES.get(type(kv))
+    if grouped is None:
+        grouped = _GROUPED_CLASSES[type(kv)] = isinstance(kv, GroupedKV)
+    if not grouped:
+        return None
+    groups = cast("GroupedKV", kv)
+    return groups if len(groups.groups) > 1 else None
 
 
-def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager,
-               groups: GroupedKV | None = None) -> HostBatch:
-    """Flatten the scheduled rows: token ids, positions, KV slots, block tables; with
-    `groups` (`several_groups(kv)`), every KV group's tables too."""
+def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
+    """Flatten the scheduled rows: token ids, positions, KV slots, block tables (every KV
+    group's, where `kv` has several)."""
     bs = kv.block_size
     n = len(rows)
     counts = np.fromiter((r.num_new_tokens for r in rows), dtype=np.int64, count=n)
@@ -54,7 +63,8 @@ def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager,
         query_start_loc=starts.astype(np.int32), seq_lens=seq_lens, block_tables=block_tables,
         logits_indices=starts[1:][samples] - 1,
         max_query_len=int(counts.max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)),
-        group_block_tables=() if groups is None else _group_tables(rows, groups, block_tables))
+        group_block_tables=() if (groups := several_groups(kv)) is None
+        else _group_tables(rows, groups, block_tables))
 
 
 def _group_tables(rows: Sequence[ScheduledRow], kv: GroupedKV,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from openinfer_core.engine.batch import plan_batch, several_groups
+from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
 from openinfer_core.engine.prompt_logprobs import PromptLogprobBatch, PromptLogprobPlan
 from openinfer_core.interfaces.kv import KVManager
@@ -61,7 +61,6 @@ class ModelRunner:
                  eos_token_ids: tuple[int, ...], graphs: CudaGraphRunner | None = None) -> None:
         self.model = model
         self.kv = kv
-        self._groups = several_groups(kv)
         self.sampler = sampler
         self.eos_token_ids = eos_token_ids
         self.graphs = graphs
@@ -70,7 +69,7 @@ class ModelRunner:
     def forward(self, output: SchedulerOutput, previous: Launched | None = None) -> Forwarded:
         """Queue the step's forward (and its prompt logprobs) on the device; `previous` is the
         step before it, if its tokens are still pending on the host."""
-        host = plan_batch(output.rows, self.kv, self._groups)
+        host = plan_batch(output.rows, self.kv)
         fill = self._pending_inputs(host, output, previous)
         plan = PromptLogprobPlan.of(output.rows, host.query_start_loc)
         num_sampling = len(host.logits_indices)

@@ -174,12 +174,15 @@ class Model(Protocol):
     device: torch.device
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        """Device bytes one KV block takes over all layers. Pure."""
+        """Device bytes one KV block takes over all layers (with KV groups: one block of every
+        full group; `capabilities.SupportsKVGroups`). Pure."""
         ...
 
     def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
         """Allocate the KV device buffer (block 0 = padding) and return its block manager.
-        Called once, before the first forward."""
+        Called before the first forward (start-up may call it before with scratch sizes; each
+        call replaces the buffer). A model with KV groups takes the step limits as a third
+        argument (`capabilities.SupportsKVGroups.create_kv_cache`)."""
         ...
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
