@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from openinfer_core.engine.batch import plan_batch
+from openinfer_core.engine.batch import plan_batch, several_groups
 from openinfer_core.engine.cuda_graphs import graph_buckets, mixed_buckets
 from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
 from openinfer_core.engine.request_state import RequestState
+from openinfer_core.interfaces.kv import KVGroupSpec
+from openinfer_core.interfaces.model import HostBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
-from openinfer_kvcache import PagedKVManager
+from openinfer_kvcache import GroupedKVManager, PagedKVManager
 
 
 def _seq(rid: str, tokens: list[int], computed: int) -> RequestState:
@@ -58,6 +61,49 @@ def test_a_decode_step_is_what_graphs_replay() -> None:
     host = plan_batch([ScheduledRow(s, 1, True) for s in seqs], kv)
     assert host.is_decode and host.num_seqs == 3
     assert host.slot_mapping.tolist() == [2 * 4 + 0, 4 * 4 + 0, 6 * 4 + 0]
+
+
+def test_plan_batch_lays_out_every_kv_groups_table() -> None:
+    """A window group first, then the full group: `block_tables` and the slots stay the full
+    group's; the window's table keeps only the blocks its horizon still reads."""
+    kv = GroupedKVManager((KVGroupSpec("window", horizon=3), KVGroupSpec("full")), (16, 16),
+                          block_size=4)
+    a = _seq("a", list(range(100, 110)), computed=9)  # decode at position 9
+    b = _seq("b", [7, 8, 9], computed=0)
+    assert kv.allocate("a", 9)
+    kv.cache_blocks("a", a.token_ids, 9)  # a token at 9 reads 6..9: block 0 is given back
+    assert kv.allocate("a", 10) and kv.allocate("b", 3)
+    assert [list(t) for t in kv.group_block_ids("a")] == [[0, 2, 3], [1, 2, 3]]
+    assert [list(t) for t in kv.group_block_ids("b")] == [[4], [4]]
+    groups = several_groups(kv)
+    assert groups is kv
+    host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 3, True)], kv)
+    window, full = host.group_block_tables
+    assert full is host.block_tables
+    assert full.tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert window.tolist() == [[0, 2, 3], [4, 0, 0]] and window.dtype == np.int32
+    assert host.slot_mapping.tolist() == [3 * 4 + 1, 16, 17, 18]
+    # On the device the full group's table is moved once; the host image comes back whole
+    # (the tensor-parallel ranks get it pickled, identity included).
+    batch = host.to_device(torch.device("cpu"))
+    assert batch.group_table(1) is batch.block_tables
+    assert batch.group_table(0).tolist() == window.tolist()
+    batch.host = None
+    back = HostBatch.of(batch)
+    assert [t.tolist() for t in back.group_block_tables] == [window.tolist(), full.tolist()]
+    sent = pickle.loads(pickle.dumps(host))
+    assert sent.group_block_tables[1] is sent.block_tables
+    assert sent.group_block_tables[0].tolist() == window.tolist()
+
+
+def test_one_group_adds_no_tables() -> None:
+    kv = PagedKVManager(num_blocks=8, block_size=4)
+    a = _seq("a", [1, 2, 3], computed=0)
+    assert kv.allocate("a", 3) and several_groups(kv) is None
+    host = plan_batch([ScheduledRow(a, 3, True)], kv)
+    assert host.group_block_tables == ()
+    batch = host.to_device(torch.device("cpu"))
+    assert batch.group_block_tables == () and batch.group_table(0) is batch.block_tables
 
 
 @pytest.mark.parametrize(("max_batch", "expected"), [

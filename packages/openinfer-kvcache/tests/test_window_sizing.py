@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer_core.interfaces.kv import KVGroupSpec
-from openinfer_kvcache import FULL_GROUP, GroupedKVManager, window_pool_blocks
+from openinfer_core.interfaces.kv import KVGroupSpec, KVStepLimits
+from openinfer_kvcache import FULL_GROUP, GroupedKVManager, group_pool_blocks, window_pool_blocks
 
 B = 4
 
@@ -50,3 +50,11 @@ def test_a_worst_step_needs_every_block(spare: int) -> None:
     steps = [kv.allocate("a", 13), kv.allocate("b", 13), kv.allocate("c", 10)]
     assert steps == [True, True, spare == 0]
     assert kv.group_usage()[1].free == 0
+
+
+def test_group_pools_are_full_blocks_or_window_bounds() -> None:
+    groups = (KVGroupSpec("w", 127), FULL_GROUP, KVGroupSpec("w8", 7))
+    limits = KVStepLimits(max_num_seqs=256, max_num_batched_tokens=8192)
+    assert group_pool_blocks(groups, 1000, 16, limits) == (
+        window_pool_blocks(127, 16, 256, 8192), 1000, window_pool_blocks(7, 16, 256, 8192))
+    assert group_pool_blocks(groups, 9, 16, None) == (9, 9, 9)  # a scratch cache

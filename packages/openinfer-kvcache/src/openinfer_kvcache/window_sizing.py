@@ -3,6 +3,10 @@ group accepts."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from openinfer_core.interfaces.kv import KVGroupSpec, KVStepLimits
+
 
 def window_pool_blocks(horizon: int, block_size: int, max_num_seqs: int,
                        max_num_batched_tokens: int) -> int:
@@ -35,3 +39,16 @@ def window_pool_blocks(horizon: int, block_size: int, max_num_seqs: int,
     crossings = min(rows, extra // first)
     blocks += crossings + (extra - crossings * first) // block_size
     return blocks + 1  # the padding block
+
+
+def group_pool_blocks(groups: Sequence[KVGroupSpec], num_blocks: int, block_size: int,
+                      limits: KVStepLimits | None) -> tuple[int, ...]:
+    """Each group's pool size for `GroupedKVManager` (`num_blocks_per_group`), as
+    `capabilities.SupportsKVGroups.create_kv_cache` is given them: `num_blocks` for a full
+    group, `window_pool_blocks` for a window group; every pool `num_blocks` without
+    `limits` (start-up's scratch caches)."""
+    if limits is None:
+        return tuple(num_blocks for _ in groups)
+    return tuple(num_blocks if g.horizon is None else window_pool_blocks(
+        g.horizon, block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
+        for g in groups)

@@ -61,13 +61,15 @@ from openinfer_core.distributed.worker import WorkerSpec
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
     GraphPlan,
+    create_kv_cache_of,
     supports_cuda_graphs,
     supports_expert_parallel,
+    supports_kv_groups,
     supports_sampling_kernels,
     supports_tensor_parallel,
     supports_weight_bytes,
 )
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import (
     ForwardBatch,
     HostBatch,
@@ -130,6 +132,9 @@ class TensorParallelModel:
         if supports_cuda_graphs(local) and local.cuda_graph_safe and not expert_parallel:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = local.cuda_graph_max_tokens
+        if supports_kv_groups(local):  # SupportsKVGroups, with `create_kv_cache`'s limits
+            self.kv_groups = local.kv_groups
+            self.kv_window_bytes = local.kv_window_bytes
         self._capturing = False
         self._publisher = publisher
         self._context = context
@@ -216,9 +221,11 @@ class TensorParallelModel:
         parts), and every rank allocates the same number of blocks."""
         return self.local.kv_bytes_per_block(block_size)
 
-    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
-        self._publish(("kv", num_blocks, block_size))
-        kv = self.local.create_kv_cache(num_blocks, block_size)
+    def create_kv_cache(self, num_blocks: int, block_size: int,
+                        limits: KVStepLimits | None = None) -> KVManager:
+        """Every rank's (`limits`: the window groups' sizing, `SupportsKVGroups`)."""
+        self._publish(("kv", num_blocks, block_size, limits))
+        kv = create_kv_cache_of(self.local, num_blocks, block_size, limits)
         deadline = time.monotonic() + self.group.timeout_s
         try:
             for worker in self.workers:

@@ -38,8 +38,8 @@ import zmq
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_core.distributed.nodes import NodeLayout, group_store, open_store
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
-from openinfer_core.interfaces.capabilities import GraphPlan
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.capabilities import GraphPlan, create_kv_cache_of
+from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import ForwardBatch, HostBatch, LoadOptions, Model
 from openinfer_core.registry import import_target
 
@@ -142,8 +142,9 @@ class RankModel:
     def kv_bytes_per_block(self, block_size: int) -> int:
         return self.local.kv_bytes_per_block(block_size)
 
-    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
-        return self.local.create_kv_cache(num_blocks, block_size)
+    def create_kv_cache(self, num_blocks: int, block_size: int,
+                        limits: KVStepLimits | None = None) -> KVManager:
+        return create_kv_cache_of(self.local, num_blocks, block_size, limits)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         self.group.broadcast(batch.input_ids)  # rank 0's ids (TensorParallelModel._forward)
@@ -167,10 +168,10 @@ def _serve(model: RankModel, batches: zmq.Socket[bytes],
             plan: GraphPlan = message[1]
             if graphs is None:
                 graphs = CudaGraphRunner(model, plan.max_batch, plan.max_blocks_per_seq,
-                                         plan.mixed_max_tokens)
+                                         plan.mixed_max_tokens, plan.kv_groups)
             graphs.capture_keys(message[2], message[3])
         elif kind == "kv":
-            model.create_kv_cache(message[1], message[2])
+            model.create_kv_cache(message[1], message[2], message[3])
             conn.send(("kv", None))
         elif kind == "stop":
             if graphs is not None:  # before the group is left (CudaGraphRunner.release)

@@ -4,16 +4,33 @@ moved to the device in one go."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.kv import GroupedKV, KVManager
 from openinfer_core.interfaces.model import HostBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 
+# Per manager class, whether it is a `GroupedKV`: a protocol check costs tens of microseconds,
+# too much for every step.
+_GROUPED_CLASSES: dict[type, bool] = {}
+
+
+def several_groups(kv: KVManager) -> GroupedKV | None:
+    """`kv` where it keeps several KV groups, else None."""
+    grouped = _GROUPED_CLASSES.get(type(kv))
+    if grouped is None:
+        grouped = _GROUPED_CLASSES[type(kv)] = isinstance(kv, GroupedKV)
+    if not grouped:
+        return None
+    groups = cast("GroupedKV", kv)
+    return groups if len(groups.groups) > 1 else None
+
 
 def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
-    """Flatten the scheduled rows: token ids, positions, KV slots, block tables."""
+    """Flatten the scheduled rows: token ids, positions, KV slots, block tables (every KV
+    group's, where `kv` has several)."""
     bs = kv.block_size
     n = len(rows)
     counts = np.fromiter((r.num_new_tokens for r in rows), dtype=np.int64, count=n)
@@ -45,4 +62,20 @@ def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
         input_ids=input_ids, positions=positions, slot_mapping=slot_mapping,
         query_start_loc=starts.astype(np.int32), seq_lens=seq_lens, block_tables=block_tables,
         logits_indices=starts[1:][samples] - 1,
-        max_query_len=int(counts.max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)))
+        max_query_len=int(counts.max(initial=0)), max_seq_len=int(seq_lens.max(initial=0)),
+        group_block_tables=() if (groups := several_groups(kv)) is None
+        else _group_tables(rows, groups, block_tables))
+
+
+def _group_tables(rows: Sequence[ScheduledRow], kv: GroupedKV,
+                  block_tables: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every KV group's tables, `block_tables` standing for the first full group's (every
+    group's table of a request has its full group's length)."""
+    full = next(g for g, spec in enumerate(kv.groups) if spec.is_full)
+    out = [np.zeros_like(block_tables) for _ in kv.groups]
+    out[full] = block_tables
+    for b, row in enumerate(rows):
+        for g, table in enumerate(kv.group_block_ids(row.seq.request_id)):
+            if g != full:
+                out[g][b, :len(table)] = table
+    return tuple(out)

@@ -39,7 +39,9 @@ from openinfer_core.interfaces.capabilities import (
     GraphPlan,
     supports_cuda_graphs,
     supports_graph_peers,
+    supports_kv_groups,
 )
+from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -93,9 +95,9 @@ class CudaGraphRunner:
     """Owns the fixed input buffers and one captured graph per bucket. Engine thread only."""
 
     def __init__(self, model: Model, max_batch: int, max_blocks_per_seq: int,
-                 mixed_max_tokens: int = 0) -> None:
+                 mixed_max_tokens: int = 0, kv_groups: tuple[KVGroupSpec, ...] = ()) -> None:
         self.model = model
-        self.plan = GraphPlan(max_batch, max_blocks_per_seq, mixed_max_tokens)
+        self.plan = GraphPlan(max_batch, max_blocks_per_seq, mixed_max_tokens, kv_groups)
         # Tensor-parallel rank 0: the workers capture and replay with it (looked up once, not
         # per replay).
         self._peers = model if supports_graph_peers(model) else None
@@ -106,6 +108,12 @@ class CudaGraphRunner:
         dev = self.device
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32,
                                         device=dev)
+        # With several KV groups, one table buffer per group (`ForwardBatch.group_block_tables`);
+        # the first full group's is `block_tables`, as in the step's batch.
+        full = next((g for g, spec in enumerate(kv_groups) if spec.is_full), None)
+        self.group_block_tables = tuple(
+            self.block_tables if g == full else torch.zeros_like(self.block_tables)
+            for g in range(len(kv_groups) if len(kv_groups) > 1 else 0))
         # Each graph's token and request inputs, packed so a step lands them in one copy
         # (graph_inputs.py); the block tables are shared, copied as wide as the step needs.
         self._inputs = {("decode", b): GraphInputs(InputLayout(b, b, True), dev)
@@ -171,7 +179,7 @@ class CudaGraphRunner:
         key = self.pending.pop(0)
         started = time.perf_counter()
         self._inputs[key].reset()
-        self.block_tables.zero_()
+        self._zero_tables()
         # A full collection costs more than a capture.
         self._capture_all([key], collect=False, reset=True)
         log.debug("CUDA graph %s %d captured in %.3f s", *key, time.perf_counter() - started)
@@ -201,8 +209,15 @@ class CudaGraphRunner:
         if reset:
             for key in keys:
                 self._inputs[key].reset()
-            self.block_tables.zero_()
+            self._zero_tables()
         self._capture_all(keys, collect=False)
+
+    def _zero_tables(self) -> None:
+        """Every table entry to the padding block 0."""
+        self.block_tables.zero_()
+        for table in self.group_block_tables:
+            if table is not self.block_tables:
+                table.zero_()
 
     def every_batch(self) -> list[ForwardBatch]:
         """The batches of every bucket's graph, as `capture` runs them (compile ahead)."""
@@ -284,8 +299,8 @@ class CudaGraphRunner:
 
     def _copy_in(self, key: tuple[str, int], batch: HostBatch,
                  stage: Callable[[dict[str, np.ndarray], HostBatch], None]) -> None:
-        """Two copies: the step's inputs laid out as `key`'s graph reads them, then its block
-        tables; the fill's ids after the first."""
+        """Two copies (and one per other KV group): the step's inputs laid out as `key`'s
+        graph reads them, then its block tables; the fill's ids after the first."""
         inputs = self._inputs[key]
         stage(self._host_views[self._turn][key], batch)
         inputs.copy_from(self._staging)
@@ -295,6 +310,9 @@ class CudaGraphRunner:
         # Pinned, or the copy could wait for the step in flight.
         tables = torch.from_numpy(batch.block_tables).pin_memory()
         self.block_tables[:b, :width].copy_(tables, non_blocking=True)
+        for table, host in zip(self.group_block_tables, batch.group_block_tables, strict=True):
+            if table is not self.block_tables:  # the full group's: copied above
+                table[:b, :width].copy_(torch.from_numpy(host).pin_memory(), non_blocking=True)
         self._copied.record()
 
     def _forward_batch(self, key: tuple[str, int]) -> ForwardBatch:
@@ -306,7 +324,8 @@ class CudaGraphRunner:
         return ForwardBatch(
             **views, block_tables=self.block_tables[:slots],
             max_query_len=1 if key[0] == "decode" else key[1],
-            max_seq_len=self.model.max_model_len)
+            max_seq_len=self.model.max_model_len,
+            group_block_tables=tuple(t[:slots] for t in self.group_block_tables))
 
 
 def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | None:
@@ -320,4 +339,6 @@ def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | No
         return None
     max_blocks = -(-model.max_model_len // config.block_size)
     mixed = min(model.cuda_graph_max_tokens, config.max_num_batched_tokens)
-    return CudaGraphRunner(model, min(config.max_num_seqs, GRAPH_MAX_BATCH), max_blocks, mixed)
+    groups = model.kv_groups if supports_kv_groups(model) else ()
+    return CudaGraphRunner(model, min(config.max_num_seqs, GRAPH_MAX_BATCH), max_blocks, mixed,
+                           groups)

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
-    from openinfer_core.interfaces.model import HostBatch
+    from openinfer_core.interfaces.kv import KVGroupSpec, KVManager, KVStepLimits
+    from openinfer_core.interfaces.model import HostBatch, Model
     from openinfer_core.interfaces.offload import PrefixRestorer
     from openinfer_core.interfaces.sampling import SamplingKernels
 
@@ -54,6 +55,8 @@ class GraphPlan:
     max_batch: int
     max_blocks_per_seq: int
     mixed_max_tokens: int
+    # The model's KV groups where it has several (`SupportsKVGroups`): one table buffer each.
+    kv_groups: tuple[KVGroupSpec, ...] = ()
 
 
 @runtime_checkable
@@ -117,6 +120,54 @@ class SupportsKVOffload(Protocol):
 
 def supports_kv_offload(model: object) -> TypeIs[SupportsKVOffload]:
     return isinstance(model, SupportsKVOffload)
+
+
+@runtime_checkable
+class SupportsKVGroups(Protocol):
+    """A model that keeps its KV in several groups (`interfaces.kv.KVGroupSpec`, `kv_groups`
+    in the order of `GroupedKV.groups`): `create_kv_cache` returns a `GroupedKV` over them and
+    `forward` reads each group's blocks through `ForwardBatch.group_table(g)`.
+
+    Sizing: every full group has `num_blocks` blocks, and `Model.kv_bytes_per_block` is one
+    block of all of them. The line sizes its window groups' pools itself, for the step limits
+    (`openinfer_kvcache.group_pool_blocks`), and `kv_window_bytes` says what they take: the
+    memory budget sets that aside first and gives the full groups the rest. Without the
+    capability a model has one full group. `--kv-offload` is refused for a model with window
+    groups (the offload tiers copy one block table)."""
+
+    kv_groups: tuple[KVGroupSpec, ...]
+
+    def kv_window_bytes(self, block_size: int, limits: KVStepLimits) -> int:
+        """Device bytes of the window groups' pools that `create_kv_cache(..., limits)`
+        allocates. Pure."""
+        ...
+
+    def create_kv_cache(self, num_blocks: int, block_size: int,
+                        limits: KVStepLimits | None = None) -> KVManager:
+        """`Model.create_kv_cache`, the full groups of `num_blocks` blocks and the window
+        groups' pools sized for `limits`; None: `num_blocks` in every pool (start-up's scratch
+        caches, whose batches have no `group_block_tables`: every group uses the full
+        group's block ids)."""
+        ...
+
+
+def supports_kv_groups(model: object) -> TypeIs[SupportsKVGroups]:
+    return isinstance(model, SupportsKVGroups)
+
+
+def create_kv_cache_of(model: Model, num_blocks: int, block_size: int,
+                       limits: KVStepLimits | None) -> KVManager:
+    """`model.create_kv_cache`, given `limits` where the model has KV groups."""
+    if limits is not None and supports_kv_groups(model):
+        return model.create_kv_cache(num_blocks, block_size, limits)
+    return model.create_kv_cache(num_blocks, block_size)
+
+
+def window_groups_of(model: object) -> tuple[KVGroupSpec, ...]:
+    """The model's window KV groups (horizon set): none without `SupportsKVGroups`."""
+    if not supports_kv_groups(model):
+        return ()
+    return tuple(g for g in model.kv_groups if not g.is_full)
 
 
 @runtime_checkable

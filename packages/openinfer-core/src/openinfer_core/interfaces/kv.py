@@ -57,6 +57,16 @@ class KVGroupUsage:
     cached: int
 
 
+@dataclass(frozen=True, slots=True)
+class KVStepLimits:
+    """The scheduler's limits on one step (`EngineConfig.max_num_seqs`,
+    `max_num_batched_tokens`): what sizes a window group's pool, since its blocks are held by
+    the running requests' recent tokens alone (`openinfer_kvcache.window_pool_blocks`)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
 @runtime_checkable
 class KVManager(Protocol):
     """Logical bookkeeping of a paged KV cache. Block 0 is reserved (padding) and never handed

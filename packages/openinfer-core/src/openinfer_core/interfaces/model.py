@@ -21,6 +21,14 @@ class ForwardBatch:
     `seq_lens[b] - 1`; its KV (including this step's) lives in blocks `block_tables[b]`.
     `logits_indices` picks the token rows whose next-token logits are needed.
 
+    KV groups (`interfaces.kv.GroupedKV`, a model whose manager has several): `block_tables`
+    and `slot_mapping` are the first full group's; `group_block_tables` holds every group's
+    table, in `GroupedKV.groups` order, each `[B, max_blocks]` like `block_tables` (block i of
+    every group holds positions [i * block_size, (i + 1) * block_size); a window group's
+    entries it no longer keeps are 0). It is empty with one group, and in start-up's scratch
+    batches, whose KV caches give every group the same blocks: `group_table(g)` answers
+    `block_tables` then.
+
     The `*_cpu` fields, when set, are host copies of those fields (the engine has them before
     the device does): a backend that plans on the host reads them without waiting for the
     device. They are None in batches captured into CUDA graphs.
@@ -48,6 +56,12 @@ class ForwardBatch:
     block_tables_cpu: torch.Tensor | None = None
     logits_out: torch.Tensor | None = None
     host: HostBatch | None = None
+    group_block_tables: tuple[torch.Tensor, ...] = ()  # [B, max_blocks] int32 each
+
+    def group_table(self, group: int) -> torch.Tensor:
+        """KV group `group`'s block tables (`GroupedKV.groups` order): `block_tables` where
+        the batch has none per group."""
+        return self.group_block_tables[group] if self.group_block_tables else self.block_tables
 
     @property
     def num_tokens(self) -> int:
@@ -60,7 +74,8 @@ class ForwardBatch:
 
 @dataclass(slots=True)
 class HostBatch:
-    """The host image of a `ForwardBatch` (same fields, numpy arrays)."""
+    """The host image of a `ForwardBatch` (same fields, numpy arrays). With KV groups,
+    `block_tables` is the first full group's entry of `group_block_tables` (the same array)."""
 
     input_ids: np.ndarray  # [T] int64
     positions: np.ndarray  # [T] int64
@@ -71,6 +86,7 @@ class HostBatch:
     logits_indices: np.ndarray  # [S] int64
     max_query_len: int
     max_seq_len: int
+    group_block_tables: tuple[np.ndarray, ...] = ()  # [B, width] int32 each
 
     @property
     def num_seqs(self) -> int:
@@ -99,15 +115,20 @@ class HostBatch:
                 host = host.pin_memory()
             return host.to(device, non_blocking=True)
 
+        block_tables = dev(self.block_tables)
+        # The full group's table is `block_tables` itself: moved once.
+        groups = tuple(block_tables if t is self.block_tables else dev(t)
+                       for t in self.group_block_tables)
         return ForwardBatch(
             input_ids=dev(self.input_ids), positions=dev(self.positions),
             slot_mapping=dev(self.slot_mapping), query_start_loc=dev(self.query_start_loc),
-            seq_lens=dev(self.seq_lens), block_tables=dev(self.block_tables),
+            seq_lens=dev(self.seq_lens), block_tables=block_tables,
             logits_indices=dev(self.logits_indices), max_query_len=self.max_query_len,
             max_seq_len=self.max_seq_len,
             query_start_loc_cpu=torch.from_numpy(self.query_start_loc),
             seq_lens_cpu=torch.from_numpy(self.seq_lens),
-            block_tables_cpu=torch.from_numpy(self.block_tables), host=self)
+            block_tables_cpu=torch.from_numpy(self.block_tables), host=self,
+            group_block_tables=groups)
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> HostBatch:
@@ -116,9 +137,9 @@ class HostBatch:
         known = batch.host
         if known is not None:
             if (len(known.input_ids), known.num_seqs, len(known.logits_indices),
-                    known.block_tables.shape) != (batch.num_tokens, batch.num_seqs,
-                                                  len(batch.logits_indices),
-                                                  tuple(batch.block_tables.shape)):
+                    known.block_tables.shape, len(known.group_block_tables)) != (
+                        batch.num_tokens, batch.num_seqs, len(batch.logits_indices),
+                        tuple(batch.block_tables.shape), len(batch.group_block_tables)):
                 raise ValueError("ForwardBatch.host does not describe its batch: change the "
                                  "HostBatch before to_device(), or set host=None")
             return known
@@ -126,12 +147,15 @@ class HostBatch:
         def host(t: torch.Tensor) -> np.ndarray:
             return t.cpu().numpy()
 
+        block_tables = host(batch.block_tables)
+        groups = tuple(block_tables if t is batch.block_tables else host(t)
+                       for t in batch.group_block_tables)
         return cls(
             input_ids=host(batch.input_ids), positions=host(batch.positions),
             slot_mapping=host(batch.slot_mapping), query_start_loc=host(batch.query_start_loc),
-            seq_lens=host(batch.seq_lens), block_tables=host(batch.block_tables),
+            seq_lens=host(batch.seq_lens), block_tables=block_tables,
             logits_indices=host(batch.logits_indices), max_query_len=batch.max_query_len,
-            max_seq_len=batch.max_seq_len)
+            max_seq_len=batch.max_seq_len, group_block_tables=groups)
 
 
 @runtime_checkable
@@ -150,12 +174,15 @@ class Model(Protocol):
     device: torch.device
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        """Device bytes one KV block takes over all layers. Pure."""
+        """Device bytes one KV block takes over all layers (with KV groups: one block of every
+        full group; `capabilities.SupportsKVGroups`). Pure."""
         ...
 
     def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
         """Allocate the KV device buffer (block 0 = padding) and return its block manager.
-        Called once, before the first forward."""
+        Called before the first forward (start-up may call it before with scratch sizes; each
+        call replaces the buffer). A model with KV groups takes the step limits as a third
+        argument (`capabilities.SupportsKVGroups.create_kv_cache`)."""
         ...
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

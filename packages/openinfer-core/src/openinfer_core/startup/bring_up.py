@@ -26,8 +26,14 @@ import torch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner, new_graph_runner
 from openinfer_core.engine.offload import KVOffload
-from openinfer_core.interfaces.capabilities import sampling_kernels_of
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import (
+    create_kv_cache_of,
+    sampling_kernels_of,
+    supports_close,
+    window_groups_of,
+)
+from openinfer_core.interfaces.kv import GroupedKV, KVManager
 from openinfer_core.interfaces.model import Model
 from openinfer_core.plugins import PluginManager
 from openinfer_core.sampling.sampler import warm_up_kernels
@@ -41,6 +47,7 @@ from openinfer_core.startup.memory_budget import (
     StepMemory,
     fit_max_model_len,
     kv_blocks,
+    kv_step_limits,
     profile_key,
     step_memory,
 )
@@ -77,6 +84,7 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
     start = time.perf_counter()
     loaded = load_model(config, plugins)
     model = loaded.model
+    check_kv_offload(config, model)
     seconds = {"weights": loaded.seconds}
     resident = {"imports": loaded.imports_mb, "weights": resident_mb()}
     key = (profile_key(config, model, loaded.hf_config, loaded.attention_backend)
@@ -100,13 +108,30 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
 
 
 def _allocate_kv(config: EngineConfig, model: Model, step: StepMemory | None) -> KVManager:
-    kv = model.create_kv_cache(kv_blocks(config, model, model.device, step), config.block_size)
+    kv = create_kv_cache_of(model, kv_blocks(config, model, model.device, step),
+                            config.block_size, kv_step_limits(config))
     kv.enable_prefix_caching = config.enable_prefix_caching
     fit_max_model_len(config, model, kv)
     log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
              kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
              "on" if config.enable_prefix_caching else "off")
+    if isinstance(kv, GroupedKV) and len(kv.groups) > 1:
+        log.info("KV groups: %s", ", ".join(
+            f"{u.name} {u.total} blocks" for u in kv.group_usage()))
     return kv
+
+
+def check_kv_offload(config: EngineConfig, model: Model) -> None:
+    """Refuse `--kv-offload` for a model with window KV groups: the offload tiers save and
+    restore one block table (the openinfer-kvcache README says what groups would need)."""
+    windows = window_groups_of(model)
+    if config.kv_offload and windows:
+        if supports_close(model):  # tensor-parallel ranks already started
+            model.close()
+        raise ModelConfigError(
+            f"--kv-offload: model {config.model!r} keeps KV in window groups "
+            f"({', '.join(g.name for g in windows)}), which the offload tiers cannot save or "
+            "restore yet: leave out --kv-offload")
 
 
 def _first_steps(config: EngineConfig, model: Model, step: StepMemory | None, defer: bool,

@@ -11,7 +11,11 @@ limits, dtype and device reads it back, with a margin, and skips the forward.
 
 A KV cache too small for one sequence of `max_model_len` tokens lowers `max_model_len` to what
 it holds, with a warning, when the user left it to the model; when they set it, the start is
-refused with what to change (as vLLM does)."""
+refused with what to change (as vLLM does).
+
+A model with window KV groups (`capabilities.SupportsKVGroups`) sizes their pools for the
+step limits; their bytes (`kv_window_bytes`) come off the budget first, and the full groups'
+blocks take the rest."""
 
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ import torch
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.errors import ModelConfigError
-from openinfer_core.interfaces.capabilities import supports_cuda_graphs
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.capabilities import supports_cuda_graphs, supports_kv_groups
+from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import HostBatch, Model
 from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_core.startup import measurement_cache
@@ -135,14 +139,23 @@ def profile_forward_peak(config: EngineConfig, model: Model) -> int:
     return int(forward_peak)
 
 
+def kv_step_limits(config: EngineConfig) -> KVStepLimits:
+    """What sizes a window KV group's pool: the scheduler's limits on one step."""
+    return KVStepLimits(config.max_num_seqs, config.max_num_batched_tokens)
+
+
 def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
               step: StepMemory | None = None) -> int:
-    """Blocks (padding included) that fit the memory budget, but no more than every sequence
-    at full length could use. `step`: what a step needs besides (CUDA: required)."""
+    """Blocks (padding included) of the full KV group(s) that fit the memory budget, after the
+    window groups' pools (sized for the step limits), but no more than every sequence at full
+    length could use. `step`: what a step needs besides (CUDA: required). `num_kv_blocks`,
+    when set, is the full groups' count, the window pools come on top."""
     per_block = model.kv_bytes_per_block(config.block_size)
     useful = config.max_num_seqs * -(-model.max_model_len // config.block_size) + 1
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
+    windows = (model.kv_window_bytes(config.block_size, kv_step_limits(config))
+               if supports_kv_groups(model) else 0)
     if device.type == "cuda":
         if step is None:
             raise ValueError("kv_blocks on CUDA needs the step's memory")
@@ -154,11 +167,13 @@ def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
             budget -= OFFLOAD_DEVICE_BYTES
     else:
         budget = config.cpu_kv_cache_gib * (1 << 30)
-    blocks = min(int(budget // per_block), useful)
+    blocks = min(int((budget - windows) // per_block), useful)
     if blocks < 2:
+        pools = (f", after {windows} bytes for the window KV groups' pools (lower "
+                 "max_num_seqs / max_num_batched_tokens to shrink them)" if windows else "")
         raise ModelConfigError(
-            f"no memory left for the KV cache (one block needs {per_block} bytes); lower "
-            "max_model_len or raise gpu_memory_utilization / cpu_kv_cache_gib"
+            f"no memory left for the KV cache (one block needs {per_block} bytes{pools}); "
+            "lower max_model_len or raise gpu_memory_utilization / cpu_kv_cache_gib"
         )
     return blocks
 
