@@ -18,6 +18,7 @@ from openinfer_server.chat_output import ChatParsing, ChoiceOutput, OutputPiece
 from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.errors import APIError
 from openinfer_server.generation import ChoiceResult, respond
+from openinfer_server.json_body import JSONBodyRoute
 from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs, prompt_logprobs
 from openinfer_server.prompt_limit import PromptLimit
 from openinfer_server.prompts import MaxTokens, Prompt, text_prompt
@@ -26,7 +27,7 @@ from openinfer_server.run_plan import RunPlan, build_runs
 from openinfer_server.state import ServerState, StateDep
 from openinfer_server.structured import chat_structured_output
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 # Set by the server itself; a client passing them in chat_template_kwargs would clash.
 _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools"})

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from openinfer_core.errors import TooManyTokensError
 from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.generation import ChoiceResult, respond
+from openinfer_server.json_body import JSONBodyRoute
 from openinfer_server.logprobs import (
     TokenLogprob,
     TokenText,
@@ -25,7 +26,7 @@ from openinfer_server.run_plan import RunPlan, build_runs, echo_texts
 from openinfer_server.state import ServerState, StateDep
 from openinfer_server.structured import structured_output
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 # OpenAI's default for the legacy completions endpoint.
 DEFAULT_MAX_TOKENS = 16

@@ -12,11 +12,12 @@ from starlette.responses import JSONResponse
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_server.chat import chat_prompt
+from openinfer_server.json_body import JSONBodyRoute
 from openinfer_server.prompt_limit import PromptLimit
 from openinfer_server.protocol import ChatCompletionRequest, ChatMessage, _Body
 from openinfer_server.state import ServerState, StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 class TokenizeCompletionRequest(_Body):

@@ -24,7 +24,8 @@ class TokenizerThreads:
     function it is given must not touch the loop. Threads start on first use."""
 
     def __init__(self, threads: int | None = None) -> None:
-        count = threads or min(MAX_THREADS, len(os.sched_getaffinity(0)))
+        # One core left to the event loop: tokenizing at full tilt must not starve it.
+        count = threads or max(1, min(MAX_THREADS, len(os.sched_getaffinity(0)) - 1))
         self._pool = ThreadPoolExecutor(max_workers=count,
                                          thread_name_prefix="openinfer-tokenize")
 
