@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from openinfer_core.errors import TokenizerError
+from openinfer_core.errors import TokenizerError, TooManyTokensError
 from openinfer_core.text.tiktoken_bpe import tiktoken_to_tokenizer_json
 from openinfer_core.text.tokenizer import Tokenizer
 
@@ -132,3 +132,17 @@ def test_bad_chat_template_entry(model_dir: Path) -> None:
     _write(model_dir, "tokenizer_config.json", {"chat_template": [{"template": "x"}]})
     with pytest.raises(TokenizerError, match="name"):
         Tokenizer.from_dir(model_dir)
+
+
+def test_encode_max_tokens_counts_before_listing_ids(model_dir: Path) -> None:
+    tok = Tokenizer.from_dir(model_dir)
+    assert tok.encode("hi the", max_tokens=2) == tok.encode("hi the") == [256, 259]
+    with pytest.raises(TooManyTokensError) as info:
+        tok.encode("hi the", max_tokens=1)
+    assert (info.value.count, info.value.limit, info.value.param) == (2, 1, "prompt")
+    _write(model_dir, "tokenizer_config.json", {"bos_token": "<s>", "add_bos_token": True})
+    with_bos = Tokenizer.from_dir(model_dir)
+    assert with_bos.encode("hi the", max_tokens=3) == [260, 256, 259]
+    with pytest.raises(TooManyTokensError) as info:  # the BOS counts
+        with_bos.encode("hi the", max_tokens=2)
+    assert info.value.count == 3

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 from fastapi import FastAPI
-from live_server import ALIAS, MODEL, LiveServer
+from live_server import ALIAS, API_KEY, MODEL, LiveServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from openinfer_core.handle import EngineHandle
@@ -78,7 +78,7 @@ def test_build_app_checks_its_arguments(engine: EngineHandle, tokenizer: Tokeniz
 
 
 def _samples(server: LiveServer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = httpx.get(f"{server.url}/metrics")
+    response = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     out = {}

@@ -15,6 +15,15 @@ class InvalidParameterError(OpenInferError, ValueError):
         self.param = param
 
 
+class TooManyTokensError(InvalidParameterError):
+    """A text has more tokens than its caller allows; `count` is how many it has."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__("prompt", f"has {count} tokens, more than the {limit} allowed")
+        self.count = count
+        self.limit = limit
+
+
 class ModelConfigError(OpenInferError):
     """config.json is missing, malformed, or describes something we cannot run."""
 

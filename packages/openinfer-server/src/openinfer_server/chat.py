@@ -12,20 +12,22 @@ import jinja2
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from openinfer_core.errors import InvalidParameterError, TokenizerError
+from openinfer_core.errors import InvalidParameterError, TokenizerError, TooManyTokensError
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.chat_output import ChatParsing, ChoiceOutput, OutputPiece
 from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.errors import APIError
 from openinfer_server.generation import ChoiceResult, respond
+from openinfer_server.json_body import JSONBodyRoute
 from openinfer_server.logprobs import TokenLogprob, TokenText, chat_logprobs, prompt_logprobs
-from openinfer_server.prompts import MaxTokens, Prompt
+from openinfer_server.prompt_limit import PromptLimit
+from openinfer_server.prompts import MaxTokens, Prompt, text_prompt
 from openinfer_server.protocol import ChatCompletionRequest
 from openinfer_server.run_plan import RunPlan, build_runs
 from openinfer_server.state import ServerState, StateDep
 from openinfer_server.structured import chat_structured_output
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 # Set by the server itself; a client passing them in chat_template_kwargs would clash.
 _RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt", "tools"})
@@ -38,7 +40,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     state.check_serving()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     plan = chat_plan(body, state)
-    prompt = chat_prompt(body, state.tokenizer)
+    try:
+        prompt = await state.threads.run(chat_prompt, body, state.tokenizer, state.prompt_limit)
+    except TooManyTokensError as e:
+        plan.max_tokens.refuse(e.count, state.max_model_len)
     runs = build_runs(state, request_id, [prompt], plan)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,
@@ -65,7 +70,10 @@ def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
                    prompt_scores=body.prompt_logprobs is not None, scores_once=True)
 
 
-def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:
+def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer,
+                limit: PromptLimit) -> Prompt:
+    """The conversation rendered and tokenized, within `limit` (`prompts.text_prompt`).
+    Renders and tokenizes: call it on a worker thread (`TokenizerThreads`)."""
     kwargs = dict(body.chat_template_kwargs or {})
     clash = _RESERVED_TEMPLATE_KWARGS & kwargs.keys()
     if clash:
@@ -92,11 +100,10 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer) -> Prompt:
         raise InvalidParameterError(
             "messages", f"the model's chat template cannot format these messages: {e!r}"
         ) from e
-    # The template placed every special token already; do not add a BOS again.
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if not ids:
+    if not text:
         raise InvalidParameterError("messages", "the rendered conversation is empty")
-    return Prompt(ids, text)
+    # The template placed every special token already; do not add a BOS again.
+    return text_prompt(text, tokenizer, add_special_tokens=False, limit=limit, where="messages")
 
 
 class ChatRenderer:

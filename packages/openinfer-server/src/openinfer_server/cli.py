@@ -16,6 +16,7 @@ from typing import Any
 
 from openinfer_core.errors import OpenInferError
 from openinfer_core.generation_config import GENERATION_CONFIG_MODES
+from openinfer_server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 
 API_KEY_ENV = "OPENINFER_API_KEY"
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -203,8 +204,14 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
                      help="model name(s) clients may send; the first is reported "
                           "(default: MODEL as given)")
     net.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
-                     help="require 'Authorization: Bearer KEY' on /v1 requests "
+                     help="require 'Authorization: Bearer KEY' on every route but /health "
                           f"(default: ${API_KEY_ENV}, else none)")
+    net.add_argument("--metrics-without-auth", action="store_true",
+                     help="with --api-key, leave /metrics open (for a Prometheus scraper)")
+    net.add_argument("--max-request-bytes", type=int_at_least(1),
+                     default=DEFAULT_MAX_REQUEST_BYTES, metavar="N",
+                     help="largest request body accepted; a larger one gets 413 before it is "
+                          "read (default %(default)s, 32 MiB)")
     net.add_argument("--log-level", choices=LOG_LEVELS, default="info",
                      help="log verbosity (default %(default)s)")
     net.add_argument("--generation-config", type=_generation_config, default="auto",

@@ -10,8 +10,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from openinfer_core.errors import TooManyTokensError
 from openinfer_server.choice import ChoiceDelta, PromptScores
 from openinfer_server.generation import ChoiceResult, respond
+from openinfer_server.json_body import JSONBodyRoute
 from openinfer_server.logprobs import (
     TokenLogprob,
     TokenText,
@@ -20,11 +22,11 @@ from openinfer_server.logprobs import (
 )
 from openinfer_server.prompts import MaxTokens, completion_prompts
 from openinfer_server.protocol import CompletionRequest
-from openinfer_server.run_plan import RunPlan, build_runs
+from openinfer_server.run_plan import RunPlan, build_runs, echo_texts
 from openinfer_server.state import ServerState, StateDep
 from openinfer_server.structured import structured_output
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 # OpenAI's default for the legacy completions endpoint.
 DEFAULT_MAX_TOKENS = 16
@@ -37,9 +39,14 @@ async def create_completion(body: CompletionRequest, request: Request,
     state.check_serving()
     request_id = f"cmpl-{uuid.uuid4().hex}"
     plan = completion_plan(body, state)
-    prompts = completion_prompts(body.prompt, state.tokenizer,
-                                 add_special_tokens=body.add_special_tokens)
-    runs = build_runs(state, request_id, prompts, plan)
+    try:
+        prompts = await state.threads.run(
+            completion_prompts, body.prompt, state.tokenizer,
+            add_special_tokens=body.add_special_tokens, limit=state.prompt_limit)
+    except TooManyTokensError as e:
+        plan.max_tokens.refuse(e.count, state.max_model_len)
+    echoes = await state.threads.run(echo_texts, prompts, state, plan) if plan.echo else None
+    runs = build_runs(state, request_id, prompts, plan, echoes)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = CompletionRenderer(request_id, state.model_name, names,
                                   logprobs=body.logprobs is not None)

@@ -208,7 +208,8 @@ def _build_server(frontend: Frontend, engine: EngineHandle) -> _Server:
     tokenizer = _prepared.pop(frontend.folder, None) or _load_tokenizer(frontend)
     log.info("[4/4] HTTP app: serving %s", ", ".join(repr(n) for n in frontend.served_names))
     app = build_app(engine, tokenizer, served_model_names=frontend.served_names,
-                    api_key=args.api_key, is_demo=frontend.is_demo,
+                    api_key=args.api_key, metrics_without_auth=args.metrics_without_auth,
+                    max_request_bytes=args.max_request_bytes, is_demo=frontend.is_demo,
                     max_model_len=engine.model_info.max_model_len,
                     sampling_defaults=frontend.sampling_defaults,
                     parsers=ChatParsers.from_names(get_plugin_manager().registries,

@@ -4,10 +4,12 @@ tokens each may generate within the model's length."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
-from openinfer_core.errors import InvalidParameterError
+from openinfer_core.errors import InvalidParameterError, TooManyTokensError
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_server.errors import APIError
+from openinfer_server.prompt_limit import PromptLimit
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,33 +19,44 @@ class Prompt:
 
 
 def completion_prompts(prompt: str | list[int] | list[str] | list[list[int]],
-                       tokenizer: Tokenizer, *, add_special_tokens: bool) -> list[Prompt]:
-    """/v1/completions accepts one string, several, one list of ids, or several."""
+                       tokenizer: Tokenizer, *, add_special_tokens: bool,
+                       limit: PromptLimit) -> list[Prompt]:
+    """/v1/completions accepts one string, several, one list of ids, or several. Tokenizes:
+    call it on a worker thread (`TokenizerThreads`)."""
     if isinstance(prompt, str):
-        return [text_prompt(prompt, tokenizer, add_special_tokens=add_special_tokens)]
+        return [text_prompt(prompt, tokenizer, add_special_tokens=add_special_tokens,
+                            limit=limit)]
     if not prompt:
         raise InvalidParameterError("prompt", "must not be empty")
     if all(isinstance(p, int) for p in prompt):
-        return [ids_prompt(prompt, tokenizer)]  # type: ignore[arg-type]
+        return [ids_prompt(prompt, tokenizer, limit)]  # type: ignore[arg-type]
     out: list[Prompt] = []
     for p in prompt:
         if isinstance(p, str):
-            out.append(text_prompt(p, tokenizer, add_special_tokens=add_special_tokens))
+            out.append(text_prompt(p, tokenizer, add_special_tokens=add_special_tokens,
+                                   limit=limit))
         else:
-            out.append(ids_prompt(p, tokenizer))  # type: ignore[arg-type]
+            out.append(ids_prompt(p, tokenizer, limit))  # type: ignore[arg-type]
     return out
 
 
-def text_prompt(text: str, tokenizer: Tokenizer, *, add_special_tokens: bool) -> Prompt:
-    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+def text_prompt(text: str, tokenizer: Tokenizer, *, add_special_tokens: bool,
+                limit: PromptLimit, where: str = "prompt") -> Prompt:
+    """`text` tokenized, unless it is too long in characters (a 400 before tokenizing) or in
+    tokens (`TooManyTokensError`, before its ids are listed)."""
+    limit.check_chars(text, where)
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens,
+                           max_tokens=limit.max_tokens)
     if not ids:
-        raise InvalidParameterError("prompt", "must contain at least one token, got empty text")
+        raise InvalidParameterError(where, "must contain at least one token, got empty text")
     return Prompt(ids, text)
 
 
-def ids_prompt(ids: list[int], tokenizer: Tokenizer) -> Prompt:
+def ids_prompt(ids: list[int], tokenizer: Tokenizer, limit: PromptLimit) -> Prompt:
     if not ids:
         raise InvalidParameterError("prompt", "a token-id prompt must not be empty")
+    if limit.max_tokens is not None and len(ids) > limit.max_tokens:
+        raise TooManyTokensError(len(ids), limit.max_tokens)
     vocab = tokenizer.vocab_size
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
@@ -81,6 +94,12 @@ class MaxTokens:
         known."""
         asked = self._asked
         return asked if asked is not None else max_model_len
+
+    def refuse(self, prompt_tokens: int, max_model_len: int) -> NoReturn:
+        """`for_prompt`'s 400 for a prompt of `max_model_len` tokens or more, which leaves no
+        room to generate (a `TooManyTokensError` from tokenizing it)."""
+        self.for_prompt(prompt_tokens, max_model_len)
+        raise AssertionError(f"a prompt of {prompt_tokens} tokens fits in {max_model_len}")
 
     def for_prompt(self, prompt_tokens: int, max_model_len: int) -> int:
         """The prompt's own: the requested number when it fits, else a 400 with the numbers.

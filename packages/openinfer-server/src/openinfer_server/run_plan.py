@@ -53,12 +53,13 @@ class RunPlan:
 
 
 def build_runs(state: ServerState, request_id: str, prompts: list[Prompt],
-               plan: RunPlan) -> list[ChoiceRun]:
-    """`plan.n` engine requests per prompt, prompt-major. Nothing is submitted yet."""
+               plan: RunPlan, echoes: list[str] | None = None) -> list[ChoiceRun]:
+    """`plan.n` engine requests per prompt, prompt-major; with `plan.echo`, each choice opens
+    with its prompt's text from `echoes` (`echo_texts`). Nothing is submitted yet."""
     runs: list[ChoiceRun] = []
-    for prompt in prompts:
+    for p, prompt in enumerate(prompts):
         max_tokens = plan.max_tokens.for_prompt(len(prompt.token_ids), state.max_model_len)
-        prefix = _echoed(prompt, state, plan.sampling) if plan.echo else ""
+        prefix = echoes[p] if plan.echo and echoes is not None else ""
         for i in range(plan.n):
             index = len(runs)
             engine_request = GenerateRequest(f"{request_id}-{index}", tuple(prompt.token_ids),
@@ -72,9 +73,9 @@ def build_runs(state: ServerState, request_id: str, prompts: list[Prompt],
     return runs
 
 
-def _echoed(prompt: Prompt, state: ServerState, sampling: SamplingParams) -> str:
-    """The prompt's text as echoed: as sent, or decoded when the client sent token ids."""
-    if prompt.text is not None:
-        return prompt.text
-    return state.tokenizer.decode(prompt.token_ids,
-                                  skip_special_tokens=sampling.skip_special_tokens)
+def echo_texts(prompts: list[Prompt], state: ServerState, plan: RunPlan) -> list[str]:
+    """Each prompt's text as echoed: as sent, or decoded when the client sent token ids (on a
+    worker thread: a prompt may be long)."""
+    skip = plan.sampling.skip_special_tokens
+    return [p.text if p.text is not None
+            else state.tokenizer.decode(p.token_ids, skip_special_tokens=skip) for p in prompts]

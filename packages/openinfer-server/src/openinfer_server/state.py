@@ -1,4 +1,5 @@
-"""What every handler of one app shares: the engine, the tokenizer and the served names."""
+"""What every handler of one app shares: the engine, the tokenizer, its threads and the served
+names."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from openinfer_server.availability import Shutdown, engine_dead, shutting_down
 from openinfer_server.chat_output import ChatParsers
 from openinfer_server.errors import APIError
 from openinfer_server.metrics import ServerMetrics
+from openinfer_server.prompt_limit import PromptLimit
+from openinfer_server.tokenizer_threads import TokenizerThreads
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,10 @@ class ServerState:
     served_model_names: tuple[str, ...]
     max_model_len: int
     metrics: ServerMetrics
+    # How long a prompt may be, in tokens and (checked before tokenizing) in characters.
+    prompt_limit: PromptLimit
+    # Where prompts are tokenized and chat templates rendered: off the event loop.
+    threads: TokenizerThreads
     is_demo: bool = False
     # What a request gets for a sampling field it leaves out (--generation-config auto): the
     # checkpoint's generation_config.json values, keyed by SamplingParams field name.

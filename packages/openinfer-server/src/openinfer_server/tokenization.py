@@ -12,10 +12,12 @@ from starlette.responses import JSONResponse
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_server.chat import chat_prompt
+from openinfer_server.json_body import JSONBodyRoute
+from openinfer_server.prompt_limit import PromptLimit
 from openinfer_server.protocol import ChatCompletionRequest, ChatMessage, _Body
 from openinfer_server.state import ServerState, StateDep
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 class TokenizeCompletionRequest(_Body):
@@ -61,16 +63,24 @@ class DetokenizeRequest(_Body):
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, state: StateDep) -> JSONResponse:
     state.check_model(body.model)
+    return await state.threads.run(_tokenize, body, state)
+
+
+def _tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest,
+              state: ServerState) -> JSONResponse:
+    """On a worker thread: the ids, and the response rendered (a long list takes a while)."""
+    limit = state.prompt_limit.counting_only()
     if isinstance(body, TokenizeCompletionRequest):
+        limit.check_chars(body.prompt, "prompt")
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = _chat_ids(body, state)
+        ids = _chat_ids(body, state, limit)
     strs = state.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
     return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len,
                          "tokens": ids, "token_strs": strs})
 
 
-def _chat_ids(body: TokenizeChatRequest, state: ServerState) -> list[int]:
+def _chat_ids(body: TokenizeChatRequest, state: ServerState, limit: PromptLimit) -> list[int]:
     if body.continue_final_message and body.add_generation_prompt:
         raise InvalidParameterError(
             "continue_final_message", "cannot be combined with add_generation_prompt=true; "
@@ -82,7 +92,7 @@ def _chat_ids(body: TokenizeChatRequest, state: ServerState) -> list[int]:
         "add_generation_prompt": body.add_generation_prompt,
         "continue_final_message": body.continue_final_message})
     chat.refuse_unsupported()  # what chat completions cannot render, tokenize refuses too
-    prompt = chat_prompt(chat, state.tokenizer)
+    prompt = chat_prompt(chat, state.tokenizer, limit)
     if not body.add_special_tokens:
         return prompt.token_ids
     assert prompt.text is not None
@@ -92,6 +102,10 @@ def _chat_ids(body: TokenizeChatRequest, state: ServerState) -> list[int]:
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, state: StateDep) -> JSONResponse:
     state.check_model(body.model)
+    return await state.threads.run(_detokenize, body, state)
+
+
+def _detokenize(body: DetokenizeRequest, state: ServerState) -> JSONResponse:
     vocab = state.tokenizer.vocab_size
     for t in body.tokens:
         if not 0 <= t < vocab:
