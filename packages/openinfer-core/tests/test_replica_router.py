@@ -181,7 +181,7 @@ def test_abort_goes_to_the_holder_and_load_sums() -> None:
     assert supports_replica_loads(router)
     assert not supports_replica_loads(replicas[0])
     assert router.replica_loads() == [replicas[0].snapshot, replicas[1].snapshot]
-    assert router.model_info is replicas[0].model_info
+    assert router.model_info == replicas[0].model_info
 
 
 def test_generate_reaches_the_routed_replica() -> None:
