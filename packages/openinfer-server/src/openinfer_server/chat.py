@@ -56,7 +56,8 @@ def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
     max_tokens = MaxTokens(requested, state.sampling_defaults.get("max_tokens"), param=param,
                            where="messages")
     sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len),
-                                    body.logprobs_count, logprobs_field="top_logprobs",
+                                    body.logprobs_count, state.tokenizer.vocab_size,
+                                    logprobs_field="top_logprobs",
                                     defaults=state.sampling_defaults)
     sampling = replace(sampling, structured=chat_structured_output(body),
                        prompt_logprobs=body.prompt_logprobs)

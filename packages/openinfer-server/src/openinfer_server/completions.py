@@ -52,6 +52,7 @@ def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
     max_tokens = MaxTokens(body.max_tokens, DEFAULT_MAX_TOKENS, param="max_tokens",
                            where="prompt")
     sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len), body.logprobs,
+                                    state.tokenizer.vocab_size,
                                     defaults=state.sampling_defaults)
     sampling = replace(sampling, structured=structured_output(body),
                        prompt_logprobs=body.prompt_logprobs_count)

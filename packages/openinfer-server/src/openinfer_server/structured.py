@@ -1,6 +1,7 @@
 """From a request's structured-output fields to the engine's `StructuredOutput`: OpenAI's
 `response_format`, vLLM's `structured_outputs` and `guided_*`, and forced tool choice. Each
-grammar is checked here, so a bad one is a 400 before the engine sees the request."""
+grammar is checked here (it compiles within llguidance's limits and admits some string), so
+a bad one is a 400 naming the request field it came from before the engine sees it."""
 
 from __future__ import annotations
 
@@ -13,9 +14,19 @@ from openinfer_core.params import STRUCTURED_KINDS, StructuredOutput
 from openinfer_core.structured.grammar import check
 from openinfer_server.protocol import ChatCompletionRequest, _Sampling
 
-# A check runs on the event loop and costs up to milliseconds for a large tool set, which
-# clients send again and again; a failed check raises, and raising is not cached.
-_check = functools.lru_cache(maxsize=256)(check)
+# A check runs on the event loop and costs up to milliseconds for a large tool set (tens for
+# a grammar near llguidance's limits), which clients send again and again; a failed check
+# raises, and raising is not cached.
+_cached_check = functools.lru_cache(maxsize=256)(check)
+
+
+def _check(spec: StructuredOutput, field: str) -> None:
+    """`check`, its error naming the request field (`field`) that carried the grammar."""
+    try:
+        _cached_check(spec)
+    except InvalidParameterError as exc:
+        reason = str(exc).removeprefix(f"{exc.param}: ")
+        raise InvalidParameterError(field, f"the {exc.param} {reason}") from exc
 
 
 def structured_output(body: _Sampling) -> StructuredOutput | None:
@@ -38,8 +49,8 @@ def structured_output(body: _Sampling) -> StructuredOutput | None:
             f"{', '.join(name for name, _ in found)}")
     if not found:
         return None
-    spec = found[0][1]
-    _check(spec)
+    field, spec = found[0]
+    _check(spec, field)
     return spec
 
 
@@ -56,7 +67,7 @@ def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | No
             "tool_choice", "a forced tool choice cannot be combined with response_format or "
             "structured_outputs")
     spec = StructuredOutput("json", json.dumps(forced))
-    _check(spec)
+    _check(spec, "tools")
     return spec
 
 
@@ -91,19 +102,10 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """Function name -> its parameters schema (an empty object when it takes none)."""
-    out: dict[str, dict[str, Any]] = {}
-    for i, tool in enumerate(tools or []):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise InvalidParameterError("tools", f"tools[{i}] must be "
-                                        '{"type": "function", "function": {"name": ...}}')
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise InvalidParameterError("tools", f"tools[{i}].function.parameters must be a "
-                                        "JSON schema object")
-        out[fn["name"]] = params or {"type": "object", "properties": {}}
-    return out
+    """Function name -> its parameters schema (an empty object when it takes none). The
+    tools are well formed (validation.check_tools ran as the body was parsed)."""
+    return {tool["function"]["name"]: tool["function"].get("parameters")
+            or {"type": "object", "properties": {}} for tool in tools or []}
 
 
 def _from_response_format(fmt: dict[str, Any]) -> StructuredOutput | None:
