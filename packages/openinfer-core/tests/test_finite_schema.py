@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from openinfer_core.structured.finite_schema import MAX_VISITS, has_finite_instance
+from openinfer_core.structured.finite_schema import MAX_DEPTH, MAX_REFS, has_finite_instance
 
 NODE = {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}},
         "required": ["next"]}
@@ -49,6 +49,24 @@ def test_finite_instance(schema: dict[str, Any]) -> None:
     assert has_finite_instance(schema)
 
 
-def test_a_huge_schema_is_left_to_llguidance() -> None:
-    wide = {"anyOf": [{"$ref": "#"}] * (MAX_VISITS + 1)}
-    assert has_finite_instance(wide)
+def test_many_references_are_left_to_llguidance() -> None:
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(MAX_REFS + 1)}
+    defs[f"d{MAX_REFS + 1}"] = {"$ref": "#/$defs/d0"}  # a loop: no instance at all
+    assert has_finite_instance({"$defs": defs, "$ref": "#/$defs/d0"})
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(MAX_REFS // 2)}
+    defs[f"d{MAX_REFS // 2}"] = {"$ref": "#/$defs/d0"}
+    assert not has_finite_instance({"$defs": defs, "$ref": "#/$defs/d0"})
+
+
+def test_wide_schemas_cost_one_walk_per_reference() -> None:
+    """Thousands of branches back to the root: answered without exploring their products."""
+    assert not has_finite_instance({"anyOf": [{"$ref": "#"}] * 5_000})
+    assert has_finite_instance({"anyOf": [{"$ref": "#"}] * 5_000 + [{"type": "null"}]})
+
+
+def test_a_deep_schema_is_left_to_llguidance() -> None:
+    """Deeper than MAX_DEPTH the answer is "finite", never a RecursionError."""
+    schema: dict[str, Any] = {"$ref": "#"}
+    for _ in range(MAX_DEPTH * 5):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    assert has_finite_instance(schema)

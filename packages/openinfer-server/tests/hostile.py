@@ -70,10 +70,32 @@ NESTED = [deep(64), deep(500), deep(990), deep(5000), deep(100_000),
           Raw('{"a":' * 2000 + "1" + "}" * 2000)]
 
 
-def edge_values(vocab_size: int) -> dict[str, list[Any]]:
-    """Values at the very ends of what each field accepts: these reach the engine."""
+def deep_schema(depth: int) -> Raw:
+    """An object schema nested `depth` deep, each level requiring the next."""
+    return Raw('{"type":"object","properties":{"a":' * depth + '{"type":"string"}'
+               + '},"required":["a"]}' * depth)
+
+
+SELF_NESTED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+SCHEMAS = [SELF_NESTED, {"$ref": "#"}, deep_schema(300),
+           {"type": "integer", "minimum": 5, "maximum": 3}, {"enum": []}, {"type": "nope"},
+           {"$ref": "https://example.com/s.json"}, {"anyOf": [{"$ref": "#"}] * 2000}]
+GRAMMARS = ["start: start", 'start: "x" a\na: a', "start: " + " | ".join(
+    f'"w{i}"' for i in range(3000)), "", "%import common.WORD"]
+REGEXES = ["a{1000000}", "((a{100}){100}){100}", "(", "[^\\x00-\\x{10FFFF}]", "", "\\"]
+
+
+def aimed_values(vocab_size: int) -> dict[Any, list[Any]]:
+    """Values aimed at one field (a name, or a path into the body): the ends of what it
+    accepts, which reach the engine, and grammars no output can satisfy."""
     last = vocab_size - 1
     return {
+        "guided_json": SCHEMAS, ("structured_outputs", "json"): SCHEMAS,
+        "response_format": [{"type": "json_schema", "json_schema": {"name": "x", "schema": s}}
+                            for s in SCHEMAS],
+        ("tools", 0, "function", "parameters"): SCHEMAS, "guided_grammar": GRAMMARS,
+        "guided_regex": REGEXES, ("structured_outputs", "regex"): REGEXES,
+        "tool_choice": ["required", {"type": "function", "function": {"name": "f"}}],
         "top_k": [-1, 0, 1, vocab_size], "seed": [2**64 - 1, -(2**63), 0],
         "priority": [2**63 - 1, -(2**63)], "temperature": [0, 100, 1e-9],
         "top_p": [5e-324, 1], "min_p": [0, 1], "repetition_penalty": [2, 5e-324],
@@ -172,10 +194,10 @@ def sweep() -> Iterator[HostileRequest]:
 
 def random_requests(count: int, seed: int, vocab_size: int) -> Iterator[HostileRequest]:
     """`count` requests with one to three fields fuzzed at once (one, mostly). A fuzzed
-    field takes a value at the edge of its range (see `edge_values`) half the time, so that
-    many reach the engine."""
+    field takes a value aimed at it (see `aimed_values`) half the time, so that many reach
+    the engine."""
     rng = random.Random(seed)
-    edges = edge_values(vocab_size)
+    aimed = aimed_values(vocab_size)
     kinds = list(WEIGHTS)
     for _ in range(count):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -185,18 +207,18 @@ def random_requests(count: int, seed: int, vocab_size: int) -> Iterator[HostileR
             yield _junk_body(rng)
         else:
             path, base, fields = rng.choice([r for r in ROUTES if r[0] == kind])
-            yield HostileRequest("POST", path, dump(_mutate(rng, base, fields, edges)).encode(
+            yield HostileRequest("POST", path, dump(_mutate(rng, base, fields, aimed)).encode(
                 "utf-8", "surrogatepass"))
 
 
 def _mutate(rng: random.Random, base: dict[str, Any], fields: list[Any],
-            edges: dict[str, list[Any]]) -> dict[str, Any]:
+            aimed: dict[Any, list[Any]]) -> dict[str, Any]:
     body = json.loads(json.dumps(base))
     if "messages" in body and rng.random() < 0.3:
         body["tools"] = TOOLS
     for field in rng.sample(fields, rng.choice([1, 1, 1, 2, 3])):
-        edge = edges.get(field) if isinstance(field, str) else None
-        value = rng.choice(edge) if edge and rng.random() < 0.5 else hostile_value(rng)
+        pool = aimed.get(field)
+        value = rng.choice(pool) if pool and rng.random() < 0.5 else hostile_value(rng)
         body = _place(body, field if isinstance(field, tuple) else (field,), value)
     if rng.random() < 0.25:
         body["stream"] = True

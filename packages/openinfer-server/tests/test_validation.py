@@ -16,6 +16,7 @@ from openinfer_core.errors import InvalidParameterError
 from openinfer_core.ipc import EngineClient
 from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
+from openinfer_server import structured
 
 COMPLETION = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
@@ -162,3 +163,14 @@ def test_the_ipc_client_refuses_what_msgpack_cannot_carry(engine: EngineClient) 
             asyncio.run(submit(request))
         assert info.value.param == param
         assert not engine.holds(request.request_id)
+
+
+def test_a_grammar_slow_to_check_is_refused_not_waited_for(
+        server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llguidance takes time cubic in the alternatives of this schema (seconds at a
+    thousand); past CHECK_TIMEOUT_S the request is refused while /health stays quick."""
+    monkeypatch.setattr(structured, "CHECK_TIMEOUT_S", 0.01)
+    schema = {"anyOf": [{"$ref": "#"}] * 400 + [{"type": "null"}], "title": "slow"}
+    err = error_of(post(server, "/v1/completions", {**COMPLETION, "guided_json": schema}), 400)
+    assert err["param"] == "guided_json" and "could not be checked within" in err["message"]
+    assert httpx.get(f"{server.url}/health", timeout=1).status_code == 200

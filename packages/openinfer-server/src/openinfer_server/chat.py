@@ -36,7 +36,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: StateDep) -> Response:
     state.check_model(body.model)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    plan = chat_plan(body, state)
+    plan = await chat_plan(body, state)
     prompt = chat_prompt(body, state.tokenizer)
     runs = build_runs(state, request_id, [prompt], plan)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
@@ -48,7 +48,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                          include_usage=body.include_usage)
 
 
-def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
+async def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
     """The request's engine runs, checked; its prompt logprobs are reported once, so only the
     first choice asks for them. Unrequested, max tokens is the server's default (from
     generation_config.json), else the rest of the context."""
@@ -59,7 +59,7 @@ def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
                                     body.logprobs_count, state.tokenizer.vocab_size,
                                     logprobs_field="top_logprobs",
                                     defaults=state.sampling_defaults)
-    sampling = replace(sampling, structured=chat_structured_output(body),
+    sampling = replace(sampling, structured=await chat_structured_output(body),
                        prompt_logprobs=body.prompt_logprobs)
     return RunPlan(sampling, max_tokens, n=body.n, priority=body.priority,
                    prompt_scores=body.prompt_logprobs is not None, scores_once=True)

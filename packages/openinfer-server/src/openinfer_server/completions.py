@@ -35,7 +35,7 @@ async def create_completion(body: CompletionRequest, request: Request,
                             state: StateDep) -> Response:
     state.check_model(body.model)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    plan = completion_plan(body, state)
+    plan = await completion_plan(body, state)
     prompts = completion_prompts(body.prompt, state.tokenizer,
                                  add_special_tokens=body.add_special_tokens)
     runs = build_runs(state, request_id, prompts, plan)
@@ -46,7 +46,7 @@ async def create_completion(body: CompletionRequest, request: Request,
                          include_usage=body.include_usage)
 
 
-def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
+async def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
     """The request's engine runs, checked. Echo with logprobs asks the engine for the
     prompt's logprobs too; max_tokens 0 with echo scores the prompt only."""
     max_tokens = MaxTokens(body.max_tokens, DEFAULT_MAX_TOKENS, param="max_tokens",
@@ -54,7 +54,7 @@ def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
     sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len), body.logprobs,
                                     state.tokenizer.vocab_size,
                                     defaults=state.sampling_defaults)
-    sampling = replace(sampling, structured=structured_output(body),
+    sampling = replace(sampling, structured=await structured_output(body),
                        prompt_logprobs=body.prompt_logprobs_count)
     return RunPlan(sampling, max_tokens, n=body.n, priority=body.priority, echo=body.echo,
                    prompt_scores=body.prompt_logprobs is not None)
