@@ -67,6 +67,36 @@ def test_check_names_the_field(spec: StructuredOutput, param: str) -> None:
     assert info.value.param == param
 
 
+@pytest.mark.parametrize(("spec", "needle"), [
+    (StructuredOutput("regex", "a{1000000}"), "too large"),
+    (StructuredOutput("regex", "((a{100}){100}){100}"), "too large"),
+    (StructuredOutput("grammar", "start: " + " | ".join(f'"w{i}"' for i in range(3000))),
+     "too large"),
+    (StructuredOutput("grammar", "start: start"), "admits no string"),
+    (StructuredOutput("json", '{"$ref": "#"}'), "admits no finite JSON value"),
+    (StructuredOutput("json", '{"type": "object", "properties": {"a": {"$ref": "#"}}, '
+                              '"required": ["a"]}'), "admits no finite JSON value"),
+])
+def test_check_refuses_grammars_no_request_can_satisfy(spec: StructuredOutput,
+                                                        needle: str) -> None:
+    with pytest.raises(InvalidParameterError, match=needle) as info:
+        check(spec)
+    assert info.value.param in ("regex", "grammar", "json_schema")
+
+
+@pytest.mark.parametrize("spec", [
+    StructuredOutput("regex", ""),  # admits the empty string
+    StructuredOutput("regex", "a{1000}"),
+    StructuredOutput("grammar", 'start: "x" a | "y"\na: a'),  # a dead branch, a live one
+    StructuredOutput("json", '{"type": "object", "properties": {"next": {"anyOf": '
+                             '[{"$ref": "#"}, {"type": "null"}]}}, "required": ["next"]}'),
+    StructuredOutput("json", '{"type": "array", "items": {"$ref": "#"}}'),  # [] ends it
+    StructuredOutput("json_object"),
+])
+def test_check_accepts_grammars_with_a_way_out(spec: StructuredOutput) -> None:
+    check(spec)
+
+
 def test_compiler_caches_by_spec_and_hands_out_fresh_matchers(qwen3_dir: Path) -> None:
     tok = Tokenizer.from_dir(qwen3_dir)
     compiler = GrammarCompiler((qwen3_dir / "tokenizer.json").read_text(), tok.vocab_size, [])

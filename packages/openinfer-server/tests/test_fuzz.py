@@ -1,18 +1,25 @@
 """Fuzzing: whatever a client sends, no 5xx and no hang.
 
 Schemathesis drives every operation of the app's own OpenAPI schema (valid and invalid
-bodies); hypothesis strategies below add near-valid bodies that reach the engine more often.
+bodies); hypothesis strategies below add near-valid bodies that reach the engine more often;
+`test_hostile_requests` sends hostile.py's requests (every body field through extreme
+numbers, then random hostile bodies and GETs) and checks the engine is unchanged after them.
 Generated bodies keep max_tokens and n small (in the test, never by the server) so each
 example costs milliseconds on CPU."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import hostile
 import httpx
 import pytest
 import schemathesis
+from hostile import HostileRequest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_server import MODEL, LiveServer
@@ -174,3 +181,70 @@ def test_fuzz_chat(server: LiveServer, parts: tuple[dict, dict]) -> None:
 
 def test_fuzzing_left_nothing_running(server: LiveServer) -> None:
     server.wait_idle()
+
+
+# -- hostile requests ----------------------------------------------------------------------
+
+RANDOM = 1_200  # requests beyond the sweep of every field through every extreme
+SEED = 35
+GREEDY = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
+
+
+def _greedy(server: LiveServer) -> str:
+    r = httpx.post(f"{server.url}/v1/completions", json=GREEDY, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    text: str = r.json()["choices"][0]["text"]
+    return text
+
+
+def _problem(client: httpx.Client, url: str, request: HostileRequest) -> tuple[int, str | None]:
+    """(status, what is wrong with the answer or None)."""
+    headers = {"Content-Type": "application/json"} if request.content is not None else {}
+    try:
+        with client.stream(request.method, f"{url}{request.path}", content=request.content,
+                           headers=headers) as response:
+            raw = response.read()
+    except httpx.TimeoutException:
+        return 0, f"no answer within {TIMEOUT} s"
+    except httpx.TransportError as exc:
+        return 0, f"connection failed: {exc!r}"
+    status = response.status_code
+    if status >= 500:
+        return status, raw[:300].decode(errors="replace")
+    if status >= 400 and request.method != "HEAD":
+        error = json.loads(raw).get("error", {})
+        if not (error.get("message") and error.get("type")):
+            return status, f"not an OpenAI error body: {raw[:300]!r}"
+    if status == 200 and request.streams:
+        if not raw.endswith(b"data: [DONE]\n\n"):
+            return status, f"stream cut short: {raw[-300:]!r}"
+        if b'"server_error"' in raw:
+            return status, f"stream failed: {raw[-300:]!r}"
+    return status, None
+
+
+def test_hostile_requests(server: LiveServer) -> None:
+    """Thousands of hostile requests over every route: none gets a 5xx or hangs, and the
+    engine serves a greedy request exactly as before them."""
+    before = _greedy(server)
+    local = threading.local()
+
+    def send(request: HostileRequest) -> tuple[int, str | None]:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(timeout=TIMEOUT)
+        return _problem(local.client, server.url, request)
+
+    cases = hostile.requests(SEED, server.tokenizer.vocab_size, extra=RANDOM)
+    assert len(cases) >= 2_000
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(send, cases))
+    failures = [(i, c.method, c.path, c.content[:200] if c.content else None, problem)
+                for i, (c, (_, problem)) in enumerate(zip(cases, results, strict=True))
+                if problem is not None]
+    assert not failures, f"{len(failures)} of {len(cases)} failed (index, ...): {failures[:5]}"
+    statuses = Counter(status for status, _ in results)
+    served = sum(1 for c, (status, _) in zip(cases, results, strict=True)
+                 if status == 200 and c.path.startswith("/v1/") and c.method == "POST")
+    assert served >= RANDOM // 20, (served, statuses)  # enough of them reached the engine
+    server.wait_idle()
+    assert _greedy(server) == before

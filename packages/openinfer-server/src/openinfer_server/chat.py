@@ -39,7 +39,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     state.check_model(body.model)
     state.check_serving()
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    plan = chat_plan(body, state)
+    plan = await chat_plan(body, state)
     try:
         prompt = await state.threads.run(chat_prompt, body, state.tokenizer, state.prompt_limit)
     except TooManyTokensError as e:
@@ -54,7 +54,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                          include_usage=body.include_usage, shutdown=state.shutdown)
 
 
-def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
+async def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
     """The request's engine runs, checked; its prompt logprobs are reported once, so only the
     first choice asks for them. Unrequested, max tokens is the server's default (from
     generation_config.json), else the rest of the context."""
@@ -62,9 +62,10 @@ def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
     max_tokens = MaxTokens(requested, state.sampling_defaults.get("max_tokens"), param=param,
                            where="messages")
     sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len),
-                                    body.logprobs_count, logprobs_field="top_logprobs",
+                                    body.logprobs_count, state.tokenizer.vocab_size,
+                                    logprobs_field="top_logprobs",
                                     defaults=state.sampling_defaults)
-    sampling = replace(sampling, structured=chat_structured_output(body),
+    sampling = replace(sampling, structured=await chat_structured_output(body),
                        prompt_logprobs=body.prompt_logprobs)
     return RunPlan(sampling, max_tokens, n=body.n, priority=body.priority,
                    prompt_scores=body.prompt_logprobs is not None, scores_once=True)

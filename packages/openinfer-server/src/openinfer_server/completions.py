@@ -38,7 +38,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     state.check_model(body.model)
     state.check_serving()
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    plan = completion_plan(body, state)
+    plan = await completion_plan(body, state)
     try:
         prompts = await state.threads.run(
             completion_prompts, body.prompt, state.tokenizer,
@@ -54,14 +54,15 @@ async def create_completion(body: CompletionRequest, request: Request,
                          include_usage=body.include_usage, shutdown=state.shutdown)
 
 
-def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
+async def completion_plan(body: CompletionRequest, state: ServerState) -> RunPlan:
     """The request's engine runs, checked. Echo with logprobs asks the engine for the
     prompt's logprobs too; max_tokens 0 with echo scores the prompt only."""
     max_tokens = MaxTokens(body.max_tokens, DEFAULT_MAX_TOKENS, param="max_tokens",
                            where="prompt")
     sampling = body.sampling_params(max_tokens.ceiling(state.max_model_len), body.logprobs,
+                                    state.tokenizer.vocab_size,
                                     defaults=state.sampling_defaults)
-    sampling = replace(sampling, structured=structured_output(body),
+    sampling = replace(sampling, structured=await structured_output(body),
                        prompt_logprobs=body.prompt_logprobs_count)
     return RunPlan(sampling, max_tokens, n=body.n, priority=body.priority, echo=body.echo,
                    prompt_scores=body.prompt_logprobs is not None)

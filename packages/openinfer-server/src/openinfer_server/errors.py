@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openinfer_core.errors import InvalidParameterError
@@ -72,7 +73,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return APIError.invalid(exc).response()
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
+        assert isinstance(exc, RequestValidationError | ValidationError)
         return validation_error(exc).response()
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
@@ -87,11 +88,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(InvalidParameterError, on_invalid_parameter)
     app.add_exception_handler(RequestValidationError, on_validation)
+    # A body a handler validates again in another shape (/tokenize's chat form).
+    app.add_exception_handler(ValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
 
 
-def validation_error(exc: RequestValidationError) -> APIError:
+def validation_error(exc: RequestValidationError | ValidationError) -> APIError:
     """One 400 naming the first offending field, listing every problem pydantic found."""
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):

@@ -1,21 +1,31 @@
 """Request bodies of the OpenAI-compatible endpoints, with vLLM's sampling extras.
 
-Fields are typed loosely on purpose: ranges are checked by `SamplingParams`, so a bad value
-gets the same message whether it came through HTTP or the offline API. Unknown fields are
-ignored, as OpenAI-style servers do; known fields we cannot honour are refused."""
+Numbers are typed with validation.py's bounded types (what the engine can carry: a 64-bit
+integer, a finite float) and checked against the vocabulary there; what a value means beyond
+that (top_p in (0, 1]) is checked by `SamplingParams`, so a bad value gets the same message
+whether it came through HTTP or the offline API. Unknown fields are ignored, as OpenAI-style
+servers do; known fields we cannot honour are refused."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.params import SamplingParams
 from openinfer_server.surrogates import lone_surrogate_path
+from openinfer_server.validation import (
+    Finite,
+    Int64,
+    Seed,
+    TokenId,
+    check_tools,
+    check_vocabulary,
+)
 
 MAX_N = 128  # choices per prompt; beyond this a request is more likely a mistake than a need
 _NO_DEFAULTS: Mapping[str, Any] = MappingProxyType({})
@@ -44,29 +54,29 @@ class _Sampling(_Body):
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    max_tokens: Int64 | None = None
+    temperature: Finite | None = None
+    top_p: Finite | None = None
+    seed: Seed | None = None
+    presence_penalty: Finite | None = None
+    frequency_penalty: Finite | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Finite] | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: Int64 | None = None
+    min_p: Finite | None = None
+    repetition_penalty: Finite | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: list[StrictInt] | None = None
+    min_tokens: Int64 = 0
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = 0
+    priority: Int64 = 0
     use_beam_search: bool = False
-    prompt_logprobs: int | None = None
+    prompt_logprobs: Int64 | None = None
     return_tokens_as_token_ids: bool = False
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and its older
     # guided_* fields (structured.py reads them; at most one may be given).
@@ -77,13 +87,15 @@ class _Sampling(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None,
+    def sampling_params(self, max_tokens: int, logprobs: int | None, vocab_size: int,
                         logprobs_field: str = "logprobs",
                         defaults: Mapping[str, Any] = _NO_DEFAULTS) -> SamplingParams:
         """The sampler's view of this request; raises InvalidParameterError naming a field.
-        `defaults` (the server's, from generation_config.json) fill the sampling fields the
-        request leaves out, before the built-in ones."""
+        `vocab_size` bounds top_k and the token ids; `defaults` (the server's, from
+        generation_config.json) fill the sampling fields the request leaves out, before the
+        built-in ones."""
         self.refuse_unsupported()
+        check_vocabulary(vocab_size, top_k=self.top_k, stop_token_ids=self.stop_token_ids)
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         d = defaults
         try:
@@ -127,11 +139,11 @@ class _Sampling(_Body):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
     add_special_tokens: bool = True
 
     def refuse_unsupported(self) -> None:
@@ -180,10 +192,12 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    top_logprobs: Int64 | None = None
+    # Checked against OpenAI's definition whatever tool_choice says; the dicts reach the chat
+    # template as sent.
+    tools: Annotated[list[dict[str, Any]], AfterValidator(check_tools)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None

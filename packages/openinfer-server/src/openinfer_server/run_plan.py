@@ -46,10 +46,16 @@ class RunPlan:
         its own seed, and no prompt logprobs when the request reports vLLM's prompt_logprobs
         but this choice does not."""
         base = self.sampling
-        seed = None if base.seed is None else base.seed + choice
+        seed = None if base.seed is None else _wrap_seed(base.seed + choice)
         unscored = self.prompt_scores and not self.scores(choice)
         prompt_logprobs = None if unscored else base.prompt_logprobs
         return replace(base, max_tokens=max_tokens, seed=seed, prompt_logprobs=prompt_logprobs)
+
+
+def _wrap_seed(seed: int) -> int:
+    """A seed within SamplingParams' range: the sampler reads seeds modulo 2**64, so the
+    seed of a later choice wraps as it would there."""
+    return seed - 2**64 if seed >= 2**64 else seed
 
 
 def build_runs(state: ServerState, request_id: str, prompts: list[Prompt],

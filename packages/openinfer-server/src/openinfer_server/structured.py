@@ -1,11 +1,15 @@
 """From a request's structured-output fields to the engine's `StructuredOutput`: OpenAI's
 `response_format`, vLLM's `structured_outputs` and `guided_*`, and forced tool choice. Each
-grammar is checked here, so a bad one is a 400 before the engine sees the request."""
+grammar is checked here (it compiles within llguidance's limits, within CHECK_TIMEOUT_S, and
+admits some string), so a bad one is a 400 naming the request field it came from before the
+engine sees it."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from openinfer_core.errors import InvalidParameterError
@@ -13,13 +17,44 @@ from openinfer_core.params import STRUCTURED_KINDS, StructuredOutput
 from openinfer_core.structured.grammar import check
 from openinfer_server.protocol import ChatCompletionRequest, _Sampling
 
-# A check runs on the event loop and costs up to milliseconds for a large tool set, which
-# clients send again and again; a failed check raises, and raising is not cached.
-_check = functools.lru_cache(maxsize=256)(check)
+# A check costs up to milliseconds for a large tool set (tens for a grammar near
+# llguidance's limits), which clients send again and again; a failed check raises, and
+# raising is not cached. Checks run on threads of their own (llguidance drops the GIL while
+# it builds a grammar), so the event loop goes on serving; one that takes longer than
+# CHECK_TIMEOUT_S (a schema of a thousand alternatives takes seconds) is refused rather than
+# waited for, and its thread finishes in the background.
+CHECK_TIMEOUT_S = 2.0
+_cached_check = functools.lru_cache(maxsize=256)(check)
+_checks = ThreadPoolExecutor(2, thread_name_prefix="openinfer-grammar-check")
 
 
-def structured_output(body: _Sampling) -> StructuredOutput | None:
+async def _check(spec: StructuredOutput, field: str) -> None:
+    """`check`, its error naming the request field (`field`) that carried the grammar."""
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(_checks.submit(_cached_check, spec)),
+                               CHECK_TIMEOUT_S)
+    except TimeoutError as exc:
+        raise InvalidParameterError(
+            field, f"the {spec.kind} grammar could not be checked within "
+            f"{CHECK_TIMEOUT_S:g} s: it is too large (or the server is busy checking others)"
+        ) from exc
+    except InvalidParameterError as exc:
+        reason = str(exc).removeprefix(f"{exc.param}: ")
+        raise InvalidParameterError(field, f"the {exc.param} {reason}") from exc
+
+
+async def structured_output(body: _Sampling) -> StructuredOutput | None:
     """The one structured-output constraint the request asks for, checked; None if none."""
+    found = _requested(body)
+    if found is None:
+        return None
+    field, spec = found
+    await _check(spec, field)
+    return spec
+
+
+def _requested(body: _Sampling) -> tuple[str, StructuredOutput] | None:
+    """(the field, the constraint) the request asks for, unchecked; None if none."""
     found: list[tuple[str, StructuredOutput]] = []
     if body.response_format is not None:
         spec = _from_response_format(body.response_format)
@@ -36,27 +71,22 @@ def structured_output(body: _Sampling) -> StructuredOutput | None:
         raise InvalidParameterError(
             found[1][0], f"only one structured-output field may be given, got "
             f"{', '.join(name for name, _ in found)}")
-    if not found:
-        return None
-    spec = found[0][1]
-    _check(spec)
-    return spec
+    return found[0] if found else None
 
 
-def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | None:
+async def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | None:
     """`structured_output`, or the grammar that forces a tool call: tool_choice "required"
     makes the text a JSON array of {"name", "parameters"} (one or more calls), a named
     function makes it that function's arguments object."""
     forced = _forced_tool_schema(body)
-    spec = structured_output(body)
     if forced is None:
-        return spec
-    if spec is not None:
+        return await structured_output(body)
+    if _requested(body) is not None:
         raise InvalidParameterError(
             "tool_choice", "a forced tool choice cannot be combined with response_format or "
             "structured_outputs")
     spec = StructuredOutput("json", json.dumps(forced))
-    _check(spec)
+    await _check(spec, "tools")
     return spec
 
 
@@ -91,19 +121,10 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
-    """Function name -> its parameters schema (an empty object when it takes none)."""
-    out: dict[str, dict[str, Any]] = {}
-    for i, tool in enumerate(tools or []):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise InvalidParameterError("tools", f"tools[{i}] must be "
-                                        '{"type": "function", "function": {"name": ...}}')
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise InvalidParameterError("tools", f"tools[{i}].function.parameters must be a "
-                                        "JSON schema object")
-        out[fn["name"]] = params or {"type": "object", "properties": {}}
-    return out
+    """Function name -> its parameters schema (an empty object when it takes none). The
+    tools are well formed (validation.check_tools ran as the body was parsed)."""
+    return {tool["function"]["name"]: tool["function"].get("parameters")
+            or {"type": "object", "properties": {}} for tool in tools or []}
 
 
 def _from_response_format(fmt: dict[str, Any]) -> StructuredOutput | None:

@@ -42,7 +42,12 @@ class EventStreams:
         if dead is not None:
             yield Error(rid, dead)
             return
-        submit(request)
+        try:
+            submit(request)
+        except BaseException:
+            with self._lock:
+                self._streams.pop(rid, None)
+            raise
         finished = False
         try:
             while not finished:

@@ -8,6 +8,7 @@ started it): every open request then ends with `Error`, and so does every new on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -21,7 +22,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from openinfer_core.engine.streams import EventStreams
-from openinfer_core.errors import OpenInferError
+from openinfer_core.errors import InvalidParameterError, OpenInferError
 from openinfer_core.events import TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.ipc.engine_core import EngineAddresses
@@ -124,7 +125,13 @@ class EngineClient:
         self._send(Add.of(self.identity, request))
 
     def _send(self, message: ToEngine) -> None:
-        data = self._encoder.encode(message)
+        try:
+            data = self._encoder.encode(message)
+        except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as exc:
+            # The server checks every field first; this keeps a value it missed the
+            # client's mistake (a 400), not a crash of the request.
+            raise InvalidParameterError(
+                _unsendable_field(message), f"cannot be sent to the engine: {exc}") from exc
         with self._send_lock:
             self._push.send(data, copy=False)
 
@@ -187,6 +194,23 @@ class EngineClient:
         self._streams.fail_all(message)
         for callback in self._on_death:
             callback(message)
+
+
+def _unsendable_field(message: ToEngine) -> str:
+    """The first field of `message` holding an integer msgpack cannot carry, or "request"."""
+    fields: list[tuple[str, object]] = []
+    if isinstance(message, Add):
+        fields = [("prompt", message.prompt_token_ids), ("priority", message.priority)]
+        fields += [(f.name, getattr(message.params, f.name))
+                   for f in dataclasses.fields(message.params)]
+    for name, value in fields:
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, int) and not _INT_MIN <= v <= _UINT_MAX for v in values):
+            return name
+    return "request"
+
+
+_INT_MIN, _UINT_MAX = -(2**63), 2**64 - 1  # msgpack's integers
 
 
 def _readable(fd: int) -> bool:
