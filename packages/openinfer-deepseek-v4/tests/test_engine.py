@@ -19,8 +19,8 @@ from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.engine.batch import plan_batch
-from openinfer_core.errors import ModelConfigError
 from openinfer_core.engine.request_state import RequestState
+from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Scheduled
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.plugins import PluginManager
@@ -160,9 +160,10 @@ def test_window_groups_keep_only_what_is_read(folder: Path, weights, cfg) -> Non
     """The raw entries and compressor projections live in a window KV group (horizon 7 here:
     the 8-token window, CSA's two 4-token windows, HCA's one 8-token window), the compressed
     entries and indexer keys in the full group. Between steps a request holds at most 2
-    window blocks of 8 tokens (those of its last 7) however long it gets, and no step reads a block it gave back: those entries are the
-    padding block 0, filled with 100s in every window tensor here, which would change the
-    tokens. (Not NaN: the CPU attention reads slot 0 for its -1s, then weighs them 0.)"""
+    window blocks of 8 tokens (those of its last 7) however long it gets, and no step reads a
+    block it gave back: those entries are the padding block 0, filled with 100s in every
+    window tensor here, which would change the tokens. (Not NaN: the CPU attention reads slot
+    0 for its -1s, then weighs them 0.)"""
     eng = engine(folder, block_size=8, max_num_batched_tokens=16)
     groups = [(g.name, g.horizon) for g in eng.kv.groups]  # type: ignore[attr-defined]
     assert groups == [("full", None), ("window-7", 7)]
