@@ -8,6 +8,7 @@ transformers' module names and `--load-format dummy` load and run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Sequence
@@ -186,21 +187,30 @@ def test_window_groups_keep_only_what_is_read(folder: Path, weights, cfg) -> Non
 
 
 @torch.inference_mode()
-def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]],
-                   chunks: Sequence[int]) -> list[torch.Tensor]:
+def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]], chunks: Sequence[int],
+                   scratch: bool = False) -> list[torch.Tensor]:
     """fp32 logits at every position of each prompt, the prompts prefilled side by side, each
-    `chunks[i]` tokens a step (the blocks are freed afterwards)."""
+    `chunks[i]` tokens a step (the blocks are freed afterwards). `scratch`: as start-up's
+    scratch steps run, on a cache made without step limits (every group's pool as large as
+    the full one's) and with batches that carry no group tables (every group reads the full
+    group's block ids)."""
+    kv = (eng.model.create_kv_cache(eng.kv.num_total_blocks, eng.kv.block_size) if scratch
+          else eng.kv)
     seqs = [RequestState.from_request(GenerateRequest(f"chunked{i}", tuple(p)))
             for i, p in enumerate(batch)]
     out: list[list[torch.Tensor]] = [[] for _ in seqs]
     try:
         for s in seqs:
-            assert eng.kv.allocate(s.request_id, s.num_tokens)
+            assert kv.allocate(s.request_id, s.num_tokens)
         while any(s.num_computed_tokens < s.num_tokens for s in seqs):
             rows = [ScheduledRow(s, min(c, s.num_tokens - s.num_computed_tokens), True)
                     for s, c in zip(seqs, chunks, strict=True)
                     if s.num_computed_tokens < s.num_tokens]
-            step = plan_batch(rows, eng.kv).to_device(eng.model.device)
+            host = plan_batch(rows, kv)
+            assert len(host.group_block_tables) == 2  # the full group and window-7
+            if scratch:
+                host = dataclasses.replace(host, group_block_tables=())
+            step = host.to_device(eng.model.device)
             step.logits_indices = torch.arange(step.num_tokens)
             logits = eng.model.forward(step).split([r.num_new_tokens for r in rows])
             for row, part in zip(rows, logits, strict=True):
@@ -208,17 +218,18 @@ def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]],
                 row.seq.num_computed_tokens += row.num_new_tokens
     finally:
         for s in seqs:
-            eng.kv.free(s.request_id)
+            kv.free(s.request_id)
     return [torch.cat(parts) for parts in out]
 
 
-@pytest.mark.parametrize("variant", ["plain", "tied"])
+@pytest.mark.parametrize("variant", ["plain", "tied", "scratch"])
 def test_chunked_prefill_logits_equal_the_whole_sequence(folder: Path, weights, cfg,  # type: ignore[no-untyped-def]
                                                          tied, variant: str) -> None:
     if variant == "tied":
         folder, weights, cfg = tied
     batch = prompts(3, 4, (40, 50))
-    got = chunked_logits(engine(folder, block_size=8), batch, chunks=[5, 11, 50])
+    got = chunked_logits(engine(folder, block_size=8), batch, chunks=[5, 11, 50],
+                         scratch=variant == "scratch")
     for prompt, ours in zip(batch, got, strict=True):
         with torch.no_grad():
             want = forward(torch.tensor(prompt), weights, cfg)
