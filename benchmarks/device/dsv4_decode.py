@@ -108,6 +108,9 @@ def decode_step(engine: Engine, batch: int, context: int) -> Iterator[ForwardBat
             model.forward(plan_batch([ScheduledRow(s, context, True)],
                                      engine.kv).to_device(model.device))
             s.num_computed_tokens = context
+            # as the scheduler does after a step: the window KV groups give back what the
+            # next tokens no longer read (else the next prefill would not fit their pools)
+            engine.kv.cache_blocks(s.request_id, s.token_ids, context)
         for s in seqs:
             assert engine.kv.allocate(s.request_id, context + 1)
         yield plan_batch([ScheduledRow(s, 1, True) for s in seqs],

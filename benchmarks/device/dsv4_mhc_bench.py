@@ -86,7 +86,8 @@ def pool_rows(gbps: float) -> list[tuple[str, float, float, float]]:
                 tables = torch.randperm(blocks, device="cuda", generator=g).view(batch, per_seq)
                 lens = torch.randint(2048 // ratio, 3000 // ratio, (batch,), device="cuda",
                                      generator=g) * ratio + (0 if closing else 1)
-                args = (bias, norm, freqs, tables.to(torch.int32), lens.to(torch.int32), qsl, 1)
+                tables = tables.to(torch.int32)  # the projections' and the entries' alike
+                args = (bias, norm, freqs, tables, tables, lens.to(torch.int32), qsl, 1)
                 calls.append(partial(compress_pool_triton, projections, entries, *args, **kw))
             got, want = entries.clone(), entries.clone()
             compress_pool_triton(projections, got, *args, **kw)

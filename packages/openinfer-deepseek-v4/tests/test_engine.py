@@ -1,12 +1,14 @@
 """DeepSeek-V4 through the engine on CPU in fp32, on the paged cache: greedy tokens equal the
 whole-sequence reference's (and transformers'), for prompts that slide the 8-token window and
 fill compressed entries of both ratios (4 and 8) and more than the indexer keeps (4); whatever
-the block size, batching, chunked prefill, preemption, prefix-cache hits or offload;
+the block size, batching, chunked prefill, preemption or prefix-cache hits, with the window KV
+group keeping only what is read again (`--kv-offload` is refused: it copies one group);
 chunked-prefill logits equal the reference's; checkpoints in DeepSeek's FP8/FP4 format, in
 transformers' module names and `--load-format dummy` load and run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Sequence
@@ -19,6 +21,7 @@ from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.request_state import RequestState
+from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Scheduled
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.plugins import PluginManager
@@ -154,22 +157,60 @@ def test_prefix_cache_hits_give_the_same_tokens(folder: Path, weights, cfg) -> N
         assert tokens(events) == reference_greedy(weights, cfg, prompt)
 
 
+def test_window_groups_keep_only_what_is_read(folder: Path, weights, cfg) -> None:  # type: ignore[no-untyped-def]
+    """The raw entries and compressor projections live in a window KV group (horizon 7 here:
+    the 8-token window, CSA's two 4-token windows, HCA's one 8-token window), the compressed
+    entries and indexer keys in the full group. Between steps a request holds at most 2
+    window blocks of 8 tokens (those of its last 7) however long it gets, and no step reads a
+    block it gave back: those entries are the padding block 0, filled with 100s in every
+    window tensor here, which would change the tokens. (Not NaN: the CPU attention reads slot
+    0 for its -1s, then weighs them 0.)"""
+    eng = engine(folder, block_size=8, max_num_batched_tokens=16)
+    groups = [(g.name, g.horizon) for g in eng.kv.groups]  # type: ignore[attr-defined]
+    assert groups == [("full", None), ("window-7", 7)]
+    model = eng.model
+    for layer in model.layers:  # type: ignore[attr-defined]
+        window = [layer.kv] + [p.projections for p in (layer.compressor, layer.indexer)
+                               if p is not None]
+        for t in window:
+            t[0] = 100.0
+    prompt = prompts(1, 8, (45, 45))[0]
+    eng.add_request(greedy_requests([prompt], "w")[0])
+    events, held = [], []
+    while eng.has_work():
+        events += eng.step()
+        full, window = eng.kv.group_usage()  # type: ignore[attr-defined]
+        held.append((full.used, window.used))
+    assert tokens(events) == reference_greedy(weights, cfg, prompt)
+    assert max(w for _, w in held) == 2
+    assert max(f for f, _ in held) == -(-(45 + NEW_TOKENS - 1) // 8)  # every full block kept
+
+
 @torch.inference_mode()
-def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]],
-                   chunks: Sequence[int]) -> list[torch.Tensor]:
+def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]], chunks: Sequence[int],
+                   scratch: bool = False) -> list[torch.Tensor]:
     """fp32 logits at every position of each prompt, the prompts prefilled side by side, each
-    `chunks[i]` tokens a step (the blocks are freed afterwards)."""
+    `chunks[i]` tokens a step (the blocks are freed afterwards). `scratch`: as start-up's
+    scratch steps run, on a cache made without step limits (every group's pool as large as
+    the full one's) and with batches that carry no group tables (every group reads the full
+    group's block ids)."""
+    kv = (eng.model.create_kv_cache(eng.kv.num_total_blocks, eng.kv.block_size) if scratch
+          else eng.kv)
     seqs = [RequestState.from_request(GenerateRequest(f"chunked{i}", tuple(p)))
             for i, p in enumerate(batch)]
     out: list[list[torch.Tensor]] = [[] for _ in seqs]
     try:
         for s in seqs:
-            assert eng.kv.allocate(s.request_id, s.num_tokens)
+            assert kv.allocate(s.request_id, s.num_tokens)
         while any(s.num_computed_tokens < s.num_tokens for s in seqs):
             rows = [ScheduledRow(s, min(c, s.num_tokens - s.num_computed_tokens), True)
                     for s, c in zip(seqs, chunks, strict=True)
                     if s.num_computed_tokens < s.num_tokens]
-            step = plan_batch(rows, eng.kv).to_device(eng.model.device)
+            host = plan_batch(rows, kv)
+            assert len(host.group_block_tables) == 2  # the full group and window-7
+            if scratch:
+                host = dataclasses.replace(host, group_block_tables=())
+            step = host.to_device(eng.model.device)
             step.logits_indices = torch.arange(step.num_tokens)
             logits = eng.model.forward(step).split([r.num_new_tokens for r in rows])
             for row, part in zip(rows, logits, strict=True):
@@ -177,17 +218,18 @@ def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]],
                 row.seq.num_computed_tokens += row.num_new_tokens
     finally:
         for s in seqs:
-            eng.kv.free(s.request_id)
+            kv.free(s.request_id)
     return [torch.cat(parts) for parts in out]
 
 
-@pytest.mark.parametrize("variant", ["plain", "tied"])
+@pytest.mark.parametrize("variant", ["plain", "tied", "scratch"])
 def test_chunked_prefill_logits_equal_the_whole_sequence(folder: Path, weights, cfg,  # type: ignore[no-untyped-def]
                                                          tied, variant: str) -> None:
     if variant == "tied":
         folder, weights, cfg = tied
     batch = prompts(3, 4, (40, 50))
-    got = chunked_logits(engine(folder, block_size=8), batch, chunks=[5, 11, 50])
+    got = chunked_logits(engine(folder, block_size=8), batch, chunks=[5, 11, 50],
+                         scratch=variant == "scratch")
     for prompt, ours in zip(batch, got, strict=True):
         with torch.no_grad():
             want = forward(torch.tensor(prompt), weights, cfg)
@@ -216,16 +258,9 @@ def test_dummy_weights_run(folder: Path) -> None:
     assert all(len(t) == NEW_TOKENS for t in got)
 
 
-def test_offloaded_prefixes_come_back_with_the_same_tokens(folder: Path, weights, cfg) -> None:  # type: ignore[no-untyped-def]
-    """Every tensor of the layout (raw entries, projections, compressed entries) goes to host
-    memory and back: a device cache of one request at a time keeps no prefix, the host does."""
-    batch = prompts(3, 7, (45, 45))
-    eng = engine(folder, block_size=8, num_kv_blocks=9, max_model_len=64, kv_offload=("host",),
-                 kv_offload_host_gib=0.01)
-    events = run_staggered(eng, greedy_requests([*batch, *batch], "o", n=6), lambda i: 40 * i)
-    for i, prompt in enumerate(batch):
-        first, again = events[f"o{i}"], events[f"o{i + 3}"]
-        assert (first[0].cached_tokens, again[0].cached_tokens) == (0, 40)  # type: ignore[union-attr]
-        assert tokens(again) == tokens(first) == reference_greedy(weights, cfg, prompt, 6)
-    assert eng.offload.stats().restored_blocks == 15  # type: ignore[union-attr]
-    eng.close()
+def test_kv_offload_is_refused_at_start(folder: Path) -> None:
+    """The offload tiers copy one block table; DeepSeek-V4's raw entries and projections are
+    in a window KV group, so `--kv-offload` stops the start with a message naming them."""
+    with pytest.raises(ModelConfigError, match=r"--kv-offload: .* window groups \(window-7\)"):
+        engine(folder, block_size=8, num_kv_blocks=9, max_model_len=64, kv_offload=("host",),
+               kv_offload_host_gib=0.01)

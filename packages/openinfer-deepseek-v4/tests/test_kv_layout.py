@@ -1,20 +1,25 @@
-"""The paged cache's layout (kv_cache.py): where each compressed entry lives, what a block
-costs; and the indexer's top-k with ties given to the earlier entry."""
+"""The paged cache's layout (kv_cache.py): its KV groups and their horizons, where each
+compressed entry lives, what a block of each group costs; and the indexer's top-k with ties
+given to the earlier entry."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kernels.indexer import indexer_topk_ref
 from openinfer_deepseek_v4.kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 from openinfer_deepseek_v4.kv_cache import (
     CompressedCache,
+    allocate_layers,
     entries_per_block,
-    kv_bytes_per_block,
+    group_bytes_per_block,
+    kv_groups,
     token_slots,
 )
+from openinfer_kvcache import window_pool_blocks
 
 FLASH = {  # V4-Flash's shapes, 43 layers: 2 window-only, then CSA (4) and HCA (128) in turn
     "vocab_size": 129280, "hidden_size": 4096, "num_hidden_layers": 43,
@@ -39,7 +44,7 @@ def test_each_entry_has_its_own_slot_in_the_block_of_its_last_token(block_size: 
                                                                      ratio: int) -> None:
     blocks = 40
     table = torch.randperm(blocks - 1)[:-1] + 1  # any blocks but the padding block 0
-    part = CompressedCache(ratio, torch.zeros(blocks, block_size, 1),
+    part = CompressedCache(ratio, 1, torch.zeros(blocks, block_size, 1),
                            torch.zeros(blocks, entries_per_block(block_size, ratio), 1))
     entries = torch.arange(len(table) * block_size // ratio)
     slots = part.entry_slots(table, entries)
@@ -48,14 +53,53 @@ def test_each_entry_has_its_own_slot_in_the_block_of_its_last_token(block_size: 
     assert torch.equal(slots // part.entries.shape[1], last // block_size)
 
 
-def test_bytes_per_block_of_v4_flash() -> None:
+def test_v4_flash_groups_follow_the_window_and_the_ratios() -> None:
+    """The raw entries and HCA projections (ratio 128, no overlap) are read for 128 tokens up
+    to the reader, the CSA and indexer projections (ratio 4, overlap: two windows) for 8; the
+    entries forever. Each layer's parts sit in those groups."""
     cfg = DeepseekV4Config.from_dict(FLASH)
-    window = 16 * 512  # raw entries
-    csa = window + 16 * 2 * 1024 + 4 * 512 + 16 * 2 * 256 + 4 * 128  # + compressor, indexer
-    hca = window + 16 * 2 * 512 + 1 * 512
-    want = 2 * (2 * window + 21 * csa + 20 * hca)
-    assert kv_bytes_per_block(cfg, 16, torch.bfloat16) == want
-    assert want // 16 == 200_512  # bytes per token (window, projections and entries, all kept)
+    assert kv_groups(cfg) == (KVGroupSpec("full"), KVGroupSpec("window-127", 127),
+                              KVGroupSpec("window-7", 7))
+    layers = allocate_layers(cfg, (5, 4, 3), 16, torch.bfloat16, torch.device("meta"))
+    for kind, layer in zip(cfg.attention_kinds, layers, strict=True):
+        assert (layer.kv_group, layer.kv.shape[0]) == (1, 4)
+        parts = [p for p in (layer.compressor, layer.indexer) if p is not None]
+        assert [p.projection_group for p in parts] == {"window": [], "csa": [2, 2],
+                                                       "hca": [1]}[kind]
+        assert all(p.projections.shape[0] == (3 if kind == "csa" else 4) for p in parts)
+        assert all(p.entries.shape[0] == 5 for p in parts)
+
+
+def test_v4_flash_bytes_per_token() -> None:
+    """bf16 at block size 16. The full group (compressed entries and indexer keys): 8,000
+    bytes per token, an HCA entry taking a block's slot per 16 tokens. Before the groups,
+    every part was kept for every token: 200,512."""
+    cfg = DeepseekV4Config.from_dict(FLASH)
+    full, raw, csa = group_bytes_per_block(cfg, 16, torch.bfloat16)
+    assert full == 2 * (21 * (4 * 512 + 4 * 128) + 20 * 512)
+    assert full // 16 == 8000
+    assert raw == 2 * (43 * 16 * 512 + 20 * 16 * 2 * 512)  # raw entries, HCA projections
+    assert csa == 2 * 21 * (16 * 2 * 1024 + 16 * 2 * 256)  # CSA and indexer projections
+    assert (full + raw + csa) // 16 == 200_512
+    # a decoding sequence holds at most 9 blocks of the 128-token window and 2 of the 8-token
+    # one (the pools for one sequence, the padding block besides): ~15 MB whatever its length
+    assert (window_pool_blocks(127, 16, 1, 1), window_pool_blocks(7, 16, 1, 1)) == (10, 3)
+    assert raw * 9 + csa * 2 == 15_679_488
+
+
+@pytest.mark.parametrize(("ratios", "window", "horizons"), [
+    ([0, 0, 0], 128, ()),  # nothing compressed: the raw entries stay in the full group
+    ([0, 128, 128], 128, (127,)),  # no CSA: no 8-token group
+    ([4, 8, 0], 8, (7,)),  # every horizon 7: one window group
+    ([4, 16, 0], 8, (15, 7)),
+])
+def test_groups_come_from_the_config(ratios: list[int], window: int,
+                                     horizons: tuple[int, ...]) -> None:
+    cfg = DeepseekV4Config.from_dict(FLASH | {"num_hidden_layers": 3, "sliding_window": window,
+                                              "compress_ratios": [*ratios, 0]})
+    groups = kv_groups(cfg)
+    assert groups[0] == KVGroupSpec("full")
+    assert tuple(g.horizon for g in groups[1:]) == horizons
 
 
 def test_ordered_topk_breaks_ties_by_entry_whatever_the_width() -> None:

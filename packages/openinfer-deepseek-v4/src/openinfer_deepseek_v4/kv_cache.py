@@ -1,15 +1,24 @@
-"""DeepSeek-V4's KV cache in the engine's paged blocks. Every layer shares one block table per
-request (so the block manager and its prefix cache are the standard ones), and a block of
-`block_size` tokens holds, per layer, everything a later step needs from those tokens:
+"""DeepSeek-V4's KV cache in the engine's paged blocks, in KV groups (openinfer-kvcache's
+README, "KV groups"). All groups share the block size and the positions: block i of every
+group's table holds what tokens [i * block_size, (i + 1) * block_size) left, per layer:
 
-- `kv`: each token's raw entry (key = value, one head), read by the sliding window;
+- `kv`: each token's raw entry (key = value, one head), read by the sliding window of the
+  `sliding_window` tokens up to the reader: a window group of horizon sliding_window - 1;
 - compressed layers, for the main compressor and (CSA) the indexer's: each token's compressor
-  projections (x W_kv^T | x W_gate^T, before the pooling), and each compressed entry, kept in
-  the block that holds its window's last token ((j + 1) * ratio - 1).
+  projections (x W_kv^T | x W_gate^T, before the pooling), read only while their window is
+  open. The token closing window j, at p = (j + 1) ratio - 1, pools its window's tokens
+  [p - ratio + 1, p], and with overlap (CSA) window j - 1's too, [p - 2 ratio + 1, p]: a window
+  group of horizon ratio - 1, or 2 ratio - 1 with overlap;
+- and each compressed entry (the indexer's are its keys), read by every later token: the
+  full group, kept in the block that holds its window's last token ((j + 1) * ratio - 1).
 
-So a step needs no state beyond the blocks: a window's entry is pooled, in the step that computes
-its last token, from projections already in the cache; chunked prefill, preemption by recompute
-and prefix-cache hits need nothing more. (Spec: shared deepseek-v4.md §5.5, §5.8.)"""
+The full group is first (`kv_groups`), then one window group per distinct horizon (at
+V4-Flash's widths `window-127`: raw entries and HCA projections; `window-7`: CSA and indexer
+projections). A config without compressed layers has nothing to keep in full: its raw entries
+stay in the one full group. So a step needs no state beyond the blocks: a window's entry is
+pooled, in the step that computes its last token, from projections already in the cache;
+chunked prefill, preemption by recompute and prefix-cache hits need nothing more. (Spec:
+shared deepseek-v4.md §5.5, §5.8.)"""
 
 from __future__ import annotations
 
@@ -18,7 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
+from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_deepseek_v4.config import DeepseekV4Config
+
+FULL = KVGroupSpec("full")
 
 
 def entries_per_block(block_size: int, ratio: int) -> int:
@@ -27,17 +39,66 @@ def entries_per_block(block_size: int, ratio: int) -> int:
     return -(-block_size // ratio)
 
 
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One tensor of a layer: its name, the horizon of the group it lives in (None: full)
+    and its shape per block."""
+
+    name: str
+    horizon: int | None
+    shape: tuple[int, ...]
+
+
+def _layer_parts(cfg: DeepseekV4Config, layer: int, block_size: int) -> list[_Part]:
+    kind, ratio = cfg.attention_kinds[layer], cfg.compress_ratios[layer]
+    compressed = any(k != "window" for k in cfg.attention_kinds)
+    parts = [_Part("kv", cfg.sliding_window - 1 if compressed else None,
+                   (block_size, cfg.head_dim))]
+    if kind != "window":
+        overlap = 2 if kind == "csa" else 1
+        horizon = overlap * ratio - 1
+        slots = entries_per_block(block_size, ratio)
+        parts += [_Part("compressor.projections", horizon,
+                        (block_size, 2 * overlap * cfg.head_dim)),
+                  _Part("compressor.entries", None, (slots, cfg.head_dim))]
+        if kind == "csa":
+            parts += [_Part("indexer.projections", horizon,
+                            (block_size, 2 * 2 * cfg.index_head_dim)),
+                      _Part("indexer.entries", None, (slots, cfg.index_head_dim))]
+    return parts
+
+
+def kv_groups(cfg: DeepseekV4Config) -> tuple[KVGroupSpec, ...]:
+    """The full group, then a window group per distinct horizon, longest first."""
+    horizons = {p.horizon for layer in range(cfg.num_layers) for p in _layer_parts(cfg, layer, 1)}
+    return (FULL, *(KVGroupSpec(f"window-{h}", h)
+                    for h in sorted((h for h in horizons if h is not None), reverse=True)))
+
+
+def group_bytes_per_block(cfg: DeepseekV4Config, block_size: int,
+                          dtype: torch.dtype) -> tuple[int, ...]:
+    """Bytes one block of each group (`kv_groups` order) holds, every layer's parts in it."""
+    element = torch.empty((), dtype=dtype).element_size()
+    out = dict.fromkeys((g.horizon for g in kv_groups(cfg)), 0)
+    for layer in range(cfg.num_layers):
+        for part in _layer_parts(cfg, layer, block_size):
+            out[part.horizon] += element * math.prod(part.shape)
+    return tuple(out.values())
+
+
 @dataclass(slots=True)
 class CompressedCache:
-    """One compressor's part of a layer's blocks."""
+    """One compressor's part of a layer's blocks: the projections in a window group's pool,
+    the entries in the full group's."""
 
     ratio: int
-    projections: torch.Tensor  # [blocks, block_size, 2 c d]: kv | gate projections per token
-    entries: torch.Tensor  # [blocks, entries_per_block, d]
+    projection_group: int  # the projections' group (index in `kv_groups`)
+    projections: torch.Tensor  # [window blocks, block_size, 2 c d]: kv | gate per token
+    entries: torch.Tensor  # [full blocks, entries_per_block, d]
 
     def entry_slots(self, table: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
         """Flat slots (rows of `entries.flatten(0, 1)`) of entries j (`entries`) of the request
-        with block table `table`: in the block of token (j + 1) * ratio - 1."""
+        with full-group block table `table`: in the block of token (j + 1) * ratio - 1."""
         block_size = self.projections.shape[1]
         last = (entries + 1) * self.ratio - 1
         return (table[last // block_size].long() * self.entries.shape[1]
@@ -46,7 +107,8 @@ class CompressedCache:
 
 @dataclass(slots=True)
 class LayerCache:
-    kv: torch.Tensor  # [blocks, block_size, head_dim]
+    kv_group: int  # the raw entries' group (index in `kv_groups`)
+    kv: torch.Tensor  # [blocks of kv_group, block_size, head_dim]
     compressor: CompressedCache | None  # CSA and HCA layers
     indexer: CompressedCache | None  # CSA layers
 
@@ -64,38 +126,19 @@ def token_slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -
     return table[positions // block_size].long() * block_size + positions % block_size
 
 
-def _layer_shapes(cfg: DeepseekV4Config, layer: int,
-                  block_size: int) -> dict[str, tuple[int, ...]]:
-    """Per block, the shape of each of the layer's tensors."""
-    kind, ratio = cfg.attention_kinds[layer], cfg.compress_ratios[layer]
-    shapes: dict[str, tuple[int, ...]] = {"kv": (block_size, cfg.head_dim)}
-    if kind != "window":
-        overlap = 2 if kind == "csa" else 1
-        slots = entries_per_block(block_size, ratio)
-        shapes["compressor.projections"] = (block_size, 2 * overlap * cfg.head_dim)
-        shapes["compressor.entries"] = (slots, cfg.head_dim)
-        if kind == "csa":
-            shapes["indexer.projections"] = (block_size, 2 * 2 * cfg.index_head_dim)
-            shapes["indexer.entries"] = (slots, cfg.index_head_dim)
-    return shapes
-
-
-def kv_bytes_per_block(cfg: DeepseekV4Config, block_size: int, dtype: torch.dtype) -> int:
-    element = torch.empty((), dtype=dtype).element_size()
-    return element * sum(math.prod(shape) for layer in range(cfg.num_layers)
-                         for shape in _layer_shapes(cfg, layer, block_size).values())
-
-
-def allocate_layers(cfg: DeepseekV4Config, num_blocks: int, block_size: int,
+def allocate_layers(cfg: DeepseekV4Config, pool_blocks: tuple[int, ...], block_size: int,
                     dtype: torch.dtype, device: torch.device) -> list[LayerCache]:
-    """Zeroed caches of `num_blocks` blocks per layer (block 0, the padding block, included)."""
+    """Zeroed caches per layer, each part with its group's pool of `pool_blocks[g]` blocks
+    (`kv_groups` order; block 0, the padding block, included)."""
+    group_of = {g.horizon: i for i, g in enumerate(kv_groups(cfg))}
     layers = []
     for layer in range(cfg.num_layers):
-        shapes = _layer_shapes(cfg, layer, block_size)
-        t = {name: torch.zeros((num_blocks, *shape), dtype=dtype, device=device)
-             for name, shape in shapes.items()}
+        parts = {p.name: p for p in _layer_parts(cfg, layer, block_size)}
+        t = {name: torch.zeros((pool_blocks[group_of[p.horizon]], *p.shape), dtype=dtype,
+                               device=device) for name, p in parts.items()}
         ratio = cfg.compress_ratios[layer]
-        parts = [CompressedCache(ratio, t[f"{p}.projections"], t[f"{p}.entries"])
-                 if f"{p}.entries" in t else None for p in ("compressor", "indexer")]
-        layers.append(LayerCache(t["kv"], *parts))
+        caches = [CompressedCache(ratio, group_of[parts[f"{c}.projections"].horizon],
+                                  t[f"{c}.projections"], t[f"{c}.entries"])
+                  if f"{c}.entries" in t else None for c in ("compressor", "indexer")]
+        layers.append(LayerCache(group_of[parts["kv"].horizon], t["kv"], *caches))
     return layers

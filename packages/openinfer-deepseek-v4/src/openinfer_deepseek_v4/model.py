@@ -14,13 +14,18 @@ from functools import partial
 
 import torch
 
-from openinfer_core.interfaces.kv import KVManager
+from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
 from openinfer_deepseek_v4.kernels.mhc import hc_head, hc_post, hc_pre
 from openinfer_deepseek_v4.kernels.rotary import rope_table
-from openinfer_deepseek_v4.kv_cache import LayerCache, allocate_layers, kv_bytes_per_block
+from openinfer_deepseek_v4.kv_cache import (
+    LayerCache,
+    allocate_layers,
+    group_bytes_per_block,
+    kv_groups,
+)
 from openinfer_deepseek_v4.paged_attention import Rope, paged_attention
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
@@ -32,13 +37,16 @@ from openinfer_deepseek_v4.reference import (
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.sampling import SAMPLING_KERNELS
-from openinfer_kvcache import PagedKVManager
+from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_blocks
 
 
 class DeepseekV4Model:
     """Weights and paged cache of one DeepSeek-V4 model on one device; with `tp`, of the
     rank's shard (`shard`; `self.cfg` stays the whole model's, `self.attn_cfg` has the rank's
-    heads). Every rank keeps the whole KV cache (one KV head, replicated)."""
+    heads). Every rank keeps the whole KV cache (one KV head, replicated), in the KV groups of
+    `kv_cache.kv_groups`: the compressed entries and indexer keys in the full group, the raw
+    entries and the compressors' projections in window groups (none without compressed
+    layers)."""
 
     def __init__(self, cfg: DeepseekV4Config, weights: ModelWeights, *, max_model_len: int,
                  device: torch.device, dtype: torch.dtype, tp: TensorParallelGroup | None = None,
@@ -55,6 +63,8 @@ class DeepseekV4Model:
         self.device = device
         self.dtype = dtype
         self.layers: list[LayerCache] | None = None
+        # SupportsKVGroups: the full group first, so `batch.block_tables` is its table.
+        self.kv_groups = kv_groups(cfg)
         # Each layer's rotary, on the device once: its frequencies and the cos | sin of every
         # position (one table per kind of layer: window-only or compressed; max_model_len x
         # rope_head_dim values each, 128 MB apiece in bf16 at 1M positions).
@@ -83,20 +93,36 @@ class DeepseekV4Model:
         # launches skipped would leave unset; a cold start compiles on first launch instead.
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        return kv_bytes_per_block(self.cfg, block_size, self.dtype)
+        """One block of the full group: the compressed entries and indexer keys."""
+        return group_bytes_per_block(self.cfg, block_size, self.dtype)[0]
 
-    def create_kv_cache(self, num_blocks: int, block_size: int) -> KVManager:
+    def kv_window_bytes(self, block_size: int, limits: KVStepLimits) -> int:
+        pools = group_pool_blocks(self.kv_groups, 0, block_size, limits)
+        per_block = group_bytes_per_block(self.cfg, block_size, self.dtype)
+        return sum(n * b for g, n, b in zip(self.kv_groups, pools, per_block, strict=True)
+                   if not g.is_full)
+
+    def create_kv_cache(self, num_blocks: int, block_size: int,
+                        limits: KVStepLimits | None = None) -> KVManager:
         if num_blocks < 2:
             raise ValueError(f"a KV cache needs at least 2 blocks (one is padding), "
                              f"got {num_blocks}")
-        self.layers = allocate_layers(self.cfg, num_blocks, block_size, self.dtype, self.device)
-        return PagedKVManager(num_blocks, block_size)
+        pools = group_pool_blocks(self.kv_groups, num_blocks, block_size, limits)
+        self.layers = allocate_layers(self.cfg, pools, block_size, self.dtype, self.device)
+        if len(self.kv_groups) == 1:
+            return PagedKVManager(num_blocks, block_size)
+        return GroupedKVManager(self.kv_groups, pools, block_size)
 
     def kv_block_tensors(self) -> list[torch.Tensor]:
         """Layer-major: each layer's raw entries, then its compressors' projections and
-        entries."""
+        entries. Only with one KV group (no compressed layers): the engine refuses
+        `--kv-offload` for window groups, whose blocks the offload tiers cannot copy yet."""
         if self.layers is None:
             raise RuntimeError("create_kv_cache() must run before kv_block_tensors()")
+        if len(self.kv_groups) > 1:
+            raise RuntimeError("kv_block_tensors(): DeepSeek-V4's KV is in window groups "
+                               f"{[g.name for g in self.kv_groups[1:]]}, which offload "
+                               "cannot copy")
         return [t for layer in self.layers for t in layer.tensors()]
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -5,8 +5,9 @@ host-known bounds), with the Triton kernels on the GPU and their references on C
 
 1. project the queries and raw entries (each norm and rotation one `rms_rotary` op, cos and
    sin from the layer's position table); write the raw entries and the compressor
-   projections into the step's slots;
-2. `compress_pool`: the compressed entries whose windows close in this step;
+   projections into the step's slots of their window groups (`kv_cache`);
+2. `compress_pool`: the compressed entries whose windows close in this step, from the
+   projections (through their window group's table) into the full group's entry pool;
 3. per query, its keys as slots: the window's raw entries, and the compressed entries it sees
    (HCA: all; CSA: `indexer_topk_paged`'s picks); the slot arithmetic the layers share is
    made once a step (`StepSlots`);
@@ -55,7 +56,7 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
     """x [T, H] (the step's normed collapsed streams) -> [T, H]. Mutates the layer's cache:
     the step's raw entries, compressor projections and newly closed compressed entries."""
     kind = cfg.attention_kinds[layer]
-    q_residual, q = _project(x, w, cfg, batch, rope, cache)
+    q_residual, q = _project(x, w, cfg, batch, rope, cache, slots)
     parts: list[tuple[CompressedCache, CompressorWeights, bool]] = []
     if cache.compressor is not None:
         assert w.compressor is not None
@@ -64,16 +65,16 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         assert w.indexer is not None
         parts.append((cache.indexer, w.indexer.compressor, True))
     for part, weights, overlap in parts:
-        part.projections.flatten(0, 1)[batch.slot_mapping] = torch.cat(
+        part.projections.flatten(0, 1)[slots.token_slots(part.projection_group)] = torch.cat(
             compressor_inputs(x, weights), dim=-1)
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
-                      rope.freqs, batch.block_tables, batch.seq_lens, batch.query_start_loc,
-                      batch.max_query_len, ratio=part.ratio, overlap=overlap,
-                      norm_eps=cfg.rms_norm_eps)
+                      rope.freqs, batch.group_table(part.projection_group), batch.block_tables,
+                      batch.seq_lens, batch.query_start_loc, batch.max_query_len,
+                      ratio=part.ratio, overlap=overlap, norm_eps=cfg.rms_norm_eps)
         if cfg.quant_sim:
             _round_closed_entries(part, slots, cfg, indexer=part is cache.indexer)
 
-    window = slots.window(cfg.sliding_window)
+    window = slots.window(cfg.sliding_window, cache.kv_group)
     pool = cache.kv.new_zeros((0, cfg.head_dim))
     picked = window.new_zeros((x.shape[0], 0))
     if cache.compressor is not None:
@@ -85,17 +86,19 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
 
 
 def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch: ForwardBatch,
-             rope: Rope, cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+             rope: Rope, cache: LayerCache, slots: StepSlots
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.project` with the raw entries written straight into their cache slots:
     (q_residual [T, q_lora_rank], q [T, heads, D] normed per head and rotated)."""
     t, eps, positions = x.shape[0], cfg.rms_norm_eps, batch.positions
     q_residual = rms_rotary(linear(x, w.q_a), w.q_a_norm, positions, None, eps=eps)
     q = rms_rotary(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim), None,
                    positions, rope.table, eps=eps)
+    kv_slots = slots.token_slots(cache.kv_group)
     rms_rotary_scatter(linear(x, w.kv), w.kv_norm, positions, rope.table,
-                       cache.kv.flatten(0, 1), batch.slot_mapping, eps=eps)
+                       cache.kv.flatten(0, 1), kv_slots, eps=eps)
     if cfg.quant_sim:  # the raw entries as the model rounds them (quant_sim.py)
-        fp8_round_rows(cache.kv.flatten(0, 1), batch.slot_mapping, cfg.rope_head_dim)
+        fp8_round_rows(cache.kv.flatten(0, 1), kv_slots, cfg.rope_head_dim)
     return q_residual, q
 
 

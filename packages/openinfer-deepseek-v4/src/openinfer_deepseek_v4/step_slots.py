@@ -1,5 +1,5 @@
 """`StepSlots`: a step's slot arithmetic, made once and shared by its layers (`paged_attention`
-step 3). Spec: shared deepseek-v4.md §5.5."""
+steps 1 and 3), in each KV group's pool (`kv_cache`). Spec: shared deepseek-v4.md §5.5."""
 
 from __future__ import annotations
 
@@ -12,16 +12,22 @@ from openinfer_deepseek_v4.reference import window_positions
 
 class StepSlots:
     """The slot arithmetic of one step that every layer would repeat alike: each token's
-    request, each query's window of raw-entry slots, the compressed-entry slots a query sees
-    (HCA), the entries the step closes (rounded where the model rounds them). Made when a
-    layer first asks, then shared by the step's other layers (a forward makes one; on the GPU
-    each is a few small torch ops, captured with the step). Reads the batch only."""
+    request, its slot in each KV group's pool, each query's window of raw-entry slots, the
+    compressed-entry slots a query sees (HCA), the entries the step closes (rounded where the
+    model rounds them). Made when a layer first asks, then shared by the step's other layers
+    (a forward makes one; on the GPU each is a few small torch ops, captured with the step).
+    Reads the batch only.
+
+    Group 0 is the full group, whose table is `batch.block_tables` and whose slots are
+    `batch.slot_mapping`; a window group's come from `batch.group_table(g)` (which is
+    `block_tables` in a batch without group tables: start-up's scratch steps)."""
 
     def __init__(self, batch: ForwardBatch, block_size: int) -> None:
         self.batch = batch
         self.block_size = block_size
         self._requests: torch.Tensor | None = None
-        self._windows: dict[int, torch.Tensor] = {}
+        self._tokens: dict[int, torch.Tensor] = {}
+        self._windows: dict[tuple[int, int], torch.Tensor] = {}
         self._visible: dict[tuple[int, int], torch.Tensor] = {}
         self._closed: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -33,17 +39,33 @@ class StepSlots:
                                             int(self.batch.positions.shape[0]))
         return self._requests
 
-    def window(self, size: int) -> torch.Tensor:
-        """[T, size] int32: the raw-entry slots of each query's sliding window (-1 before
-        position 0)."""
-        if size not in self._windows:
+    def token_slots(self, group: int) -> torch.Tensor:
+        """[T]: each token's slot in group `group`'s pool (rows of a [blocks, block_size, ...]
+        tensor flattened), where the step writes what the token leaves there. A padding token
+        (a CUDA graph's, whose full-group slot is in the padding block 0) writes into block 0
+        of every group: its request row may be another's, or stale."""
+        if group == 0:
+            return self.batch.slot_mapping
+        if group not in self._tokens:
+            batch, block_size = self.batch, self.block_size
+            blocks = batch.group_table(group).long()[self.requests.long(),
+                                                     batch.positions // block_size]
+            slots = blocks * block_size + batch.positions % block_size
+            padding = batch.slot_mapping < block_size
+            self._tokens[group] = torch.where(padding, batch.slot_mapping, slots)
+        return self._tokens[group]
+
+    def window(self, size: int, group: int) -> torch.Tensor:
+        """[T, size] int32: the raw-entry slots, in group `group`'s pool, of each query's
+        sliding window (-1 before position 0)."""
+        if (size, group) not in self._windows:
             batch, block_size = self.batch, self.block_size
             window, real = window_positions(batch.positions, size)
-            blocks = batch.block_tables.long()[self.requests.long()[:, None],
-                                               window // block_size]
-            self._windows[size] = torch.where(real, blocks * block_size + window % block_size,
-                                              -1).to(torch.int32)
-        return self._windows[size]
+            blocks = batch.group_table(group).long()[self.requests.long()[:, None],
+                                                     window // block_size]
+            self._windows[size, group] = torch.where(
+                real, blocks * block_size + window % block_size, -1).to(torch.int32)
+        return self._windows[size, group]
 
     def visible_entries(self, ratio: int, slots_per_block: int) -> torch.Tensor:
         """[T, max_seq_len // ratio] int32: the slots of every compressed entry each query

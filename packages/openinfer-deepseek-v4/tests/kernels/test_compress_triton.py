@@ -85,10 +85,11 @@ def test_pool_matches_reference(case: str, dtype: torch.dtype) -> None:
     bias, norm, freqs = weights(ratio, c, d, dtype, g)
     args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
     got, want = cache.entries.clone(), cache.entries.clone()
-    compress_pool_triton(cache.projections, got, bias, norm, freqs, cache.tables,
-                         *step(lens, new), **args)
-    compress_pool_ref(cache.projections, want, bias, norm, freqs, cache.tables,
-                      *step(lens, new), **args)
+    tables = (cache.tables, cache.tables)  # projections and entries through one table
+    compress_pool_triton(cache.projections, got, bias, norm, freqs, *tables, *step(lens, new),
+                         **args)
+    compress_pool_ref(cache.projections, want, bias, norm, freqs, *tables, *step(lens, new),
+                      **args)
     written = ~got.isnan().any(-1)
     assert torch.equal(written, ~want.isnan().any(-1))  # the same rows, and no others
     expected = sum(n // ratio - (n - q) // ratio for n, q in zip(lens, new, strict=True))
@@ -106,10 +107,11 @@ def test_served_sequence_gives_the_whole_sequences_entries(ratio: int, overlap: 
     c, d, total = (2 if overlap else 1), 24, 43
     cache = make_cache([total], block_size, ratio, c, d, torch.float32, g)
     bias, norm, freqs = weights(ratio, c, d, torch.float32, g)
-    compress_pool_triton(cache.projections, cache.entries, bias, norm, freqs, cache.tables,
+    tables = (cache.tables, cache.tables)
+    compress_pool_triton(cache.projections, cache.entries, bias, norm, freqs, *tables,
                          *step([13], [13]), ratio=ratio, overlap=overlap, norm_eps=EPS)
     for seen in range(14, total + 1):
-        compress_pool_triton(cache.projections, cache.entries, bias, norm, freqs, cache.tables,
+        compress_pool_triton(cache.projections, cache.entries, bias, norm, freqs, *tables,
                              *step([seen], [1]), ratio=ratio, overlap=overlap, norm_eps=EPS)
     table = cache.tables[0].long()
     pos = torch.arange(total, device=DEVICE)
@@ -123,13 +125,64 @@ def test_served_sequence_gives_the_whole_sequences_entries(ratio: int, overlap: 
                                **TOL[torch.float32])
 
 
+def window_pool(cache: Cache, lens: list[int], new: list[int], horizon: int,
+                g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The projections as a window KV group keeps them: a pool of their own, through their own
+    tables, holding only the blocks of positions >= first - horizon (first: each request's
+    first new token); the others are the padding block 0, NaN, so a read of one shows."""
+    block_size = cache.projections.shape[1]
+    keep = [n - q - horizon for n, q in zip(lens, new, strict=True)]
+    wanted = [(b, i) for b, n in enumerate(lens) for i in range(-(-n // block_size))
+              if (i + 1) * block_size - 1 >= keep[b]]
+    ids = (torch.randperm(len(wanted), generator=g) + 1).tolist()
+    pool = torch.full((len(wanted) + 1, *cache.projections.shape[1:]), float("nan"),
+                      dtype=cache.projections.dtype, device=DEVICE)
+    tables = torch.zeros_like(cache.tables)
+    for (b, i), block in zip(wanted, ids, strict=True):
+        tables[b, i] = block
+        pool[block] = cache.projections[cache.tables[b, i]]
+    return pool, tables
+
+
+@pytest.mark.parametrize("pool", ["triton", "ref"])
+@pytest.mark.parametrize(("ratio", "overlap", "block_size"),
+                         [(4, True, 4), (4, True, 6), (4, True, 5), (8, False, 3),
+                          (4, False, 16)])
+def test_projections_in_a_window_group_give_the_same_entries(ratio: int, overlap: bool,
+                                                             block_size: int,
+                                                             pool: str) -> None:
+    """The projections in a window group's pool and table (horizon 2 ratio - 1 with overlap,
+    ratio - 1 without), the entries in the full group's: the entries equal the one-table
+    case's, in the same rows, and nothing before the horizon is read. The horizon is tight:
+    at block sizes 5 and 3, a request's first new token 11 (ratio 4, overlap) or 15 (ratio 8)
+    closes a window whose first slot, horizon before it, is a block's last position."""
+    g = torch.Generator().manual_seed(block_size + ratio)
+    c, d = (2 if overlap else 1), 24
+    lens, new = [37, 21, 130, 9, 20, 22], [9, 1, 5, 9, 9, 7]
+    cache = make_cache(lens, block_size, ratio, c, d, torch.float32, g)
+    bias, norm, freqs = weights(ratio, c, d, torch.float32, g)
+    args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
+    want = cache.entries.clone()
+    compress_pool_ref(cache.projections, want, bias, norm, freqs, cache.tables, cache.tables,
+                      *step(lens, new), **args)
+    projections, tables = window_pool(cache, lens, new, c * ratio - 1, g)
+    got = cache.entries.clone()
+    run = compress_pool_triton if pool == "triton" else compress_pool_ref
+    run(projections, got, bias, norm, freqs, tables, cache.tables, *step(lens, new), **args)
+    written = ~want.isnan().any(-1)
+    assert int(written.sum()) > 0
+    assert torch.equal(~got.isnan().any(-1), written)
+    torch.testing.assert_close(got[written], want[written], **TOL[torch.float32])
+
+
 def test_bad_shapes_are_refused() -> None:
     g = torch.Generator().manual_seed(0)
     cache = make_cache([8], 4, 4, 2, 24, torch.float32, g)
     bias, norm, freqs = weights(4, 2, 24, torch.float32, g)
     with pytest.raises(ValueError, match="position_bias"):
         compress_pool_triton(cache.projections, cache.entries, bias[:, :24], norm, freqs,
-                             cache.tables, *step([8], [8]), ratio=4, overlap=True, norm_eps=EPS)
+                             cache.tables, cache.tables, *step([8], [8]), ratio=4, overlap=True,
+                             norm_eps=EPS)
 
 
 @pytest.mark.gpu
@@ -149,9 +202,10 @@ def test_v4_flash_decode_and_prefill(ratio: int, overlap: bool, d: int) -> None:
                                  original_max_positions=65536).to(DEVICE)
         args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
         got, want = cache.entries.clone(), cache.entries.clone()
-        compress_pool_triton(cache.projections, got, bias, norm, freqs, cache.tables,
+        tables = (cache.tables, cache.tables)
+        compress_pool_triton(cache.projections, got, bias, norm, freqs, *tables,
                              *step(lens, new), **args)
-        compress_pool_ref(cache.projections, want, bias, norm, freqs, cache.tables,
+        compress_pool_ref(cache.projections, want, bias, norm, freqs, *tables,
                           *step(lens, new), **args)
         written = ~got.isnan().any(-1)
         assert torch.equal(written, ~want.isnan().any(-1))

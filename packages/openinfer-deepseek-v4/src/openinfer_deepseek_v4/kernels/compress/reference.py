@@ -94,19 +94,24 @@ def compress_chunk_ref(kv: torch.Tensor, gate: torch.Tensor, start: int,
 
 def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
                       position_bias: torch.Tensor, norm_weight: torch.Tensor,
-                      freqs: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                      freqs: torch.Tensor, projection_tables: torch.Tensor,
+                      entry_tables: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
                       overlap: bool, norm_eps: float) -> None:
     """A step's new entries on the paged cache, written into `entries` (mutated; nothing else
     is). projections [blocks, block_size, 2 c d]: each token's kv | gate row (`compress_kv_ref`'s
     kv and gate side by side), this step's included, at slot table[p // block_size] *
-    block_size + p % block_size of position p; entries [blocks, entries_per_block, d]: entry j
-    in the block of its window's last token (j + 1) ratio - 1, row (that token's offset in the
-    block) // ratio. Request b (block_tables [B, max_blocks], seq_lens [B], query_start_loc
-    [B + 1], as in a ForwardBatch) adds tokens seq_len - n .. seq_len - 1 (n its new tokens)
-    and gets every entry whose window they close, made by `compress_chunk_ref` from its
-    window's rows (the window before it too, with `overlap`). max_query_len, the kernel's grid
-    bound, is unused here."""
+    block_size + p % block_size of position p (table: the request's row of
+    `projection_tables`); entries [entry blocks, entries_per_block, d]: entry j in the block
+    (through `entry_tables`) of its window's last token (j + 1) ratio - 1, row (that token's
+    offset in the block) // ratio. The two tables may differ (the projections in a window KV
+    group, the entries in the full one): the projections read are those of the windows that
+    close, positions >= first - (2 if overlap else 1) ratio + 1 for a request's first new
+    token `first`. Request b (tables [B, max_blocks], seq_lens [B], query_start_loc [B + 1],
+    as in a ForwardBatch) adds tokens seq_len - n .. seq_len - 1 (n its new tokens) and gets
+    every entry whose window they close, made by `compress_chunk_ref` from its window's rows
+    (the window before it too, with `overlap`). max_query_len, the kernel's grid bound, is
+    unused here."""
     del max_query_len
     block_size, per_block = projections.shape[1], entries.shape[1]
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -115,9 +120,11 @@ def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
         lo, end = first // ratio, seq_len // ratio
         if end <= lo:
             continue
+        # The windows of entries lo..end-1 (window lo - 1's rows too, with overlap: entry
+        # lo - 1, made on the way from an empty state, is dropped).
         start = (max(lo - 1, 0) if overlap else lo) * ratio
         pos = torch.arange(start, end * ratio, device=projections.device)
-        table = block_tables[b].long()
+        table = projection_tables[b].long()
         rows = projections.flatten(0, 1)[table[pos // block_size] * block_size
                                          + pos % block_size]
         kv, gate = rows.chunk(2, dim=-1)
@@ -125,5 +132,6 @@ def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
         made = compress_chunk_ref(kv, gate, start, state, position_bias, norm_weight, freqs,
                                   ratio=ratio, overlap=overlap, norm_eps=norm_eps)
         last = torch.arange(lo + 1, end + 1, device=projections.device) * ratio - 1
-        slots = table[last // block_size] * per_block + (last % block_size) // ratio
+        slots = (entry_tables[b].long()[last // block_size] * per_block
+                 + (last % block_size) // ratio)
         entries.flatten(0, 1)[slots] = made[lo - start // ratio:].to(entries.dtype)

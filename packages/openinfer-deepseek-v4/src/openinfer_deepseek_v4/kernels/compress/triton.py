@@ -5,14 +5,16 @@ entry pool.
 
 Program (b, i) makes request b's i-th new entry, j = first_b // ratio + i, if its window closes
 in this step ((j + 1) ratio - 1 <= last_b; otherwise it loops zero times and stores nothing).
-It reads the window's projection rows through the block table (the previous window's too with
-`overlap`), softmaxes the gates (+ the position bias) per channel over the slots in two passes
-(an online max and sum, then the weights), adds the weighted values, RMS-normalises, and
-rotates the trailing rope pairs at the window's first position. It rounds to the projections'
-dtype where `compress_chunk_ref` does: the weights, each weighted value, the pooled sum, the
-normed entry, cos and sin, the rotated pairs. The grid depends only on the batch size and a
-host bound on the entries per request, (B, ceil(max_query_len / ratio)): one for decode, so a
-CUDA graph replays it whatever the positions. (The mypy line above: @triton.jit functions
+It reads the window's projection rows through the projections' block table (the previous
+window's too with `overlap`), softmaxes the gates (+ the position bias) per channel over the
+slots in two passes (an online max and sum, then the weights), adds the weighted values,
+RMS-normalises, rotates the trailing rope pairs at the window's first position, and stores
+the entry through the entries' block table (another pool's: the projections live in a window
+KV group, the entries in the full one). It rounds to the projections' dtype where
+`compress_chunk_ref` does: the weights, each weighted value, the pooled sum, the normed entry,
+cos and sin, the rotated pairs. The grid depends only on the batch size and a host bound on
+the entries per request, (B, ceil(max_query_len / ratio)): one for decode, so a CUDA graph
+replays it whatever the positions. (The mypy line above: @triton.jit functions
 annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ def _rotate(y, pos, freqs_ptr, D: tl.constexpr, ROPE: tl.constexpr, BLOCK_D: tl.
 
 @triton.jit
 def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_ptr,
-                 seq_lens_ptr, qsl_ptr, stride_table, block_size, entries_per_block, norm_eps,
+                 entry_tables_ptr, seq_lens_ptr, qsl_ptr, stride_table, stride_entry_table,
+                 block_size, entries_per_block, norm_eps,
                  RATIO: tl.constexpr, OVERLAP: tl.constexpr, D: tl.constexpr,
                  ROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                  PDL: tl.constexpr):
@@ -107,7 +110,8 @@ def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_
     y = (w * (pooled * tl.rsqrt(tl.sum(pooled * pooled, axis=0) / D + norm_eps))).to(ty)
     y = _rotate(y, j * RATIO, freqs_ptr, D, ROPE, BLOCK_D)
     last = (j + 1) * RATIO - 1
-    block = tl.load(table + last // block_size, mask=made, other=0).to(tl.int64)
+    entry_table = entry_tables_ptr + b.to(tl.int64) * stride_entry_table
+    block = tl.load(entry_table + last // block_size, mask=made, other=0).to(tl.int64)
     dst = block * entries_per_block + (last % block_size) // RATIO
     tl.store(entries_ptr + dst * D + rd, y.to(entries_ptr.dtype.element_ty),
              mask=rd < tl.where(made, D, 0))
@@ -115,14 +119,16 @@ def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_
 
 def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
                          position_bias: torch.Tensor, norm_weight: torch.Tensor,
-                         freqs: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                         max_query_len: int, *, ratio: int, overlap: bool,
-                         norm_eps: float) -> None:
+                         freqs: torch.Tensor, projection_tables: torch.Tensor,
+                         entry_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
+                         overlap: bool, norm_eps: float) -> None:
     """`compress_pool_ref` in one launch (see the module docstring); mutates `entries` only.
-    projections [blocks, block_size, 2 c d] (bf16 or fp32), entries [blocks, entries_per_block,
-    d], both contiguous; block_tables [B, max_blocks], seq_lens [B] and query_start_loc [B + 1]
-    on the device; max_query_len a host int >= every request's new tokens."""
+    projections [blocks, block_size, 2 c d] (bf16 or fp32), entries [entry blocks,
+    entries_per_block, d], both contiguous; projection_tables and entry_tables [B, max_blocks]
+    (the projections' and the entries' block tables, each its pool's), seq_lens [B] and
+    query_start_loc [B + 1] on the device; max_query_len a host int >= every request's new
+    tokens."""
     c = 2 if overlap else 1
     d = entries.shape[-1]
     if (projections.dim() != 3 or projections.shape[2] != 2 * c * d or entries.dim() != 3
@@ -143,7 +149,8 @@ def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
     block_s = max(1, min(triton.next_power_of_2(c * ratio), 4096 // block_d))
     _pool_kernel[(batch, triton.cdiv(max_query_len, ratio))](
         projections, entries, position_bias.float().contiguous(), norm_weight,
-        freqs.float().contiguous(), block_tables, seq_lens, query_start_loc,
-        block_tables.stride(0), projections.shape[1], entries.shape[1], norm_eps, RATIO=ratio,
+        freqs.float().contiguous(), projection_tables, entry_tables, seq_lens, query_start_loc,
+        projection_tables.stride(0), entry_tables.stride(0), projections.shape[1],
+        entries.shape[1], norm_eps, RATIO=ratio,
         OVERLAP=overlap, D=d, ROPE=2 * freqs.shape[0], BLOCK_S=block_s, BLOCK_D=block_d,
         num_warps=4, **pdl_launch(projections))
