@@ -192,12 +192,16 @@ def _check(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> None:
                          f"{tuple(x.shape)} strides {x.stride()}, w {tuple(w.shape)}")
     if w.dtype != torch.float8_e4m3fn or not w.is_contiguous():
         raise ValueError(f"fp8_block_linear: w must be contiguous float8_e4m3fn, got {w.dtype}")
+    check_block_scales("fp8_block_linear", w, scale)
+
+
+def check_block_scales(op: str, w: torch.Tensor, scale: torch.Tensor) -> None:
+    """`scale` holds one E8M0 byte or float32 per 128 x 128 block of `w`, rows contiguous."""
     want = (triton.cdiv(w.shape[0], BLOCK), triton.cdiv(w.shape[1], BLOCK))
     if (tuple(scale.shape) != want or scale.dtype not in SCALE_DTYPES
             or scale.stride(-1) != 1):
-        raise ValueError(f"fp8_block_linear: scale must be E8M0 bytes or float32 of shape "
-                         f"{want} (last dim contiguous), got {scale.dtype} "
-                         f"{tuple(scale.shape)}")
+        raise ValueError(f"{op}: scale must be E8M0 bytes or float32 of shape {want} (last "
+                         f"dim contiguous), got {scale.dtype} {tuple(scale.shape)}")
 
 
 def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,

@@ -24,7 +24,7 @@ import triton.language as tl
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.fp8_linear.reference import AMAX_FLOOR, E4M3_MAX, GROUP
-from openinfer_kernels.fp8_linear.triton import SCALE_DTYPES, _block_scales, sum_slices
+from openinfer_kernels.fp8_linear.triton import _block_scales, check_block_scales, sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 QUANT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -177,12 +177,7 @@ def _check(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
     if tuple(x_scale.shape) != (xq.shape[0], groups) or x_scale.dtype != torch.float32:
         raise ValueError(f"fp8_w8a8_linear: x_scale must be float32 {(xq.shape[0], groups)}, "
                          f"got {x_scale.dtype} {tuple(x_scale.shape)}")
-    want = (triton.cdiv(w.shape[0], GROUP), groups)
-    if (tuple(scale.shape) != want or scale.dtype not in SCALE_DTYPES
-            or scale.stride(-1) != 1):
-        raise ValueError(f"fp8_w8a8_linear: scale must be E8M0 bytes or float32 of shape "
-                         f"{want} (last dim contiguous), got {scale.dtype} "
-                         f"{tuple(scale.shape)}")
+    check_block_scales("fp8_w8a8_linear", w, scale)
 
 
 def fp8_w8a8_linear_triton(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
