@@ -84,21 +84,24 @@ def embedding_inputs(value: EmbeddingInput, tokenizer: Tokenizer, *, add_special
                      limit: PromptLimit) -> list[list[int]]:
     """One string, several, one list of token ids, or several, as token-id lists. Tokenizes:
     call it on a worker thread."""
+    items: list[str] | list[list[int]] | list[str | list[int]]
     if isinstance(value, str):
-        value = [value]
+        items = [value]
     elif not value:
         raise InvalidParameterError("input", "must not be empty")
     elif all(isinstance(v, int) for v in value):
-        value = [value]  # type: ignore[list-item]
+        items = [value]  # type: ignore[assignment]
+    else:
+        items = value  # type: ignore[assignment]
     out: list[list[int]] = []
-    for item in value:
+    for item in items:
         if isinstance(item, str):
             out.append(text_prompt(item, tokenizer, add_special_tokens=add_special_tokens,
                                    limit=limit, where="input").token_ids)
         elif not item:
             raise InvalidParameterError("input", "a token-id input must not be empty")
         else:
-            out.append(ids_prompt(item, tokenizer, limit).token_ids)  # type: ignore[arg-type]
+            out.append(ids_prompt(item, tokenizer, limit).token_ids)
     return out
 
 
