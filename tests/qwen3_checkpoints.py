@@ -86,3 +86,52 @@ def load_hf(path: Path) -> Any:
     from transformers import Qwen3ForCausalLM
 
     return Qwen3ForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+
+def write_embedding_checkpoint(spec: TinySpec, dest: Path, *, seed: int = 0,
+                               modules: bool = True) -> Path:
+    """A random-weight base `Qwen3Model` saved as sentence-transformers saves Qwen3-Embedding:
+    tensors without the "model." prefix, no LM head, and (with `modules`) modules.json with
+    last-token Pooling and Normalize; with the real Qwen3 tokenizer."""
+    import json
+
+    from transformers import Qwen3Model
+
+    from openinfer_qwen3.tokenizer_files import write_qwen3_tokenizer
+
+    torch.manual_seed(seed)
+    model = Qwen3Model(spec.hf_config()).eval()
+    with torch.no_grad():  # norms away from 1 so their weights matter
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest, max_shard_size="8MB")
+    write_qwen3_tokenizer(dest)
+    if modules:
+        (dest / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling",
+             "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize",
+             "type": "sentence_transformers.models.Normalize"}]))
+        (dest / "1_Pooling").mkdir(exist_ok=True)
+        (dest / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": spec.hidden_size, "pooling_mode_cls_token": False,
+            "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": True, "include_prompt": True}))
+        (dest / "2_Normalize").mkdir(exist_ok=True)
+    return dest
+
+
+@torch.no_grad()
+def hf_embedding(path: Path, token_ids: list[int]) -> torch.Tensor:
+    """Qwen3-Embedding's recipe in transformers, fp32: the base model's last hidden state
+    (final norm applied) at the last token, L2-normalized."""
+    import torch.nn.functional as F
+    from transformers import Qwen3Model
+
+    model = Qwen3Model.from_pretrained(path, torch_dtype=torch.float32).eval()
+    hidden = model(torch.tensor([token_ids])).last_hidden_state[0, -1]
+    return F.normalize(hidden, dim=-1)

@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 # The order stages run in, whatever order they are named in.
 ORDER="tests basetests gate allreduce tpfused tp tpprofile tp32 tpgate tpserve dsv4 dsv4model fp8 tpunfused latency ab prefillattn fusion verify sampling tiles gemm pdl
        ttft flashinfer attention ops throughput serve dp deferred stream1 timeline prefix qps
-       interference structured offload startup"
+       interference structured offload startup embed"
 stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured offload startup}
 API_SERVERS=${API_SERVERS:-1}
 # lib.sh first: the helpers the stage files use.

@@ -1,6 +1,8 @@
 """What an engine emits per request, in this order:
 `Scheduled` once, then `PromptLogprobs` once if the request asked for them, then `Token`*, then
-exactly one terminal (`Finished`, `Error`, `Rejected`)."""
+exactly one terminal (`Finished`, `Error`, `Rejected`). A pooling request
+(`GenerateRequest.pooling`) gets `Scheduled`, one `Embedding`, then `Finished` (reason stop, no
+completion tokens)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,15 @@ class Token:
 
 
 @dataclass(frozen=True, slots=True)
+class Embedding:
+    """A pooling request's vector: the final normed hidden state of its last prompt token
+    (fp32 values, not normalized: the frontend normalizes and truncates)."""
+
+    request_id: str
+    vector: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     request_id: str
     reason: FinishReason
@@ -70,7 +81,7 @@ class Rejected:
     message: str
 
 
-TokenEvent = Scheduled | PromptLogprobs | Token | Finished | Error | Rejected
+TokenEvent = Scheduled | PromptLogprobs | Token | Embedding | Finished | Error | Rejected
 TerminalEvent = Finished | Error | Rejected
 TERMINAL_TYPES = (Finished, Error, Rejected)
 

@@ -22,6 +22,9 @@ class ModelInfo:
     kv_total_blocks: int
     kv_block_size: int
     eos_token_ids: tuple[int, ...]
+    # "generate" (tokens), or "embed" (pooling requests only: `GenerateRequest.pooling`).
+    task: str = "generate"
+    hidden_size: int = 0  # the length of an `Embedding` vector; 0 where the task is generate
 
     @property
     def kv_capacity_tokens(self) -> int:

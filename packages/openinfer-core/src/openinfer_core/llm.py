@@ -11,7 +11,15 @@ from typing import Any
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
 from openinfer_core.errors import InvalidParameterError, TokenizerError
-from openinfer_core.events import Error, Finished, PromptLogprobs, Rejected, Token, TokenEvent
+from openinfer_core.events import (
+    Error,
+    Finished,
+    PromptLogprobs,
+    Rejected,
+    Scheduled,
+    Token,
+    TokenEvent,
+)
 from openinfer_core.generation_config import sampling_defaults
 from openinfer_core.outputs import CompletionOutput, RequestOutput
 from openinfer_core.params import SamplingParams
@@ -175,8 +183,9 @@ class LLM:
             p.output.prompt_logprobs = [None] + [
                 {**dict(top), ids[i + 1]: lp}
                 for i, (lp, top) in enumerate(zip(event.logprobs, event.top, strict=True))]
-        else:
+        elif isinstance(event, Scheduled):
             p.output.num_cached_tokens = event.cached_tokens
+        # (An `Embedding` comes only to pooling requests, which `LLM` never sends.)
 
     def _push_text(self, p: _Pending, delta: str) -> None:
         if p.done or not delta:

@@ -67,6 +67,7 @@ class Qwen3Model:
         self.sampling_kernels = SAMPLING_KERNELS
         self.compile_ahead_safe = True  # capabilities.SupportsCompileAhead
         self.weight_bytes = weights.decode_bytes()
+        self.pooling_hidden_size = cfg.hidden_size  # capabilities.SupportsPooling
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:
         return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,
@@ -86,6 +87,20 @@ class Qwen3Model:
         return [t for pair in zip(self.kv.k, self.kv.v, strict=True) for t in pair]
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        last = self.forward_hidden(batch)
+        tp = self.tp
+        if tp is None:
+            out = batch.logits_out
+            return lm_head_logits(last, self.w.lm_head,
+                                  None if out is None else out[:last.shape[0]])
+        logits = lm_head_logits(last, self.w.lm_head)
+        logits = tp.all_gather(logits)  # [S, size * padded part]: the vocabulary, padded
+        return logits if logits.shape[1] == self.vocab_size else (
+            logits[:, :self.vocab_size].contiguous())
+
+    def forward_hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        """The final-normed hidden states at `batch.logits_indices` (`SupportsPooling`;
+        every rank has all of it under tensor parallelism)."""
         if self.kv is None:
             raise RuntimeError("create_kv_cache() must run before forward()")
         eps = self.cfg.rms_norm_eps
@@ -113,14 +128,7 @@ class Qwen3Model:
         if batch.max_query_len > 1 or rows.shape[0] != hidden.shape[0]:
             hidden, residual = hidden[rows], residual[rows]
         last, _ = fused_add_rms_norm(hidden, residual, self.w.final_norm, eps)
-        if tp is None:
-            out = batch.logits_out
-            return lm_head_logits(last, self.w.lm_head,
-                                  None if out is None else out[:last.shape[0]])
-        logits = lm_head_logits(last, self.w.lm_head)
-        logits = tp.all_gather(logits)  # [S, size * padded part]: the vocabulary, padded
-        return logits if logits.shape[1] == self.vocab_size else (
-            logits[:, :self.vocab_size].contiguous())
+        return last
 
     def _project_add_norm(self, x: torch.Tensor, w: Linear, residual: torch.Tensor,
                           norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,9 +114,12 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
             dequantized.setdefault(what, why)
         return w
 
+    # A checkpoint saved from transformers' base `Qwen3Model` (sentence-transformers', as
+    # Qwen3-Embedding's) names its tensors without the "model." prefix and has no LM head.
+    base = "model." if "model.embed_tokens.weight" in ckpt else ""
     layers = []
     for n in range(cfg.num_layers):
-        p = f"model.layers.{n}."
+        p = f"{base}layers.{n}."
         attn, mlp = p + "self_attn.", p + "mlp."
         qkv = fused("q/k/v", linear(attn + "q_proj.weight", cfg.q_size, h, part=q_rows),
                     linear(attn + "k_proj.weight", cfg.kv_size, h, part=kv_rows),
@@ -149,9 +152,14 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
 
     for what, why in dequantized.items():
         log.info("qwen3: FP8 %s dequantized to %s at load (%s)", what, dtype, why)
-    embed = vocab_rows("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_word_embeddings else vocab_rows("lm_head.weight")
-    return Qwen3Weights(embed, layers, get("model.norm.weight", h), lm_head)
+    embed = vocab_rows(base + "embed_tokens.weight")
+    lm_head = embed
+    if not cfg.tie_word_embeddings and "lm_head.weight" in ckpt:
+        lm_head = vocab_rows("lm_head.weight")
+    elif not cfg.tie_word_embeddings:
+        log.warning("qwen3: the checkpoint has no lm_head.weight (a base model's save): its "
+                    "hidden states serve embeddings; generated tokens would be meaningless")
+    return Qwen3Weights(embed, layers, get(base + "norm.weight", h), lm_head)
 
 
 def _scaled(heads: range, head_dim: int) -> range:

@@ -139,6 +139,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                              "openinfer-kernels[flashinfer]) or a plugin's from `openinfer "
                              "models` (default: $OPENINFER_ATTENTION_BACKEND, else the "
                              "installed backend of highest priority for the device)")
+    engine.add_argument("--task", choices=("auto", "generate", "embed"), default="auto",
+                        help="generate (completions, chat) or embed (/v1/embeddings: last-token "
+                             "pooling); auto: embed for a checkpoint with a "
+                             "sentence-transformers Pooling module (modules.json), else "
+                             "generate (default %(default)s)")
     engine.add_argument("--enforce-eager", action="store_true",
                         help="never use CUDA graphs for decode")
     engine.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,

@@ -65,6 +65,7 @@ from openinfer_core.interfaces.capabilities import (
     supports_cuda_graphs,
     supports_expert_parallel,
     supports_kv_groups,
+    supports_pooling,
     supports_sampling_kernels,
     supports_tensor_parallel,
     supports_weight_bytes,
@@ -132,6 +133,8 @@ class TensorParallelModel:
         if supports_cuda_graphs(local) and local.cuda_graph_safe and not expert_parallel:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = local.cuda_graph_max_tokens
+        # SupportsPooling: every rank ends with the whole (replicated) final hidden state.
+        self.pooling_hidden_size = local.pooling_hidden_size if supports_pooling(local) else 0
         if supports_kv_groups(local):  # SupportsKVGroups, with `create_kv_cache`'s limits
             self.kv_groups = local.kv_groups
             self.kv_window_bytes = local.kv_window_bytes
@@ -243,6 +246,20 @@ class TensorParallelModel:
             if not self._capturing:
                 self._publish(("forward", HostBatch.of(batch)))
             return self._forward(batch)
+        except Exception as exc:
+            raise self._fail(f"{type(exc).__name__}: {exc}") from exc
+
+    def forward_hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        """Every rank runs `batch` up to the final norm (`SupportsPooling`); returns rank 0's
+        hidden states. Never inside a graph."""
+        self._check_alive()
+        local = self.local
+        if not supports_pooling(local):
+            raise RuntimeError("forward_hidden on a shard without SupportsPooling")
+        try:
+            self._publish(("forward_hidden", HostBatch.of(batch)))
+            self.group.broadcast(batch.input_ids)
+            return local.forward_hidden(batch)
         except Exception as exc:
             raise self._fail(f"{type(exc).__name__}: {exc}") from exc
 

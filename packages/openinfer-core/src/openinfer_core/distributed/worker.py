@@ -38,7 +38,11 @@ import zmq
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_core.distributed.nodes import NodeLayout, group_store, open_store
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
-from openinfer_core.interfaces.capabilities import GraphPlan, create_kv_cache_of
+from openinfer_core.interfaces.capabilities import (
+    GraphPlan,
+    create_kv_cache_of,
+    supports_pooling,
+)
 from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import ForwardBatch, HostBatch, LoadOptions, Model
 from openinfer_core.registry import import_target
@@ -150,6 +154,14 @@ class RankModel:
         self.group.broadcast(batch.input_ids)  # rank 0's ids (TensorParallelModel._forward)
         return self.local.forward(batch)
 
+    def forward_hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        local = self.local
+        if not supports_pooling(local):
+            raise RuntimeError("rank 0 asked for hidden states of a shard without "
+                               "SupportsPooling")
+        self.group.broadcast(batch.input_ids)
+        return local.forward_hidden(batch)
+
 
 @torch.inference_mode()
 def _serve(model: RankModel, batches: zmq.Socket[bytes],
@@ -161,6 +173,8 @@ def _serve(model: RankModel, batches: zmq.Socket[bytes],
         if kind == "forward":
             host: HostBatch = message[1]
             model.forward(host.to_device(model.device))
+        elif kind == "forward_hidden":  # a step of pooling requests (SupportsPooling)
+            model.forward_hidden(message[1].to_device(model.device))
         elif kind == "replay":
             assert graphs is not None, "rank 0 replays a graph never captured here"
             graphs.replay(message[1], message[2])

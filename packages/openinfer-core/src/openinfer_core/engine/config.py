@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from openinfer_core.errors import InvalidParameterError
+from openinfer_core.task import TASKS, resolve_task
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,9 @@ class EngineConfig:
     attention_backend: str | None = None  # None: the best registered for the device
     seed: int = 0
     enforce_eager: bool = False  # True: no CUDA graphs for decode
+    # auto | generate | embed (pooling requests only: openinfer_core.task); auto reads the
+    # checkpoint's sentence-transformers modules.json.
+    task: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy (random weights, real shapes, no files)
     enable_prefix_caching: bool = True  # reuse cached KV of shared prompt prefixes
     # Overlapped steps: schedule step N+1 while the device runs step N (engine/overlap.py).
@@ -102,6 +106,9 @@ class EngineConfig:
             raise InvalidParameterError(
                 "gpu_memory_utilization",
                 f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.task not in TASKS:
+            raise InvalidParameterError(
+                "task", f"must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.load_format not in LOAD_FORMATS:
             raise InvalidParameterError(
                 "load_format",
@@ -167,6 +174,11 @@ class EngineConfig:
         others = self.other_processes + self._ranks_here() * (self.data_parallel_size - 1)
         return dataclasses.replace(self, device=device, data_parallel_size=1,
                                    other_processes=others)
+
+    def serves_embeddings(self) -> bool:
+        """Whether the engine serves pooling requests (`task`, or for auto the checkpoint's
+        sentence-transformers files) rather than generation."""
+        return resolve_task(self.task, self.model) == "embed"
 
     def cpu_processes(self) -> int:
         """The processes of this node that compute at once: every replica's ranks on this

@@ -330,8 +330,9 @@ class CudaGraphRunner:
 
 def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | None:
     """The engine's CUDA-graph runner for `model`, or None where steps run eagerly (not on
-    CUDA, `enforce_eager`, a model that cannot be captured)."""
-    if model.device.type != "cuda" or config.enforce_eager:
+    CUDA, `enforce_eager`, a model that cannot be captured, an engine of pooling requests:
+    their steps run eagerly)."""
+    if model.device.type != "cuda" or config.enforce_eager or config.serves_embeddings():
         return None
     if not (supports_cuda_graphs(model) and model.cuda_graph_safe):
         log.info("decode runs eagerly: the model or its attention backend cannot be "

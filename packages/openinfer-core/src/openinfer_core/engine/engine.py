@@ -20,6 +20,7 @@ from openinfer_core.interfaces.capabilities import (
     sampling_kernels_of,
     supports_close,
     supports_offload,
+    supports_pooling,
 )
 from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.interfaces.scheduler import Scheduler, SchedulerConfig
@@ -77,10 +78,19 @@ class Engine:
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=sampling_kernels_of(self.model))
         self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
+        self.pooling = config.serves_embeddings()
+        hidden = 0
+        if self.pooling:
+            if not supports_pooling(self.model):
+                raise ModelConfigError(
+                    f"task embed: model {config.model!r} cannot return hidden states (its "
+                    "model line lacks capabilities.SupportsPooling)")
+            hidden = self.model.pooling_hidden_size
         self.model_info = ModelInfo(
             name=config.model, max_model_len=self.model.max_model_len,
             kv_total_blocks=self.kv.num_total_blocks, kv_block_size=self.kv.block_size,
-            eos_token_ids=self.eos_token_ids)
+            eos_token_ids=self.eos_token_ids, task="embed" if self.pooling else "generate",
+            hidden_size=hidden)
         self._inbox: queue.SimpleQueue[GenerateRequest | str] = queue.SimpleQueue()
         self._last_step_tokens = 0
         self._grammars = GrammarsAndLogprobs(Path(config.model), self.model.vocab_size,
@@ -196,6 +206,11 @@ class Engine:
                 return events
             if isinstance(item, str):
                 events.extend(self._grammars.abort(item) or self.scheduler.abort(item))
+            elif item.pooling != self.pooling:
+                events.append(Rejected(item.request_id, (
+                    "this engine serves embeddings (task embed): it takes pooling requests "
+                    "only" if self.pooling else "this engine generates (task generate): start "
+                    "it with task embed for pooling requests")))
             elif (top := max(item.prompt_token_ids)) >= (vocab := self.model.vocab_size):
                 events.append(Rejected(item.request_id, (
                     f"prompt token id {top} is out of range: the model's vocabulary has "

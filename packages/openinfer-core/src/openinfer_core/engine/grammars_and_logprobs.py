@@ -1,12 +1,14 @@
-"""The two request features that wrap a step's schedule -> execute -> update: a grammar's token
-mask before sampling (structured output: requests wait here while their grammar compiles), and
-prompt logprobs after the forward (emitted once, before a request's first token)."""
+"""The request features that wrap a step's schedule -> execute -> update: a grammar's token
+mask before sampling (structured output: requests wait here while their grammar compiles),
+prompt logprobs after the forward (emitted once, before a request's first token), and a pooling
+request's `Embedding` (placed before its `Finished`)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
+from openinfer_core.engine.pooling import place_embeddings
 from openinfer_core.engine.prompt_logprobs import PromptLogprobCollector
 from openinfer_core.engine.runner import Forwarded, Launched
 from openinfer_core.events import Finished, FinishReason, TokenEvent, is_terminal
@@ -62,7 +64,9 @@ class GrammarsAndLogprobs:
 
     def finished(self, launched: Launched, events: list[TokenEvent]) -> None:
         """A step's results are in (`events` from its update): collect its prompt logprobs and
-        move grammars on by its tokens."""
+        move grammars on by its tokens; put its pooled vectors into `events` (in place)."""
+        if launched.pooled is not None:
+            place_embeddings(launched.pooled, events)
         if launched.prompt_logprobs is not None:
             lengths = {r.seq.request_id: r.seq.num_prompt_tokens for r in launched.output.rows}
             self._prompt.add(launched.prompt_logprobs, lengths)

@@ -14,7 +14,9 @@ import torch
 
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.cuda_graphs import CudaGraphRunner
+from openinfer_core.engine.pooling import PooledBatch
 from openinfer_core.engine.prompt_logprobs import PromptLogprobBatch, PromptLogprobPlan
+from openinfer_core.interfaces.capabilities import supports_pooling
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import HostBatch, Model
 from openinfer_core.interfaces.scheduler import ScheduledRow, SchedulerOutput
@@ -33,6 +35,7 @@ class Forwarded:
     sampling_rows: list[ScheduledRow]
     # Taken before `Scheduler.launched` adds the step's PENDING slots.
     rows: list[SamplingRow]
+    pooled: PooledBatch | None = None
 
 
 @dataclass(slots=True)
@@ -47,6 +50,7 @@ class Launched:
     # must not be scheduled before this one's tokens are known.
     needs_host_tokens: bool = False
     prompt_logprobs: PromptLogprobBatch | None = None
+    pooled: PooledBatch | None = None
 
     def result(self) -> list[SampledToken]:
         """The sampled tokens, in sampling-row order; waits for the device."""
@@ -70,6 +74,8 @@ class ModelRunner:
         """Queue the step's forward (and its prompt logprobs) on the device; `previous` is the
         step before it, if its tokens are still pending on the host."""
         host = plan_batch(output.rows, self.kv)
+        if any(r.seq.request.pooling for r in output.rows):
+            return self._forward_pooling(host, output)
         fill = self._pending_inputs(host, output, previous)
         plan = PromptLogprobPlan.of(output.rows, host.query_start_loc)
         num_sampling = len(host.logits_indices)
@@ -95,11 +101,23 @@ class ModelRunner:
         """Queue the sampling of a step whose forward is queued."""
         rows = fwd.rows
         if not rows:
-            return Launched(fwd.output, None, {}, prompt_logprobs=fwd.prompt_logprobs)
+            return Launched(fwd.output, None, {}, prompt_logprobs=fwd.prompt_logprobs,
+                            pooled=fwd.pooled)
         sample_rows = {r.seq.request_id: i for i, r in enumerate(fwd.sampling_rows)}
         return Launched(fwd.output, self.sampler.sample_async(fwd.logits, rows, token_mask),
                         sample_rows, any(r.params.has_penalties for r in rows),
                         fwd.prompt_logprobs)
+
+    def _forward_pooling(self, host: HostBatch, output: SchedulerOutput) -> Forwarded:
+        """A step of pooling requests (an engine with task `embed` runs no other kind): the
+        hidden states at the rows that complete their prompt, eagerly (graphs hold logits)."""
+        if not supports_pooling(self.model):
+            raise RuntimeError("pooling rows reached a model without SupportsPooling")
+        if any(not r.seq.request.pooling for r in output.rows):
+            raise RuntimeError("a step mixes pooling and generating requests")
+        hidden = self.model.forward_hidden(host.to_device(self.model.device))
+        done = tuple(r.seq.request_id for r in output.rows if r.samples)
+        return Forwarded(output, hidden[:0], None, [], [], PooledBatch.copy(hidden, done))
 
     def _pending_inputs(self, host: HostBatch, output: SchedulerOutput,
                         previous: Launched | None) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -220,8 +220,12 @@ class FcfsScheduler:
             return (f"priority {priority} needs priority scheduling, which is not enabled: "
                     f"start the server with --scheduler priority "
                     f"(EngineConfig(scheduler='priority'))")
-        prompt, max_tokens = seq.num_prompt_tokens, seq.request.max_tokens
+        prompt = seq.num_prompt_tokens
+        max_tokens = 0 if seq.request.pooling else seq.request.max_tokens
         limit = self.config.max_model_len
+        if seq.request.pooling and prompt > limit:
+            return (f"input ({prompt} tokens) exceeds the maximum model length of {limit} "
+                    "tokens")
         if prompt + max_tokens > limit:
             return (f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) = "
                     f"{prompt + max_tokens} exceeds the maximum model length of {limit} tokens")
@@ -249,6 +253,9 @@ class FcfsScheduler:
                                  min(seq.num_computed_tokens, seq.num_settled_tokens))
             if not row.samples:
                 continue
+            if seq.request.pooling:  # its prompt is done: no token, ended by `update`
+                ending.append(seq)
+                continue
             output.pending.append(len(seq.token_ids))
             seq.token_ids.append(PENDING)
             if seq.num_output_tokens >= seq.request.params.max_tokens or seq.num_tokens >= limit:
@@ -269,6 +276,10 @@ class FcfsScheduler:
         samples = iter(zip(output.pending, sampled, strict=True))
         for row in output.rows:
             seq = row.seq
+            if row.samples and seq.request.pooling:
+                if seq.status is not RequestStatus.FINISHED:
+                    events.append(self._end(seq, FinishReason.STOP, ended))
+                continue
             if row.samples:
                 index, tok = next(samples)
                 if seq.status is not RequestStatus.FINISHED:

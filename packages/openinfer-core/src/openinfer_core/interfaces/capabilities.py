@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13
 
     from openinfer_core.interfaces.kv import KVGroupSpec, KVManager, KVStepLimits
-    from openinfer_core.interfaces.model import HostBatch, Model
+    from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
     from openinfer_core.interfaces.offload import PrefixRestorer
     from openinfer_core.interfaces.sampling import SamplingKernels
 
@@ -168,6 +168,27 @@ def window_groups_of(model: object) -> tuple[KVGroupSpec, ...]:
     if not supports_kv_groups(model):
         return ()
     return tuple(g for g in model.kv_groups if not g.is_full)
+
+
+@runtime_checkable
+class SupportsPooling(Protocol):
+    """A model that can return hidden states instead of logits: what an engine started with
+    task `embed` needs (pooling requests). `pooling_hidden_size` is 0 where it cannot after all
+    (a tensor-parallel wrapper around a shard without this capability). Without it, task
+    `embed` is refused at start."""
+
+    pooling_hidden_size: int
+
+    def forward_hidden(self, batch: ForwardBatch) -> torch.Tensor:
+        """The step's forward, writing KV as `forward` does, returning the final-normed
+        hidden states `[len(batch.logits_indices), pooling_hidden_size]` (fp32) at
+        `logits_indices` instead of logits. Under tensor parallelism every rank runs it and
+        rank 0's return value is the whole vector."""
+        ...
+
+
+def supports_pooling(model: object) -> TypeIs[SupportsPooling]:
+    return isinstance(model, SupportsPooling) and model.pooling_hidden_size > 0
 
 
 @runtime_checkable

@@ -73,12 +73,15 @@ class Scheduler(Protocol):
         """The step is on the device: count its tokens as computed and give each sampling row a
         PENDING slot at the end of its tokens, so the next step can be scheduled before this
         one's tokens are known (overlapped steps). A request whose pending token ends it
-        whatever it is (max_tokens, model length) is not scheduled again. Idempotent."""
+        whatever it is (max_tokens, model length) is not scheduled again, nor is a pooling
+        request whose prompt this step completes (it gets no slot). Idempotent."""
         ...
 
     def update(self, output: SchedulerOutput, sampled: Sequence[SampledToken]) -> list[TokenEvent]:
         """Apply a step's results (`sampled` aligns with the rows that sample): fill the PENDING
-        slots (calling `launched` first if the loop did not), finish requests and free their KV.
+        slots (calling `launched` first if the loop did not), finish requests and free their KV
+        (a pooling request whose prompt the step completed: `Finished(stop)`, its `Embedding`
+        put before it by the engine).
         Returns the events, in order. With overlapped steps the next step may already have
         been scheduled; a request that stops here drops what was scheduled past its end."""
         ...

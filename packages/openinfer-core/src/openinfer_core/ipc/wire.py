@@ -7,8 +7,10 @@ and the engine's load. Events travel as small array-like structs, not pickles.""
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from openinfer_core.events import (
+    Embedding,
     Error,
     Finished,
     FinishReason,
@@ -37,15 +39,16 @@ class Add(msgspec.Struct, tag="add", array_like=True):
     params: SamplingParams
     arrival_time: float
     priority: int
+    pooling: bool = False
 
     @classmethod
     def of(cls, frontend: bytes, request: GenerateRequest) -> Add:
         return cls(frontend, request.request_id, list(request.prompt_token_ids), request.params,
-                   request.arrival_time, request.priority)
+                   request.arrival_time, request.priority, request.pooling)
 
     def request(self) -> GenerateRequest:
         return GenerateRequest(self.request_id, tuple(self.prompt_token_ids), self.params,
-                               self.arrival_time, self.priority)
+                               self.arrival_time, self.priority, self.pooling)
 
 
 class Abort(msgspec.Struct, tag="abort", array_like=True):
@@ -94,7 +97,13 @@ class WPromptLogprobs(msgspec.Struct, tag=5, array_like=True):
     top: list[list[tuple[int, float]]]
 
 
-WireEvent = WScheduled | WToken | WFinished | WError | WRejected | WPromptLogprobs
+class WEmbedding(msgspec.Struct, tag=6, array_like=True):
+    request_id: str
+    data: bytes  # the vector as little-endian float32: exact, and a quarter of msgpack floats
+
+
+WireEvent = (WScheduled | WToken | WFinished | WError | WRejected | WPromptLogprobs
+             | WEmbedding)
 
 
 class Welcome(msgspec.Struct, tag="welcome", array_like=True):
@@ -129,6 +138,8 @@ def to_wire(event: TokenEvent) -> WireEvent:
     if isinstance(event, PromptLogprobs):
         return WPromptLogprobs(event.request_id, list(event.logprobs), list(event.ranks),
                                [list(t) for t in event.top])
+    if isinstance(event, Embedding):
+        return WEmbedding(event.request_id, np.asarray(event.vector, "<f4").tobytes())
     return WRejected(event.request_id, event.message)
 
 
@@ -147,4 +158,6 @@ def from_wire(event: WireEvent) -> TokenEvent:
         return PromptLogprobs(event.request_id, tuple(event.logprobs), tuple(event.ranks),
                               tuple(tuple((int(i), float(lp)) for i, lp in t)
                                     for t in event.top))
+    if isinstance(event, WEmbedding):
+        return Embedding(event.request_id, tuple(np.frombuffer(event.data, "<f4").tolist()))
     return Rejected(event.request_id, event.message)

@@ -110,7 +110,8 @@ def step_memory(config: EngineConfig, model: Model, key: dict[str, Any]) -> Step
         measurement_cache.store("step-memory", key, forward_peak)
     sampler = _SAMPLER_LOGIT_COPIES * config.max_num_seqs * model.vocab_size * 4
     # The graphs' one fp32 logits buffer (cuda_graphs.py): max_batch rows, kept for good.
-    captured = (not config.enforce_eager and supports_cuda_graphs(model)
+    captured = (not config.enforce_eager and not config.serves_embeddings()
+                and supports_cuda_graphs(model)
                 and model.cuda_graph_safe)
     graphs = 0 if not captured else (
         min(config.max_num_seqs, GRAPH_MAX_BATCH) * model.vocab_size * 4 + _GRAPH_POOL_MARGIN)
