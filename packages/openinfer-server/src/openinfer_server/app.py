@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
-from openinfer_server import chat, completions, tokenization
+from openinfer_server import chat, completions, responses, tokenization
 from openinfer_server.auth import APIKeyMiddleware
 from openinfer_server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from openinfer_server.chat_output import ChatParsers
@@ -70,6 +70,7 @@ def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names:
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so 401s get one too
     app.include_router(completions.router)
     app.include_router(chat.router)
+    app.include_router(responses.router)
     app.include_router(tokenization.router)
     _add_info_routes(app)
     return app
