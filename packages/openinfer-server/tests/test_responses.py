@@ -264,3 +264,42 @@ def test_store_evicts_the_least_recently_used() -> None:
         store.put(StoredResponse({"id": name, "output": []}, ()))
     assert store.get("b") is None and store.get("a") is not None and len(store) == 2
     assert store.delete("a") and not store.delete("a")
+
+
+def chat_model(url: str, **kwargs: Any) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(model=MODEL, base_url=f"{url}/v1", api_key="unused",  # type: ignore[arg-type]
+                      use_responses_api=True, temperature=0.0, max_retries=0, **kwargs)
+
+
+def test_langchain_invoke_and_stream(url: str) -> None:
+    model = chat_model(url)
+    reply = model.invoke("say hello")
+    assert reply.text == SCRIPTS["say hello"]
+    assert reply.usage_metadata is not None and reply.usage_metadata["output_tokens"] > 0
+    chunks = list(model.stream("say hello"))
+    assert len(chunks) > 1
+    whole = chunks[0]
+    for chunk in chunks[1:]:
+        whole += chunk
+    assert whole.text == SCRIPTS["say hello"]
+
+
+def test_langchain_bind_tools(url: str) -> None:
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return "sunny"
+
+    reply = chat_model(url).bind_tools([get_weather]).invoke("think and call")
+    [call] = reply.tool_calls
+    assert call["name"] == "get_weather" and call["args"] == {"city": "Zürich"}
+    assert call["id"] and call["id"].startswith("call_")
+    # The reply and the tool's result go back as LangChain writes them (function_call and
+    # function_call_output items, the reasoning and message items of the reply).
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    after = chat_model(url).bind_tools([get_weather]).invoke([
+        HumanMessage("think and call"), reply, ToolMessage("sunny", tool_call_id=call["id"]),
+        HumanMessage("say hello")])
+    assert after.text == SCRIPTS["say hello"]
