@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from openinfer_core.handle import EngineHandle
 from openinfer_core.text.tokenizer import Tokenizer
-from openinfer_server import chat, completions, embeddings, tokenization
+from openinfer_server import chat, completions, embeddings, responses, tokenization
 from openinfer_server.auth import APIKeyMiddleware
 from openinfer_server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from openinfer_server.chat_output import ChatParsers
@@ -72,6 +72,7 @@ def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names:
     generate_only = [fastapi.Depends(embeddings.requires_generate)]
     app.include_router(completions.router, dependencies=generate_only)
     app.include_router(chat.router, dependencies=generate_only)
+    app.include_router(responses.router, dependencies=generate_only)
     app.include_router(embeddings.router)
     app.include_router(tokenization.router)
     _add_info_routes(app)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,19 +73,32 @@ async def respond(request: Request, runs: list[ChoiceRun], renderer: Renderer, *
     """Submit every run, then answer: JSON once all are done, or an event stream.
     Whatever happens (errors, the client leaving, the shutdown deadline), no engine request
     outlives this."""
+    events = (lambda: _event_stream(runs, renderer, n, include_usage)) if stream else None
+    return await respond_with(request, runs,
+                              lambda choices: renderer.response(choices, usage(runs, n)),
+                              events, shutdown=shutdown)
+
+
+async def respond_with(request: Request, runs: list[ChoiceRun],
+                       whole: Callable[[list[ChoiceResult]], dict[str, Any]],
+                       events: Callable[[], AsyncGenerator[str, None]] | None, *,
+                       shutdown: Shutdown) -> Response:
+    """`respond` for any wire format: submit every run, then answer with `whole(choices)` as
+    JSON once all are done or, given `events`, stream the SSE strings it makes (it reads the
+    runs; they are closed when the stream ends). No engine request outlives this."""
     handed_off = False
     try:
         try:
             await until_disconnected(request, _start_all(runs), shutdown=shutdown)
-            if not stream:
+            if events is None:
                 choices = await until_disconnected(request, _collect(runs), shutdown=shutdown)
-                return JSONResponse(renderer.response(choices, usage(runs, n)))
+                return JSONResponse(whole(choices))
         except ClientGone:
             return Response(status_code=499)
         handed_off = True
         # on_close: the stream may be closed before it ever started (client already gone).
-        return EventStreamResponse(_event_stream(runs, renderer, n, include_usage),
-                                   on_close=lambda: _close_all(runs), shutdown=shutdown)
+        return EventStreamResponse(events(), on_close=lambda: _close_all(runs),
+                                   shutdown=shutdown)
     finally:
         if not handed_off:
             await _close_all(runs)

@@ -16,6 +16,7 @@ from openinfer_server.chat_output import ChatParsers
 from openinfer_server.errors import APIError
 from openinfer_server.metrics import ServerMetrics
 from openinfer_server.prompt_limit import PromptLimit
+from openinfer_server.response_store import ResponseStore
 from openinfer_server.tokenizer_threads import TokenizerThreads
 
 
@@ -38,6 +39,8 @@ class ServerState:
     parsers: ChatParsers = field(default_factory=ChatParsers)
     # Begun and ended by the frontend process on SIGTERM (frontend.py).
     shutdown: Shutdown = field(default_factory=Shutdown)
+    # Stored Responses API responses (store: true), this frontend process's own.
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     @property
     def model_name(self) -> str:
