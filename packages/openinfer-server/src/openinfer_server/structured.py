@@ -76,8 +76,9 @@ def _requested(body: _Sampling) -> tuple[str, StructuredOutput] | None:
 
 async def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | None:
     """`structured_output`, or the grammar that forces a tool call: tool_choice "required"
-    makes the text a JSON array of {"name", "parameters"} (one or more calls), a named
-    function makes it that function's arguments object."""
+    makes the text a JSON array of {"name", "parameters"} (one or more calls; exactly one
+    with parallel_tool_calls false), a named function makes it that function's arguments
+    object."""
     forced = _forced_tool_schema(body)
     if forced is None:
         return await structured_output(body)
@@ -103,7 +104,8 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
             "required": ["name", "parameters"], "additionalProperties": False}
             for name, params in functions.items()]
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        return {"type": "array", "minItems": 1, "items": items}
+        bound = {"maxItems": 1} if body.parallel_tool_calls is False else {}
+        return {"type": "array", "minItems": 1, **bound, "items": items}
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
