@@ -212,8 +212,7 @@ def test_plain_server(servers: dict[str, str]) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_parallel_tool_calls_false_keeps_the_first_auto_call(servers: dict[str, str],
                                                             stream: bool) -> None:
-    """vLLM's rule: the calls after the first are dropped, and the output, for the client,
-    ends where the second call begins."""
+    """vLLM's rule: the calls after the first are dropped."""
     choices = ask(servers["parsed"], "parallel calls", stream=stream, tools=TOOLS,
                   parallel_tool_calls=False, n=2)
     assert choices == 2 * [{"content": None, "reasoning_content": None,

@@ -6,9 +6,10 @@ request makes a `ChatParsing` from its `tools` and `tool_choice`; each choice of
 runs a `ChoiceOutput`: the reasoning parser first, then the tool parser on the content.
 
 With `parallel_tool_calls: false` a choice keeps its first call only (vLLM's rule): later
-calls, and all text from the second call on, are dropped. A request that used the deprecated
-`functions` field is answered as OpenAI answered it: one call, as `function_call` (not
-`tool_calls`), with finish reason "function_call"."""
+calls are dropped, text is kept. (Where a call ends relative to the text around it is not
+known to the parsers' output, so cutting the text there would depend on the chunking.) A
+request that used the deprecated `functions` field is answered as OpenAI answered it: one
+call, as `function_call` (not `tool_calls`), with finish reason "function_call"."""
 
 from __future__ import annotations
 
@@ -94,15 +95,13 @@ class OutputPiece:
 class ChoiceOutput:
     """One choice's parsers, fed its text deltas in order, then finished once. Not
     thread-safe. `made_calls` tells whether any tool call came out so far. With
-    `single_call`, the output ends, for the client, where a second call begins: that call
-    and everything after it are dropped."""
+    `single_call`, calls after the first are dropped."""
 
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None, *,
                  single_call: bool = False) -> None:
         self._reasoning = reasoning
         self._tools = tools
         self._single_call = single_call
-        self._closed = False  # a second call began: nothing more is passed on
         self.made_calls = False
 
     def feed(self, text: str) -> OutputPiece:
@@ -129,11 +128,8 @@ class ChoiceOutput:
         return self._bounded(OutputPiece(reasoning, parsed.content, list(parsed.calls)))
 
     def _bounded(self, piece: OutputPiece) -> OutputPiece:
-        """`piece` as passed on: with `single_call`, nothing from the second call on."""
-        if self._closed:
-            return OutputPiece()
-        if self._single_call and any(d.index > 0 for d in piece.calls):
-            self._closed = True
+        """`piece` as passed on: with `single_call`, without the calls after the first."""
+        if self._single_call:
             piece.calls = [d for d in piece.calls if d.index == 0]
         self.made_calls = self.made_calls or bool(piece.calls)
         return piece
