@@ -91,7 +91,7 @@ def test_function_call_none_and_legacy_messages(servers: dict[str, str]) -> None
     ({"tools": TOOLS, "function_call": "auto", "tool_choice": "auto"}, "function_call"),
     ({"functions": [{"name": "two words"}]}, "functions[0]"),
     ({"functions": FUNCTIONS, "function_call": "get_weather"}, "function_call"),
-    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "tool_choice"),
+    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "function_call"),
 ], ids=["functions-and-tools", "both-choices", "bad-function", "bad-choice", "unknown-name"])
 def test_legacy_field_errors(servers: dict[str, str], body: dict[str, Any],
                              param: str) -> None:

@@ -87,7 +87,7 @@ async def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutpu
             "tool_choice", "a forced tool choice cannot be combined with response_format or "
             "structured_outputs")
     spec = StructuredOutput("json", json.dumps(forced))
-    await _check(spec, "tools")
+    await _check(spec, "tools" if body.functions is None else "functions")
     return spec
 
 
@@ -114,8 +114,10 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
                 "tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
                 '"function": {"name": ...}}')
         if name not in functions:
+            legacy = body.functions is not None  # the request's own field names
             raise InvalidParameterError(
-                "tool_choice", f"names function {name!r}, which is not in tools "
+                "function_call" if legacy else "tool_choice", f"names function {name!r}, "
+                f"which is not in {'functions' if legacy else 'tools'} "
                 f"({', '.join(map(repr, functions)) or 'none given'})")
         return functions[name]
     raise InvalidParameterError(
