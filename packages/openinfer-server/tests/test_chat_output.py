@@ -143,3 +143,39 @@ def test_delta_fields_are_openai_chunk_fields() -> None:
          "function": {"name": "f", "arguments": "{"}},
         {"index": 0, "function": {"arguments": "}"}}]}
     assert OutputPiece().delta() == {}
+
+
+@pytest.mark.parametrize("call_format", ["tool_calls", "function_call"])
+def test_one_call_allowed_whatever_the_chunking(call_format: Any) -> None:
+    """parallel_tool_calls false (and the legacy format, which holds one call): the first
+    call is kept, the second dropped, the text kept, for every split of the text."""
+    parsing = QWEN3.for_request(TOOLS, "auto", PROMPT, parallel_tool_calls=False,
+                                call_format=call_format)
+    text = TEXT + "\nThat is all."
+    message, made_calls = parsing.message(text)
+    content = QWEN3.for_request(TOOLS, "auto", PROMPT).message(text)[0]["content"]
+    assert made_calls and message["content"] == content and "That is all." in content
+    if call_format == "function_call":
+        assert "tool_calls" not in message
+        assert message["function_call"]["name"] == "w"
+        assert json.loads(message["function_call"]["arguments"]) == {"city": "Paris"}
+    else:
+        [call] = message["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert parsing.finish_reason("stop", made_calls) == call_format
+    for pieces in chunkings(text)[:200]:
+        output = parsing.choice()
+        total = OutputPiece()
+        for piece in pieces:
+            total.extend(output.feed(piece))
+        total.extend(output.finish())
+        assert total.content == content
+        assert [(c.name, json.loads(c.arguments)) for c in whole_calls(total.calls)] == [
+            ("w", {"city": "Paris"})]
+
+
+def test_legacy_delta_fields() -> None:
+    first = OutputPiece(calls=[ToolCallDelta(0, "call_1", "f", "{")])
+    rest = OutputPiece(calls=[ToolCallDelta(0, arguments="}")])
+    assert first.delta("function_call") == {"function_call": {"name": "f", "arguments": "{"}}
+    assert rest.delta("function_call") == {"function_call": {"arguments": "}"}}

@@ -65,7 +65,8 @@ OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
               ("GET", "/v1/models"), ("GET", "/v1/models/{model_id}"), ("GET", "/health"),
               ("GET", "/version"), ("GET", "/metrics"), ("POST", "/tokenize"),
               ("POST", "/detokenize"), ("POST", "/v1/embeddings"), ("POST", "/v1/responses"),
-              ("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}")]
+              ("GET", "/v1/responses/{response_id}"), ("DELETE", "/v1/responses/{response_id}"),
+              ("GET", "/tokenizer_info")]
 
 
 def test_schema_declares_these_operations(api_schema: Any) -> None:

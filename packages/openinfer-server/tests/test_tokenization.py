@@ -1,4 +1,4 @@
-"""vLLM's POST /tokenize and POST /detokenize."""
+"""vLLM's POST /tokenize, POST /detokenize and GET /tokenizer_info."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import ALIAS, MODEL, LiveServer, error_of
+from live_server import ALIAS, API_KEY, MODEL, LiveServer, error_of
 
 from openinfer_core.text.tokenizer import Tokenizer
 
@@ -98,3 +98,29 @@ def test_detokenize_round_trips(server: LiveServer, tokenizer: Tokenizer) -> Non
     assert response.status_code == 200, response.text
     assert response.json() == {"prompt": text}
     assert post(server, "/detokenize", {"tokens": []}).json() == {"prompt": ""}
+
+
+def test_tokenizer_info(server: LiveServer, keyed_server: LiveServer,
+                        tokenizer: Tokenizer) -> None:
+    """vLLM's shape (the tokenizer config, added tokens as text, no file paths), with what
+    lm-eval's remote tokenizer reads: the special tokens and the chat template."""
+    response = httpx.get(f"{server.url}/tokenizer_info", timeout=30)
+    assert response.status_code == 200, response.text
+    info = response.json()
+    assert info["eos_token"] == "<|im_end|>" and info["pad_token"] == "<|endoftext|>"
+    assert info["bos_token"] is None  # Qwen has none
+    assert tokenizer.chat_template is not None
+    assert info["chat_template"] == tokenizer.chat_template.source
+    assert info["tokenizer_class"] == "Qwen2Tokenizer"
+    assert info["model_max_length"] == 131072  # the tokenizer's; the server takes fewer:
+    assert info["max_model_len"] == 512 and info["vocab_size"] == tokenizer.vocab_size
+    assert info["added_tokens_decoder"]["151645"] == "<|im_end|>"
+    assert not {"vocab_file", "merges_file", "tokenizer_file"} & info.keys()
+    # the ids lm-eval derives: each special token tokenizes to itself
+    [eos_id] = tokenize(server, prompt=info["eos_token"], add_special_tokens=False)["tokens"]
+    assert eos_id == 151645
+    # behind an API key like every route but /health; the served length is the app's own
+    assert httpx.get(f"{keyed_server.url}/tokenizer_info", timeout=30).status_code == 401
+    keyed = httpx.get(f"{keyed_server.url}/tokenizer_info", timeout=30,
+                      headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    assert keyed["max_model_len"] == 128

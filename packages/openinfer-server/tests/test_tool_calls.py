@@ -40,6 +40,8 @@ SCRIPTS = {
     "forced required": json.dumps([{"name": "get_weather", "parameters": {"city": "Paris"}},
                                    {"name": "get_time", "parameters": {}}], separators=(",", ":")),
     "forced named": json.dumps({"city": "Paris"}, separators=(",", ":")),
+    # triggered by a legacy role "function" message's content, once rendered
+    "legacy result": "It is sunny in Paris.",
 }
 TOOLS: list[Any] = [
     {"type": "function", "function": {
@@ -55,7 +57,7 @@ TOOLS: list[Any] = [
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """URLs of two apps on one engine of the scripted line: "parsed" (hermes and qwen3) and
-    "plain" (no parsers)."""
+    "plain" (no parsers); "folder": the checkpoint."""
     folder = write_scripted_checkpoint(tmp_path_factory.mktemp("scripted"), SCRIPTS)
     plugins = PluginManager(autoload=True, plugins=[scripted_model])
     engine = AsyncEngine(Engine(EngineConfig(model=str(folder), device="cpu",
@@ -67,7 +69,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     running = {name: serve_in_thread(build_app(engine, tokenizer, served_model_names=[MODEL],
                                                parsers=parsers))
                for name, parsers in apps.items()}
-    yield {name: url for name, (url, _, _) in running.items()}
+    yield {"folder": str(folder)} | {name: url for name, (url, _, _) in running.items()}
     for _, server, thread in running.values():
         server.should_exit = True
         thread.join(timeout=10)
@@ -205,3 +207,36 @@ def test_plain_server(servers: dict[str, str]) -> None:
         tool_choice="none", temperature=0.0)
     assert out.choices[0].message.content == SCRIPTS["parallel calls"]
     assert out.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_parallel_tool_calls_false_keeps_the_first_auto_call(servers: dict[str, str],
+                                                            stream: bool) -> None:
+    """vLLM's rule: the calls after the first are dropped."""
+    choices = ask(servers["parsed"], "parallel calls", stream=stream, tools=TOOLS,
+                  parallel_tool_calls=False, n=2)
+    assert choices == 2 * [{"content": None, "reasoning_content": None,
+                            "tool_calls": [("get_weather", {"city": "Paris"})],
+                            "finish_reason": "tool_calls"}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_parallel_tool_calls_false_bounds_the_required_array(servers: dict[str, str],
+                                                             stream: bool) -> None:
+    """The grammar then admits a one-element array only: where the script would go on to a
+    second call, "]" is the one token it allows, and then the end."""
+    [required] = ask(servers["plain"], "forced required", stream=stream, tools=TOOLS,
+                     tool_choice="required", parallel_tool_calls=False)
+    assert required == {"content": None, "reasoning_content": None,
+                        "tool_calls": [("get_weather", {"city": "Paris"})],
+                        "finish_reason": "tool_calls"}
+    # The model stopped there (not only the parser dropping a second call): fewer tokens.
+    one, both = (client(servers["plain"]).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "forced required"}], tools=TOOLS,
+        tool_choice="required", parallel_tool_calls=parallel) for parallel in (False, True))
+    assert one.usage is not None and both.usage is not None
+    first = json.dumps([{"name": "get_weather", "parameters": {"city": "Paris"}}],
+                       separators=(",", ":"))
+    assert one.usage.completion_tokens < both.usage.completion_tokens
+    assert one.usage.completion_tokens <= len(Tokenizer.from_dir(servers["folder"]).encode(
+        first, add_special_tokens=False)) + 1  # the end token

@@ -48,8 +48,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,
                             prompt_logprobs=plan.prompt_scores,
-                            parsing=state.parsers.for_request(body.tools, body.tool_choice,
-                                                              prompt.text))
+                            parsing=state.parsers.for_request(
+                                body.tools, body.tool_choice, prompt.text,
+                                parallel_tool_calls=body.parallel_tool_calls is not False,
+                                call_format=body.call_format))
     return await respond(request, runs, renderer, n=plan.n, stream=body.stream,
                          include_usage=body.include_usage, shutdown=state.shutdown)
 
@@ -148,7 +150,7 @@ class ChatRenderer:
             if finish_reason is not None:
                 piece.extend(output.finish())
                 finish_reason = self._parsing.finish_reason(finish_reason, output.made_calls)
-            fields = piece.delta()
+            fields = self._parsing.delta(piece)
         prompt = self._take_prompt_logprobs(delta.prompt)
         if not fields and not delta.logprobs and finish_reason is None and prompt is None:
             return None

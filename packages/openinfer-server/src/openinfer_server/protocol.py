@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.params import SamplingParams
+from openinfer_server import legacy_functions
 from openinfer_server.surrogates import lone_surrogate_path
 from openinfer_server.validation import (
     Finite,
@@ -200,12 +201,22 @@ class ChatCompletionRequest(_Sampling):
     tools: Annotated[list[dict[str, Any]], AfterValidator(check_tools)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's deprecated names for tools / tool_choice, mapped onto them before validation
+    # (legacy_functions.py); a request that used them is answered in their format.
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # OpenAI's reasoning models' field; passed to the chat template or encoder as
     # `reasoning_effort` (DeepSeek-V4's encoder reads it), unless chat_template_kwargs sets it.
     reasoning_effort: str | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+
+    _legacy_functions = model_validator(mode="before")(legacy_functions.to_tools)
+
+    @property
+    def call_format(self) -> Literal["tool_calls", "function_call"]:
+        return "tool_calls" if self.functions is None else "function_call"
 
     @property
     def max_tokens_field(self) -> tuple[str, int | None]:

@@ -76,8 +76,9 @@ def _requested(body: _Sampling) -> tuple[str, StructuredOutput] | None:
 
 async def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutput | None:
     """`structured_output`, or the grammar that forces a tool call: tool_choice "required"
-    makes the text a JSON array of {"name", "parameters"} (one or more calls), a named
-    function makes it that function's arguments object."""
+    makes the text a JSON array of {"name", "parameters"} (one or more calls; exactly one
+    with parallel_tool_calls false), a named function makes it that function's arguments
+    object."""
     forced = _forced_tool_schema(body)
     if forced is None:
         return await structured_output(body)
@@ -86,7 +87,7 @@ async def chat_structured_output(body: ChatCompletionRequest) -> StructuredOutpu
             "tool_choice", "a forced tool choice cannot be combined with response_format or "
             "structured_outputs")
     spec = StructuredOutput("json", json.dumps(forced))
-    await _check(spec, "tools")
+    await _check(spec, "tools" if body.functions is None else "functions")
     return spec
 
 
@@ -103,7 +104,8 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
             "required": ["name", "parameters"], "additionalProperties": False}
             for name, params in functions.items()]
         items = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        return {"type": "array", "minItems": 1, "items": items}
+        bound = {"maxItems": 1} if body.parallel_tool_calls is False else {}
+        return {"type": "array", "minItems": 1, **bound, "items": items}
     if isinstance(choice, dict):
         fn = choice.get("function") if choice.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -112,8 +114,10 @@ def _forced_tool_schema(body: ChatCompletionRequest) -> dict[str, Any] | None:
                 "tool_choice", 'must be "none", "auto", "required" or {"type": "function", '
                 '"function": {"name": ...}}')
         if name not in functions:
+            legacy = body.functions is not None  # the request's own field names
             raise InvalidParameterError(
-                "tool_choice", f"names function {name!r}, which is not in tools "
+                "function_call" if legacy else "tool_choice", f"names function {name!r}, "
+                f"which is not in {'functions' if legacy else 'tools'} "
                 f"({', '.join(map(repr, functions)) or 'none given'})")
         return functions[name]
     raise InvalidParameterError(

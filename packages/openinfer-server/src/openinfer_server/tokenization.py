@@ -1,6 +1,8 @@
-"""vLLM's POST /tokenize and POST /detokenize: the served model's tokenizer over HTTP, so a
-client can count tokens, or see exactly what a chat request feeds the model, without
-generating anything."""
+"""vLLM's POST /tokenize, POST /detokenize and GET /tokenizer_info: the served model's
+tokenizer over HTTP, so a client can count tokens, or see exactly what a chat request feeds
+the model, without generating anything. lm-eval's remote tokenizer
+(`tokenizer_backend=remote`) reads its special tokens and chat template from /tokenizer_info
+and tokenizes through the other two."""
 
 from __future__ import annotations
 
@@ -112,3 +114,38 @@ def _detokenize(body: DetokenizeRequest, state: ServerState) -> JSONResponse:
             raise InvalidParameterError(
                 "tokens", f"token id {t} is outside the vocabulary (ids 0..{vocab - 1})")
     return JSONResponse({"prompt": state.tokenizer.decode(body.tokens)})
+
+
+# Paths on the server's disk, and the template (sent as the one in use, or not at all).
+_NOT_SHOWN = frozenset({"vocab_file", "merges_file", "tokenizer_file", "chat_template"})
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(state: StateDep) -> JSONResponse:
+    """vLLM's shape: the checkpoint's tokenizer_config.json (added tokens as their text),
+    `tokenizer_class`, the special tokens, `model_max_length` and the chat template in use,
+    plus `max_model_len`, the longest sequence this server takes."""
+    tokenizer = state.tokenizer
+    info: dict[str, Any] = {k: _plain(v) for k, v in tokenizer.config.items()
+                            if k not in _NOT_SHOWN}
+    info.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+    info.setdefault("model_max_length", state.max_model_len)
+    info.update(bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+                pad_token=tokenizer.pad_token, max_model_len=state.max_model_len,
+                vocab_size=tokenizer.vocab_size)
+    template = tokenizer.chat_template if tokenizer.chat_encoder is None else None
+    if template is not None:
+        info["chat_template"] = template.source
+    return JSONResponse(info)
+
+
+def _plain(value: Any) -> Any:
+    """A token written as {"content": ...} (an AddedToken) becomes its text, as vLLM sends
+    the tokenizer's settings."""
+    if isinstance(value, dict):
+        if isinstance(value.get("content"), str):
+            return value["content"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

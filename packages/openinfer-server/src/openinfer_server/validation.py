@@ -72,14 +72,15 @@ def check_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     "strict"?}}`; `type` may be left out (vLLM's default), other keys are kept for the chat
     template. The dicts themselves are returned, unchanged."""
     for i, tool in enumerate(tools):
-        problem = _tool_problem(tool)
+        problem = tool_problem(tool)
         if problem is not None:
             raise PydanticCustomError("invalid_tool", "{problem}",
                                       {"problem": problem, "param": f"tools[{i}]"})
     return tools
 
 
-def _tool_problem(tool: Any) -> str | None:
+def tool_problem(tool: Any) -> str | None:
+    """What is wrong with one `tools` entry, or None if it is well formed."""
     if not isinstance(tool, dict):
         return 'must be an object {"type": "function", "function": {...}}'
     if tool.get("type", "function") != "function":

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import tokenizers
@@ -40,11 +41,16 @@ class Tokenizer:
         eos_token_ids: Sequence[int] = (),
         chat_templates: Mapping[str, str] | None = None,
         chat_encoder: ChatEncoder | None = None,
+        pad_token: str | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self._backend = backend
         self.chat_encoder = chat_encoder
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.pad_token = pad_token
+        # tokenizer_config.json as read (empty without one), for clients that ask for it.
+        self.config: Mapping[str, Any] = MappingProxyType(dict(config or {}))
         self._bos_id = backend.token_to_id(bos_token) if bos_token is not None else None
         self._add_bos = add_bos_token and self._bos_id is not None
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
@@ -101,6 +107,8 @@ class Tokenizer:
             eos_token_ids=list(dict.fromkeys(eos_ids)),
             chat_templates=templates,
             chat_encoder=chat_encoder,
+            pad_token=_token_content(config.get("pad_token")),
+            config=config,
         )
 
     # -- ids <-> text ----------------------------------------------------------------------
