@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from openinfer_server.embeddings import EmbeddingRequest
 from openinfer_server.protocol import ChatCompletionRequest, CompletionRequest
+from openinfer_server.responses_protocol import ResponsesRequest
 from openinfer_server.tokenization import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -162,12 +164,16 @@ ROUTES: list[tuple[str, dict[str, Any], list[Any]]] = [
     ("/tokenize", {"messages": MESSAGES}, [*TokenizeChatRequest.model_fields,
                                            ("messages", 0, "content"), ("tools", 0)]),
     ("/detokenize", {"tokens": [1, 2, 3]}, [*DetokenizeRequest.model_fields, ("tokens", 0)]),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": SMALL},
+     [*ResponsesRequest.model_fields, ("input", 0), ("text", "format"), ("tools", 0)]),
+    # A generating server answers 400 here; the body is still checked first.
+    ("/v1/embeddings", {"input": "Hello"}, [*EmbeddingRequest.model_fields, ("input", 0)]),
 ]
 GET_PATHS = ["/v1/models", "/health", "/version", "/metrics", "/openapi.json", "/docs",
-             "/redoc"]
+             "/redoc", "/tokenizer_info", "/v1/responses/resp_x"]
 # Shares of the requests: POST bodies per route, whole-body junk, GETs.
 WEIGHTS = {"/v1/completions": 8, "/v1/chat/completions": 9, "/tokenize": 4,
-           "/detokenize": 2, "body": 2, "get": 3}
+           "/detokenize": 2, "/v1/responses": 4, "/v1/embeddings": 1, "body": 2, "get": 3}
 
 
 # Every field of every body meets each of these alone (`sweep`).

@@ -218,7 +218,11 @@ def _problem(client: httpx.Client, url: str, request: HostileRequest) -> tuple[i
         if not (error.get("message") and error.get("type")):
             return status, f"not an OpenAI error body: {raw[:300]!r}"
     if status == 200 and request.streams:
-        if not raw.endswith(b"data: [DONE]\n\n"):
+        # A Responses stream ends with its response.completed event, without [DONE] (OpenAI's).
+        last_event = raw.rstrip(b"\n").rpartition(b"\n\n")[2]
+        ended = (last_event.startswith(b"event: response.completed\n")
+                 if request.path == "/v1/responses" else raw.endswith(b"data: [DONE]\n\n"))
+        if not ended:
             return status, f"stream cut short: {raw[-300:]!r}"
         if b'"server_error"' in raw:
             return status, f"stream failed: {raw[-300:]!r}"
