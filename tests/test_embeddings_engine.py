@@ -73,3 +73,23 @@ def test_task_detection_and_refusals(embed_dir: Path, qwen3_dir: Path, tmp_path:
         '{"pooling_mode_mean_tokens": true, "pooling_mode_lasttoken": false}')
     with pytest.raises(ModelConfigError, match="pooling_mode_mean_tokens"):
         detect_task(mean)
+
+
+def test_two_ranks_give_one_ranks_embeddings(embed_dir: Path) -> None:
+    """Tensor parallelism: rank 0 returns the pooled vector after the workers ran the same
+    forward up to the final norm."""
+    prompts = random_prompts(3, 5, 1000, (3, 40))
+    requests = [GenerateRequest(f"e{i}", tuple(p), pooling=True) for i, p in enumerate(prompts)]
+    vectors = {}
+    for size in (1, 2):
+        engine = Engine(EngineConfig(model=str(embed_dir), device="cpu", num_kv_blocks=64,
+                                     max_num_batched_tokens=32, tensor_parallel_size=size))
+        try:
+            events = run_staggered(engine, requests, lambda i: 0)
+            vectors[size] = [torch.tensor(events[f"e{i}"][1].vector)
+                             for i in range(len(prompts))]
+            assert engine.kv.num_used_blocks == 0
+        finally:
+            engine.close()
+    for one, two in zip(vectors[1], vectors[2], strict=True):
+        torch.testing.assert_close(two, one, atol=1e-5, rtol=1e-5)
