@@ -66,10 +66,7 @@ def write_checkpoint(spec: TinySpec, dest: Path, *, seed: int = 0,
 
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(spec.hf_config()).eval()
-    with torch.no_grad():  # norms away from 1 so their weights matter
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    _spread_norms(model)
     model.generation_config = GenerationConfig(
         bos_token_id=151643, eos_token_id=list(QWEN3_EOS), pad_token_id=151643,
         do_sample=True, temperature=0.6, top_p=0.95, top_k=20)
@@ -80,6 +77,14 @@ def write_checkpoint(spec: TinySpec, dest: Path, *, seed: int = 0,
 
         write_qwen3_tokenizer(dest)
     return dest
+
+
+def _spread_norms(model: torch.nn.Module) -> None:
+    """Norm weights away from 1, so that a mistake in applying them shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
 
 
 def load_hf(path: Path) -> Any:
@@ -101,10 +106,7 @@ def write_embedding_checkpoint(spec: TinySpec, dest: Path, *, seed: int = 0,
 
     torch.manual_seed(seed)
     model = Qwen3Model(spec.hf_config()).eval()
-    with torch.no_grad():  # norms away from 1 so their weights matter
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    _spread_norms(model)
     dest.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dest, max_shard_size="8MB")
     write_qwen3_tokenizer(dest)
