@@ -77,8 +77,9 @@ class Engine:
             self.scheduler.attach_offload(self.offload)
         sampler = Sampler(self.model.vocab_size, seed=config.seed,
                           kernels=sampling_kernels_of(self.model))
-        self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs)
         self.pooling = config.serves_embeddings()
+        self.runner = ModelRunner(self.model, self.kv, sampler, self.eos_token_ids, self.graphs,
+                                  pooling=self.pooling)
         hidden = 0
         if self.pooling:
             if not supports_pooling(self.model):

@@ -62,19 +62,23 @@ class ModelRunner:
     tables, and the sampler."""
 
     def __init__(self, model: Model, kv: KVManager, sampler: Sampler,
-                 eos_token_ids: tuple[int, ...], graphs: CudaGraphRunner | None = None) -> None:
+                 eos_token_ids: tuple[int, ...], graphs: CudaGraphRunner | None = None, *,
+                 pooling: bool = False) -> None:
         self.model = model
         self.kv = kv
         self.sampler = sampler
         self.eos_token_ids = eos_token_ids
         self.graphs = graphs
+        # An engine with task `embed`: every step is of pooling requests (the engine refuses
+        # the other kind), so a step need not look at its rows to know.
+        self.pooling = pooling
 
     @torch.inference_mode()
     def forward(self, output: SchedulerOutput, previous: Launched | None = None) -> Forwarded:
         """Queue the step's forward (and its prompt logprobs) on the device; `previous` is the
         step before it, if its tokens are still pending on the host."""
         host = plan_batch(output.rows, self.kv)
-        if any(r.seq.request.pooling for r in output.rows):
+        if self.pooling:
             return self._forward_pooling(host, output)
         fill = self._pending_inputs(host, output, previous)
         plan = PromptLogprobPlan.of(output.rows, host.query_start_loc)
