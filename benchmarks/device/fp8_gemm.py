@@ -36,7 +36,7 @@ from openinfer_kernels.fp8_linear import (
     fp8_w8a8_linear_ref,
 )
 from openinfer_kernels.fp8_linear.dynamic import W8A8_MIN_ROWS
-from openinfer_kernels.fp8_linear.triton import fp8_block_linear_triton
+from openinfer_kernels.fp8_linear.triton import Fp8Tile, fp8_block_linear_triton
 from openinfer_kernels.fp8_linear.w8a8_triton import (
     W8a8Tile,
     fp8_group_quant_triton,
@@ -51,6 +51,13 @@ SWEEP = [W8a8Tile(64, 64), W8a8Tile(64, 128, num_stages=4), W8a8Tile(128, 64, nu
          W8a8Tile(128, 128, num_warps=8, num_stages=4), W8a8Tile(128, 256, num_warps=8),
          W8a8Tile(256, 128, num_warps=8), W8a8Tile(128, 128, group_m=16, num_warps=8,
                                                    num_stages=4)]
+# Weight-only tiles for decode sizes (--decode-sweep): one row on the CUDA cores, BLOCK_N
+# weight rows a program, BLOCK_K bytes of each a step, K split in SPLIT_K shares; 2-16 rows
+# on 16-row MMA tiles.
+DECODE_SWEEP_1 = [Fp8Tile(1, bn, bk, split, warps) for bn in (8, 16, 32) for bk in (512, 1024)
+                  for split in (1, 2, 4) for warps in (4, 8)]
+DECODE_SWEEP_16 = [Fp8Tile(16, bn, 128, split, 4, stages) for bn in (32, 64, 128)
+                   for split in (1, 2, 4) for stages in (3, 4)]
 L2_SPAN = 256 << 20  # bytes of distinct FP8 weights a timed graph cycles through
 CEILING_SIZE = 8192
 
@@ -103,7 +110,13 @@ def check(name: str, got: torch.Tensor, want: torch.Tensor) -> bool:
 Side = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (e4m3 w, bf16 w) -> [M, N]
 
 
-def sides(x: torch.Tensor, scale: torch.Tensor, sweep: bool) -> dict[str, Side]:
+def tile_name(t: Fp8Tile) -> str:
+    return (f"wo-tile {t.block_m}x{t.block_n}x{t.block_k} k{t.split_k} w{t.num_warps} "
+            f"s{t.num_stages}")
+
+
+def sides(x: torch.Tensor, scale: torch.Tensor, sweep: bool,
+          decode_sweep: bool = False) -> dict[str, Side]:
     """Each way to multiply x by a weight (e4m3 with `scale`, or dequantized to bf16)."""
     xq, x_scale = fp8_group_quant_triton(x)
     found: dict[str, Side] = {
@@ -116,11 +129,15 @@ def sides(x: torch.Tensor, scale: torch.Tensor, sweep: bool) -> dict[str, Side]:
         for t in SWEEP:
             found[f"tile {t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages} g{t.group_m}"] = (
                 lambda w, d, t=t: fp8_w8a8_linear_triton(xq, x_scale, w, scale, tile=t))
+    if decode_sweep and x.shape[0] <= 16:
+        for t in DECODE_SWEEP_1 if x.shape[0] == 1 else DECODE_SWEEP_16:
+            found[tile_name(t)] = (
+                lambda w, d, t=t: fp8_block_linear_triton(x, w, scale, tile=t))
     return found
 
 
 def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, read_gbps: float,
-                fp8_tflops: float | None) -> list[Row]:
+                fp8_tflops: float | None, decode_sweep: bool = False) -> list[Row]:
     copies = max(2, min(8, L2_SPAN // (n * k)))
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     ws = [torch.randn((n, k), device="cuda", generator=gen).mul_(64).to(torch.float8_e4m3fn)
@@ -132,13 +149,13 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], sweep: bool, read_gb
         x = torch.randn((m, k), device="cuda", dtype=torch.bfloat16, generator=gen)
         want = fp8_block_linear_ref(x, ws[0], scale, torch.float32)
         want_q = fp8_w8a8_linear_ref(*fp8_group_quant_ref(x), ws[0], scale, torch.float32)
-        for side, fn in sides(x, scale, sweep).items():
+        for side, fn in sides(x, scale, sweep, decode_sweep).items():
             try:
                 got = fn(ws[0], dense[0])
             except (RuntimeError, ValueError) as error:  # a torch or tile this GPU refuses
                 print(f"  {name} M={m} {side}: {str(error).splitlines()[0][:100]}")
                 continue
-            quantized = side not in ("bf16", "weight-only")
+            quantized = side not in ("bf16", "weight-only") and not side.startswith("wo-")
             if not check(f"{name} M={m} {side}", got, want_q if quantized else want):
                 continue
             us = graph_per_call_us([lambda w=w, d=d, fn=fn: fn(w, d)
@@ -169,6 +186,21 @@ def crossings(rows: list[Row]) -> dict[str, int | None]:
     return found
 
 
+def best_decode_tiles(rows: list[Row]) -> dict[str, str]:
+    """Per shape and M, the fastest weight-only tile of --decode-sweep beside the heuristic's
+    time: {"shape M": "tile: us (heuristic us)"}."""
+    best: dict[tuple[str, int], Row] = {}
+    heuristic: dict[tuple[str, int], float] = {}
+    for r in rows:
+        key = (r.shape, r.m)
+        if r.side == "weight-only":
+            heuristic[key] = r.us
+        elif r.side.startswith("wo-") and (key not in best or r.us < best[key].us):
+            best[key] = r
+    return {f"{s} {m}": f"{r.side}: {r.us} us (heuristic {heuristic.get((s, m))} us)"
+            for (s, m), r in best.items()}
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=list(ROWS),
@@ -177,6 +209,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated, of {','.join(SHAPES)}")
     p.add_argument("--sweep", action="store_true",
                    help="also time the W8A8 GEMM at each candidate tile (M >= 16)")
+    p.add_argument("--decode-sweep", action="store_true",
+                   help="also time the weight-only kernel at candidate tiles (M <= 16)")
     p.add_argument("--json", help="write the ceilings and rows here")
     args = p.parse_args(argv)
     unknown = [s for s in args.shapes if s not in SHAPES]
@@ -202,14 +236,18 @@ def main() -> None:
     with torch.inference_mode():
         for name in args.shapes:
             rows += bench_shape(name, *SHAPES[name], args.rows, args.sweep, ceiling.read_gbps,
-                                fp8_tflops)
+                                fp8_tflops, args.decode_sweep)
             torch.cuda.empty_cache()
     cross = crossings(rows)
     print("w8a8 beats weight-only from M =", cross)
+    decode = best_decode_tiles(rows)
+    for key, best in decode.items():
+        print(f"best weight-only tile, {key}: {best}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ceiling": ceiling.as_dict(), "fp8_matmul_tflops": fp8_tflops,
                        "w8a8_min_rows": W8A8_MIN_ROWS, "crossings": cross,
+                       "best_decode_tiles": decode,
                        "rows": [asdict(r) for r in rows]}, f, indent=1)
 
 

@@ -1,7 +1,7 @@
 # Qwen3-8B with FP8 weights (`--load-format dummy` of Qwen3-8B-FP8's config: e4m3
 # linears with float32 block scales) kept FP8 (OPENINFER_FP8_WEIGHTS=keep, fp8_dynamic_linear)
 # and dequantized at load (the default), beside bf16: batch 1, 128 in / 128 out, and TTFT at
-# 2048 in, where kept FP8 runs its prompt products W8A8 (OPENINFER_FP8_LINEAR=auto) or
+# 2048 and 8192 in, where kept FP8 runs its prompt products W8A8 (OPENINFER_FP8_LINEAR=auto) or
 # weight-only; the FP8 linears at Qwen3-8B's shapes for M = 1 .. 8192 (fp8_gemm.py: W8A8,
 # weight-only, bf16, cuBLASLt's block-scaled FP8, W8A8 tile candidates, against the bf16 and
 # FP8 matmul ceilings of the run); and the FP8 linear's tests compiled, with the Qwen3
@@ -9,14 +9,16 @@
 
 stage_fp8() {
   stage "kernel tests: fp8_block_linear and W8A8 compiled (E8M0 and float32 scales), Qwen3 kept FP8"
-  timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" -rf --tb=short \
     packages/openinfer-kernels/tests/kernels/test_fp8_linear.py \
     packages/openinfer-kernels/tests/kernels/test_fp8_w8a8.py \
-    packages/openinfer-qwen3/tests/test_fp8_kept.py 2>&1 | tail -5 | tee "$OUT/fp8_tests.log"
+    packages/openinfer-qwen3/tests/test_fp8_kept.py > "$OUT/fp8_tests_full.log" 2>&1
+  grep -E "^E  |^FAILED|passed|failed" "$OUT/fp8_tests_full.log" | head -40
   stage "FP8 linears at Qwen3-8B's shapes, M = 1 .. 8192: W8A8 vs weight-only vs bf16, tiles"
-  # The tile candidates' rows stay in the log and the JSON; the sides and the ceilings print.
-  timeout 400 python3 benchmarks/device/fp8_gemm.py --sweep --json "$OUT/fp8-gemm.json" 2>&1 \
-    | tee "$OUT/fp8-gemm.log" | grep -v " tile "
+  # The tile candidates' rows stay in the log and the JSON; the sides, the best decode tiles
+  # and the ceilings print.
+  timeout 400 python3 benchmarks/device/fp8_gemm.py --sweep --decode-sweep \
+    --json "$OUT/fp8-gemm.json" 2>&1 | tee "$OUT/fp8-gemm.log" | grep -v " tile \| wo-tile "
   local m8fp8=/tmp/qwen3-8b-fp8
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
   # keep: FP8 on the GPU (prompt products W8A8); keep-weight-only: the same, every product
@@ -33,10 +35,13 @@ stage_fp8() {
         --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 5 \
         --result-file "$OUT/latency-qwen3-8b-$side.json" | grep -E "TTFT|TPOT|floor"
     fi
-    stage "TTFT at 2048 in, Qwen3-8B, $side"
-    OPENINFER_FP8_WEIGHTS=$mode OPENINFER_FP8_LINEAR=$path timeout -s ABRT 150 \
-      python3 -m openinfer_server.cli bench latency $model --load-format dummy \
-      --max-num-seqs 4 --max-model-len 4096 --input-len 2048 --output-len 16 --num-iters 5 \
-      --result-file "$OUT/ttft-2048-qwen3-8b-$side.json" | grep -E "TTFT|floor"
+    for len in 2048 8192; do
+      [ $len = 8192 ] && [[ $side = *weight-only || $side = fp8-dequantize ]] && continue
+      stage "TTFT at $len in, Qwen3-8B, $side"
+      OPENINFER_FP8_WEIGHTS=$mode OPENINFER_FP8_LINEAR=$path timeout -s ABRT 150 \
+        python3 -m openinfer_server.cli bench latency $model --load-format dummy \
+        --max-num-seqs 4 --max-model-len 8320 --input-len $len --output-len 16 --num-iters 5 \
+        --result-file "$OUT/ttft-$len-qwen3-8b-$side.json" | grep -E "TTFT|floor"
+    done
   done
 }

@@ -3,7 +3,8 @@ float32 as HF's `weight_scale_inv`) that keep the weight quantized on the GPU:
 `fp8_block_linear` (activations bf16 or fp32, the weight dequantized in registers), and
 `fp8_grouped_linear` for a block-diagonal one; the W8A8 pair for many rows, `fp8_group_quant`
 (activations to e4m3 per row and 128-column group) and `fp8_w8a8_linear` (e4m3 x e4m3 on the
-FP8 tensor cores); and `fp8_dynamic_linear`, which picks between the two by the row count
+FP8 tensor cores: cuBLASLt's block-scaled product where it applies, `scaled_mm.py`, else
+Triton); and `fp8_dynamic_linear`, which picks between the two by the row count
 (`dynamic.py`). The references on CPU, the Triton kernels on CUDA.
 `dequant_fp8_blocks_ref` dequantizes a weight."""
 
@@ -25,6 +26,7 @@ from openinfer_kernels.fp8_linear.reference import (
 
 _kernels = triton_kernels("openinfer_kernels.fp8_linear.triton")
 _w8a8 = triton_kernels("openinfer_kernels.fp8_linear.w8a8_triton")
+_scaled_mm = triton_kernels("openinfer_kernels.fp8_linear.scaled_mm")
 
 fp8_block_linear = by_device(fp8_block_linear_ref,
                              _kernels.fp8_block_linear_triton if _kernels else None)

