@@ -171,18 +171,25 @@ def sum_slices(part: torch.Tensor, out: torch.Tensor, slices: int, stride_s: int
 
 
 def fp8_tile(m: int, n: int, k: int, dtype: torch.dtype, sms: int) -> Fp8Tile:
-    """A heuristic tile: the decode path for one row, narrow MMA tiles up to 32 rows, 128-wide
-    tiles beyond; K split until there are about two programs per SM."""
+    """The tile by row count, from the weight-only sweep at Qwen3-8B's shapes on an H100
+    (benchmarks/device/fp8_gemm.py --decode-sweep): one row on the CUDA cores, 16 weight rows
+    by 512 bytes a step, K split until there are about eight programs per SM (split 4 for the
+    4096-row products, none for the wide ones); 2-16 rows on 16 x 64 MMA tiles with K in four
+    shares (10-20% faster than two); 128-wide tiles past 32 rows, K split until there are about
+    two programs per SM."""
     if m == 1:
-        bm, bn, bk, warps, stages = 1, 16, 512, 4, 3
+        bm, bn, bk, warps, stages, per_sm = 1, 16, 512, 4, 3, 8
+    elif m <= 16:
+        bm, bn, bk, warps, stages, per_sm = 16, 64, 128, 4, 3, 0
     elif m <= 32:
-        bm, bn, bk, warps, stages = (16 if m <= 16 else 32), 64, 128, 4, 4
+        bm, bn, bk, warps, stages, per_sm = 32, 64, 128, 4, 4, 2
     else:
-        bm, bn, bk, warps, stages = (64 if m <= 64 else 128), 128, 128, 8, 3
+        bm, bn, bk, warps, stages, per_sm = (64 if m <= 64 else 128), 128, 128, 8, 3, 2
     if dtype == torch.float32 and bm > 1:  # fp32 tiles take twice the shared memory
         bk, stages = 64, 2
     programs = triton.cdiv(n, bn) * triton.cdiv(m, bm)
-    split = max(1, min(triton.cdiv(k, bk), 2 * sms // programs))
+    want = 4 if per_sm == 0 else per_sm * sms // programs
+    split = max(1, min(triton.cdiv(k, bk), want))
     return Fp8Tile(bm, bn, bk, split, warps, stages)
 
 
