@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import run_staggered, tokens_of
-from state_model import STATE_BYTES, TOKEN_BYTES, StateHistoryModel, StatePlugin, \
-    expected_tokens, write_checkpoint
+from state_model import (
+    STATE_BYTES,
+    TOKEN_BYTES,
+    StateHistoryModel,
+    StatePlugin,
+    expected_tokens,
+    write_checkpoint,
+)
 
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams, Scheduled
 from openinfer_core.errors import ModelConfigError

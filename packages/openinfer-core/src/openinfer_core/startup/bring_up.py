@@ -29,8 +29,8 @@ from openinfer_core.engine.offload import KVOffload
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
     create_kv_cache_of,
-    sampling_kernels_of,
     has_state_groups,
+    sampling_kernels_of,
     side_groups_of,
     supports_close,
 )

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from openinfer_core.engine.batch import scratch_group_tables
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.errors import ModelConfigError
-from openinfer_core.engine.batch import scratch_group_tables
 from openinfer_core.interfaces.capabilities import (
     kv_groups_of,
     supports_cuda_graphs,
