@@ -78,25 +78,30 @@ def test_one_request_matches_the_recompute_reference(tmp_path: Path) -> None:
     assert model_of(engine).pool_blocks[0] == 4 + 1
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlapped"])
 @pytest.mark.parametrize("budget", [5, 64])
-def test_staggered_requests_carry_their_state_across_chunks(tmp_path: Path,
-                                                            budget: int) -> None:
+def test_staggered_requests_carry_their_state_across_chunks(tmp_path: Path, budget: int,
+                                                            overlap: bool) -> None:
     """Ten requests arriving every other step, prompts up to 30 tokens, chunked at 5 tokens
     (a prompt's state carried over many chunks, beside other requests' decodes) or whole;
-    every slot is reused several times."""
+    every slot is reused several times. Overlapped: each step is laid out while the one
+    before runs, and requests ending hold their slot until it has."""
     requests = random_requests(10, seed=budget, lengths=(1, 30), max_tokens=12)
-    engine = make_engine(tmp_path, max_num_seqs=4, max_num_batched_tokens=budget)
+    engine = make_engine(tmp_path, max_num_seqs=4, max_num_batched_tokens=budget,
+                         async_scheduling=overlap)
+    assert engine.overlapped is overlap
     check_tokens(run_staggered(engine, requests, lambda i: 2 * i), requests)
     assert usage(engine) == [("state", 0), ("full", 0)]
     assert model_of(engine).max_rows == 4
 
 
-def test_preemption_recomputes_the_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlapped"])
+def test_preemption_recomputes_the_state(tmp_path: Path, overlap: bool) -> None:
     """A full pool of 12 blocks (44 tokens) for 6 requests of up to 36 tokens each: requests
     are preempted, their slots freed, and recomputed from position 0 in a new slot."""
     requests = random_requests(6, seed=5, lengths=(8, 16), max_tokens=20)
     engine = make_engine(tmp_path, max_num_seqs=4, max_num_batched_tokens=16,
-                         num_kv_blocks=12)
+                         num_kv_blocks=12, async_scheduling=overlap)
     check_tokens(run_staggered(engine, requests, lambda i: i), requests)
     assert engine.scheduler.num_preemptions > 0  # type: ignore[attr-defined]
     assert usage(engine) == [("state", 0), ("full", 0)]
