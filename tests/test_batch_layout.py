@@ -6,20 +6,29 @@ import itertools
 import json
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from openinfer_core.engine.batch import plan_batch, several_groups
-from openinfer_core.engine.cuda_graphs import graph_buckets, mixed_buckets
+from openinfer_core.engine.batch import plan_batch, scratch_group_tables, several_groups
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.cuda_graphs import (
+    graph_buckets,
+    group_table_buffers,
+    mixed_buckets,
+    padded_slots,
+)
 from openinfer_core.engine.graph_inputs import GraphInputs, InputLayout, stage_decode, stage_mixed
 from openinfer_core.engine.request_state import RequestState
-from openinfer_core.interfaces.kv import KVGroupSpec
+from openinfer_core.interfaces.kv import SCRATCH_STATE_SLOTS, KVGroupSpec
 from openinfer_core.interfaces.model import HostBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.request import GenerateRequest
-from openinfer_kvcache import GroupedKVManager, PagedKVManager
+from openinfer_core.startup.eager_warmup import warm_up_batches
+from openinfer_core.startup.memory_budget import profile_batch
+from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_blocks
 
 
 def _seq(rid: str, tokens: list[int], computed: int) -> RequestState:
@@ -94,6 +103,64 @@ def test_plan_batch_lays_out_every_kv_groups_table() -> None:
     sent = pickle.loads(pickle.dumps(host))
     assert sent.group_block_tables[1] is sent.block_tables
     assert sent.group_block_tables[0].tolist() == window.tolist()
+
+
+def test_a_state_groups_table_is_one_slot_per_row() -> None:
+    """A state group first, then the full group: the state's table is [rows, 1], each row's
+    slot, whatever its length."""
+    kv = GroupedKVManager((KVGroupSpec("state", state=True), KVGroupSpec("full")), (4, 16),
+                          block_size=4)
+    a = _seq("a", list(range(100, 110)), computed=9)
+    b = _seq("b", [7, 8, 9], computed=0)
+    assert kv.allocate("a", 10) and kv.allocate("b", 3)
+    host = plan_batch([ScheduledRow(a, 1, True), ScheduledRow(b, 3, True)], kv)
+    state, full = host.group_block_tables
+    assert full is host.block_tables and full.tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert state.tolist() == [[1], [2]] and state.dtype == np.int32
+    batch = host.to_device(torch.device("cpu"))
+    assert batch.group_table(0).tolist() == [[1], [2]]
+    sent = pickle.loads(pickle.dumps(host))
+    assert sent.group_block_tables[0].tolist() == [[1], [2]]
+
+
+def test_scratch_batches_get_state_slots_inside_the_scratch_pool() -> None:
+    groups = (KVGroupSpec("state", state=True), KVGroupSpec("full"), KVGroupSpec("w", 3))
+    tables = np.array([[1, 2], [3, 4], [12, 13], [0, 0]], dtype=np.int32)
+    state, full, window = scratch_group_tables(groups, tables)
+    assert full is tables and window is tables
+    assert state.tolist() == [[1], [3], [SCRATCH_STATE_SLOTS - 1], [0]]
+    # The scratch pool has min(num_blocks, SCRATCH_STATE_SLOTS) slots: each row's is in it.
+    pool = group_pool_blocks(groups, int(tables.max()) + 1, 4, None)[0]
+    assert int(state.max()) < pool
+    # Without a state group a scratch batch has no tables per group.
+    assert scratch_group_tables(groups[1:], tables) == ()
+    # The profile step and the eager warm-up steps of a model with a state group carry them.
+    model = SimpleNamespace(kv_groups=groups[:2], kv_window_bytes=lambda *a: 0,
+                            create_kv_cache=lambda *a: None, max_model_len=64,
+                            device=torch.device("cpu"))
+    config = EngineConfig(model="m", device="cpu", block_size=4, max_num_seqs=16,
+                          max_num_batched_tokens=40)
+    profile = profile_batch(config, model)  # type: ignore[arg-type]
+    slots = profile.group_block_tables[0]
+    assert slots.shape == (profile.num_seqs, 1) and int(slots.min()) > 0
+    assert int(slots.max()) < group_pool_blocks(groups, int(profile.block_tables.max()) + 1,
+                                                4, None)[0]
+    assert profile.group_block_tables[1] is profile.block_tables
+    warm = warm_up_batches(config, model, 0)  # type: ignore[arg-type]
+    assert warm and all(b.group_table(0).shape == (b.num_seqs, 1) for b in warm)
+
+
+def test_graph_buffers_give_a_state_group_one_slot_per_row() -> None:
+    groups = (KVGroupSpec("state", state=True), KVGroupSpec("full"), KVGroupSpec("w", 3))
+    tables = torch.zeros(8, 5, dtype=torch.int32)
+    state, full, window = group_table_buffers(groups, tables)
+    assert full is tables and window.shape == (8, 5) and window is not tables
+    assert state.shape == (8, 1) and state.dtype == torch.int32
+    assert group_table_buffers(groups[1:2], tables) == ()
+    # A step's slots fill the whole buffer: the padding rows past it on slot 0, not on the
+    # slots an earlier, larger step left there.
+    assert padded_slots(np.array([[3], [1]], dtype=np.int32), 4).tolist() == [[3], [1], [0],
+                                                                              [0]]
 
 
 def test_one_group_adds_no_tables() -> None:

@@ -121,7 +121,7 @@ def test_the_budget_sets_the_window_pool_aside(tmp_path: Path) -> None:
                          cpu_kv_cache_gib=gib)
     assert isinstance(engine.kv, GroupedKV)
     assert [u.total for u in engine.kv.group_usage()] == [window - 1, 99]  # padding excluded
-    with pytest.raises(ModelConfigError, match="window KV groups' pools"):
+    with pytest.raises(ModelConfigError, match="window and state KV groups' pools"):
         make_engine(tmp_path, True, max_num_seqs=4, max_num_batched_tokens=16,
                     cpu_kv_cache_gib=window_bytes / 2**30)
 

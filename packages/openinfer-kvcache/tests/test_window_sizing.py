@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from openinfer_core.interfaces.kv import KVGroupSpec, KVStepLimits
+from openinfer_core.interfaces.kv import SCRATCH_STATE_SLOTS, KVGroupSpec, KVStepLimits
 from openinfer_kvcache import FULL_GROUP, GroupedKVManager, group_pool_blocks, window_pool_blocks
 
 B = 4
@@ -58,3 +58,14 @@ def test_group_pools_are_full_blocks_or_window_bounds() -> None:
     assert group_pool_blocks(groups, 1000, 16, limits) == (
         window_pool_blocks(127, 16, 256, 8192), 1000, window_pool_blocks(7, 16, 256, 8192))
     assert group_pool_blocks(groups, 9, 16, None) == (9, 9, 9)  # a scratch cache
+
+
+def test_a_state_pool_is_a_slot_per_running_request_and_small_in_scratch_caches() -> None:
+    groups = (KVGroupSpec("state", state=True), FULL_GROUP, KVGroupSpec("w", 7))
+    limits = KVStepLimits(max_num_seqs=256, max_num_batched_tokens=8192)
+    assert group_pool_blocks(groups, 1000, 16, limits) == (
+        257, 1000, window_pool_blocks(7, 16, 256, 8192))
+    # Scratch caches: every token group `num_blocks`, a state group at most 9 slots.
+    assert group_pool_blocks(groups, 5000, 16, None) == (SCRATCH_STATE_SLOTS, 5000, 5000)
+    assert group_pool_blocks(groups, 3, 16, None) == (3, 3, 3)
+    assert SCRATCH_STATE_SLOTS == 9

@@ -22,11 +22,12 @@ def first_live_block(num_computed_tokens: int, horizon: int, block_size: int) ->
 
 
 class GroupedKVManager:
-    """Each request owns one table per group, all indexed by block position. Full groups hold
-    every block; a window group's table keeps only the blocks its horizon can still read, the
-    rest are the padding block. Blocks found in the prefix cache are shared (reference counted)
-    with the requests that computed them, in every group under the same chain hash. Engine
-    thread only.
+    """Each request owns one table per group, a token group's indexed by block position. Full
+    groups hold every block; a window group's table keeps only the blocks its horizon can
+    still read, the rest are the padding block; a state group's table is the request's one
+    slot. Blocks found in the prefix cache are shared (reference counted) with the requests
+    that computed them, in every group under the same chain hash; a manager with a state group
+    has no prefix cache (`GroupedKV`). Engine thread only.
 
     The first full group is the one `KVManager` callers see: `block_ids`, the block counts
     (which the scheduler's admission and refusal checks read) and `pool`."""
@@ -49,8 +50,10 @@ class GroupedKVManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pools = tuple(BlockPool(n) for n in num_blocks_per_group)
         self._full = full[0]
-        self._windows = [i for i, g in enumerate(groups) if not g.is_full]
-        # Per request, one table per group, all the same length.
+        self._windows = [i for i, g in enumerate(groups) if g.is_window]
+        self._states = [i for i, g in enumerate(groups) if g.state]
+        # Per request, one table per group: the token groups' all the same length, a state
+        # group's the request's slot.
         self._tables: dict[str, list[list[int]]] = {}
         # Per request and group: the first block still held; the table's entries before it
         # are the padding block (always 0 in a full group).
@@ -96,10 +99,10 @@ class GroupedKVManager:
     # -- the request's life ------------------------------------------------------------------
     def computed_tokens(self, request_id: str, token_ids: Sequence[int]) -> int:
         tables = self._request(request_id)
-        if tables[0]:
+        if tables[self._full]:
             raise RuntimeError(f"prefix lookup for request {request_id!r}, which already "
                                f"holds KV blocks {tables[self._full]}")
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or self._states:
             return 0
         hashes: list[int] = []
         found: list[list[int | None]] = [[] for _ in self.groups]
@@ -141,14 +144,17 @@ class GroupedKVManager:
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         tables = self._request(request_id)
-        # Every group's table covers the same positions; each new position's KV is written
-        # by this step, in every group, so every group needs the same new blocks.
-        missing = blocks_for(num_tokens, self.block_size) - len(tables[0])
-        if any(missing > pool.num_free for pool in self.pools):
+        # Every token group's table covers the same positions; each new position's KV is
+        # written by this step, in every token group, so each needs the same new blocks. A
+        # state group needs its one slot, once.
+        missing = blocks_for(num_tokens, self.block_size) - len(tables[self._full])
+        need = [(1 if not table else 0) if g.state else max(missing, 0)
+                for g, table in zip(self.groups, tables, strict=True)]
+        if any(n > pool.num_free for n, pool in zip(need, self.pools, strict=True)):
             return False
-        if missing > 0:
-            for table, pool in zip(tables, self.pools, strict=True):
-                table.extend(pool.allocate(missing))
+        for n, table, pool in zip(need, tables, self.pools, strict=True):
+            if n:
+                table.extend(pool.allocate(n))
         if (stats := self._pending_stats.pop(request_id, None)) is not None:
             self._queries += stats[0]
             self._hits += stats[1]
@@ -156,16 +162,17 @@ class GroupedKVManager:
 
     def cache_blocks(self, request_id: str, token_ids: Sequence[int],
                      num_computed_tokens: int) -> None:
-        if not (self.enable_prefix_caching or self._windows):
+        caching = self.enable_prefix_caching and not self._states
+        if not (caching or self._windows):
             return  # nothing to cache or give back
         tables = self._tables.get(request_id)
         num_computed = min(num_computed_tokens, len(token_ids))
         num_full = num_computed // self.block_size
-        if tables is None or num_full > len(tables[0]):
+        if tables is None or num_full > len(tables[self._full]):
             held = len(tables[self._full]) if tables else 0
             raise RuntimeError(f"request {request_id!r} has {num_full} computed full blocks "
                                f"but holds {held} KV blocks")
-        if self.enable_prefix_caching:
+        if caching:
             self._seal(request_id, tables, token_ids, num_full)
         if self._windows:
             self._release_window_blocks(request_id, tables, num_computed)

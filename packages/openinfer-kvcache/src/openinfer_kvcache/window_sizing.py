@@ -1,11 +1,11 @@
 """How many blocks a window group's pool needs so that it never refuses a step the full
-group accepts."""
+group accepts, and how many slots a state group's pool holds."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from openinfer_core.interfaces.kv import KVGroupSpec, KVStepLimits
+from openinfer_core.interfaces.kv import SCRATCH_STATE_SLOTS, KVGroupSpec, KVStepLimits
 
 
 def window_pool_blocks(horizon: int, block_size: int, max_num_seqs: int,
@@ -45,10 +45,18 @@ def group_pool_blocks(groups: Sequence[KVGroupSpec], num_blocks: int, block_size
                       limits: KVStepLimits | None) -> tuple[int, ...]:
     """Each group's pool size for `GroupedKVManager` (`num_blocks_per_group`), as
     `capabilities.SupportsKVGroups.create_kv_cache` is given them: `num_blocks` for a full
-    group, `window_pool_blocks` for a window group; every pool `num_blocks` without
-    `limits` (start-up's scratch caches)."""
+    group, `window_pool_blocks` for a window group, `max_num_seqs + 1` slots for a state group
+    (one per running request, and the padding slot: admission never runs more requests).
+
+    Without `limits` (start-up's scratch caches): `num_blocks` in every token group and
+    `min(num_blocks, SCRATCH_STATE_SLOTS)` slots in a state group, since a slot is a whole
+    request's state (megabytes); scratch batches use slots below that bound
+    (`openinfer_core.engine.batch.scratch_group_tables`)."""
     if limits is None:
-        return tuple(num_blocks for _ in groups)
-    return tuple(num_blocks if g.horizon is None else window_pool_blocks(
-        g.horizon, block_size, limits.max_num_seqs, limits.max_num_batched_tokens)
-        for g in groups)
+        return tuple(min(num_blocks, SCRATCH_STATE_SLOTS) if g.state else num_blocks
+                     for g in groups)
+    return tuple(limits.max_num_seqs + 1 if g.state
+                 else num_blocks if g.horizon is None
+                 else window_pool_blocks(g.horizon, block_size, limits.max_num_seqs,
+                                         limits.max_num_batched_tokens)
+                 for g in groups)

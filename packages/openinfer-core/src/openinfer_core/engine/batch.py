@@ -8,7 +8,7 @@ from typing import cast
 
 import numpy as np
 
-from openinfer_core.interfaces.kv import GroupedKV, KVManager
+from openinfer_core.interfaces.kv import SCRATCH_STATE_SLOTS, GroupedKV, KVGroupSpec, KVManager
 from openinfer_core.interfaces.model import HostBatch
 from openinfer_core.interfaces.scheduler import ScheduledRow
 
@@ -70,12 +70,29 @@ def plan_batch(rows: Sequence[ScheduledRow], kv: KVManager) -> HostBatch:
 def _group_tables(rows: Sequence[ScheduledRow], kv: GroupedKV,
                   block_tables: np.ndarray) -> tuple[np.ndarray, ...]:
     """Every KV group's tables, `block_tables` standing for the first full group's (every
-    group's table of a request has its full group's length)."""
+    token group's table of a request has its full group's length; a state group's is
+    `[rows, 1]`, each row's slot)."""
     full = next(g for g, spec in enumerate(kv.groups) if spec.is_full)
-    out = [np.zeros_like(block_tables) for _ in kv.groups]
+    n = len(rows)
+    out = [np.zeros((n, 1), dtype=np.int32) if spec.state else np.zeros_like(block_tables)
+           for spec in kv.groups]
     out[full] = block_tables
     for b, row in enumerate(rows):
         for g, table in enumerate(kv.group_block_ids(row.seq.request_id)):
             if g != full:
                 out[g][b, :len(table)] = table
     return tuple(out)
+
+
+def scratch_group_tables(groups: Sequence[KVGroupSpec],
+                         block_tables: np.ndarray) -> tuple[np.ndarray, ...]:
+    """`group_block_tables` for a start-up scratch batch of a model with these KV groups:
+    none without a state group (every group reads `block_tables`). With one, every token
+    group's is `block_tables` and a state group's gives row b the slot min(its first block,
+    SCRATCH_STATE_SLOTS - 1), inside the scratch cache's state pool
+    (`openinfer_kvcache.group_pool_blocks`); rows may share a slot, whose contents nobody
+    reads back."""
+    if not any(g.state for g in groups):
+        return ()
+    slots = np.minimum(block_tables[:, :1], SCRATCH_STATE_SLOTS - 1).astype(np.int32)
+    return tuple(slots if g.state else block_tables for g in groups)

@@ -4,7 +4,8 @@ A decode step (every row one token) has the same kernels at every step; only the
 few small tensors change. So each bucket's forward is captured once over fixed input buffers, and
 a step copies its rows into those buffers and replays the bucket just above its batch size. The
 rows past the batch are padding: token 0 at position 0, writing its KV into the padding block 0
-and reading one token from it; their logits are never looked at.
+and reading one token from it (and in a state KV group, starting and leaving the padding slot
+0's state); their logits are never looked at.
 
 When the model allows it (`cuda_graph_max_tokens`), steps of any other mix of up to that many
 tokens (prefill chunks, prefix-cache hits, decodes beside them) are captured too, one graph per
@@ -108,12 +109,7 @@ class CudaGraphRunner:
         dev = self.device
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32,
                                         device=dev)
-        # With several KV groups, one table buffer per group (`ForwardBatch.group_block_tables`);
-        # the first full group's is `block_tables`, as in the step's batch.
-        full = next((g for g, spec in enumerate(kv_groups) if spec.is_full), None)
-        self.group_block_tables = tuple(
-            self.block_tables if g == full else torch.zeros_like(self.block_tables)
-            for g in range(len(kv_groups) if len(kv_groups) > 1 else 0))
+        self.group_block_tables = group_table_buffers(kv_groups, self.block_tables)
         # Each graph's token and request inputs, packed so a step lands them in one copy
         # (graph_inputs.py); the block tables are shared, copied as wide as the step needs.
         self._inputs = {("decode", b): GraphInputs(InputLayout(b, b, True), dev)
@@ -300,7 +296,8 @@ class CudaGraphRunner:
     def _copy_in(self, key: tuple[str, int], batch: HostBatch,
                  stage: Callable[[dict[str, np.ndarray], HostBatch], None]) -> None:
         """Two copies (and one per other KV group): the step's inputs laid out as `key`'s
-        graph reads them, then its block tables; the fill's ids after the first."""
+        graph reads them, then its block tables; the fill's ids after the first. A state
+        group's slots are copied over the whole buffer (`padded_slots`)."""
         inputs = self._inputs[key]
         stage(self._host_views[self._turn][key], batch)
         inputs.copy_from(self._staging)
@@ -310,8 +307,14 @@ class CudaGraphRunner:
         # Pinned, or the copy could wait for the step in flight.
         tables = torch.from_numpy(batch.block_tables).pin_memory()
         self.block_tables[:b, :width].copy_(tables, non_blocking=True)
-        for table, host in zip(self.group_block_tables, batch.group_block_tables, strict=True):
-            if table is not self.block_tables:  # the full group's: copied above
+        for spec, table, host in zip(self.plan.kv_groups, self.group_block_tables,
+                                     batch.group_block_tables, strict=True):
+            if table is self.block_tables:  # the full group's: copied above
+                continue
+            if spec.state:  # the whole buffer: its padding rows on the padding slot
+                host = padded_slots(host, table.shape[0])
+                table.copy_(torch.from_numpy(host).pin_memory(), non_blocking=True)
+            else:
                 table[:b, :width].copy_(torch.from_numpy(host).pin_memory(), non_blocking=True)
         self._copied.record()
 
@@ -326,6 +329,31 @@ class CudaGraphRunner:
             max_query_len=1 if key[0] == "decode" else key[1],
             max_seq_len=self.model.max_model_len,
             group_block_tables=tuple(t[:slots] for t in self.group_block_tables))
+
+
+def group_table_buffers(kv_groups: Sequence[KVGroupSpec],
+                        block_tables: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """With several KV groups, one table buffer per group (`ForwardBatch.group_block_tables`):
+    the first full group's is `block_tables`, as in the step's batch; a token group's is as
+    wide, a state group's one slot per row (`[rows, 1]`, 0: the padding slot)."""
+    if len(kv_groups) < 2:
+        return ()
+    full = next(g for g, spec in enumerate(kv_groups) if spec.is_full)
+    return tuple(block_tables if g == full
+                 else block_tables.new_zeros(block_tables.shape[0], 1) if spec.state
+                 else torch.zeros_like(block_tables)
+                 for g, spec in enumerate(kv_groups))
+
+
+def padded_slots(slots: np.ndarray, rows: int) -> np.ndarray:
+    """A state group's `[B, 1]` slots as a graph's whole `[rows, 1]` buffer: the rows past the
+    step's are padding and get the padding slot 0. A token group's padding rows may keep old
+    entries (they read them and write nothing, their KV going to block 0), but a state is read
+    and written in place by every row: a padding row left on a request's slot would
+    overwrite that request's state."""
+    out = np.zeros((rows, 1), dtype=np.int32)
+    out[:len(slots)] = slots
+    return out
 
 
 def new_graph_runner(config: EngineConfig, model: Model) -> CudaGraphRunner | None:

@@ -126,28 +126,35 @@ def supports_kv_offload(model: object) -> TypeIs[SupportsKVOffload]:
 class SupportsKVGroups(Protocol):
     """A model that keeps its KV in several groups (`interfaces.kv.KVGroupSpec`, `kv_groups`
     in the order of `GroupedKV.groups`): `create_kv_cache` returns a `GroupedKV` over them and
-    `forward` reads each group's blocks through `ForwardBatch.group_table(g)`.
+    `forward` reads each group's blocks through `ForwardBatch.group_table(g)` (a state
+    group's: `[rows, 1]`, each row's slot).
 
     Sizing: every full group has `num_blocks` blocks, and `Model.kv_bytes_per_block` is one
-    block of all of them. The line sizes its window groups' pools itself, for the step limits
-    (`openinfer_kvcache.group_pool_blocks`), and `kv_window_bytes` says what they take: the
-    memory budget sets that aside first and gives the full groups the rest. Without the
-    capability a model has one full group. `--kv-offload` is refused for a model with window
-    groups (the offload tiers copy one block table)."""
+    block of all of them. The line sizes its window and state groups' pools itself, for the
+    step limits (`openinfer_kvcache.group_pool_blocks`: a state group gets `max_num_seqs + 1`
+    slots), and `kv_window_bytes` says what they take: the memory budget sets that aside first
+    and gives the full groups the rest. Without the capability a model has one full group.
+
+    A model with a state group has no prefix cache (`GroupedKV`): the engine turns prefix
+    caching off for it. `--kv-offload` is refused for a model with window or state groups
+    (the offload tiers copy one block table)."""
 
     kv_groups: tuple[KVGroupSpec, ...]
 
     def kv_window_bytes(self, block_size: int, limits: KVStepLimits) -> int:
-        """Device bytes of the window groups' pools that `create_kv_cache(..., limits)`
-        allocates. Pure."""
+        """Device bytes of every pool but the full groups' (window groups' blocks and state
+        groups' slots) that `create_kv_cache(..., limits)` allocates. Pure."""
         ...
 
     def create_kv_cache(self, num_blocks: int, block_size: int,
                         limits: KVStepLimits | None = None) -> KVManager:
-        """`Model.create_kv_cache`, the full groups of `num_blocks` blocks and the window
-        groups' pools sized for `limits`; None: `num_blocks` in every pool (start-up's scratch
-        caches, whose batches have no `group_block_tables`: every group uses the full
-        group's block ids)."""
+        """`Model.create_kv_cache`, the full groups of `num_blocks` blocks and the window and
+        state groups' pools sized for `limits`; None: start-up's scratch caches, `num_blocks`
+        in every token group and `min(num_blocks, kv.SCRATCH_STATE_SLOTS)` slots in a state
+        group (`group_pool_blocks` gives both). A scratch batch has no `group_block_tables`
+        (every group uses the full group's block ids), unless the model has a state group: then
+        it has them, the token groups' being `block_tables` and a state group's
+        `engine.batch.scratch_group_tables`' slots, all below `SCRATCH_STATE_SLOTS`."""
         ...
 
 
@@ -163,11 +170,19 @@ def create_kv_cache_of(model: Model, num_blocks: int, block_size: int,
     return model.create_kv_cache(num_blocks, block_size)
 
 
-def window_groups_of(model: object) -> tuple[KVGroupSpec, ...]:
-    """The model's window KV groups (horizon set): none without `SupportsKVGroups`."""
-    if not supports_kv_groups(model):
-        return ()
-    return tuple(g for g in model.kv_groups if not g.is_full)
+def kv_groups_of(model: object) -> tuple[KVGroupSpec, ...]:
+    """The model's KV groups: none without `SupportsKVGroups` (one full group)."""
+    return model.kv_groups if supports_kv_groups(model) else ()
+
+
+def side_groups_of(model: object) -> tuple[KVGroupSpec, ...]:
+    """The model's window and state KV groups (every group but the full ones)."""
+    return tuple(g for g in kv_groups_of(model) if not g.is_full)
+
+
+def has_state_groups(model: object) -> bool:
+    """Whether the model keeps a recurrent state per request (a state KV group)."""
+    return any(g.state for g in kv_groups_of(model))
 
 
 @runtime_checkable

@@ -17,20 +17,35 @@ class PrefixCacheStats:
     hits: int = 0
 
 
+# Slots of a state group's pool in start-up's scratch KV caches (`create_kv_cache` without
+# step limits), the padding slot included: a slot holds a whole request's recurrent state
+# (megabytes), so a scratch pool never has one per block. Scratch batches give row b the slot
+# min(its first block id, SCRATCH_STATE_SLOTS - 1) (`engine.batch.scratch_group_tables`).
+SCRATCH_STATE_SLOTS = 9
+
+
 @dataclass(frozen=True, slots=True)
 class KVGroupSpec:
-    """One KV group: data a model keeps per token in its own block pool, with its own block
-    table per request. Every group of a manager has the same block size and the same token
-    positions: block i of each group holds tokens [i * block_size, (i + 1) * block_size).
+    """One KV group: data a model keeps in its own block pool, with its own block table per
+    request. Every token group of a manager has the same block size and the same token
+    positions: block i of each holds tokens [i * block_size, (i + 1) * block_size).
 
     `horizon` None: a full group, every computed token stays readable. An int h >= 0: a window
     group, a token at position p reads the group's entries at positions [p - h, p] only (its
     own and the h before it), so after n computed tokens the request needs [n - h, n) alone
     and the blocks before it are given back. A window of W tokens that includes the reading
-    token is horizon W - 1."""
+    token is horizon W - 1.
+
+    `state` True (horizon None): a state group, not a token group. Each request holds exactly
+    one block of its pool, a "slot", from its first `allocate` until `free`, whatever its
+    length: a fixed-size recurrent state (a linear-attention layer's), which each step reads
+    and overwrites in place. Its table has one entry, the slot id; slot 0 is the padding
+    slot, which padding rows read and write. A row whose first new token is at position 0
+    starts from a zero state (the model zeroes its slot), any other continues it."""
 
     name: str
     horizon: int | None = None
+    state: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -38,17 +53,24 @@ class KVGroupSpec:
         if self.horizon is not None and self.horizon < 0:
             raise ValueError(f"KV group {self.name!r}: horizon must be None (full) or >= 0, "
                              f"got {self.horizon}")
+        if self.state and self.horizon is not None:
+            raise ValueError(f"KV group {self.name!r}: a state group has no horizon, got "
+                             f"{self.horizon}")
 
     @property
     def is_full(self) -> bool:
-        return self.horizon is None
+        return self.horizon is None and not self.state
+
+    @property
+    def is_window(self) -> bool:
+        return self.horizon is not None
 
 
 @dataclass(frozen=True, slots=True)
 class KVGroupUsage:
-    """One group's pool, in blocks (the padding block excluded): `used` held by requests,
-    `free` can be handed out (`cached` ones among them evictable), `cached` findable by a
-    prefix hash, held or free."""
+    """One group's pool, in blocks (the padding block excluded; a state group's blocks are its
+    slots): `used` held by requests, `free` can be handed out (`cached` ones among them
+    evictable), `cached` findable by a prefix hash, held or free."""
 
     name: str
     total: int
@@ -61,7 +83,8 @@ class KVGroupUsage:
 class KVStepLimits:
     """The scheduler's limits on one step (`EngineConfig.max_num_seqs`,
     `max_num_batched_tokens`): what sizes a window group's pool, since its blocks are held by
-    the running requests' recent tokens alone (`openinfer_kvcache.window_pool_blocks`)."""
+    the running requests' recent tokens alone (`openinfer_kvcache.window_pool_blocks`), and a
+    state group's, one slot per running request (`max_num_seqs + 1`, padding included)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -78,8 +101,9 @@ class KVManager(Protocol):
     without one answers 0 hits and ignores `cache_blocks`."""
 
     block_size: int
-    # Set by the engine from `EngineConfig.enable_prefix_caching` right after
-    # `Model.create_kv_cache`, before any request; False: `computed_tokens` always answers 0.
+    # Set by the engine from `EngineConfig.enable_prefix_caching` (False for a model with a
+    # state KV group) right after `Model.create_kv_cache`, before any request; False:
+    # `computed_tokens` always answers 0.
     enable_prefix_caching: bool
 
     @property
@@ -138,18 +162,25 @@ class GroupedKV(KVManager, Protocol):
     """A `KVManager` whose requests hold one block table per `KVGroupSpec` (`groups`, in the
     model's order), each group in its own pool. The `KVManager` methods keep their meaning and
     speak of the first full group (`block_ids`, the block counts, the prefix cache's hits);
-    `allocate` is all or nothing across every group; `cache_blocks` also gives back a window
-    group's blocks no later step reads; a prefix hit of n tokens needs, in each window group,
-    the blocks covering [n - horizon, n) still cached, and is cut short where they are not.
+    `allocate` is all or nothing across every group (a request's first one also takes its
+    slot in each state group); `cache_blocks` also gives back a window group's blocks no later
+    step reads; a prefix hit of n tokens needs, in each window group, the blocks covering
+    [n - horizon, n) still cached, and is cut short where they are not.
 
     A window group's table stays indexed by block position: entries of blocks given back, or
     not attached on a prefix hit, are the padding block 0. Such an entry is never read: a
-    token reads only its group's horizon."""
+    token reads only its group's horizon.
+
+    With a state group there is no prefix cache: `computed_tokens` answers 0 and
+    `cache_blocks` makes nothing findable. A state is kept only at the request's last
+    computed token, so a hit on a cached prefix would come without the state at its end.
+    A preempted request is recomputed from position 0 in a new slot."""
 
     groups: tuple[KVGroupSpec, ...]
 
     def group_block_ids(self, request_id: str) -> tuple[Sequence[int], ...]:
-        """The request's table in every group, in `groups` order, all the same length. Pure."""
+        """The request's table in every group, in `groups` order: the token groups' all the
+        same length, a state group's its one slot (empty before the first `allocate`). Pure."""
         ...
 
     def group_usage(self) -> tuple[KVGroupUsage, ...]:

@@ -24,10 +24,12 @@ class ForwardBatch:
     KV groups (`interfaces.kv.GroupedKV`, a model whose manager has several): `block_tables`
     and `slot_mapping` are the first full group's; `group_block_tables` holds every group's
     table, in `GroupedKV.groups` order, each `[B, max_blocks]` like `block_tables` (block i of
-    every group holds positions [i * block_size, (i + 1) * block_size); a window group's
-    entries it no longer keeps are 0). It is empty with one group, and in start-up's scratch
+    every token group holds positions [i * block_size, (i + 1) * block_size); a window group's
+    entries it no longer keeps are 0), a state group's `[B, 1]`: each row's slot (0, the
+    padding slot, for padding rows). It is empty with one group, and in start-up's scratch
     batches, whose KV caches give every group the same blocks: `group_table(g)` answers
-    `block_tables` then.
+    `block_tables` then. A model with a state group gets it in every batch, scratch ones
+    included (`engine.batch.scratch_group_tables`).
 
     The `*_cpu` fields, when set, are host copies of those fields (the engine has them before
     the device does): a backend that plans on the host reads them without waiting for the
@@ -56,7 +58,7 @@ class ForwardBatch:
     block_tables_cpu: torch.Tensor | None = None
     logits_out: torch.Tensor | None = None
     host: HostBatch | None = None
-    group_block_tables: tuple[torch.Tensor, ...] = ()  # [B, max_blocks] int32 each
+    group_block_tables: tuple[torch.Tensor, ...] = ()  # [B, max_blocks] ([B, 1]) int32 each
 
     def group_table(self, group: int) -> torch.Tensor:
         """KV group `group`'s block tables (`GroupedKV.groups` order): `block_tables` where
@@ -86,7 +88,7 @@ class HostBatch:
     logits_indices: np.ndarray  # [S] int64
     max_query_len: int
     max_seq_len: int
-    group_block_tables: tuple[np.ndarray, ...] = ()  # [B, width] int32 each
+    group_block_tables: tuple[np.ndarray, ...] = ()  # [B, width] ([B, 1]) int32 each
 
     @property
     def num_seqs(self) -> int:

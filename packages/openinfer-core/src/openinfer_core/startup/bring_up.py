@@ -29,9 +29,10 @@ from openinfer_core.engine.offload import KVOffload
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
     create_kv_cache_of,
+    has_state_groups,
     sampling_kernels_of,
+    side_groups_of,
     supports_close,
-    window_groups_of,
 )
 from openinfer_core.interfaces.kv import GroupedKV, KVManager
 from openinfer_core.interfaces.model import Model
@@ -110,11 +111,17 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
 def _allocate_kv(config: EngineConfig, model: Model, step: StepMemory | None) -> KVManager:
     kv = create_kv_cache_of(model, kv_blocks(config, model, model.device, step),
                             config.block_size, kv_step_limits(config))
-    kv.enable_prefix_caching = config.enable_prefix_caching
+    # A recurrent state is kept at the last computed token only: a cached prefix would come
+    # without the state at its end (`GroupedKV`), so hybrid models cache no prefix.
+    stateful = has_state_groups(model)
+    kv.enable_prefix_caching = config.enable_prefix_caching and not stateful
     fit_max_model_len(config, model, kv)
     log.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s",
              kv.num_total_blocks, config.block_size, kv.num_total_blocks * config.block_size,
-             "on" if config.enable_prefix_caching else "off")
+             "on" if kv.enable_prefix_caching
+             else "off (the model keeps a recurrent state per request, which is not cached "
+                  "at block boundaries)" if config.enable_prefix_caching and stateful
+             else "off")
     if isinstance(kv, GroupedKV) and len(kv.groups) > 1:
         log.info("KV groups: %s", ", ".join(
             f"{u.name} {u.total} blocks" for u in kv.group_usage()))
@@ -122,16 +129,20 @@ def _allocate_kv(config: EngineConfig, model: Model, step: StepMemory | None) ->
 
 
 def check_kv_offload(config: EngineConfig, model: Model) -> None:
-    """Refuse `--kv-offload` for a model with window KV groups: the offload tiers save and
-    restore one block table (the openinfer-kvcache README says what groups would need)."""
-    windows = window_groups_of(model)
-    if config.kv_offload and windows:
+    """Refuse `--kv-offload` for a model with window or state KV groups: the offload tiers save
+    and restore one block table (the openinfer-kvcache README says what groups would need),
+    and a recurrent state has no block-boundary copy to save."""
+    side = side_groups_of(model)
+    if config.kv_offload and side:
         if supports_close(model):  # tensor-parallel ranks already started
             model.close()
+        kinds = " and ".join(kind for kind, there in (
+            ("window", any(g.is_window for g in side)),
+            ("recurrent-state", any(g.state for g in side))) if there)
         raise ModelConfigError(
-            f"--kv-offload: model {config.model!r} keeps KV in window groups "
-            f"({', '.join(g.name for g in windows)}), which the offload tiers cannot save or "
-            "restore yet: leave out --kv-offload")
+            f"--kv-offload: model {config.model!r} keeps KV in {kinds} groups "
+            f"({', '.join(g.name for g in side)}), which the offload tiers cannot save or "
+            "restore: leave out --kv-offload")
 
 
 def _first_steps(config: EngineConfig, model: Model, step: StepMemory | None, defer: bool,

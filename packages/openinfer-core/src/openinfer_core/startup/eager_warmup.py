@@ -17,7 +17,9 @@ import time
 import numpy as np
 import torch
 
+from openinfer_core.engine.batch import scratch_group_tables
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.interfaces.capabilities import kv_groups_of
 from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
 
 log = logging.getLogger("openinfer")
@@ -51,8 +53,12 @@ def warm_up_batches(config: EngineConfig, model: Model,
         for num_tokens in sorted({min(largest, graph_max_tokens + 64), largest}):
             if num_tokens > graph_max_tokens:
                 shapes.append((num_tokens, query))
-    return [padding_requests(num_tokens, query, config.block_size).to_device(model.device)
-            for num_tokens, query in shapes]
+    batches = [padding_requests(num_tokens, query, config.block_size)
+               for num_tokens, query in shapes]
+    groups = kv_groups_of(model)
+    for batch in batches:
+        batch.group_block_tables = scratch_group_tables(groups, batch.block_tables)
+    return [batch.to_device(model.device) for batch in batches]
 
 
 def padding_requests(num_tokens: int, query: int, block_size: int) -> HostBatch:

@@ -13,9 +13,9 @@ A KV cache too small for one sequence of `max_model_len` tokens lowers `max_mode
 it holds, with a warning, when the user left it to the model; when they set it, the start is
 refused with what to change (as vLLM does).
 
-A model with window KV groups (`capabilities.SupportsKVGroups`) sizes their pools for the
-step limits; their bytes (`kv_window_bytes`) come off the budget first, and the full groups'
-blocks take the rest."""
+A model with window or state KV groups (`capabilities.SupportsKVGroups`) sizes their pools
+for the step limits; their bytes (`kv_window_bytes`) come off the budget first, and the full
+groups' blocks take the rest."""
 
 from __future__ import annotations
 
@@ -26,10 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from openinfer_core.engine.batch import scratch_group_tables
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import GRAPH_MAX_BATCH
 from openinfer_core.errors import ModelConfigError
-from openinfer_core.interfaces.capabilities import supports_cuda_graphs, supports_kv_groups
+from openinfer_core.interfaces.capabilities import (
+    kv_groups_of,
+    supports_cuda_graphs,
+    supports_kv_groups,
+)
 from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import HostBatch, Model
 from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
@@ -42,10 +47,13 @@ _GRAPH_POOL_MARGIN = 256 << 20  # the graphs' intermediates, beside the one logi
 
 
 def profile_batch(config: EngineConfig, model: Model) -> HostBatch:
-    """The largest step: `max_num_batched_tokens` in fresh blocks, `max_num_seqs` sampled."""
+    """The largest step: `max_num_batched_tokens` in fresh blocks, `max_num_seqs` sampled
+    (with a state KV group, scratch slots: `batch.scratch_group_tables`)."""
     num_tokens = config.max_num_batched_tokens
-    return _profile_batch(num_tokens, min(config.max_num_seqs, num_tokens),
-                          model.max_model_len, config.block_size)
+    batch = _profile_batch(num_tokens, min(config.max_num_seqs, num_tokens),
+                           model.max_model_len, config.block_size)
+    batch.group_block_tables = scratch_group_tables(kv_groups_of(model), batch.block_tables)
+    return batch
 
 
 def _profile_batch(num_tokens: int, num_logits: int, max_len: int, block_size: int) -> HostBatch:
@@ -141,16 +149,16 @@ def profile_forward_peak(config: EngineConfig, model: Model) -> int:
 
 
 def kv_step_limits(config: EngineConfig) -> KVStepLimits:
-    """What sizes a window KV group's pool: the scheduler's limits on one step."""
+    """What sizes a window or state KV group's pool: the scheduler's limits on one step."""
     return KVStepLimits(config.max_num_seqs, config.max_num_batched_tokens)
 
 
 def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
               step: StepMemory | None = None) -> int:
     """Blocks (padding included) of the full KV group(s) that fit the memory budget, after the
-    window groups' pools (sized for the step limits), but no more than every sequence at full
-    length could use. `step`: what a step needs besides (CUDA: required). `num_kv_blocks`,
-    when set, is the full groups' count, the window pools come on top."""
+    window and state groups' pools (sized for the step limits), but no more than every
+    sequence at full length could use. `step`: what a step needs besides (CUDA: required).
+    `num_kv_blocks`, when set, is the full groups' count, the other pools come on top."""
     per_block = model.kv_bytes_per_block(config.block_size)
     useful = config.max_num_seqs * -(-model.max_model_len // config.block_size) + 1
     if config.num_kv_blocks is not None:
@@ -170,7 +178,7 @@ def kv_blocks(config: EngineConfig, model: Model, device: torch.device,
         budget = config.cpu_kv_cache_gib * (1 << 30)
     blocks = min(int((budget - windows) // per_block), useful)
     if blocks < 2:
-        pools = (f", after {windows} bytes for the window KV groups' pools (lower "
+        pools = (f", after {windows} bytes for the window and state KV groups' pools (lower "
                  "max_num_seqs / max_num_batched_tokens to shrink them)" if windows else "")
         raise ModelConfigError(
             f"no memory left for the KV cache (one block needs {per_block} bytes{pools}); "
