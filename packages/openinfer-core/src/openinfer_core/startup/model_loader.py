@@ -71,10 +71,11 @@ def load_model(config: EngineConfig, plugins: PluginManager) -> LoadedModel:
     start = time.perf_counter()
     imports_mb = resident_mb()
     quantization = online_method(config.quantization, hf_config)
-    if quantization is not None and not supports_online_quantization(entry.load(), quantization):
+    asked = config.quantization
+    if asked is not None and not supports_online_quantization(entry.load(), asked):
         raise ModelConfigError(
             f"model line {entry.name!r} does not quantize weights at load: leave out "
-            f"--quantization {quantization} (its checkpoints load as stored)")
+            f"--quantization {asked} (its checkpoints load as stored)")
     options = LoadOptions(
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
         load_format="dummy" if config.load_format == "dummy" else "safetensors",
