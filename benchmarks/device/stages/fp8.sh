@@ -4,8 +4,11 @@
 # 2048 and 8192 in, where kept FP8 runs its prompt products W8A8 (OPENINFER_FP8_LINEAR=auto) or
 # weight-only; the FP8 linears at Qwen3-8B's shapes for M = 1 .. 8192 (fp8_gemm.py: W8A8,
 # weight-only, bf16, cuBLASLt's block-scaled FP8, W8A8 tile candidates, against the bf16 and
-# FP8 matmul ceilings of the run); and the FP8 linear's tests compiled, with the Qwen3
-# kept-FP8 tests running the compiled kernels.
+# FP8 matmul ceilings of the run); the FP8 linear's tests compiled, with the Qwen3
+# kept-FP8 tests running the compiled kernels; the FP8 numerics gate (Qwen3-4B shapes, 6
+# layers, quantized at load, against transformers fp32 with the same FP8 weights); and
+# online quantization (`--quantization fp8` on the bf16 dummy): batch-1 TPOT and its drift
+# from bf16 (fp8_drift.py).
 
 stage_fp8() {
   stage "kernel tests: fp8_block_linear and W8A8 compiled (E8M0 and float32 scales), Qwen3 kept FP8"
@@ -14,6 +17,10 @@ stage_fp8() {
     packages/openinfer-kernels/tests/kernels/test_fp8_w8a8.py \
     packages/openinfer-qwen3/tests/test_fp8_kept.py > "$OUT/fp8_tests_full.log" 2>&1
   grep -E "^E  |^FAILED|passed|failed" "$OUT/fp8_tests_full.log" | head -40
+  stage "FP8 numerics gate: Qwen3-4B shapes (6 layers) online FP8 vs transformers fp32, same weights"
+  OPENINFER_GPU_RESULTS=$OUT timeout 240 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
+    tests/gpu/test_fp8_gate_gpu.py 2>&1 | grep -E "'case'|passed|failed|Error" \
+    | tee "$OUT/fp8_gate.log"
   stage "FP8 linears at Qwen3-8B's shapes, M = 1 .. 8192: W8A8 vs weight-only vs bf16, tiles"
   # The tile candidates' rows stay in the log and the JSON; the sides, the best decode tiles
   # and the ceilings print.
@@ -32,7 +39,7 @@ stage_fp8() {
       stage "batch-1 latency, Qwen3-8B, $side"
       OPENINFER_FP8_WEIGHTS=$mode OPENINFER_FP8_LINEAR=$path timeout -s ABRT 150 \
         python3 -m openinfer_server.cli bench latency $model --load-format dummy \
-        --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 5 \
+        --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
         --result-file "$OUT/latency-qwen3-8b-$side.json" | grep -E "TTFT|TPOT|floor"
     fi
     for len in 2048 8192; do
@@ -40,8 +47,16 @@ stage_fp8() {
       stage "TTFT at $len in, Qwen3-8B, $side"
       OPENINFER_FP8_WEIGHTS=$mode OPENINFER_FP8_LINEAR=$path timeout -s ABRT 150 \
         python3 -m openinfer_server.cli bench latency $model --load-format dummy \
-        --max-num-seqs 4 --max-model-len 8320 --input-len $len --output-len 16 --num-iters 5 \
+        --max-num-seqs 4 --max-model-len 8320 --input-len $len --output-len 16 --num-iters 3 \
         --result-file "$OUT/ttft-$len-qwen3-8b-$side.json" | grep -E "TTFT|floor"
     done
   done
+  stage "batch-1 latency, Qwen3-8B bf16 quantized at load (--quantization fp8, kept FP8)"
+  timeout -s ABRT 150 python3 -m openinfer_server.cli bench latency $M8 --load-format dummy \
+    --quantization fp8 --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+    --output-len 128 --num-iters 3 --result-file "$OUT/latency-qwen3-8b-online-fp8.json" \
+    | grep -E "TTFT|TPOT|floor"
+  stage "online FP8 drift from bf16: Qwen3-8B shapes, 4 layers, dummy weights, 16 x 256 tokens"
+  timeout 120 python3 benchmarks/device/fp8_drift.py --shape Qwen3-8B --layers 4 \
+    --json "$OUT/fp8-drift.json" 2>&1 | tail -1
 }

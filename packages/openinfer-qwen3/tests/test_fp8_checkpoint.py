@@ -118,12 +118,12 @@ def test_two_ranks_decode_the_dequantized_models_tokens(pair: tuple[str, Path, P
 REFUSED = {
     "awq": ({"quant_method": "awq", "bits": 4},
             re.escape("quantization_config.quant_method 'awq' is not supported by the qwen3 "
-                      "model line (supported: fp8 with weight_block_size [128, 128] and "
-                      "dynamic activations, or no quantization_config)")),
+                      "model line (supported: fp8 with weight_block_size [128, 128], fp8 with "
+                      "per-tensor or per-channel weight scales, compressed-tensors FP8 with "
+                      "per-channel or per-tensor weight scales, each with dynamic or no "
+                      "activation quantization; or no quantization_config)")),
     "block-64": (dict(FP8_CONFIG, weight_block_size=[64, 64]),
                  re.escape("weight_block_size [64, 64] is not supported")),
-    "per-tensor": ({k: v for k, v in FP8_CONFIG.items() if k != "weight_block_size"},
-                   "fp8 without weight_block_size .per-tensor scales. is not supported"),
     "static": (dict(FP8_CONFIG, activation_scheme="static"),
                "activation_scheme 'static' is not supported"),
     "e5m2": (dict(FP8_CONFIG, fmt="e5m2"), "fmt 'e5m2' is not supported"),

@@ -119,6 +119,19 @@ def test_offload_flags_reach_the_engine_config(tmp_path: Path) -> None:
                          get_plugin_manager().registries).kv_offload == ()
 
 
+@pytest.mark.parametrize(("flag", "want"), [([], None), (["--quantization", "None"], None),
+                                            (["--quantization", "fp8"], "fp8"),
+                                            (["-q", "fp8"], "fp8")])
+def test_quantization_reaches_the_engine_config(flag: list[str], want: str | None) -> None:
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    for mode in (["serve"], ["bench", "latency"]):
+        args = parser.parse_args([*mode, "--device", "cpu", *flag])
+        assert engine_config(args, parser, get_plugin_manager().registries).quantization == want
+
+
 def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-from-env")
     assert build_parser().parse_args(["serve"]).api_key == "sk-from-env"
@@ -143,6 +156,9 @@ def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     (["serve", "--kv-offload-host-gib", "0"], "--kv-offload-host-gib: must be > 0, got 0.0"),
     (["serve", "--kv-offload-disk-gib", "lots"], "--kv-offload-disk-gib: must be a number"),
     (["serve", "--data-parallel-size", "0"], "--data-parallel-size/-dp: must be >= 1, got 0"),
+    (["serve", "--quantization", "awq"], "--quantization/-q: 'awq' is not implemented "
+                                         "(accepted: fp8, or None: the checkpoint as stored)"),
+    (["bench", "latency", "-q", "int8"], "'int8' is not implemented (accepted: fp8"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,13 +1,17 @@
 """Driving an in-process `Engine` in tests, for openinfer's own and for model-line plugins':
-requests that join the running batch at chosen steps, and the tokens each one got."""
+requests that join the running batch at chosen steps, and the tokens each one got; and two
+models' teacher-forced prompt logprobs compared (`prompt_logprobs`, `logprob_drift`), as the
+FP8 numerics checks do."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from openinfer_core.engine.engine import Engine
-from openinfer_core.events import Token, TokenEvent
+from openinfer_core.events import PromptLogprobs, Token, TokenEvent
+from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
 
@@ -32,3 +36,32 @@ def run_staggered(engine: Engine, requests: Sequence[GenerateRequest],
 def tokens_of(events: Sequence[TokenEvent]) -> list[int]:
     """The token ids among a request's events."""
     return [e.token_id for e in events if isinstance(e, Token)]
+
+
+def prompt_logprobs(engine: Engine, prompts: Sequence[Sequence[int]]) -> list[PromptLogprobs]:
+    """Each prompt's teacher-forced logprobs (its tokens' and the best token's at every
+    position), all prompts in one running batch."""
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+    requests = [GenerateRequest(f"lp{i}", tuple(p), params) for i, p in enumerate(prompts)]
+    events = run_staggered(engine, requests, arrival_step=lambda i: 0)
+    found = [[e for e in events[r.request_id] if isinstance(e, PromptLogprobs)]
+             for r in requests]
+    assert all(len(f) == 1 for f in found), "one PromptLogprobs event per request"
+    return [f[0] for f in found]
+
+
+def logprob_drift(a: Sequence[PromptLogprobs], b: Sequence[PromptLogprobs]
+                  ) -> dict[str, float]:
+    """Model b against model a over the same prompts: |Δ logprob| of the prompt tokens
+    (mean, p99, max), top-1 agreement (the share of positions whose best token is the same)
+    and the positions compared."""
+    deltas: list[float] = []
+    agree = 0
+    for pa, pb in zip(a, b, strict=True):
+        deltas += [abs(x - y) for x, y in zip(pa.logprobs, pb.logprobs, strict=True)]
+        agree += sum(ta[0][0] == tb[0][0] for ta, tb in zip(pa.top, pb.top, strict=True))
+    deltas.sort()
+    n = len(deltas)
+    return {"positions": n, "dlogprob_mean": sum(deltas) / n,
+            "dlogprob_p99": deltas[min(n - 1, math.ceil(0.99 * n) - 1)],
+            "dlogprob_max": deltas[-1], "top1_agreement": agree / n}

@@ -1,5 +1,5 @@
-"""Qwen3 dense config.json, read and checked (a quantization_config too: only block-scaled FP8
-is read, anything else refused)."""
+"""Qwen3 dense config.json, read and checked (a quantization_config too: only FP8, block-scaled
+or per-channel, is read, anything else refused)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.model_config import ConfigReader
-from openinfer_core.weights.quantization import BlockFp8, block_fp8_config
+from openinfer_core.weights.quantization import Fp8Scheme, fp8_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +25,9 @@ class Qwen3Config:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
-    # Block-scaled FP8 linears (HF's `quant_method: fp8`, 128 x 128 blocks); None: unquantized.
-    quantization: BlockFp8 | None = None
+    # FP8 linears: block-scaled (HF's `quant_method: fp8`, 128 x 128 blocks) or per-channel;
+    # None: unquantized.
+    quantization: Fp8Scheme | None = None
 
     @property
     def q_size(self) -> int:
@@ -72,7 +73,7 @@ class Qwen3Config:
             max_position_embeddings=r.int("max_position_embeddings", 40960),
             tie_word_embeddings=r.bool("tie_word_embeddings", False),
             attention_bias=r.bool("attention_bias", False),
-            quantization=block_fp8_config(config, line="qwen3"),
+            quantization=fp8_config(config, line="qwen3"),
         )
         if out.head_dim % 2:
             raise ModelConfigError(

@@ -1,6 +1,10 @@
 """What becomes of Qwen3's block-scaled FP8 linears at load: dequantized to the model's dtype
-(the default), or, with OPENINFER_FP8_WEIGHTS=keep on CUDA, kept as `Fp8BlockWeight` (e4m3
-values + their block scales) for `fp8_block_linear`, which reads half the bytes of bf16.
+(the default for FP8 checkpoints), or, with OPENINFER_FP8_WEIGHTS=keep on CUDA, kept as
+`Fp8BlockWeight` (e4m3 values + their block scales) for `fp8_block_linear`, which reads half
+the bytes of bf16. Online quantization (`--quantization fp8`) quantizes each fused linear of
+an unquantized checkpoint to that format as it loads, and keeps it FP8 on CUDA unless
+OPENINFER_FP8_WEIGHTS=dequantize says otherwise (on the CPU, or so: the weights quantized and
+dequantized again, the FP8 model's numbers in the model's dtype).
 
 A kept linear is whole blocks from its first row and column (`skip` 0): a tensor-parallel part
 that starts inside a scale block is dequantized. Parts fused into one linear (q/k/v, gate/up)
@@ -14,6 +18,7 @@ import os
 import torch
 
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight
+from openinfer_core.weights.fp8_quantize import quantize_block_fp8
 from openinfer_kernels.fp8_linear import block_scales_to_float, dequant_fp8_blocks_ref
 
 # A linear's weight as the forward holds it: a plain tensor, or FP8 kept with its scales.
@@ -28,21 +33,26 @@ _BLOCK = (128, 128)  # the block `fp8_block_linear` reads
 _E8M0 = (torch.uint8, torch.float8_e8m0fnu)
 
 
-def keep_fp8_weights(device: torch.device) -> bool:
-    """Whether FP8 linears stay FP8 on `device`: OPENINFER_FP8_WEIGHTS (`dequantize`, the
-    default, or `keep`) asks for it and the device is one where FP8 kernels run."""
-    mode = os.environ.get(FP8_WEIGHTS_ENV) or "dequantize"
+def keep_fp8_weights(device: torch.device, default: str = "dequantize") -> bool:
+    """Whether FP8 linears stay FP8 on `device`: OPENINFER_FP8_WEIGHTS (`dequantize` or
+    `keep`; unset: `default`) asks for it and the device is one where FP8 kernels run."""
+    mode = os.environ.get(FP8_WEIGHTS_ENV) or default
     if mode not in MODES:
         raise ValueError(f"{FP8_WEIGHTS_ENV} must be one of {', '.join(MODES)}, not {mode!r}")
     return mode == "keep" and device.type in KEEP_DEVICES
 
 
 def fuse(parts: list[torch.Tensor | Fp8BlockWeight], *, dtype: torch.dtype,
-         keep: bool) -> tuple[Linear, str | None]:
+         keep: bool, quantize: bool = False) -> tuple[Linear, str | None]:
     """The linear of `parts` stacked by rows (one part: itself), and, where `keep` asked for
     FP8 that could not stay FP8, why it was dequantized. FP8 parts are dequantized to `dtype`
-    unless kept."""
+    unless kept. With `quantize`, plain parts are stacked, then quantized to 128 x 128 block-
+    scaled FP8 (kept, or dequantized again to `dtype`)."""
     fp8 = [p for p in parts if isinstance(p, Fp8BlockWeight)]
+    if not fp8 and quantize:
+        quantized = quantize_block_fp8(_cat([p for p in parts if isinstance(p, torch.Tensor)]),
+                                       _BLOCK)
+        return (quantized if keep else dequantized(quantized, dtype)), None
     if not fp8:
         return _cat([p for p in parts if isinstance(p, torch.Tensor)]), None
     why = _why_not_kept(parts) if keep else None

@@ -18,6 +18,7 @@ from openinfer_qwen3.weights import Qwen3Shard, load_weights
 class Qwen3ModelLine:
     name: ClassVar[str] = "qwen3"
     supports_tensor_parallel: ClassVar[Literal[True]] = True
+    online_quantization: ClassVar[frozenset[str]] = frozenset({"fp8"})  # --quantization
 
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen3Model:
@@ -33,8 +34,12 @@ class Qwen3ModelLine:
         ckpt = open_checkpoint(model_dir, options.load_format,
                                std=float(config.get("initializer_range", 0.02)))
         try:
+            # `--quantization fp8` (options.quantization: the checkpoint is unquantized)
+            # keeps its FP8 unless OPENINFER_FP8_WEIGHTS says otherwise.
+            quantize = options.quantization == "fp8"
+            keep = keep_fp8_weights(options.device, "keep" if quantize else "dequantize")
             weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device,
-                                   shard=shard, keep_fp8=keep_fp8_weights(options.device))
+                                   shard=shard, keep_fp8=keep, quantize=quantize)
         finally:
             ckpt.close()
         model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,

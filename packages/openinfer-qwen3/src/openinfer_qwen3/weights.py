@@ -1,7 +1,10 @@
 """Qwen3 tensors from a HuggingFace checkpoint: names mapped, q/k/v and gate/up fused at load;
 under tensor parallelism only the rank's slices are read (`Qwen3Shard`). A checkpoint in HF's
 block-scaled FP8 layout has its linears dequantized to the model's dtype at load, each part
-before the fusing, or, with `keep_fp8`, kept FP8 where they can be (`fp8_weights`)."""
+before the fusing, or, with `keep_fp8`, kept FP8 where they can be (`fp8_weights`); per-
+channel FP8 is dequantized as it is read. With `quantize` (`--quantization fp8`) each fused
+linear of an unquantized checkpoint is quantized to block-scaled FP8 as it is built, so
+the bf16 weights never all sit in memory at once."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from openinfer_core.distributed.sharding import (
 )
 from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight, read_linear, read_unquantized
+from openinfer_core.weights.quantization import ChannelFp8
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.fp8_weights import Linear, fuse, nbytes
 
@@ -86,12 +90,14 @@ class Qwen3Weights:
 
 def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype: torch.dtype,
                  device: torch.device, shard: Qwen3Shard | None = None,
-                 keep_fp8: bool = False) -> Qwen3Weights:
+                 keep_fp8: bool = False, quantize: bool = False) -> Qwen3Weights:
     """Read every tensor Qwen3 needs (only `shard`'s slices of them; default: all), checking
     full shapes against `cfg` (errors name the tensor). The embedding and LM head get zero
     rows up to `shard.vocab.padded`. FP8 linears (`cfg.quantization`) are dequantized, or with
     `keep_fp8` kept as `Fp8BlockWeight` wherever `fp8_weights.fuse` can keep them (the
-    others' reasons logged once)."""
+    others' reasons logged once). `quantize`: the linears of an unquantized checkpoint
+    quantized to block-scaled FP8 (kept with `keep_fp8`, else dequantized again); not the
+    embedding, LM head or norms."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     shard = shard or Qwen3Shard.of(cfg)
     q_rows = _scaled(shard.heads.q_heads, d)
@@ -109,7 +115,7 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
     dequantized: dict[str, str] = {}  # what was dequantized although keep_fp8: why
 
     def fused(what: str, *parts: torch.Tensor | Fp8BlockWeight) -> Linear:
-        w, why = fuse(list(parts), dtype=dtype, keep=keep_fp8)
+        w, why = fuse(list(parts), dtype=dtype, keep=keep_fp8, quantize=quantize)
         if why is not None:
             dequantized.setdefault(what, why)
         return w
@@ -150,6 +156,12 @@ def load_weights(ckpt: Checkpoint | RandomCheckpoint, cfg: Qwen3Config, *, dtype
         missing = shard.vocab.padded - rows.shape[0]
         return F.pad(rows, (0, 0, 0, missing)) if missing else rows
 
+    if isinstance(cfg.quantization, ChannelFp8):
+        log.info("qwen3: per-channel FP8 linears (%s) dequantized to %s at load: the FP8 "
+                 "kernels read 128x128 block scales only", cfg.quantization.scheme, dtype)
+    elif quantize:
+        log.info("qwen3: linears quantized to FP8 (128x128 blocks) at load, %s",
+                 "kept FP8" if keep_fp8 else f"dequantized again to {dtype}")
     for what, why in dequantized.items():
         log.info("qwen3: FP8 %s dequantized to %s at load (%s)", what, dtype, why)
     embed = vocab_rows(base + "embed_tokens.weight")

@@ -16,6 +16,7 @@ from typing import Any
 
 from openinfer_core.errors import OpenInferError
 from openinfer_core.generation_config import GENERATION_CONFIG_MODES
+from openinfer_core.weights.quantization import QUANTIZATION_METHODS
 from openinfer_server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 
 API_KEY_ENV = "OPENINFER_API_KEY"
@@ -87,6 +88,16 @@ def _device(text: str) -> str:
     raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
 
 
+def _quantization(text: str) -> str | None:
+    if text in QUANTIZATION_METHODS:
+        return text
+    if text in ("None", "none"):  # vLLM's spelling of "as stored"
+        return None
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not implemented (accepted: {', '.join(QUANTIZATION_METHODS)}, or None: "
+        "the checkpoint as stored)")
+
+
 def _generation_config(text: str) -> str:
     if text in GENERATION_CONFIG_MODES or os.path.isdir(text):
         return text
@@ -107,6 +118,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                        help="auto/safetensors: the checkpoint's weights; dummy: its real shapes "
                             "with random weights (no weight download) (default %(default)s)")
+    model.add_argument("--quantization", "-q", type=_quantization, metavar="METHOD",
+                       help="quantize an unquantized checkpoint's linear weights at load: fp8 "
+                            "(128x128 block-scaled e4m3, kept FP8 on the GPU; on an FP8 "
+                            "checkpoint it changes nothing); None: as stored (default)")
     model.add_argument("--dtype", choices=DTYPES, default="auto",
                        help="weight and activation dtype; auto is float32 on CPU, the "
                             "checkpoint's dtype on GPU (default %(default)s)")

@@ -75,6 +75,7 @@ class WorkerSpec:
     # Several nodes: the TCP store's "host:port" (in place of store_path) and the node layout.
     store_address: str = ""
     nnodes: int = 1
+    quantization: str | None = None  # LoadOptions.quantization
 
 
 def run_worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection) -> None:
@@ -126,7 +127,8 @@ def _load(spec: WorkerSpec, group: TorchTensorParallelGroup, device: torch.devic
     options = LoadOptions(device=device, dtype=getattr(torch, spec.dtype),
                           attention=import_target(spec.attention)(),
                           max_model_len=spec.max_model_len, load_format=spec.load_format,
-                          tensor_parallel=group, expert_parallel=spec.expert_parallel)
+                          quantization=spec.quantization, tensor_parallel=group,
+                          expert_parallel=spec.expert_parallel)
     model: Model = import_target(spec.model_line).load(Path(spec.model_dir), spec.hf_config,
                                                       options)
     return model

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from openinfer_core.errors import InvalidParameterError
 from openinfer_core.task import TASKS, resolve_task
+from openinfer_core.weights.quantization import QUANTIZATION_METHODS
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,8 @@ class EngineConfig:
     # checkpoint's sentence-transformers modules.json.
     task: str = "auto"
     load_format: str = "auto"  # auto | safetensors | dummy (random weights, real shapes, no files)
+    # `--quantization`: quantize an unquantized checkpoint's linears at load (fp8); None: as stored.
+    quantization: str | None = None
     enable_prefix_caching: bool = True  # reuse cached KV of shared prompt prefixes
     # Overlapped steps: schedule step N+1 while the device runs step N (engine/overlap.py).
     async_scheduling: bool = True
@@ -113,6 +116,10 @@ class EngineConfig:
             raise InvalidParameterError(
                 "load_format",
                 f"must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise InvalidParameterError(
+                "quantization", f"{self.quantization!r} is not implemented (accepted: "
+                f"{', '.join(QUANTIZATION_METHODS)}, or None: the checkpoint as stored)")
         for name in ("kv_offload_host_gib", "kv_offload_disk_gib"):
             if not getattr(self, name) > 0:
                 raise InvalidParameterError(name, f"must be > 0, got {getattr(self, name)!r}")

@@ -56,7 +56,8 @@ PIECES = (32, 128, 512)
 def fingerprint(config: EngineConfig, hf_config: dict[str, Any],
                 tensors: Iterable[torch.Tensor], rank: int = 0) -> str:
     """16 hex digits naming what a block's bytes depend on: the model (config.json and the
-    weight files' names and sizes), the KV dtype and layout, the block size and the rank."""
+    weight files' names and sizes, `--quantization`), the KV dtype and layout, the block size
+    and the rank."""
     model_dir = Path(config.model)
     weights = sorted((p.name, p.stat().st_size) for p in model_dir.glob("*.safetensors"))
     parts = {
@@ -67,6 +68,8 @@ def fingerprint(config: EngineConfig, hf_config: dict[str, Any],
         "block_size": config.block_size,
         "rank": rank,
     }
+    if config.quantization is not None:  # weights quantized at load give other KV bytes
+        parts["quantization"] = config.quantization
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

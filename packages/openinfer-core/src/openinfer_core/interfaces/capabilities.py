@@ -263,6 +263,21 @@ def supports_expert_parallel(line: object) -> TypeIs[SupportsExpertParallel]:
     return isinstance(line, SupportsExpertParallel) and line.supports_expert_parallel is True
 
 
+@runtime_checkable
+class SupportsOnlineQuantization(Protocol):
+    """A model line that quantizes an unquantized checkpoint's weights at load
+    (`LoadOptions.quantization`, `--quantization`) by the methods it names; `--quantization`
+    is refused for other lines and methods."""
+
+    online_quantization: ClassVar[frozenset[str]]
+
+
+def supports_online_quantization(line: object, method: str
+                                 ) -> TypeIs[SupportsOnlineQuantization]:
+    return (isinstance(line, SupportsOnlineQuantization)
+            and method in line.online_quantization)
+
+
 # -- schedulers -------------------------------------------------------------------------------
 @runtime_checkable
 class SupportsOffload(Protocol):

@@ -254,6 +254,9 @@ class LoadOptions:
     attention: AttentionBackend
     max_model_len: int | None = None
     load_format: str = "safetensors"  # or "dummy": random weights at the config's shapes
+    # Quantize the linears at load (`--quantization`, e.g. "fp8"); None: as stored. Only lines
+    # with `capabilities.SupportsOnlineQuantization` for that method are given one.
+    quantization: str | None = None
     # Set: load only this rank's shard (`openinfer_core.distributed.sharding` says which
     # slices) and make `forward` run the collectives; only lines with
     # `capabilities.SupportsTensorParallel` are given one.

@@ -14,11 +14,15 @@ import torch
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.errors import ModelConfigError
-from openinfer_core.interfaces.capabilities import supports_expert_parallel
+from openinfer_core.interfaces.capabilities import (
+    supports_expert_parallel,
+    supports_online_quantization,
+)
 from openinfer_core.interfaces.model import LoadOptions, Model
 from openinfer_core.model_config import read_json_if_present, read_model_config
 from openinfer_core.plugins import PluginManager
 from openinfer_core.startup.host_memory import resident_mb
+from openinfer_core.weights.quantization import online_method
 
 log = logging.getLogger("openinfer")
 # The attention backend when the config names none (vLLM's VLLM_ATTENTION_BACKEND); unset: the
@@ -66,9 +70,16 @@ def load_model(config: EngineConfig, plugins: PluginManager) -> LoadedModel:
              device, dtype, backend_name)
     start = time.perf_counter()
     imports_mb = resident_mb()
+    quantization = online_method(config.quantization, hf_config)
+    asked = config.quantization
+    if asked is not None and not supports_online_quantization(entry.load(), asked):
+        raise ModelConfigError(
+            f"model line {entry.name!r} does not quantize weights at load: leave out "
+            f"--quantization {asked} (its checkpoints load as stored)")
     options = LoadOptions(
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
         load_format="dummy" if config.load_format == "dummy" else "safetensors",
+        quantization=quantization,
         expert_parallel=config.enable_expert_parallel and config.tensor_parallel_size > 1)
     model: Model
     if config.enable_expert_parallel and not supports_expert_parallel(entry.load()):

@@ -1,7 +1,9 @@
 """Tensors of a checkpoint in HF's FP8 layout (`quantization.BlockFp8`), whole or a tensor-
 parallel rank's rows or columns: a quantized linear's e4m3 values and the scales of the
 blocks they touch, as stored (a model line dequantizes them, or keeps them for FP8 kernels);
-every other tensor plain, in the model's dtype. A dummy checkpoint (`--load-format dummy`)
+every other tensor plain, in the model's dtype. Per-channel (or per-tensor) scaled FP8
+(`quantization.ChannelFp8`) is dequantized here, to the model's dtype: the FP8 kernels read
+128 x 128 block scales only. A dummy checkpoint (`--load-format dummy`)
 makes FP8 linears up where config.json declares FP8: random e4m3 values with float32 block
 scales at the real shapes, so benchmarks read what a real FP8 checkpoint gives.
 
@@ -19,7 +21,13 @@ import torch
 
 from openinfer_core.errors import WeightLoadError
 from openinfer_core.weights.checkpoint import Checkpoint, RandomCheckpoint, get_part
-from openinfer_core.weights.quantization import BlockFp8, scale_name
+from openinfer_core.weights.quantization import (
+    BlockFp8,
+    ChannelFp8,
+    Fp8Scheme,
+    channel_scale_name,
+    scale_name,
+)
 
 FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2,
                         torch.float8_e5m2fnuz})
@@ -42,11 +50,15 @@ class Fp8BlockWeight:
 
 
 def read_linear(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[int, int],
-                quant: BlockFp8 | None, dtype: torch.dtype, device: torch.device,
+                quant: Fp8Scheme | None, dtype: torch.dtype, device: torch.device,
                 dim: int = 0, part: range | None = None) -> torch.Tensor | Fp8BlockWeight:
     """Linear weight `name` of full `shape` [O, I], or its `part` along `dim`: FP8 as stored
     where the checkpoint holds its block scales (`quant` must declare them), else a plain
-    tensor in `dtype`. A dummy checkpoint's weights are FP8 where `quant` declares FP8."""
+    tensor in `dtype`. A dummy checkpoint's weights are FP8 where `quant` declares block-
+    scaled FP8. Per-channel FP8 (`ChannelFp8`) is dequantized to `dtype` here."""
+    if isinstance(quant, ChannelFp8):
+        return _read_channel(ckpt, name, shape=shape, dtype=dtype, device=device, dim=dim,
+                             part=part)
     if isinstance(ckpt, RandomCheckpoint) and quant is not None:
         return _random_fp8(ckpt, name, shape=shape, quant=quant, device=device, dim=dim,
                            part=part)
@@ -74,6 +86,34 @@ def read_linear(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[
             f"tensor {scales!r} is stored as {scale.dtype}; block scales are float32, "
             "bfloat16, float16 or float8_e8m0fnu")
     return Fp8BlockWeight(weight, scale, quant.block, dim, part.start - start)
+
+
+def _read_channel(ckpt: Checkpoint | RandomCheckpoint, name: str, *, shape: tuple[int, int],
+                  dtype: torch.dtype, device: torch.device, dim: int,
+                  part: range | None) -> torch.Tensor:
+    """`read_linear` of a per-channel FP8 checkpoint: the weight (its part) dequantized to
+    `dtype` with its row scales; a weight without `weight_scale` is read as a plain one."""
+    scales = channel_scale_name(name)
+    if isinstance(ckpt, RandomCheckpoint) or scales not in ckpt:
+        return read_unquantized(ckpt, name, shape=shape, dtype=dtype, device=device, dim=dim,
+                                part=part)
+    rows = range(shape[0]) if part is None or dim == 1 else part
+    weight = _read(ckpt, name, shape, dim, range(shape[dim]) if part is None else part, device)
+    if weight.dtype != torch.float8_e4m3fn:
+        raise WeightLoadError(
+            f"tensor {name!r} is stored as {weight.dtype} beside scales {scales!r}; FP8 "
+            "checkpoints store quantized weights as float8_e4m3fn")
+    scale = ckpt.get(scales, device=device)
+    if scale.dtype not in SCALE_DTYPES - {torch.float8_e8m0fnu} or scale.numel() not in (
+            1, shape[0]) or (scale.dim() == 2 and scale.shape[1] != 1) or scale.dim() > 2:
+        raise WeightLoadError(
+            f"tensor {scales!r} has shape {list(scale.shape)} and dtype {scale.dtype}; "
+            f"per-channel scales are float [{shape[0]}, 1] or [{shape[0]}], per-tensor "
+            "ones [1] or []")
+    scale = scale.float().reshape(-1, 1)
+    if scale.shape[0] > 1:
+        scale = scale[rows.start:rows.stop]
+    return (weight.float() * scale).to(dtype)  # in fp32, rounded once
 
 
 def _random_fp8(ckpt: RandomCheckpoint, name: str, *, shape: tuple[int, int], quant: BlockFp8,
