@@ -17,6 +17,8 @@ if not torch.cuda.is_available() and "transformers.models.qwen3_5.modeling_qwen3
     # takes its own torch path. openinfer's CPU path never imports fla.
     sys.modules.setdefault("fla", None)  # type: ignore[arg-type]
 
+torch_only_transformers = True  # importing this module is what hides fla (above)
+
 LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention",
           "full_attention"]
 
