@@ -12,6 +12,8 @@ q and k are L2-normalised first (`l2norm`). Query/key heads are shared by
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 
@@ -106,7 +108,7 @@ def gated_delta_rule_varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     else:
         out = torch.empty_like(v)
         bounds = query_start_loc.tolist()
-        for b, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        for b, (start, end) in enumerate(pairwise(bounds)):
             rule = gated_delta_rule_recurrent_ref if end - start == 1 else (
                 gated_delta_rule_chunk_ref)
             row = slice(start, end)
