@@ -1,0 +1,69 @@
+"""Qwen3.5's two token mixers over a flattened batch: gated full attention (paged K/V) and the
+Gated DeltaNet (a state slot per request)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_kernels import linear, qk_rms_norm, rotary_embedding
+from openinfer_qwen35.config import Qwen35Config
+from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen
+from openinfer_qwen35.kernels.short_conv import causal_conv1d
+from openinfer_qwen35.state_cache import StepRows
+from openinfer_qwen35.weights import AttentionWeights, DeltaNetWeights
+
+
+def gated_attention(cfg: Qwen35Config, w: AttentionWeights, x: torch.Tensor,
+                    batch: ForwardBatch, attention: AttentionBackend, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Attention with per-head q/k norms, rotary on each head's first `rotary_dim` dims and
+    a sigmoid output gate per channel; appends this step's K/V. [T, H] -> [T, H]."""
+    t, d = x.shape[0], cfg.head_dim
+    q, k, v, gate = linear(x, w.qkvg).split(
+        [cfg.q_size, cfg.kv_size, cfg.kv_size, cfg.q_size], dim=-1)
+    q, k = qk_rms_norm(q.reshape(t, cfg.num_heads, d), k.reshape(t, cfg.num_kv_heads, d),
+                       w.q_norm, w.k_norm, cfg.rms_norm_eps)
+    rd = cfg.rotary_dim
+    q_rot, k_rot = rotary_embedding(q[..., :rd], k[..., :rd], batch.positions, cos_sin)
+    q = torch.cat([q_rot, q[..., rd:]], dim=-1)
+    k = torch.cat([k_rot, k[..., rd:]], dim=-1)
+    out = attention.attend(q, k, v.reshape(t, cfg.num_kv_heads, d).contiguous(), k_cache,
+                           v_cache, batch, d ** -0.5)
+    return linear(out.reshape(t, cfg.q_size) * torch.sigmoid(gate), w.o_proj)
+
+
+def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
+                    batch: ForwardBatch, rows: StepRows, conv_state: torch.Tensor,
+                    recurrent_state: torch.Tensor) -> torch.Tensor:
+    """The linear-attention layer: in-projections, the short convolution, the gated delta
+    rule, a norm gated by z, the out-projection. Reads and writes each row's slot of
+    `conv_state` and `recurrent_state`. [T, H] -> [T, H]."""
+    t, heads = x.shape[0], cfg.linear_value_heads
+    mixed, z, b, a = linear(x, w.in_proj).split(
+        [cfg.conv_dim, cfg.value_dim, heads, heads], dim=-1)
+    mixed = causal_conv1d(mixed, w.conv, conv_state, rows.slots, batch.query_start_loc,
+                          rows.fresh)
+    q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
+    beta = b.sigmoid()
+    g = w.a_neg * F.softplus(a.float() + w.dt_bias)  # log of the decay, <= 0
+    core = gated_delta_rule_varlen(
+        q.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
+        k.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
+        v.reshape(t, heads, cfg.linear_value_dim), g, beta, recurrent_state, rows.slots,
+        rows.fresh, batch.query_start_loc, decode=batch.max_query_len == 1)
+    out = gated_rms_norm(core, z.reshape(t, heads, cfg.linear_value_dim), w.norm,
+                         cfg.rms_norm_eps)
+    return linear(out.reshape(t, cfg.value_dim), w.out_proj)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """rms_norm(x) * weight * silu(gate) over the last dimension; the normed value is
+    rounded to x's dtype before the weight, the gate applied in fp32 (transformers'
+    order)."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed * F.silu(gate.float())).to(x.dtype)
