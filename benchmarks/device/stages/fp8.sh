@@ -60,3 +60,15 @@ stage_fp8() {
   timeout 120 python3 benchmarks/device/fp8_drift.py --shape Qwen3-8B --layers 4 \
     --json "$OUT/fp8-drift.json" 2>&1 | tail -1
 }
+
+stage_fp8ttft() {
+  # Where kept FP8's first-token time goes (GPU kernel time by op, prefill_breakdown.py):
+  # Qwen3-8B FP8, 2048 and 8192 tokens.
+  local m8fp8=/tmp/qwen3-8b-fp8
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
+  stage "where kept FP8's TTFT goes: Qwen3-8B FP8, 2048 and 8192 tokens"
+  OPENINFER_FP8_WEIGHTS=keep timeout 200 python3 benchmarks/device/prefill_breakdown.py $m8fp8 \
+    --prompt-len 2048 8192 --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b-fp8.json" \
+    > "$OUT/prefill-breakdown-8b-fp8.log" 2>&1
+  head -60 "$OUT/prefill-breakdown-8b-fp8.log"
+}
