@@ -185,3 +185,23 @@ def test_lines_without_an_fp8_kv_cache_refuse_it(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match=r"'deepseek-v4' has no FP8 KV cache.*leave out "
                                                r"--kv-cache-dtype fp8"):
         load_model(config, PluginManager())
+
+
+def test_each_tensor_parallel_rank_keeps_e4m3_pages(qwen3_dir: Path) -> None:
+    # Two CPU ranks, each with the e4m3 pages of its KV head. The ranks' K/V match one rank's
+    # up to the all-reduce's summation order (~1e-7 relative), which can move a value on an
+    # e4m3 rounding boundary to the next step: logits agree to well under the fp8 drift (ranks
+    # that kept fp32 pages would sit as far from one e4m3 rank as an fp32 engine does).
+    one, fp32 = (Engine(EngineConfig(model=str(qwen3_dir), device="cpu", kv_cache_dtype=kv,
+                                     num_kv_blocks=64)) for kv in ("fp8", "auto"))
+    two = Engine(EngineConfig(model=str(qwen3_dir), device="cpu", kv_cache_dtype="fp8",
+                              num_kv_blocks=64, tensor_parallel_size=2))
+    try:
+        for ids in PROMPTS[:3]:
+            ref, got = prompt_logits(one, ids), prompt_logits(two, ids)
+            drift = (prompt_logits(fp32, ids) - ref).norm()
+            assert (got - ref).norm() < 0.2 * drift
+            assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
+    finally:
+        for e in (one, fp32, two):
+            e.close()
