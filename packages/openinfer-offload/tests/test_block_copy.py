@@ -29,6 +29,7 @@ CASES = {  # tensors, blocks, per-block shape, dtype
     "qwen-like-bf16": (4, 9, (4, 2, 8), torch.bfloat16),
     "odd-fp32": (3, 7, (3, 5, 3), torch.float32),  # 180 bytes a block: not a power of two
     "one-tensor": (1, 5, (2, 2, 2), torch.float16),
+    "fp8-kv": (4, 9, (4, 2, 8), torch.float8_e4m3fn),  # --kv-cache-dtype fp8: half the bytes
 }
 
 

@@ -22,7 +22,7 @@ VLLM_FLAGS = [
     "--enforce-eager", "--seed", "--load-format", "--block-size", "--tensor-parallel-size",
     "--enable-prefix-caching", "--no-enable-prefix-caching", "--generation-config",
     "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser",
-    "--data-parallel-size",
+    "--data-parallel-size", "--kv-cache-dtype",
 ]
 OWN_FLAGS = ["--scheduler", "--num-kv-blocks", "--log-level", "--revision", "--download-dir",
              "--no-prefix-cache"]
@@ -80,7 +80,7 @@ def test_serve_defaults_are_the_engines() -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
     for name in ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "block_size", "num_kv_blocks", "gpu_memory_utilization", "scheduler", "seed",
-                 "enable_prefix_caching"):
+                 "enable_prefix_caching", "kv_cache_dtype"):
         assert getattr(args, name) == defaults[name], name
     assert (args.host, args.port, args.model) == ("127.0.0.1", 8000, None)
 
@@ -132,6 +132,20 @@ def test_quantization_reaches_the_engine_config(flag: list[str], want: str | Non
         assert engine_config(args, parser, get_plugin_manager().registries).quantization == want
 
 
+@pytest.mark.parametrize("value", ["auto", "fp8", "fp8_e4m3"])
+@pytest.mark.parametrize("command", [["serve"], ["bench", "latency"]])
+def test_kv_cache_dtype_reaches_the_engine_config(command: list[str], value: str) -> None:
+    from openinfer_core.plugins import get_plugin_manager
+    from openinfer_server.serve import engine_config
+
+    parser = build_parser()
+    args = parser.parse_args([*command, "--device", "cpu", "--kv-cache-dtype", value])
+    config = engine_config(args, parser, get_plugin_manager().registries)
+    assert config.kv_cache_dtype == value
+    assert str(config.torch_kv_cache_dtype()) == (
+        "None" if value == "auto" else "torch.float8_e4m3fn")
+
+
 def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENINFER_API_KEY", "sk-from-env")
     assert build_parser().parse_args(["serve"]).api_key == "sk-from-env"
@@ -159,6 +173,10 @@ def test_api_key_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     (["serve", "--quantization", "awq"], "--quantization/-q: 'awq' is not implemented "
                                          "(accepted: fp8, or None: the checkpoint as stored)"),
     (["bench", "latency", "-q", "int8"], "'int8' is not implemented (accepted: fp8"),
+    (["serve", "--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype: fp8_e5m2 is not supported "
+     "(the attention kernels read e4m3 pages only): use fp8 or fp8_e4m3, or auto"),
+    (["serve", "--kv-cache-dtype", "int8"],
+     "--kv-cache-dtype: must be one of auto, fp8, fp8_e4m3, got 'int8'"),
 ])
 def test_bad_arguments_exit_2_with_a_message(argv: list[str], message: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@ from openinfer_core.interfaces.attention import AttentionBackend, supports_atten
 from openinfer_core.interfaces.capabilities import supports_cuda_graphs
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
+from openinfer_core.weights.kv_scales import KVScales
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
@@ -34,13 +35,27 @@ from openinfer_qwen3.weights import LayerWeights, Qwen3Shard, Qwen3Weights
 
 class Qwen3Model:
     """Weights, rotary table and KV buffer of one Qwen3 model on one device; with `tp`, of
-    the rank's shard (`shard`; `self.cfg` then has the rank's head counts and MLP width)."""
+    the rank's shard (`shard`; `self.cfg` then has the rank's head counts and MLP width).
+    The KV pages are in `kv_cache_dtype` (default: `dtype`); e4m3 pages are written and read
+    with each layer's `kv_scales` (default 1.0)."""
 
     def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, attention: AttentionBackend,
                  *, max_model_len: int, device: torch.device, dtype: torch.dtype,
-                 tp: TensorParallelGroup | None = None, shard: Qwen3Shard | None = None) -> None:
+                 tp: TensorParallelGroup | None = None, shard: Qwen3Shard | None = None,
+                 kv_cache_dtype: torch.dtype | None = None,
+                 kv_scales: list[KVScales] | None = None) -> None:
         if (tp is None) != (shard is None):
             raise ValueError("a tensor-parallel Qwen3Model needs both `tp` and `shard`")
+        self.kv_dtype = kv_cache_dtype or dtype
+        # Per layer, what the attention calls get beside the cache: the scales of e4m3 pages,
+        # nothing for pages in the model's dtype (the backends' plain path).
+        self._kv_scale_args: list[dict[str, float]] = [{} for _ in range(cfg.num_layers)]
+        if self.kv_dtype == torch.float8_e4m3fn:
+            scales = kv_scales or [KVScales()] * cfg.num_layers
+            self._kv_scale_args = [{"k_scale": s.k, "v_scale": s.v} for s in scales]
+        elif self.kv_dtype != dtype:
+            raise ValueError(f"Qwen3 KV pages are in the model's dtype or float8_e4m3fn, not "
+                             f"{self.kv_dtype}")
         self.tp = tp
         self.shard = shard
         self.cfg = cfg if shard is None else shard.local_config(cfg)
@@ -71,7 +86,7 @@ class Qwen3Model:
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:
         return KVCacheSpec(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,
-                           self.dtype, block_size)
+                           self.kv_dtype, block_size)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         return self.kv_spec(block_size).bytes_per_block
@@ -179,13 +194,16 @@ class Qwen3Model:
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        scales = self._kv_scale_args[n]
         if self._attend_appended is not None:  # K/V go to the cache in the norm/rotary kernel
             q = qk_norm_rope_append(q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                     batch.positions, self.cos_sin, self.kv.k[n], self.kv.v[n],
-                                    batch.slot_mapping)
-            out = self._attend_appended(q, self.kv.k[n], self.kv.v[n], batch, self.scale)
+                                    batch.slot_mapping, **scales)
+            out = self._attend_appended(q, self.kv.k[n], self.kv.v[n], batch, self.scale,
+                                        **scales)
         else:
             q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                 batch.positions, self.cos_sin)
-            out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale)
+            out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale,
+                                        **scales)
         return out.reshape(t, cfg.q_size)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.weights.checkpoint import open_checkpoint
+from openinfer_core.weights.kv_scales import read_kv_scales
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.fp8_weights import keep_fp8_weights
 from openinfer_qwen3.model import Qwen3Model
@@ -19,6 +20,7 @@ class Qwen3ModelLine:
     name: ClassVar[str] = "qwen3"
     supports_tensor_parallel: ClassVar[Literal[True]] = True
     online_quantization: ClassVar[frozenset[str]] = frozenset({"fp8"})  # --quantization
+    supports_fp8_kv_cache: ClassVar[Literal[True]] = True
 
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen3Model:
@@ -40,8 +42,14 @@ class Qwen3ModelLine:
             keep = keep_fp8_weights(options.device, "keep" if quantize else "dequantize")
             weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device,
                                    shard=shard, keep_fp8=keep, quantize=quantize)
+            kv_scales = None
+            if options.kv_cache_dtype is not None:
+                base = "model." if "model.embed_tokens.weight" in ckpt else ""
+                kv_scales = read_kv_scales(
+                    ckpt, [f"{base}layers.{n}.self_attn." for n in range(cfg.num_layers)])
         finally:
             ckpt.close()
         model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,
-                           device=options.device, dtype=options.dtype, tp=tp, shard=shard)
+                           device=options.device, dtype=options.dtype, tp=tp, shard=shard,
+                           kv_cache_dtype=options.kv_cache_dtype, kv_scales=kv_scales)
         return model

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
+from openinfer_core.engine.config import kv_cache_dtype_error
 from openinfer_core.errors import OpenInferError
 from openinfer_core.generation_config import GENERATION_CONFIG_MODES
 from openinfer_core.weights.quantization import QUANTIZATION_METHODS
@@ -82,6 +83,13 @@ def _tier_list(text: str) -> tuple[str, ...]:
     return tiers
 
 
+def _kv_cache_dtype(text: str) -> str:
+    error = kv_cache_dtype_error(text)
+    if error is not None:
+        raise argparse.ArgumentTypeError(error)
+    return text
+
+
 def _device(text: str) -> str:
     if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", text):
         return text
@@ -125,6 +133,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--dtype", choices=DTYPES, default="auto",
                        help="weight and activation dtype; auto is float32 on CPU, the "
                             "checkpoint's dtype on GPU (default %(default)s)")
+    model.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto",
+                       metavar="{auto,fp8,fp8_e4m3}",
+                       help="KV cache pages: auto is the model's dtype; fp8 (= fp8_e4m3) stores "
+                            "e4m3 with per-layer k/v scales from the checkpoint (else 1.0), "
+                            "half the bytes, twice the blocks (default %(default)s)")
     model.add_argument("--max-model-len", type=int_at_least(2), metavar="N",
                        help="context length, prompt plus output (default: the model's)")
     model.add_argument("--revision", help="hub revision (branch, tag or commit) to download")

@@ -361,7 +361,9 @@ def _spec_base(line: Any, model_dir: Path, config: dict[str, Any], options: Load
         model_dir=str(model_dir), hf_config=config, device=str(options.device),
         dtype=str(options.dtype).removeprefix("torch."), max_model_len=options.max_model_len,
         load_format=options.load_format, expert_parallel=options.expert_parallel,
-        quantization=options.quantization, store_path=str(folder / "store"),
+        quantization=options.quantization,
+        kv_cache_dtype=str(options.kv_cache_dtype or "").removeprefix("torch."),
+        store_path=str(folder / "store"),
         batch_address=address, timeout_s=timeout_s,
         num_threads=torch.get_num_threads() if options.device.type == "cpu" else 0,
         log_level=logging.getLevelName(log.getEffectiveLevel()).lower())

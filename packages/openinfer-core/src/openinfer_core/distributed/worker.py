@@ -67,6 +67,7 @@ class WorkerSpec:
     max_model_len: int | None
     load_format: str
     expert_parallel: bool
+    kv_cache_dtype: str  # torch dtype name of the KV pages, "" for the model's dtype
     store_path: str  # the group's file store (one node)
     batch_address: str  # rank 0's ZeroMQ XPUB
     timeout_s: float
@@ -128,7 +129,9 @@ def _load(spec: WorkerSpec, group: TorchTensorParallelGroup, device: torch.devic
                           attention=import_target(spec.attention)(),
                           max_model_len=spec.max_model_len, load_format=spec.load_format,
                           quantization=spec.quantization, tensor_parallel=group,
-                          expert_parallel=spec.expert_parallel)
+                          expert_parallel=spec.expert_parallel,
+                          kv_cache_dtype=getattr(torch, spec.kv_cache_dtype)
+                          if spec.kv_cache_dtype else None)
     model: Model = import_target(spec.model_line).load(Path(spec.model_dir), spec.hf_config,
                                                       options)
     return model

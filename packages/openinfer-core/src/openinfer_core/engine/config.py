@@ -23,6 +23,20 @@ _DTYPES = {  # accepted names -> torch's
 }
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+# `--kv-cache-dtype`, vLLM's names: auto is the model's dtype; fp8 and fp8_e4m3 are
+# float8_e4m3fn pages with per-tensor scales. (vLLM's fp8_e5m2 has no kernels here.)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+
+
+def kv_cache_dtype_error(value: str) -> str | None:
+    """What is wrong with `value` as a `--kv-cache-dtype`, or None."""
+    if value in KV_CACHE_DTYPES:
+        return None
+    accepted = ", ".join(KV_CACHE_DTYPES)
+    if value == "fp8_e5m2":
+        return (f"fp8_e5m2 is not supported (the attention kernels read e4m3 pages only): use "
+                f"fp8 or fp8_e4m3, or auto for the model's dtype (accepted: {accepted})")
+    return f"must be one of {accepted}, got {value!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,7 @@ class EngineConfig:
     load_format: str = "auto"  # auto | safetensors | dummy (random weights, real shapes, no files)
     # `--quantization`: quantize an unquantized checkpoint's linears at load (fp8); None: as stored.
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 (KV_CACHE_DTYPES)
     enable_prefix_caching: bool = True  # reuse cached KV of shared prompt prefixes
     # Overlapped steps: schedule step N+1 while the device runs step N (engine/overlap.py).
     async_scheduling: bool = True
@@ -120,6 +135,9 @@ class EngineConfig:
             raise InvalidParameterError(
                 "quantization", f"{self.quantization!r} is not implemented (accepted: "
                 f"{', '.join(QUANTIZATION_METHODS)}, or None: the checkpoint as stored)")
+        kv_error = kv_cache_dtype_error(self.kv_cache_dtype)
+        if kv_error is not None:
+            raise InvalidParameterError("kv_cache_dtype", kv_error)
         for name in ("kv_offload_host_gib", "kv_offload_disk_gib"):
             if not getattr(self, name) > 0:
                 raise InvalidParameterError(name, f"must be > 0, got {getattr(self, name)!r}")
@@ -129,6 +147,12 @@ class EngineConfig:
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise InvalidParameterError(
                 "dtype", f"must be auto or one of {', '.join(sorted(_DTYPES))}, got {self.dtype!r}")
+
+    def torch_kv_cache_dtype(self) -> torch.dtype | None:
+        """`LoadOptions.kv_cache_dtype`: None (the model's dtype) for auto, else e4m3."""
+        import torch
+
+        return None if self.kv_cache_dtype == "auto" else torch.float8_e4m3fn
 
     def check_device(self) -> None:
         """`device` names a device this machine has, and enough GPUs follow it for every

@@ -24,10 +24,13 @@ class AttentionBackend(Protocol):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-               scale: float) -> torch.Tensor:
+               scale: float, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         """Write this step's `k`, `v` ([T, Hkv, D]) into the caches
         ([num_blocks, block_size, Hkv, D]) at `batch.slot_mapping` (mutates the caches), then
-        return causal attention of `q` ([T, Hq, D]) over each request's context, [T, Hq, D]."""
+        return causal attention of `q` ([T, Hq, D]) over each request's context, [T, Hq, D].
+        Caches in float8_e4m3fn (`--kv-cache-dtype fp8`) store k / k_scale and v / v_scale,
+        saturated at +-448, and are read back times their scales (vLLM's per-tensor FP8 KV);
+        model lines pass the scales only with such caches."""
         ...
 
 
@@ -39,7 +42,8 @@ class SupportsAttendAppended(Protocol):
     do (their `attend` appends, then calls it: a subclass changes the attention here)."""
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: ForwardBatch, scale: float) -> torch.Tensor:
+                        batch: ForwardBatch, scale: float, *, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
         """`attend` for a step whose K/V are already in the caches; mutates nothing."""
         ...
 

@@ -291,3 +291,16 @@ class SupportsOffload(Protocol):
 
 def supports_offload(scheduler: object) -> TypeIs[SupportsOffload]:
     return isinstance(scheduler, SupportsOffload)
+
+
+@runtime_checkable
+class SupportsFp8KVCache(Protocol):
+    """A model line whose `load` honours `LoadOptions.kv_cache_dtype` float8_e4m3fn: its KV
+    pages are e4m3 with per-tensor scales (`AttentionBackend.attend`). `--kv-cache-dtype fp8`
+    is refused for other lines."""
+
+    supports_fp8_kv_cache: ClassVar[Literal[True]]
+
+
+def supports_fp8_kv_cache(line: object) -> TypeIs[SupportsFp8KVCache]:
+    return isinstance(line, SupportsFp8KVCache) and line.supports_fp8_kv_cache is True

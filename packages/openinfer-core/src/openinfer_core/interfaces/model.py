@@ -265,6 +265,9 @@ class LoadOptions:
     # go to its experts' ranks and back, `TensorParallelGroup.all_to_all`) instead of splitting
     # every expert's width. Only lines with `capabilities.SupportsExpertParallel`.
     expert_parallel: bool = False
+    # The KV pages' dtype: None, the model's `dtype`; float8_e4m3fn (`--kv-cache-dtype fp8`)
+    # only for lines with `capabilities.SupportsFp8KVCache`.
+    kv_cache_dtype: torch.dtype | None = None
 
 
 @runtime_checkable

@@ -16,6 +16,7 @@ from openinfer_core.engine.config import EngineConfig
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.capabilities import (
     supports_expert_parallel,
+    supports_fp8_kv_cache,
     supports_online_quantization,
 )
 from openinfer_core.interfaces.model import LoadOptions, Model
@@ -80,8 +81,13 @@ def load_model(config: EngineConfig, plugins: PluginManager) -> LoadedModel:
         device=device, dtype=dtype, attention=attention, max_model_len=config.max_model_len,
         load_format="dummy" if config.load_format == "dummy" else "safetensors",
         quantization=quantization,
-        expert_parallel=config.enable_expert_parallel and config.tensor_parallel_size > 1)
+        expert_parallel=config.enable_expert_parallel and config.tensor_parallel_size > 1,
+        kv_cache_dtype=config.torch_kv_cache_dtype())
     model: Model
+    if options.kv_cache_dtype is not None and not supports_fp8_kv_cache(entry.load()):
+        raise ModelConfigError(
+            f"model line {entry.name!r} has no FP8 KV cache (its KV pages keep their own "
+            f"layout): leave out --kv-cache-dtype {config.kv_cache_dtype}, or use auto")
     if config.enable_expert_parallel and not supports_expert_parallel(entry.load()):
         raise ModelConfigError(
             f"model line {entry.name!r} has no routed experts to split over ranks: leave out "

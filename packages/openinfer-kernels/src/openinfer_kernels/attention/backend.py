@@ -21,11 +21,15 @@ class TorchAttentionBackend:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-               scale: float) -> torch.Tensor:
-        kv_append_ref(k, v, k_cache, v_cache, batch.slot_mapping)
-        return self.attend_appended(q, k_cache, v_cache, batch, scale)
+               scale: float, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+        kv_append_ref(k, v, k_cache, v_cache, batch.slot_mapping, k_scale=k_scale,
+                      v_scale=v_scale)
+        return self.attend_appended(q, k_cache, v_cache, batch, scale, k_scale=k_scale,
+                                    v_scale=v_scale)
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: ForwardBatch, scale: float) -> torch.Tensor:
+                        batch: ForwardBatch, scale: float, *, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
         return paged_attention_ref(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
-                                   batch.query_start_loc, scale)
+                                   batch.query_start_loc, scale, k_scale=k_scale,
+                                   v_scale=v_scale)

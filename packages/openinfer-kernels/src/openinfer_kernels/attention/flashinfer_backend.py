@@ -18,7 +18,11 @@ and a `run` per layer. The backend plans once, at the step's first layer, from t
 `ForwardBatch` it is given (every layer of a step gets the same one), reading the batch's host
 copies of its lengths and block tables, and runs the plan at each layer. K/V are appended by
 openinfer's own `kv_append` first. The caches are used as they are: FlashInfer's NHD layout,
-`[num_blocks, block_size, Hkv, D]`, K and V apart.
+`[num_blocks, block_size, Hkv, D]`, K and V apart. An e4m3 cache (`--kv-cache-dtype fp8`) is
+planned with `kv_data_type` e4m3 and run with the layer's `k_scale` / `v_scale` (FlashInfer
+folds k_scale into the softmax scale and multiplies the output by v_scale); its prompt steps
+run FlashInfer's FA2 kernels, which read e4m3 pages beside bf16 queries (FA3's FP8 path wants
+FP8 queries too).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 
 from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
-from openinfer_kernels.kv_store import kv_append
+from openinfer_kernels.kv_store import FP8_KV_DTYPE, kv_append
 
 if TYPE_CHECKING:
     from openinfer_core.interfaces.model import ForwardBatch
@@ -78,34 +82,41 @@ class FlashInferAttentionBackend:
         if self.every_step:
             return True
         return (batch.max_query_len > 1 and batch.num_tokens > GRAPH_TOKENS
-                and q.dtype in DTYPES and k_cache.dtype == q.dtype
+                and q.dtype in DTYPES and k_cache.dtype in (q.dtype, FP8_KV_DTYPE)
                 and k_cache.shape[-1] in HEAD_DIMS)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-               scale: float) -> torch.Tensor:
-        kv_append(k, v, k_cache, v_cache, batch.slot_mapping)
-        return self.attend_appended(q, k_cache, v_cache, batch, scale)
+               scale: float, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+        kv_append(k, v, k_cache, v_cache, batch.slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return self.attend_appended(q, k_cache, v_cache, batch, scale, k_scale=k_scale,
+                                    v_scale=v_scale)
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: ForwardBatch, scale: float) -> torch.Tensor:
+                        batch: ForwardBatch, scale: float, *, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
         if not self.runs_flashinfer(q, k_cache, batch):
-            return self._triton.attend_appended(q, k_cache, v_cache, batch, scale)
+            return self._triton.attend_appended(q, k_cache, v_cache, batch, scale,
+                                                k_scale=k_scale, v_scale=v_scale)
         if q.shape[0] == 0:
             return torch.empty_like(q)
         if self._planned is not batch:
             self._plan(q, k_cache, batch, scale)
-        return self._wrapper.run(q, (k_cache, v_cache))
+        if k_cache.dtype != FP8_KV_DTYPE:
+            return self._wrapper.run(q, (k_cache, v_cache))
+        return self._wrapper.run(q, (k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
 
     def _plan(self, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch,
               scale: float) -> None:
         _, page, hk, d = k_cache.shape
         hq = q.shape[1]
-        if d not in HEAD_DIMS or q.dtype not in DTYPES or k_cache.dtype != q.dtype:
+        if (d not in HEAD_DIMS or q.dtype not in DTYPES
+                or k_cache.dtype not in (q.dtype, FP8_KV_DTYPE)):
             raise ValueError(
-                f"FlashInfer runs head_dim {HEAD_DIMS} in float16 or bfloat16, not head_dim {d} "
-                f"in {q.dtype}: unset OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the "
-                "Triton kernels), or use --dtype bfloat16")
+                f"FlashInfer runs head_dim {HEAD_DIMS} in float16 or bfloat16 (KV cache in "
+                f"that dtype or e4m3), not head_dim {d} in {q.dtype} with a {k_cache.dtype} KV "
+                "cache: unset OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the Triton "
+                "kernels), or use --dtype bfloat16")
         # Pinned, so that the plan's copies to the device wait for nothing queued before them
         # (the step in flight, with overlapped steps). The context lengths too: FlashInfer
         # copies them to the device, and when it derives them itself they are pageable, a copy
@@ -117,7 +128,10 @@ class FlashInferAttentionBackend:
         if self._plan_copied is not None:
             self._plan_copied.synchronize()
         decode = batch.max_query_len == 1 and q.shape[0] == batch.num_seqs
-        wrapper = self._wrapper_for("decode" if decode else "prefill", q.device)
+        kind = "decode" if decode else "prefill"
+        if k_cache.dtype == FP8_KV_DTYPE and not decode:
+            kind = "prefill-fp8"
+        wrapper = self._wrapper_for(kind, q.device)
         if decode:
             wrapper.plan(kv_indptr, kv_indices, last_page_len, hq, hk, d, page,
                          q_data_type=q.dtype, kv_data_type=k_cache.dtype, sm_scale=scale,
@@ -139,8 +153,9 @@ class FlashInferAttentionBackend:
                 fi.BatchDecodeWithPagedKVCacheWrapper(
                     workspace, "NHD", use_tensor_cores=True, backend=DECODE_BACKEND)
                 if kind == "decode" else
-                fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD",
-                                                       backend=PREFILL_BACKEND))
+                fi.BatchPrefillWithPagedKVCacheWrapper(
+                    workspace, "NHD",
+                    backend="fa2" if kind == "prefill-fp8" else PREFILL_BACKEND))
         return self._wrappers[kind]
 
 

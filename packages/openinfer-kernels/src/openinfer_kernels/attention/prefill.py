@@ -23,7 +23,7 @@ LONG_PROMPT = 2048  # past this many queries a request's prefill takes 128-query
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    scale_log2,
+    scale_log2, v_scale,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
@@ -81,7 +81,7 @@ def _prefill_kernel(
                                     stride_kb, stride_ks, stride_vb, stride_vs,
                                     PAGE, BLOCK_N, True, PRECISION, UPCAST)
 
-    out = acc / l_i[:, None]
+    out = acc / l_i[:, None] * v_scale
     out_ptrs = (out_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot
                 + head * stride_oh + offs_d[None, :])
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -109,18 +109,20 @@ DEFAULT_PREFILL = PrefillConfig()
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, scale: float,
-                  max_query_len: int) -> torch.Tensor:
+                  max_query_len: int, *, k_scale: float = 1.0,
+                  v_scale: float = 1.0) -> torch.Tensor:
     """`paged_attention_ref` for any batch; `max_query_len` (the longest request's query count,
     a host int) sizes the grid. Launches at `PrefillConfig`'s defaults."""
     return launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                          max_query_len, DEFAULT_PREFILL)
+                          max_query_len, DEFAULT_PREFILL, k_scale=k_scale, v_scale=v_scale)
 
 
 def launch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
                    query_start_loc: torch.Tensor, scale: float, max_query_len: int,
-                   config: PrefillConfig) -> torch.Tensor:
-    """`paged_prefill` at the launch settings `config`."""
+                   config: PrefillConfig, *, k_scale: float = 1.0,
+                   v_scale: float = 1.0) -> torch.Tensor:
+    """`paged_prefill` at the launch settings `config`; e4m3 caches as `launch_split`'s."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q)
@@ -140,7 +142,7 @@ def launch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         grid = grid[::-1]
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        scale * LOG2E,
+        scale * k_scale * LOG2E, v_scale,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from openinfer_kernels.kv_store.reference import dequantize_kv
+
 
 def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens of one request's cache, [length, Hk, D]."""
@@ -15,13 +17,16 @@ def _gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> t
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                        query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+                        query_start_loc: torch.Tensor, scale: float, *, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of q ([T, Hq, D]) over paged K/V ([num_blocks, block_size, Hk, D]).
 
     Request b's queries are rows query_start_loc[b]:query_start_loc[b+1]; they are its last
     tokens, so with n queries and context L, query i sits at position L - n + i and sees keys
     0..L - n + i. The cache must already hold this step's keys. Hq must be a multiple of Hk
-    (grouped-query attention: query head h reads kv head h // (Hq / Hk))."""
+    (grouped-query attention: query head h reads kv head h // (Hq / Hk)). e4m3 caches hold
+    keys / k_scale and values / v_scale (`kv_store.quantize_kv`): they are read back times
+    their scales; other caches ignore the scales."""
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[2]
     starts = query_start_loc.tolist()
@@ -30,8 +35,8 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         n = hi - lo
         if n == 0:
             continue
-        keys = _gather_context(k_cache, block_tables[b], length).float()
-        values = _gather_context(v_cache, block_tables[b], length).float()
+        keys = dequantize_kv(_gather_context(k_cache, block_tables[b], length), k_scale)
+        values = dequantize_kv(_gather_context(v_cache, block_tables[b], length), v_scale)
         keys = keys.repeat_interleave(group, dim=1)  # [L, Hq, D]
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[lo:hi].float(), keys) * scale

@@ -35,7 +35,7 @@ MAX_SPLITS = 16
 def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
     out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, num_seqs, num_splits,
+    scale_log2, v_scale, num_seqs, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
@@ -122,7 +122,7 @@ def _split_kernel(
     # A row that saw no key here (an empty split, or one past its position) leaves (0, -inf):
     # it adds nothing when merged.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    out = acc / l_safe[:, None] * v_scale  # exact for bf16 caches: v_scale is 1 there
     mask = r_mask[:, None] & d_mask[None, :]
     if not SPLIT:
         out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
@@ -213,21 +213,25 @@ DEFAULT_SPLIT = SplitConfig()
 def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float,
-                max_query_len: int) -> torch.Tensor:
+                max_query_len: int, *, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
     depend only on the shapes and `max_query_len`: safe to capture in a CUDA graph, which then
     replays correctly for any lengths and any spread of up to T tokens over the B requests."""
     return launch_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                        max_query_len, DEFAULT_SPLIT)
+                        max_query_len, DEFAULT_SPLIT, k_scale=k_scale, v_scale=v_scale)
 
 
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float, max_query_len: int,
-                 config: SplitConfig) -> torch.Tensor:
-    """`paged_split` at the launch settings `config`."""
+                 config: SplitConfig, *, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> torch.Tensor:
+    """`paged_split` at the launch settings `config`. The caches may be e4m3 with per-tensor
+    scales (`kv_store.quantize_kv`): k_scale folds into the softmax scale, v_scale into the
+    output, both exact up to fp32 rounding."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -257,7 +261,7 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
     _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        scale * LOG2E, batch, splits,
+        scale * k_scale * LOG2E, v_scale, batch, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
@@ -278,6 +282,8 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                 query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+                 query_start_loc: torch.Tensor, scale: float, *, k_scale: float = 1.0,
+                 v_scale: float = 1.0) -> torch.Tensor:
     """`paged_split` when every request has at most one query."""
-    return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1)
+    return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
+                       k_scale=k_scale, v_scale=v_scale)

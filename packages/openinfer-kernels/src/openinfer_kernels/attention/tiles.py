@@ -55,11 +55,15 @@ def attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr, v_head_ptr, tabl
                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Fold keys `tile .. tile + BLOCK_N` (those before `end`) into the running softmax of the
-    rows of `q`; with CAUSAL, row r sees only keys up to its position `q_pos[r]`."""
+    rows of `q`; with CAUSAL, row r sees only keys up to its position `q_pos[r]`. An e4m3 cache
+    is upcast to q's dtype, exactly (its scales are the caller's: k_scale in `scale_log2`,
+    v_scale on the output)."""
     offs_n = tile + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
                          offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
     scores = dot(q, k, PRECISION, UPCAST) * scale_log2
     visible = n_mask[None, :]
     if CAUSAL:

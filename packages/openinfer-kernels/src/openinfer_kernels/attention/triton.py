@@ -23,17 +23,19 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            query_start_loc: torch.Tensor, scale: float, *,
                            max_query_len: int | None = None,
-                           max_seq_len: int | None = None) -> torch.Tensor:
-    """`paged_attention_ref`'s contract. `max_query_len` is the longest request's query count
-    (`ForwardBatch.max_query_len`); left out, it is read back from `query_start_loc`, a host
-    sync that a CUDA graph cannot hold. `max_seq_len` is accepted for symmetry with the batch
-    and not needed: the kernels read each context length on the device."""
+                           max_seq_len: int | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
+    """`paged_attention_ref`'s contract (e4m3 caches with their scales included).
+    `max_query_len` is the longest request's query count (`ForwardBatch.max_query_len`); left
+    out, it is read back from `query_start_loc`, a host sync that a CUDA graph cannot hold.
+    `max_seq_len` is accepted for symmetry with the batch and not needed: the kernels read
+    each context length on the device."""
     del max_seq_len
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) \
             if seq_lens.numel() else 0
     if max_query_len <= SPLIT_MAX_QUERIES or q.shape[0] <= SPLIT_MAX_TOKENS:
         return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                           max_query_len)
+                           max_query_len, k_scale=k_scale, v_scale=v_scale)
     return paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                         max_query_len)
+                         max_query_len, k_scale=k_scale, v_scale=v_scale)

@@ -4,16 +4,40 @@ from __future__ import annotations
 
 import torch
 
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # e4m3's largest finite value: stores saturate there
+
+
+def quantize_kv(x: torch.Tensor, cache_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """`x` as a cache of `cache_dtype` holds it: converted, or for an e4m3 cache multiplied by
+    1 / `scale` in fp32, saturated at +-448 and rounded to nearest (vLLM's per-tensor FP8 KV:
+    the stored value times `scale` is what attention reads)."""
+    if cache_dtype != FP8_KV_DTYPE:
+        return x.to(cache_dtype)
+    return (x.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(cache_dtype)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """Cached values as attention reads them, in fp32: times `scale` for an e4m3 cache."""
+    return x.float() * scale if x.dtype == FP8_KV_DTYPE else x.float()
+
+
+def _store(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    num_blocks, block_size, heads, dim = cache.shape
+    flat = cache.view(num_blocks * block_size, heads, dim)
+    if cache.dtype == FP8_KV_DTYPE:  # torch has no index_copy_ for e4m3: copy its bytes
+        flat, rows = flat.view(torch.uint8), rows.view(torch.uint8)
+    flat.index_copy_(0, slots, rows)
+
 
 def kv_append_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor, *, k_scale: float = 1.0,
+                  v_scale: float = 1.0) -> None:
     """Store token t's k/v ([T, Hk, D]) at flat slot `slot_mapping[t]` of the caches
     ([num_blocks, block_size, Hk, D]); slot = block_id * block_size + offset. A negative slot
-    skips its token (a padded row that must write nothing). Mutates the caches."""
-    num_blocks, block_size, heads, dim = k_cache.shape
+    skips its token (a padded row that must write nothing). An e4m3 cache stores k / k_scale
+    and v / v_scale (`quantize_kv`); the scales are ignored otherwise. Mutates the caches."""
     keep = slot_mapping >= 0  # on CUDA this mask syncs with the host; the Triton kernel does not
     slots = slot_mapping[keep]
-    k_cache.view(num_blocks * block_size, heads, dim).index_copy_(
-        0, slots, k[keep].to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, heads, dim).index_copy_(
-        0, slots, v[keep].to(v_cache.dtype))
+    _store(k_cache, slots, quantize_kv(k[keep], k_cache.dtype, k_scale))
+    _store(v_cache, slots, quantize_kv(v[keep], v_cache.dtype, v_scale))

@@ -1,6 +1,7 @@
 # mypy: disable-error-code="no-untyped-def"
 """Scattering a step's keys and values into the paged cache: program (t, h) copies head h of token
-t (k and v, converted to the cache dtype) into its slot. Same contract as reference.py.
+t (k and v, converted to the cache dtype; quantized for an e4m3 cache) into its slot. Same
+contract as reference.py.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -9,13 +10,49 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
+def _round_to_e4m3(x):
+    """fp32 `x` (|x| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32.
+    e4m3 steps are 2^(e - 3) for a value in [2^e, 2^(e+1)), e >= -6, and 2^-9 below 2^-6
+    (subnormals). Rounded here, the cast to e4m3 is exact: the GPU's cast rounds the same way,
+    and the Triton interpreter's (which truncates subnormals and drops the carry into the next
+    power of two) then agrees with it."""
+    bits = x.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    step_exponent = tl.maximum(exponent, -6) - 3
+    step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
+    inv_step = ((127 - step_exponent) << 23).to(tl.float32, bitcast=True)  # exact: 2^-e
+    # |x| / step is at most 16: adding and taking away 1.5 * 2^23 rounds it to an integer,
+    # ties to even (fp32 keeps no fraction bits there). The sign goes back on after, so that
+    # what rounds to zero keeps it (-0.0, as the cast gives).
+    rounded = ((tl.abs(x) * inv_step + 12582912.0) - 12582912.0) * step
+    return tl.where(bits < 0, -rounded, rounded)
+
+
+@triton.jit
+def quantize_for_cache(x, inv_scale, FP8: tl.constexpr):
+    """`x` ready for the cache's dtype cast: for an e4m3 cache (FP8) x * inv_scale in fp32,
+    saturated at +-448 and rounded to the e4m3 grid, as `quantize_kv`; else x."""
+    if FP8:
+        return _round_to_e4m3(tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0))
+    return x
+
+
+def fp8_cache_args(cache: torch.Tensor, k_scale: float, v_scale: float) -> dict[str, object]:
+    """The kernels' quantization arguments for `cache`: the scales' inverses, and FP8."""
+    return {"k_inv_scale": 1.0 / k_scale, "v_inv_scale": 1.0 / v_scale,
+            "FP8": cache.dtype == FP8_KV_DTYPE}
+
+
+@triton.jit
 def _kv_append_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride_t, k_stride_h,
-                      v_stride_t, v_stride_h, cache_stride_slot, D: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                      v_stride_t, v_stride_h, cache_stride_slot, k_inv_scale, v_inv_scale,
+                      D: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr,
+                      PDL: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -26,17 +63,21 @@ def _kv_append_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride
     mask = offs < tl.where(slot >= 0, D, 0)
     dst = slot * cache_stride_slot + h * D + offs
     k = tl.load(k_ptr + t * k_stride_t + h * k_stride_h + offs, mask=mask)
+    k = quantize_for_cache(k, k_inv_scale, FP8)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + t * v_stride_t + h * v_stride_h + offs, mask=mask)
+    v = quantize_for_cache(v, v_inv_scale, FP8)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def kv_append_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor, *, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> None:
     """Store token t's k/v ([T, Hk, D], strided views allowed) at flat slot `slot_mapping[t]` of
     the contiguous caches ([num_blocks, block_size, Hk, D]); slot = block_id * block_size +
-    offset. A negative slot skips its token. Mutates the caches. Unlike the reference, a slot past
-    the end is not checked (it would write out of bounds): slots come from the block manager."""
+    offset. A negative slot skips its token. An e4m3 cache stores k / k_scale and v / v_scale
+    (`quantize_kv`). Mutates the caches. Unlike the reference, a slot past the end is not
+    checked (it would write out of bounds): slots come from the block manager."""
     t, heads, dim = k.shape
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("kv_append: the caches must be contiguous [num_blocks, block_size, Hk, D]")
@@ -51,4 +92,4 @@ def kv_append_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         _kv_append_kernel[(t, heads)](
             k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), k_cache.stride(1), D=dim, BLOCK_D=triton.next_power_of_2(dim),
-            **pdl_launch(k))
+            **fp8_cache_args(k_cache, k_scale, v_scale), **pdl_launch(k))

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.kv_store.triton import fp8_cache_args, quantize_for_cache
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
@@ -31,9 +32,12 @@ def _norm_rope_params(w_ptr, cos_ptr, D: tl.constexpr, BLOCK_HALF: tl.constexpr)
 
 @triton.jit
 def _norm_rope_heads(src, src_stride_h, n_heads, w1, w2, cos, sin, dst, eps, D: tl.constexpr,
-                     BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr, write=True):
+                     BLOCK_HALF: tl.constexpr, HEADS: tl.constexpr, write=True, inv_scale=1.0,
+                     FP8: tl.constexpr = False):
     # Heads 0..n_heads-1 (of a tile of HEADS) of one token: src head h at src + h * src_stride_h,
-    # written contiguously at dst + h * D.
+    # written contiguously at dst + h * D. With FP8 dst is an e4m3 cache: the values are
+    # rounded to src's dtype as they would be written there, then quantized
+    # (`quantize_for_cache`), as the reference's kv_append does with its rotated k.
     half: tl.constexpr = D // 2
     h = tl.arange(0, HEADS)[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
@@ -43,15 +47,18 @@ def _norm_rope_heads(src, src_stride_h, n_heads, w1, w2, cos, sin, dst, eps, D: 
     x1 = tl.load(head + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(head + half + offs, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
-    out_ty = dst.dtype.element_ty
+    out_ty = src.dtype.element_ty if FP8 else dst.dtype.element_ty
     n1 = ((x1 * inv_rms).to(out_ty).to(tl.float32) * w1).to(out_ty).to(tl.float32)
     n2 = ((x2 * inv_rms).to(out_ty).to(tl.float32) * w2).to(out_ty).to(tl.float32)
     # cos / sin rounded to the output dtype first, as the reference's table is.
     cos = cos.to(out_ty).to(tl.float32)
     sin = sin.to(out_ty).to(tl.float32)
     out = dst + h * D
-    tl.store(out + offs, (n1 * cos - n2 * sin).to(out_ty), mask=store)
-    tl.store(out + half + offs, (n2 * cos + n1 * sin).to(out_ty), mask=store)
+    dst_ty = dst.dtype.element_ty
+    r1 = quantize_for_cache((n1 * cos - n2 * sin).to(out_ty), inv_scale, FP8)
+    r2 = quantize_for_cache((n2 * cos + n1 * sin).to(out_ty), inv_scale, FP8)
+    tl.store(out + offs, r1.to(dst_ty), mask=store)
+    tl.store(out + half + offs, r2.to(dst_ty), mask=store)
 
 
 @triton.jit
@@ -87,9 +94,11 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos
 def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, k_cache_ptr,
                                 v_cache_ptr, slot_ptr, pos_ptr, cos_sin_ptr, q_stride_t,
                                 q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-                                cos_sin_stride, cache_stride_slot, eps, HQ: tl.constexpr,
-                                HK: tl.constexpr, D: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                                BLOCK_D: tl.constexpr, HEADS: tl.constexpr, PDL: tl.constexpr):
+                                cos_sin_stride, cache_stride_slot, eps, k_inv_scale,
+                                v_inv_scale, HQ: tl.constexpr, HK: tl.constexpr,
+                                D: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                                BLOCK_D: tl.constexpr, HEADS: tl.constexpr, FP8: tl.constexpr,
+                                PDL: tl.constexpr):
     # On decode-size steps (one head a program), before the wait, overlapping the q/k/v
     # projection's drain: the norm weights, and the step's positions and slots with the rotary
     # table, which the host writes (or a kernel at least two back: under PDL a kernel starts
@@ -116,11 +125,13 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
         h0 = (j - q_tiles) * HEADS
         dst = slot * cache_stride_slot + h0 * D
         _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, w1, w2,
-                         cos, sin, k_cache_ptr + dst, eps, D, BLOCK_HALF, HEADS, slot >= 0)
+                         cos, sin, k_cache_ptr + dst, eps, D, BLOCK_HALF, HEADS, slot >= 0,
+                         k_inv_scale, FP8)
         h = tl.arange(0, HEADS)[:, None]
         offs = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < HK - h0) & (offs < tl.where(slot >= 0, D, 0))
         v = tl.load(v_ptr + t * v_stride_t + (h0 + h) * v_stride_h + offs, mask=mask)
+        v = quantize_for_cache(v, v_inv_scale, FP8)
         tl.store(v_cache_ptr + dst + h * D + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
@@ -170,11 +181,12 @@ def qk_norm_rope_append_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
                                positions: torch.Tensor, cos_sin: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               slot_mapping: torch.Tensor, *, heads: int | None = None
-                               ) -> torch.Tensor:
+                               slot_mapping: torch.Tensor, *, heads: int | None = None,
+                               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """`qk_norm_rope_triton`, then `kv_append_triton` of the rotated k and of v ([T, Hk, D],
-    strided views allowed) into the contiguous caches at `slot_mapping` (negative: skipped), in
-    one launch. Returns the rotated q (new, contiguous); mutates the caches."""
+    strided views allowed) into the contiguous caches at `slot_mapping` (negative: skipped;
+    e4m3 caches quantized with `k_scale`, `v_scale`), in one launch. Returns the rotated q
+    (new, contiguous); mutates the caches."""
     t, hq, d = q.shape
     hk = k.shape[1]
     if d % 2 or k.shape != (t, hk, d) or v.shape != k.shape or cos_sin.shape[-1] != d:
@@ -196,7 +208,8 @@ def qk_norm_rope_append_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         _qk_norm_rope_append_kernel[(t, triton.cdiv(hq, heads) + triton.cdiv(hk, heads))](
             q, k, v, q_weight, k_weight, q_out, k_cache, v_cache, slot_mapping, positions,
             cos_sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), cos_sin.stride(0), k_cache.stride(1), eps, HQ=hq, HK=hk, D=d,
+            v.stride(1), cos_sin.stride(0), k_cache.stride(1), eps,
+            **fp8_cache_args(k_cache, k_scale, v_scale), HQ=hq, HK=hk, D=d,
             BLOCK_HALF=block_half, BLOCK_D=2 * block_half, HEADS=heads,
             num_warps=_warps(heads, block_half), **pdl_launch(q))
     return q_out

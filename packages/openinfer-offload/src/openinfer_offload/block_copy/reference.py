@@ -27,5 +27,6 @@ def scatter_blocks_ref(src: torch.Tensor, ids: torch.Tensor,
                        tensors: Sequence[torch.Tensor]) -> None:
     n = ids.numel()
     for t, start, end in _parts(tensors):
-        rows = src[:n, start:end].contiguous().view(t.dtype).view(n, *t.shape[1:])
-        t.index_copy_(0, ids, rows)
+        # Bytes into a byte view of the tensor: any dtype (torch has no index_copy_ for e4m3).
+        raw = t.view(torch.uint8)
+        raw.index_copy_(0, ids, src[:n, start:end].contiguous().view(n, *raw.shape[1:]))
