@@ -66,6 +66,33 @@ stage_fp8ttft() {
   # Qwen3-8B FP8, 2048 and 8192 tokens.
   local m8fp8=/tmp/qwen3-8b-fp8
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
+  stage "which W8A8 product kept FP8's prompt products take (cuBLASLt or Triton), and why"
+  OPENINFER_FP8_WEIGHTS=keep timeout 150 python3 - "$m8fp8" <<'PY' 2>&1 | grep -v Warning | tail -12
+import sys
+from collections import Counter
+import torch
+import openinfer_kernels.fp8_linear.scaled_mm as sm
+from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.engine import Engine
+from openinfer_core.params import SamplingParams
+from openinfer_core.request import GenerateRequest
+seen = Counter()
+applies = sm.scaled_mm_applies
+def probe(xq, x_scale, w, scale, out_dtype):
+    ok = applies(xq, x_scale, w, scale, out_dtype)
+    seen[(ok, tuple(xq.shape), tuple(x_scale.stride()), str(scale.dtype), str(out_dtype),
+          tuple(w.shape), torch.cuda.is_current_stream_capturing())] += 1
+    return ok
+sm.scaled_mm_applies = probe
+engine = Engine(EngineConfig(model=sys.argv[1], load_format="dummy", max_model_len=4096,
+                             max_num_seqs=4))
+engine.add_request(GenerateRequest("p", tuple(range(1000, 3048)),
+                                   SamplingParams(max_tokens=2, temperature=0.0)))
+while engine.has_work():
+    engine.step()
+for key, n in sorted(seen.items(), key=lambda kv: -kv[1])[:10]:
+    print(n, key)
+PY
   stage "where kept FP8's TTFT goes: Qwen3-8B FP8, 2048 and 8192 tokens"
   OPENINFER_FP8_WEIGHTS=keep timeout 200 python3 benchmarks/device/prefill_breakdown.py $m8fp8 \
     --prompt-len 2048 8192 --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b-fp8.json" \
