@@ -67,7 +67,7 @@ stage_fp8ttft() {
   local m8fp8=/tmp/qwen3-8b-fp8
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
   stage "which W8A8 product kept FP8's prompt products take (cuBLASLt or Triton), and why"
-  OPENINFER_FP8_WEIGHTS=keep timeout 150 python3 - "$m8fp8" <<'PY' 2>&1 | grep -v Warning | tail -12
+  OPENINFER_FP8_WEIGHTS=keep timeout 150 python3 - "$m8fp8" > "$OUT/fp8-dispatch.log" 2>&1 <<'PY'
 import sys
 from collections import Counter
 import torch
@@ -90,9 +90,12 @@ engine.add_request(GenerateRequest("p", tuple(range(1000, 3048)),
                                    SamplingParams(max_tokens=2, temperature=0.0)))
 while engine.has_work():
     engine.step()
+print("W8A8 products seen:", sum(seen.values()), "cuBLASLt:",
+      sum(n for key, n in seen.items() if key[0]))
 for key, n in sorted(seen.items(), key=lambda kv: -kv[1])[:10]:
     print(n, key)
 PY
+  tail -12 "$OUT/fp8-dispatch.log"
   stage "where kept FP8's TTFT goes: Qwen3-8B FP8, 2048 and 8192 tokens"
   OPENINFER_FP8_WEIGHTS=keep timeout 200 python3 benchmarks/device/prefill_breakdown.py $m8fp8 \
     --prompt-len 2048 8192 --iters 3 --json "$OUT/prefill-breakdown-qwen3-8b-fp8.json" \

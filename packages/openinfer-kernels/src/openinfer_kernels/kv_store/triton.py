@@ -37,9 +37,13 @@ def _round_to_e4m3(x):
 def quantize_for_cache(x, inv_scale, FP8: tl.constexpr):
     """`x` ready for the cache's dtype cast: for an e4m3 cache (FP8) x * inv_scale in fp32,
     saturated at +-448 and rounded to the e4m3 grid, as `quantize_kv`; else x."""
+    # One return: Triton compiles every return of a function to one type, even behind a
+    # constexpr branch.
     if FP8:
-        return _round_to_e4m3(tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0))
-    return x
+        out = _round_to_e4m3(tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0))
+    else:
+        out = x
+    return out
 
 
 def fp8_cache_args(cache: torch.Tensor, k_scale: float, v_scale: float) -> dict[str, object]:
