@@ -12,6 +12,7 @@ the slot's stale contents. Every batch carries the table, start-up's scratch bat
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from openinfer_core.interfaces.kv import KVGroupSpec
