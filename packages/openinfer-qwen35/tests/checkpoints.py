@@ -4,19 +4,34 @@ small vision tower), mixing linear and full-attention layers."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-if not torch.cuda.is_available() and "transformers.models.qwen3_5.modeling_qwen3_5" not in (
-        sys.modules):
-    # transformers picks flash-linear-attention's kernels when `fla` imports (this package
-    # depends on fla-core), and those need a GPU: on CPU, hide fla so that transformers
-    # takes its own torch path. openinfer's CPU path never imports fla.
-    sys.modules.setdefault("fla", None)  # type: ignore[arg-type]
 
+def _import_transformers_torch_only() -> None:
+    """Import transformers' Qwen3.5 with flash-linear-attention hidden: transformers binds
+    fla's kernels at import when `fla` imports (this package depends on fla-core), and those
+    run on CUDA tensors only, while these tests run transformers on CPU. fla is hidden for
+    that import alone, so the GPU tests in the same session still import it (openinfer's
+    CPU path never does)."""
+    name = "transformers.models.qwen3_5.modeling_qwen3_5"
+    if name in sys.modules:
+        return
+    hidden = {m: sys.modules.pop(m) for m in list(sys.modules)
+              if m == "fla" or m.startswith("fla.")}
+    sys.modules["fla"] = None  # type: ignore[assignment]
+    try:
+        importlib.import_module(name)
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(hidden)
+
+
+_import_transformers_torch_only()
 torch_only_transformers = True  # importing this module is what hides fla (above)
 
 LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear_attention",

@@ -86,3 +86,32 @@ def test_carried_convolution_matches_whole_sequence() -> None:
                                         torch.tensor([i == 0])))
     torch.testing.assert_close(torch.cat(pieces), whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state[2], x[-(taps - 1):].t(), atol=0, rtol=0)
+
+
+def test_mixed_graph_padding_touches_only_the_padding_slot() -> None:
+    """A mixed CUDA graph's step: two real rows (slots 3 and 1, 5 tokens), then padding rows
+    with no tokens on slot 0 and padding tokens past `query_start_loc[-1]`. The real tokens'
+    outputs and slots are those of the step without padding; no other slot changes."""
+    q, k, v, g, beta, _ = inputs(1, 8, 2, 4, 8, 4, seed=6)
+    q, k, v, g, beta = q[0], k[0], v[0], g[0], beta[0]
+    gen = torch.Generator().manual_seed(1)
+    x, weight = torch.randn(8, 6, generator=gen), torch.randn(6, 4, generator=gen)
+    states, convs = torch.randn(5, 4, 8, 4, generator=gen), torch.randn(5, 6, 3, generator=gen)
+    real = (torch.tensor([3, 1]), torch.tensor([False, True]),
+            torch.tensor([0, 4, 5], dtype=torch.int32))
+    padded = (torch.tensor([3, 1, 0, 0]), torch.tensor([False, True, True, True]),
+              torch.tensor([0, 4, 5, 5, 5], dtype=torch.int32))
+    outs = []
+    for (slots, fresh, qsl), n in ((real, 5), (padded, 8)):
+        s, c = states.clone(), convs.clone()
+        rule = gated_delta_rule_varlen_ref(q[:n], k[:n], v[:n], g[:n], beta[:n], s, slots,
+                                           fresh, qsl, decode=False)
+        conv = causal_conv1d_ref(x[:n], weight, c, slots, qsl, fresh)
+        outs.append((rule[:5], conv[:5], s, c))
+    (rule, conv, s, c), (rule_p, conv_p, s_p, c_p) = outs
+    torch.testing.assert_close(rule_p, rule, atol=0, rtol=0)
+    torch.testing.assert_close(conv_p, conv, atol=0, rtol=0)
+    torch.testing.assert_close(s_p[1:], s[1:], atol=0, rtol=0)
+    torch.testing.assert_close(c_p[1:], c[1:], atol=0, rtol=0)
+    torch.testing.assert_close(s[[0, 2, 4]], states[[0, 2, 4]], atol=0, rtol=0)
+    torch.testing.assert_close(c[[0, 2, 4]], convs[[0, 2, 4]], atol=0, rtol=0)

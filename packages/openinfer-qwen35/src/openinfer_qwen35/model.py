@@ -23,7 +23,7 @@ from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import GroupedKVManager, KVBuffer, KVCacheSpec, group_pool_blocks
 from openinfer_qwen35.config import Qwen35Config
 from openinfer_qwen35.mixers import gated_attention, gated_delta_net
-from openinfer_qwen35.state_cache import STATE_GROUP, StateCache, StepRows, kv_groups
+from openinfer_qwen35.state_cache import KV_GROUPS, STATE_GROUP, StateCache, StepRows
 from openinfer_qwen35.weights import AttentionWeights, Qwen35Weights
 
 
@@ -58,7 +58,7 @@ class Qwen35Model:
 
     @property
     def kv_groups(self) -> tuple[KVGroupSpec, ...]:
-        return kv_groups()
+        return KV_GROUPS
 
     def kv_spec(self, block_size: int) -> KVCacheSpec:
         return KVCacheSpec(len(self.cfg.full_layers), self.cfg.num_kv_heads, self.cfg.head_dim,
@@ -98,7 +98,7 @@ class Qwen35Model:
         if self.kv is None or self.state is None:
             raise RuntimeError("create_kv_cache() must run before forward()")
         cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        rows = StepRows.of(batch, self.state.num_slots)
+        rows = StepRows.of(batch)
         residual = embedding(batch.input_ids, self.w.embed)
         x = rms_norm(residual, self.w.layers[0].input_norm, eps)
         mlp_out: torch.Tensor | None = None

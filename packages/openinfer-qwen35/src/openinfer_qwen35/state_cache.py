@@ -3,14 +3,15 @@ and one fixed-size state slot per request for the Gated DeltaNet layers (the sta
 each linear layer's last `K - 1` convolution inputs and its delta-rule state matrix).
 
 The engine hands out slots through the state group's table (`ForwardBatch.group_table(
-STATE_GROUP)`, one entry per row: the slot id; slot 0 is the padding slot). A row whose first
-new token is at position 0 is a request starting afresh (new, or recomputed after
-preemption): the model reads zeros for it instead of the slot's stale contents."""
+STATE_GROUP)`, one entry per row: the slot id; slot 0 is the padding slot, which CUDA-graph
+padding rows read and write). A row whose first new token is at position 0 is a request
+starting afresh (new, or recomputed after preemption): the model reads zeros for it instead of
+the slot's stale contents. Every batch carries the table, start-up's scratch batches included
+(their rows may share a slot, whose contents nobody reads back)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -19,18 +20,8 @@ from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_qwen35.config import Qwen35Config
 
 FULL_GROUP = 0  # the attention layers' K/V: `batch.block_tables` and `slot_mapping`
-STATE_GROUP = 1
-# Start-up's scratch caches (no step limits) hold at most this many slots, padding included:
-# a slot is megabytes (Qwen3.5-4B: ~50 MB), so never one per scratch block.
-SCRATCH_SLOTS = 9
-
-
-def kv_groups() -> tuple[KVGroupSpec, ...]:
-    """The full group, then the state group (`KVGroupSpec.state`)."""
-    # `state` is given through a mapping so that this also type-checks against a
-    # KVGroupSpec declared without the field.
-    state: dict[str, Any] = {"state": True}
-    return (KVGroupSpec("attention"), KVGroupSpec("linear_state", **state))
+STATE_GROUP = 1  # the linear layers' states: one slot per request
+KV_GROUPS = (KVGroupSpec("attention"), KVGroupSpec("linear_state", state=True))
 
 
 @dataclass(slots=True)
@@ -72,12 +63,13 @@ class StepRows:
     fresh: torch.Tensor
 
     @classmethod
-    def of(cls, batch: ForwardBatch, num_slots: int) -> StepRows:
-        rows = batch.num_seqs
-        if batch.group_block_tables:
-            slots = batch.group_table(STATE_GROUP)[:, 0]
-        else:
-            # Start-up's scratch batches carry no group tables: rows take slots 1.. in turn.
-            slots = torch.arange(rows, device=batch.input_ids.device) % (num_slots - 1) + 1
+    def of(cls, batch: ForwardBatch) -> StepRows:
+        """A row with no tokens (a mixed CUDA graph's padding row, on the padding slot) reads
+        the position of the token after the step's, padding at position 0 too, or the last
+        token's: either way it only touches slot 0."""
+        if len(batch.group_block_tables) <= STATE_GROUP:
+            raise RuntimeError("a Qwen3.5 step without its state group's table: the engine "
+                               "passes every KV group's table with a state group")
+        slots = batch.group_table(STATE_GROUP)[:, 0]
         first = batch.query_start_loc[:-1].long().clamp(max=max(batch.num_tokens - 1, 0))
         return cls(slots.long(), batch.positions[first] == 0)

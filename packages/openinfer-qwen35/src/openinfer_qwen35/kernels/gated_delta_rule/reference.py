@@ -100,13 +100,15 @@ def gated_delta_rule_varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """The rule over a flattened batch: q, k [T, H, K], v [T, HV, V], g, beta [T, HV]; row b
     (tokens `query_start_loc[b]:query_start_loc[b + 1]`) starts from state `states[slots[b]]`
     (zeros where `fresh[b]`) and leaves its final state there. `decode`: every row has one
-    token (one batched step). Returns [T, HV, V] in v's dtype; mutates `states`."""
+    token (one batched step). Rows with no tokens keep their slot's state (zeroed where
+    fresh); tokens past `query_start_loc[-1]` (a mixed CUDA graph's padding) read and write no
+    state and come out as zeros. Returns [T, HV, V] in v's dtype; mutates `states`."""
     initial = states[slots.long()] * (~fresh).to(states.dtype)[:, None, None, None]
     if decode:
         out = gated_delta_rule_recurrent_ref(q[:, None], k[:, None], v[:, None], g[:, None],
                                              beta[:, None], initial)[:, 0]
     else:
-        out = torch.empty_like(v)
+        out = torch.zeros_like(v)
         bounds = query_start_loc.tolist()
         for b, (start, end) in enumerate(pairwise(bounds)):
             rule = gated_delta_rule_recurrent_ref if end - start == 1 else (

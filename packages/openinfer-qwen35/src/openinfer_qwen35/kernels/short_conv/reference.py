@@ -14,7 +14,10 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.T
                       fresh: torch.Tensor) -> torch.Tensor:
     """silu(conv(x)) per row, [T, C] in x's dtype.
 
-    x [T, C]: the rows' inputs, row b at `query_start_loc[b]:query_start_loc[b + 1]`.
+    x [T, C]: the rows' inputs, row b at `query_start_loc[b]:query_start_loc[b + 1]`. A mixed
+    CUDA graph's padding (rows with no tokens, tokens past `query_start_loc[-1]`) changes no
+    slot but the padding rows' own (slot 0): a token past the end is convolved as if its
+    last row went on, and its output is never read.
     weight [C, K]: one filter per channel, tap K - 1 on the current token.
     conv_state [slots, C, K - 1]: each request's last K - 1 inputs, oldest first; row b reads
     slot `slots[b]` (zeros where `fresh[b]`: a request starting at position 0) and writes its
@@ -25,7 +28,9 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.T
     rows = slots.shape[0]
     starts = query_start_loc[:-1].long()
     lens = query_start_loc[1:].long() - starts
-    row = torch.repeat_interleave(torch.arange(rows, device=x.device), lens, output_size=t)
+    # Each token's row, with no host synchronisation; tokens past the step's: the last row.
+    row = torch.searchsorted(query_start_loc[1:].long(), torch.arange(t, device=x.device),
+                             right=True).clamp(max=rows - 1)
     offset = torch.arange(t, device=x.device) - starts[row]
     kept = conv_state[slots.long()] * (~fresh).to(conv_state.dtype)[:, None, None]
     # One source of inputs: every row's carried window, then the step's tokens.
