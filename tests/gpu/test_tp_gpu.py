@@ -40,6 +40,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
 PROMPT_LENS = [1, 17, 64, 128, 255, 300, 400, 500]
 REGRET_MAX, MEAN_MAX, P99_MAX = 0.20, 0.06, 0.20
 RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
+# The fp32-reduce experiment's runs (OPENINFER_TP_GATE_FP32=0 leaves them out, for a call
+# short of time: the gate itself does not depend on them).
+FP32_EXPERIMENT = os.environ.get("OPENINFER_TP_GATE_FP32", "1") != "0"
 # TP4 where the machine has 4 GPUs (the issue asks for both; 2-GPU machines run TP2 alone)
 TP_SIZES = [2, 4] if torch.cuda.is_available() and torch.cuda.device_count() >= 4 else [2]
 
@@ -82,7 +85,9 @@ def runs(checkpoint: Path, sequences: list[list[int]]) -> dict[str, dict]:  # ty
     as a served engine does: one tensor-parallel group per process (`all_reduce.py`)."""
     plan = [("tp1", 1, None, ["batch1-eager"])]
     for tp in TP_SIZES:
-        plan += [(f"tp{tp}", tp, None, CASES), (f"tp{tp}-fp32-reduce", tp, "1", ["batch1-eager"])]
+        plan += [(f"tp{tp}", tp, None, CASES)]
+        if FP32_EXPERIMENT:
+            plan += [(f"tp{tp}-fp32-reduce", tp, "1", ["batch1-eager"])]
     got = {}
     for name, tp, env, cases in plan:
         started = time.perf_counter()
@@ -112,12 +117,14 @@ def test_tp_passes_the_golden_gate(checkpoint: Path, runs, reference,  # type: i
             if run != "tp1" or tp == TP_SIZES[0]:  # TP1's row once
                 _record(rows[run])
     if case == "batch1-eager":
-        picks, which = runs[f"{name}-fp32-reduce"][case]
-        _record(gate_row(f"{name}-fp32-reduce-{case}-{label}", picks, reference, which))
-        _record({"case": f"{name}-vs-tp1-{case}-{label}",
-                 **pick_distance(runs["tp1"][case][0], runs[name][case][0]),
-                 "fp32_reduce": pick_distance(runs["tp1"][case][0],
-                                          runs[f"{name}-fp32-reduce"][case][0])})
+        distance: dict[str, object] = dict(pick_distance(runs["tp1"][case][0],
+                                                         runs[name][case][0]))
+        if FP32_EXPERIMENT:
+            picks, which = runs[f"{name}-fp32-reduce"][case]
+            _record(gate_row(f"{name}-fp32-reduce-{case}-{label}", picks, reference, which))
+            distance["fp32_reduce"] = pick_distance(runs["tp1"][case][0],
+                                                    runs[f"{name}-fp32-reduce"][case][0])
+        _record({"case": f"{name}-vs-tp1-{case}-{label}", **distance})
     row = rows[name]
     assert row["regret_max"] <= REGRET_MAX, row
     assert row["dlogprob_mean"] <= MEAN_MAX, row

@@ -27,6 +27,13 @@ stage_allreduce() {
 }
 
 stage_tp() {
+  stage_tplatency
+  tp_gate
+}
+
+# Batch-1 TPOT of Qwen3-8B at each TP size, and the TP_VARIANTS A/Bs at TP2 (`tp` without
+# its gate).
+stage_tplatency() {
   local tps=${TP_SIZES:-1 2}
   for tp in $tps; do
     tp_latency 8b $M8 $tp auto
@@ -36,7 +43,6 @@ stage_tp() {
   for variant in ${TP_VARIANTS:-}; do
     tp_latency 8b $M8 2 "${variant//=/-}" "$variant"
   done
-  tp_gate
 }
 
 # The TP gate alone (the `tp` stage ends with it too).

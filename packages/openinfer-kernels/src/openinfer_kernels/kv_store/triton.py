@@ -39,7 +39,7 @@ def quantize_for_cache(x, inv_scale, FP8: tl.constexpr):
     saturated at +-448 and rounded to the e4m3 grid, as `quantize_kv`; else x."""
     # One return: Triton compiles every return of a function to one type, even behind a
     # constexpr branch.
-    if FP8:
+    if FP8:  # noqa: SIM108 (a Triton constexpr branch, kept as statements)
         out = _round_to_e4m3(tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0))
     else:
         out = x
