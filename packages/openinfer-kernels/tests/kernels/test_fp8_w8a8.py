@@ -249,15 +249,26 @@ def test_qwen3_8b_shapes(m: int, n: int, k: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [64, 333, 2048, 4099])
 @pytest.mark.parametrize(("n", "k"), QWEN3_8B)
-def test_cublas_product_at_qwen3_8b_shapes(m: int, n: int, k: int) -> None:
+def test_cublas_product_at_qwen3_8b_shapes(m: int, n: int, k: int,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """On Hopper the dispatching `fp8_w8a8_linear` takes cuBLASLt's block-scaled product
-    (`scaled_mm.py`) for float32-scaled whole blocks, row counts that no 4 divides included
-    (their scales are stored padded): the reference's product, within the FP8 MMA's sums."""
+    (`scaled_mm.py`: torch._scaled_mm, counted here) for float32-scaled whole blocks, row
+    counts that no 4 divides included (their scales are stored padded): the reference's
+    product, within the FP8 MMA's sums."""
     from openinfer_kernels.fp8_linear.scaled_mm import scaled_mm_applies
 
+    calls = []
+    scaled_mm = torch._scaled_mm
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return scaled_mm(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "_scaled_mm", counted)
     x, w, scale = make(m, n, k, torch.bfloat16, seed=m + n + k)
     xq, x_scale = fp8_group_quant_triton(x)
     assert scaled_mm_applies(xq, x_scale, w, scale, torch.bfloat16)
     out = fp8_linear.fp8_w8a8_linear(xq, x_scale, w, scale)
+    assert len(calls) == 1
     want = fp8_w8a8_linear_ref(*fp8_group_quant_ref(x), w, scale, torch.float32)
     torch.testing.assert_close(out.float(), want, **tol(torch.bfloat16, want))

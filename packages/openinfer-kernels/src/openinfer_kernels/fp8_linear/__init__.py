@@ -34,8 +34,9 @@ fp8_grouped_linear = by_device(fp8_grouped_linear_ref,
                                _kernels.fp8_grouped_linear_triton if _kernels else None)
 fp8_group_quant = by_device(fp8_group_quant_ref,
                             _w8a8.fp8_group_quant_triton if _w8a8 else None)
+# cuBLASLt's block-scaled FP8 product where it applies (`scaled_mm.py`), else the Triton one.
 fp8_w8a8_linear = by_device(fp8_w8a8_linear_ref,
-                            _w8a8.fp8_w8a8_linear_triton if _w8a8 else None)
+                            _scaled_mm.fp8_w8a8_linear_cuda if _scaled_mm else None)
 # Each op it calls dispatches by device, so this one does too.
 fp8_dynamic_linear = dynamic_linear(fp8_block_linear, fp8_group_quant, fp8_w8a8_linear)
 
