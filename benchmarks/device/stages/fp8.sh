@@ -1,6 +1,6 @@
 # Qwen3-8B with FP8 weights (`--load-format dummy` of Qwen3-8B-FP8's config: e4m3
-# linears with float32 block scales) kept FP8 (OPENINFER_FP8_WEIGHTS=keep, fp8_dynamic_linear)
-# and dequantized at load (the default), beside bf16: batch 1, 128 in / 128 out, and TTFT at
+# linears with float32 block scales) kept FP8 (the default, fp8_dynamic_linear) and
+# dequantized at load (OPENINFER_FP8_WEIGHTS=dequantize), beside bf16: batch 1, 128 in / 128 out, and TTFT at
 # 2048 and 8192 in, where kept FP8 runs its prompt products W8A8 (OPENINFER_FP8_LINEAR=auto) or
 # weight-only; the FP8 linears at Qwen3-8B's shapes for M = 1 .. 8192 (fp8_gemm.py: W8A8,
 # weight-only, bf16, cuBLASLt's block-scaled FP8, W8A8 tile candidates, against the bf16 and

@@ -124,8 +124,11 @@ def test_kept_linears_dequantize_to_the_loaded_ones(pairs: dict[str, tuple[Path,
     assert plain.decode_bytes() - kept.decode_bytes() == saved
 
 
-def test_default_and_cpu_dequantize(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_keeps_on_cuda_and_cpu_dequantizes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(fp8_weights.FP8_WEIGHTS_ENV, raising=False)
+    assert fp8_weights.keep_fp8_weights(torch.device("cuda"))
+    assert not fp8_weights.keep_fp8_weights(torch.device("cpu"))
+    monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "dequantize")
     assert not fp8_weights.keep_fp8_weights(torch.device("cuda"))
     monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "keep")
     assert fp8_weights.keep_fp8_weights(torch.device("cuda"))

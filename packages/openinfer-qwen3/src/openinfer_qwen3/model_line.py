@@ -36,10 +36,10 @@ class Qwen3ModelLine:
         ckpt = open_checkpoint(model_dir, options.load_format,
                                std=float(config.get("initializer_range", 0.02)))
         try:
-            # `--quantization fp8` (options.quantization: the checkpoint is unquantized)
-            # keeps its FP8 unless OPENINFER_FP8_WEIGHTS says otherwise.
+            # FP8 linears (stored, or quantized for `--quantization fp8`) stay FP8 on the GPU
+            # unless OPENINFER_FP8_WEIGHTS=dequantize.
             quantize = options.quantization == "fp8"
-            keep = keep_fp8_weights(options.device, "keep" if quantize else "dequantize")
+            keep = keep_fp8_weights(options.device)
             weights = load_weights(ckpt, cfg, dtype=options.dtype, device=options.device,
                                    shard=shard, keep_fp8=keep, quantize=quantize)
             kv_scales = None
