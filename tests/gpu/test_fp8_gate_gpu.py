@@ -14,9 +14,11 @@ Cases, teacher-forced (forced.py), every position's top 8 against the reference:
   since the reference here is fp32, not bf16 with errors of its own.
 - auto (W8A8 prompt products from W8A8_MIN_ROWS rows, weight-only decodes), eager and from
   CUDA graphs. Each linear's input is rounded to e4m3 per 128-column group (at most 2^-4
-  relative, 0.5-2.6% rms of a product in test_fp8_w8a8); the bounds are loose until the first
-  GPU run measures them (printed and written to $OPENINFER_GPU_RESULTS/fp8_gate_gpu.jsonl):
-  set them to about twice the measured figures then."""
+  relative, 0.5-2.6% rms of a product in test_fp8_w8a8). Measured on an H100 with the
+  Triton W8A8 product (run 131 in BENCHMARKS.md): eager mean 0.117, p99 0.40, regret 0.68
+  at one near-tie; from CUDA graphs mean 0.063, p99 0.28, regret 0.19. The bounds are about
+  twice the eager figures (regret 1.5 times). Printed and written to
+  $OPENINFER_GPU_RESULTS/fp8_gate_gpu.jsonl."""
 
 from __future__ import annotations
 
@@ -40,8 +42,7 @@ PROMPT_LENS = [1, 3, 7, 16, 33, 63, 64, 65, 100, 128, 129, 200, 256, 300, 511]
 DECODES = 8
 RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
 WEIGHT_ONLY_BOUNDS = {"regret_max": 0.30, "dlogprob_mean": 0.09, "dlogprob_p99": 0.30}
-# To be set from the first H100 measurement (about twice it).
-W8A8_BOUNDS = {"regret_max": 1.0, "dlogprob_mean": 0.30, "dlogprob_p99": 1.0}
+W8A8_BOUNDS = {"regret_max": 1.0, "dlogprob_mean": 0.25, "dlogprob_p99": 0.80}
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
