@@ -39,10 +39,11 @@ def run_ttir_session(tests: list[str], report: Path, cwd: Path) -> dict[str, Any
     """The plugin's report for a pytest session over `tests` with every launch compiled to
     TTIR. Its tests' failures are expected (pytest exits 1); any other failure to run is not."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "OMP_NUM_THREADS": "1"}
+    # Its timeout is under pytest-timeout's 300 s, so a hang says where it hung.
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "--tb=no", "--no-header", "-p", "no:cacheprovider",
          "-p", PLUGIN, f"--ttir-report={report}", *tests],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
     assert done.returncode in (0, 1) and report.exists(), (
         f"the TTIR session did not run (exit {done.returncode}):\n"
         f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
