@@ -62,7 +62,7 @@ def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
 def gated_delta_rule_varlen_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 g: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
                                 slots: torch.Tensor, fresh: torch.Tensor,
-                                query_start_loc: torch.Tensor, decode: bool,
+                                query_start_loc: torch.Tensor, decode: bool, *,
                                 plan: ChunkPlan | None = None) -> torch.Tensor:
     """`reference.gated_delta_rule_varlen_ref`, same arguments and effects. A decode step
     makes no host synchronisation (CUDA graphs capture it); a prefill step takes its bounds
