@@ -53,7 +53,7 @@ def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
         q.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
         k.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
         v.reshape(t, heads, cfg.linear_value_dim), g, beta, recurrent_state, rows.slots,
-        rows.fresh, batch.query_start_loc, decode=batch.max_query_len == 1)
+        rows.fresh, batch.query_start_loc, decode=batch.max_query_len == 1, plan=rows.plan)
     out = gated_rms_norm(core, z.reshape(t, heads, cfg.linear_value_dim), w.norm,
                          cfg.rms_norm_eps)
     return linear(out.reshape(t, cfg.value_dim), w.out_proj)

@@ -12,12 +12,14 @@ the slot's stale contents. Every batch carries the table, start-up's scratch bat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_qwen35.config import Qwen35Config
+from openinfer_qwen35.kernels.gated_delta_rule import chunk_plan
 
 FULL_GROUP = 0  # the attention layers' K/V: `batch.block_tables` and `slot_mapping`
 STATE_GROUP = 1  # the linear layers' states: one slot per request
@@ -57,10 +59,13 @@ class StateCache:
 
 @dataclass(frozen=True, slots=True)
 class StepRows:
-    """Each row's state slot [B] and whether it starts afresh [B] bool, for one step."""
+    """Each row's state slot [B] and whether it starts afresh [B] bool, for one step, and on
+    CUDA prefill steps the delta rule's chunk plan (`chunk_plan`), which every linear layer
+    of the step shares."""
 
     slots: torch.Tensor
     fresh: torch.Tensor
+    plan: Any = None
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> StepRows:
@@ -72,4 +77,6 @@ class StepRows:
                                "passes every KV group's table with a state group")
         slots = batch.group_table(STATE_GROUP)[:, 0]
         first = batch.query_start_loc[:-1].long().clamp(max=max(batch.num_tokens - 1, 0))
-        return cls(slots.long(), batch.positions[first] == 0)
+        plan = chunk_plan(batch.query_start_loc, batch.query_start_loc_cpu,
+                          decode=batch.max_query_len == 1)
+        return cls(slots.long(), batch.positions[first] == 0, plan)

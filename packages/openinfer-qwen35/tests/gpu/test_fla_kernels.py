@@ -32,7 +32,10 @@ def case(lengths: list[int], dtype: torch.dtype, heads: int = 4, value_heads: in
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lengths", [[63], [1, 70, 5], [128, 1, 1, 33]])
 def test_chunk_matches_reference(lengths: list[int], dtype: torch.dtype) -> None:
-    from openinfer_qwen35.kernels.gated_delta_rule.fla import gated_delta_rule_varlen_fla
+    from openinfer_qwen35.kernels.gated_delta_rule.fla import (
+        ChunkPlan,
+        gated_delta_rule_varlen_fla,
+    )
 
     q, k, v, g, beta, qsl = case(lengths, dtype)
     rows = len(lengths)
@@ -42,8 +45,9 @@ def test_chunk_matches_reference(lengths: list[int], dtype: torch.dtype) -> None
     ref_states = states.clone()
     want = gated_delta_rule_varlen_ref(q, k, v, g, beta, ref_states, slots, fresh, qsl,
                                        decode=False)
+    # The engine's way: the step's chunk plan built from the host bounds.
     got = gated_delta_rule_varlen_fla(q, k, v, g, beta, states, slots, fresh, qsl,
-                                      decode=False)
+                                      decode=False, plan=ChunkPlan.of(qsl, qsl.cpu()))
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
     torch.testing.assert_close(states, ref_states, atol=TOL[dtype], rtol=TOL[dtype])
 
