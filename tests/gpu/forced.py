@@ -4,7 +4,10 @@ the next-token logits at every chunk's end are kept for comparison with transfor
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import random
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +25,10 @@ from openinfer_core.request import GenerateRequest
 
 TOP = 8
 T = TypeVar("T")
+# The golden gate's bounds (DESIGN §7), per compared position: regret of our pick (nat), and
+# |Δ logprob| over our top 8 (mean, p99).
+GOLDEN_BOUNDS = {"regret_max": 0.20, "dlogprob_mean": 0.06, "dlogprob_p99": 0.20}
+RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
 
 
 @dataclass
@@ -124,20 +131,55 @@ def gate_row(name: str, picks: list[Picks], reference: list[torch.Tensor],
             "regret_over_0.1": int((regret > 0.1).sum().item()), "worst_pick": worst_pick}
 
 
+def each_alone(engine: Engine, sequences: Sequence[Sequence[int]], decodes: int, *,
+               use_graphs: bool = False) -> list[Picks]:
+    """Each sequence alone: its prompt (all but the last `decodes` tokens) in one step, then a
+    token a step. Eagerly, logits at every position; with `use_graphs`, each step's last
+    (the decodes from CUDA graphs)."""
+    picks = []
+    for seq in sequences:
+        n = len(seq) - decodes
+        picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
+                            use_graphs=use_graphs, all_positions=not use_graphs)
+    return picks
+
+
 def one_at_a_time(engine: Engine, sequences: Sequence[Sequence[int]], decodes: int) -> list[Picks]:
-    """Each sequence alone, eagerly: its prompt (all but the last `decodes` tokens) in one
-    step, then a token a step; logits at every position. Closes the engine after."""
+    """`each_alone`, eagerly; closes the engine after."""
     try:
-        picks = []
-        for seq in sequences:
-            n = len(seq) - decodes
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=False, all_positions=True)
-        return picks
+        return each_alone(engine, sequences, decodes)
     finally:
         engine.close()
         del engine
         torch.cuda.empty_cache()
+
+
+def random_sequences(seed: int, prompt_lens: Sequence[int], decodes: int,
+                     vocab: int) -> list[list[int]]:
+    """A sequence of `n + decodes` random token ids below `vocab` for each prompt length n."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(n + decodes)] for n in prompt_lens]
+
+
+def record(row: dict[str, object], file: str = "golden_gpu.jsonl") -> None:
+    """Print `row` and append it to `file` under $OPENINFER_GPU_RESULTS."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / file).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    print(row)
+
+
+def assert_within(row: dict[str, object], bounds: dict[str, float] = GOLDEN_BOUNDS) -> None:
+    for key, bound in bounds.items():
+        assert row[key] <= bound, (key, row)  # type: ignore[operator]
+
+
+def check_gate(name: str, picks: list[Picks], reference: list[torch.Tensor], which: list[int],
+               bounds: dict[str, float] = GOLDEN_BOUNDS, file: str = "golden_gpu.jsonl") -> None:
+    """`gate_row` of `picks` against `reference`, recorded, then held to `bounds`."""
+    row = gate_row(name, picks, reference, which)
+    record(row, file)
+    assert_within(row, bounds)
 
 
 @torch.inference_mode()
@@ -152,7 +194,6 @@ def reference_logprobs(hf: torch.nn.Module, sequences: Sequence[Sequence[int]]
     del hf
     torch.cuda.empty_cache()
     return out
-
 
 
 def in_fresh_process(fn: Callable[..., T], *args: Any) -> T:

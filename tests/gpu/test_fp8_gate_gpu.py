@@ -23,8 +23,6 @@ Cases, teacher-forced (forced.py), every position's top 8 against the reference:
 from __future__ import annotations
 
 import json
-import os
-import random
 import sys
 from pathlib import Path
 
@@ -33,14 +31,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, gate_row, reference_logprobs, run_forced
+from forced import check_gate, each_alone, random_sequences, reference_logprobs
 
 pytestmark = pytest.mark.gpu
 
 LAYERS = 6
 PROMPT_LENS = [1, 3, 7, 16, 33, 63, 64, 65, 100, 128, 129, 200, 256, 300, 511]
 DECODES = 8
-RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
 WEIGHT_ONLY_BOUNDS = {"regret_max": 0.30, "dlogprob_mean": 0.09, "dlogprob_p99": 0.30}
 W8A8_BOUNDS = {"regret_max": 1.0, "dlogprob_mean": 0.25, "dlogprob_p99": 0.80}
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -61,8 +58,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sequences() -> list[list[int]]:
-    rng = random.Random(34)
-    return [[rng.randrange(151643) for _ in range(n + DECODES)] for n in PROMPT_LENS]
+    return random_sequences(34, PROMPT_LENS, DECODES, vocab=151643)
 
 
 @pytest.fixture(scope="module")
@@ -97,24 +93,10 @@ def engine(checkpoint: Path, reference: list[torch.Tensor]):  # type: ignore[no-
     return engine
 
 
-def _batch1(engine, sequences, use_graphs: bool) -> list[Picks]:  # type: ignore[no-untyped-def]
-    picks = []
-    for seq in sequences:
-        n = len(seq) - DECODES
-        picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                            use_graphs=use_graphs, all_positions=not use_graphs)
-    return picks
-
-
-def _gate(name: str, picks: list[Picks], reference: list[torch.Tensor],
-          bounds: dict[str, float]) -> None:
-    row = gate_row(name, picks, reference, list(range(len(picks))))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / "fp8_gate_gpu.jsonl").open("a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(row)
-    for key, bound in bounds.items():
-        assert row[key] <= bound, (key, row)
+def _gate(name: str, engine, sequences, reference,  # type: ignore[no-untyped-def]
+          use_graphs: bool, bounds: dict[str, float]) -> None:
+    picks = each_alone(engine, sequences, DECODES, use_graphs=use_graphs)
+    check_gate(name, picks, reference, list(range(len(picks))), bounds, "fp8_gate_gpu.jsonl")
 
 
 def test_weight_only_products(engine, sequences, reference,  # type: ignore[no-untyped-def]
@@ -122,8 +104,7 @@ def test_weight_only_products(engine, sequences, reference,  # type: ignore[no-u
     from openinfer_kernels.fp8_linear import FP8_LINEAR_ENV
 
     monkeypatch.setenv(FP8_LINEAR_ENV, "weight-only")
-    _gate("fp8-weight-only-eager", _batch1(engine, sequences, False), reference,
-          WEIGHT_ONLY_BOUNDS)
+    _gate("fp8-weight-only-eager", engine, sequences, reference, False, WEIGHT_ONLY_BOUNDS)
 
 
 @pytest.mark.parametrize("use_graphs", [False, True], ids=["eager", "graphs"])
@@ -135,5 +116,5 @@ def test_w8a8_prefill(engine, sequences, reference,  # type: ignore[no-untyped-d
     if use_graphs:
         assert engine.graphs is not None
     # Eager: every position; from graphs: each step's last (the decodes from graphs).
-    _gate(f"fp8-auto-{'graphs' if use_graphs else 'eager'}",
-          _batch1(engine, sequences, use_graphs), reference, W8A8_BOUNDS)
+    _gate(f"fp8-auto-{'graphs' if use_graphs else 'eager'}", engine, sequences, reference,
+          use_graphs, W8A8_BOUNDS)

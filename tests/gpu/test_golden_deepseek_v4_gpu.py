@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from pathlib import Path
 
@@ -23,14 +22,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from dsv4_transformers import transformers_config, transformers_model
-from forced import Picks, gate_row, reference_logprobs, run_forced
+from forced import (
+    Picks,
+    check_gate,
+    each_alone,
+    random_sequences,
+    reference_logprobs,
+    run_forced,
+)
 
 pytestmark = pytest.mark.gpu
 
 PROMPT_LENS = [1, 7, 100, 129, 300, 700, 1500, 2200, 2600]
 DECODES = 8
-REGRET_MAX, MEAN_MAX, P99_MAX = 0.20, 0.06, 0.20
-RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
 LAYERS = int(os.environ.get("OPENINFER_DSV4_GOLDEN_LAYERS", "3"))
 
 
@@ -56,8 +60,7 @@ def engine(folder: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def sequences() -> list[list[int]]:
-    rng = random.Random(5)
-    return [[rng.randrange(128000) for _ in range(n + DECODES)] for n in PROMPT_LENS]
+    return random_sequences(5, PROMPT_LENS, DECODES, vocab=128000)
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +75,7 @@ def reference(engine, sequences: list[list[int]]) -> list[torch.Tensor]:  # type
 
 def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],
              which: list[int]) -> None:
-    row = gate_row(f"dsv4-{LAYERS}layers-{name}", picks, reference, which)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / "golden_gpu.jsonl").open("a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(row)
-    assert row["regret_max"] <= REGRET_MAX, row
-    assert row["dlogprob_mean"] <= MEAN_MAX, row
-    assert row["dlogprob_p99"] <= P99_MAX, row
+    check_gate(f"dsv4-{LAYERS}layers-{name}", picks, reference, which)
 
 
 def test_weights_stay_in_their_formats(engine) -> None:  # type: ignore[no-untyped-def]
@@ -91,11 +87,7 @@ def test_weights_stay_in_their_formats(engine) -> None:  # type: ignore[no-untyp
 
 
 def test_batch1(engine, sequences, reference) -> None:  # type: ignore[no-untyped-def]
-    picks = []
-    for seq in sequences:
-        n = len(seq) - DECODES
-        picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                            use_graphs=False, all_positions=True)
+    picks = each_alone(engine, sequences, DECODES)
     _compare("batch1", picks, reference, list(range(len(sequences))))
 
 

@@ -10,9 +10,7 @@ the 8-bucket, 9 in the 16-bucket)."""
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import sys
 from pathlib import Path
 
@@ -21,7 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, gate_row, reference_logprobs, run_forced
+from forced import (
+    Picks,
+    check_gate,
+    each_alone,
+    random_sequences,
+    reference_logprobs,
+    run_forced,
+)
 
 from openinfer_kernels.gemm import triton_linear_on
 
@@ -30,8 +35,6 @@ pytestmark = pytest.mark.gpu
 PROMPT_LENS = [1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 48, 64, 96, 100, 127, 128, 129, 160,
                200, 255, 256, 257, 300, 333, 384, 400, 450, 500, 511, 512]
 DECODES = 8
-REGRET_MAX, MEAN_MAX, P99_MAX = 0.20, 0.06, 0.20
-RESULTS = Path(os.environ.get("OPENINFER_GPU_RESULTS", "/tmp/openinfer-gpu-results"))
 
 
 # Known miss, kept visible (strict: it must keep failing until the numbers change): position 514
@@ -73,8 +76,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sequences() -> list[list[int]]:
-    rng = random.Random(4)
-    return [[rng.randrange(151643) for _ in range(n + DECODES)] for n in PROMPT_LENS]
+    return random_sequences(4, PROMPT_LENS, DECODES, vocab=151643)
 
 
 @pytest.fixture(scope="module")
@@ -99,24 +101,13 @@ def engine(checkpoint: Path, reference: list[torch.Tensor]):  # type: ignore[no-
 
 def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],
              which: list[int]) -> None:
-    row = gate_row(name, picks, reference, which)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / "golden_gpu.jsonl").open("a") as f:
-        f.write(json.dumps(row) + "\n")
-    print(row)
-    assert row["regret_max"] <= REGRET_MAX, row
-    assert row["dlogprob_mean"] <= MEAN_MAX, row
-    assert row["dlogprob_p99"] <= P99_MAX, row
+    check_gate(name, picks, reference, which)
 
 
 @BATCH1_MISS
 def test_batch1_eager(engine, sequences, reference) -> None:  # type: ignore[no-untyped-def]
-    picks = []
-    for seq in sequences:
-        n = len(seq) - DECODES
-        # one prefill with logits at every prompt position, then decodes one by one
-        picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                            use_graphs=False, all_positions=True)
+    # one prefill with logits at every prompt position, then decodes one by one
+    picks = each_alone(engine, sequences, DECODES)
     _compare("batch1-eager", picks, reference, list(range(len(sequences))))
 
 
@@ -132,11 +123,7 @@ def need_graphs(engine) -> None:  # type: ignore[no-untyped-def]
 @BATCH1_GRAPH_MISS
 def test_batch1_cuda_graph(engine, sequences, reference) -> None:  # type: ignore[no-untyped-def]
     need_graphs(engine)
-    picks = []
-    for seq in sequences[::3]:
-        n = len(seq) - DECODES
-        picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                            use_graphs=True)
+    picks = each_alone(engine, sequences[::3], DECODES, use_graphs=True)
     _compare("batch1-graph", picks, reference, list(range(len(sequences)))[::3])
 
 

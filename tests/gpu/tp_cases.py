@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from forced import Picks, run_forced
+from forced import Picks, each_alone, run_forced
 
 from openinfer_core.distributed.group import FP32_REDUCE_ENV
 from openinfer_core.engine.config import EngineConfig
@@ -45,20 +45,11 @@ def _run_cases(engine: Engine, sequences: list[list[int]],
     out: dict[str, tuple[list[Picks], list[int]]] = {}
     every = list(range(len(sequences)))
     if "batch1-eager" in cases:
-        picks = []
-        for seq in sequences:
-            n = len(seq) - DECODES
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=False, all_positions=True)
-        out["batch1-eager"] = (picks, every)
+        out["batch1-eager"] = (each_alone(engine, sequences, DECODES), every)
     if "batch1-graph" in cases:
         assert engine.graphs is not None, "tensor parallelism must run from CUDA graphs"
         before = dict(engine.graphs.replays)
-        picks = []
-        for seq in sequences:
-            n = len(seq) - DECODES
-            picks += run_forced(engine, [seq], lambda step, i, done, n=n: n if step == 0 else 1,
-                                use_graphs=True)
+        picks = each_alone(engine, sequences, DECODES, use_graphs=True)
         assert engine.graphs.replays["decode"] >= before["decode"] + len(sequences) * (
             DECODES - 1)
         out["batch1-graph"] = (picks, every)
