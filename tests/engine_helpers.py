@@ -1,9 +1,10 @@
-"""Driving the engine directly in tests: all-position logits, staggered arrivals (the latter
-from `openinfer_core.testing`, re-exported here)."""
+"""Driving the engine directly in tests: all-position logits, greedy random requests, staggered
+arrivals (the latter from `openinfer_core.testing`, re-exported here)."""
 
 from __future__ import annotations
 
 import json
+import random
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,11 +17,12 @@ from openinfer_core.engine.engine import Engine
 from openinfer_core.engine.request_state import RequestState
 from openinfer_core.events import Finished, TokenEvent
 from openinfer_core.interfaces.scheduler import ScheduledRow
+from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 from openinfer_core.testing import run_staggered, tokens_of
 
-__all__ = ["engine_block_bytes", "finished_of", "hf_greedy", "prompt_logits", "run_staggered",
-           "tokens_of"]
+__all__ = ["engine_block_bytes", "finished_of", "greedy", "hf_greedy", "prompt_logits",
+           "random_requests", "run_staggered", "tokens_of"]
 
 
 @torch.inference_mode()
@@ -35,6 +37,21 @@ def prompt_logits(engine: Engine, token_ids: Sequence[int]) -> torch.Tensor:
         return engine.model.forward(host.to_device(engine.model.device))
     finally:
         engine.kv.free(seq.request_id)
+
+
+def greedy(n: int) -> SamplingParams:
+    """`n` greedy tokens, past any end-of-sequence token."""
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def random_requests(n: int, seed: int, lengths: tuple[int, int], max_tokens: int,
+                    vocab: int) -> list[GenerateRequest]:
+    """`n` greedy requests r0.. of `max_tokens` tokens, prompts of random ids below `vocab`
+    with lengths drawn from `lengths` (both ends included)."""
+    rng = random.Random(seed)
+    return [GenerateRequest(f"r{i}", tuple(rng.randrange(vocab)
+                                           for _ in range(rng.randint(*lengths))),
+                            greedy(max_tokens)) for i in range(n)]
 
 
 def finished_of(events: Sequence[TokenEvent]) -> Finished:

@@ -6,11 +6,11 @@ memory budget sets the window pool aside; `--kv-offload` is refused."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
+import engine_helpers
 import pytest
-from engine_helpers import run_staggered, tokens_of
+from engine_helpers import greedy, run_staggered, tokens_of
 from window_model import (
     TOKEN_BYTES,
     WindowedHistoryModel,
@@ -19,7 +19,7 @@ from window_model import (
     write_checkpoint,
 )
 
-from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams, Scheduled
+from openinfer_core import Engine, EngineConfig, GenerateRequest, Scheduled
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import GroupedKV
 from openinfer_core.plugins import PluginManager
@@ -28,10 +28,6 @@ from openinfer_kvcache import window_pool_blocks
 HORIZON = 5
 BLOCK = 4
 VOCAB = 997
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
 def make_engine(tmp_path: Path, groups: bool, ranks: int = 1, **kw: object) -> Engine:
@@ -51,10 +47,7 @@ def assert_nothing_held(engine: Engine) -> None:
 
 def random_requests(n: int, seed: int, lengths: tuple[int, int],
                     max_tokens: int) -> list[GenerateRequest]:
-    rng = random.Random(seed)
-    return [GenerateRequest(f"r{i}", tuple(rng.randrange(VOCAB)
-                                           for _ in range(rng.randint(*lengths))),
-                            greedy(max_tokens)) for i in range(n)]
+    return engine_helpers.random_requests(n, seed, lengths, max_tokens, VOCAB)
 
 
 def check_tokens(events: dict[str, list], requests: list[GenerateRequest]) -> None:

@@ -7,11 +7,11 @@ free slot; the memory budget sets the state pool aside; `--kv-offload` is refuse
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
+import engine_helpers
 import pytest
-from engine_helpers import run_staggered, tokens_of
+from engine_helpers import greedy, run_staggered, tokens_of
 from state_model import (
     STATE_BYTES,
     TOKEN_BYTES,
@@ -21,17 +21,13 @@ from state_model import (
     write_checkpoint,
 )
 
-from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams, Scheduled
+from openinfer_core import Engine, EngineConfig, GenerateRequest, Scheduled
 from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.kv import GroupedKV
 from openinfer_core.plugins import PluginManager
 
 BLOCK = 4
 VOCAB = 997
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
 
 
 def make_engine(tmp_path: Path, ranks: int = 1, state_slots: int | None = None,
@@ -52,10 +48,7 @@ def usage(engine: Engine) -> list[tuple[str, int]]:
 
 def random_requests(n: int, seed: int, lengths: tuple[int, int],
                     max_tokens: int) -> list[GenerateRequest]:
-    rng = random.Random(seed)
-    return [GenerateRequest(f"r{i}", tuple(rng.randrange(VOCAB)
-                                           for _ in range(rng.randint(*lengths))),
-                            greedy(max_tokens)) for i in range(n)]
+    return engine_helpers.random_requests(n, seed, lengths, max_tokens, VOCAB)
 
 
 def check_tokens(events: dict[str, list], requests: list[GenerateRequest]) -> None:

@@ -5,11 +5,6 @@ go through the DSML parser, and greedy output is the same for the same prompt.""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,38 +12,19 @@ import httpx
 import openai
 import pytest
 
+from openinfer_core.testing import served_demo
 from openinfer_core.text.tokenizer import Tokenizer
 from openinfer_deepseek_v4.chat.encoding import encode_messages
 
 pytestmark = pytest.mark.slow
 
 
-def _command() -> list[str]:
-    script = Path(sys.executable).parent / "openinfer"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     root = tmp_path_factory.mktemp("served")
-    log = root / "serve.log"
-    env = {**os.environ, "OPENINFER_CACHE_DIR": str(root / "cache")}
-    env.pop("OPENINFER_API_KEY", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen([*_command(), "serve", "--demo", "deepseek-v4", "--device", "cpu",
-                                 "--port", "0", "--max-model-len", "512"],
-                                stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 240
-        while not (match := re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())):
-            assert proc.poll() is None, f"openinfer serve exited early:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"not ready:\n{log.read_text()}"
-            time.sleep(0.2)
+    with served_demo("deepseek-v4", root) as url:
         [folder] = (root / "cache").glob("demo-deepseek-v4-*")
-        yield match.group(1), folder
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        yield url, folder
 
 
 def test_models_lists_the_demo(served: tuple[str, Path]) -> None:

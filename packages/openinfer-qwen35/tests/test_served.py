@@ -5,48 +5,24 @@ same prompt, and an image content part is refused with an OpenAI-style 400."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from openinfer_core.testing import served_demo
+
 pytestmark = pytest.mark.slow
 MODEL = "openinfer-demo"
-
-
-def _command() -> list[str]:
-    script = Path(sys.executable).parent / "openinfer"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("served")
-    log = root / "serve.log"
-    env = {**os.environ, "OPENINFER_CACHE_DIR": str(root / "cache")}
-    env.pop("OPENINFER_API_KEY", None)
-    with log.open("w") as out:
-        proc = subprocess.Popen([*_command(), "serve", "--demo", "qwen3.5", "--device", "cpu",
-                                 "--port", "0", "--max-model-len", "512"],
-                                stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 240
-        while not (match := re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())):
-            assert proc.poll() is None, f"openinfer serve exited early:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"not ready:\n{log.read_text()}"
-            time.sleep(0.2)
-        assert "qwen3.5" in log.read_text()
-        yield match.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with served_demo("qwen3.5", root) as url:
+        assert "qwen3.5" in (root / "serve.log").read_text()
+        yield url
 
 
 def client_of(url: str) -> openai.OpenAI:

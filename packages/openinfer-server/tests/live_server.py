@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +14,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from openinfer_core.handle import EngineHandle
+from openinfer_core.testing import openinfer_command, wait_for_ready
 from openinfer_core.text.tokenizer import Tokenizer
+
+__all__ = ["ALIAS", "API_KEY", "MODEL", "LiveServer", "error_of", "openinfer_command",
+           "serve_in_thread", "wait_for_ready"]
 
 MODEL = "tiny-qwen3"
 ALIAS = "tiny-alias"
@@ -70,25 +70,6 @@ def serve_in_thread(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread
             pass
         time.sleep(0.05)
     raise RuntimeError("the test server did not come up within 30 s")
-
-
-def openinfer_command() -> list[str]:
-    """The installed console script, as a user runs it."""
-    script = Path(sys.executable).parent / "openinfer"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
-
-
-def wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
-    """The URL `openinfer serve` logs once ready (the first, with several frontends)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())
-        if match:
-            return match.group(1)
-        if proc.poll() is not None:
-            raise AssertionError(f"openinfer serve exited early:\n{log.read_text()}")
-        time.sleep(0.2)
-    raise AssertionError(f"openinfer serve not ready after {timeout}s:\n{log.read_text()}")
 
 
 def error_of(response: httpx.Response, status: int) -> dict[str, Any]:

@@ -1,13 +1,20 @@
 """Driving an in-process `Engine` in tests, for openinfer's own and for model-line plugins':
 requests that join the running batch at chosen steps, and the tokens each one got; and two
 models' teacher-forced prompt logprobs compared (`prompt_logprobs`, `logprob_drift`), as the
-FP8 numerics checks do."""
+FP8 numerics checks do; and `openinfer serve` run as a user runs it (`served_demo`)."""
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
+import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 from openinfer_core.engine.engine import Engine
 from openinfer_core.events import PromptLogprobs, Token, TokenEvent
@@ -65,3 +72,41 @@ def logprob_drift(a: Sequence[PromptLogprobs], b: Sequence[PromptLogprobs]
     return {"positions": n, "dlogprob_mean": sum(deltas) / n,
             "dlogprob_p99": deltas[min(n - 1, math.ceil(0.99 * n) - 1)],
             "dlogprob_max": deltas[-1], "top1_agreement": agree / n}
+
+
+def openinfer_command() -> list[str]:
+    """The installed console script, as a user runs it."""
+    script = Path(sys.executable).parent / "openinfer"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "openinfer_server.cli"]
+
+
+def wait_for_ready(proc: subprocess.Popen[str], log: Path, timeout: float) -> str:
+    """The URL `openinfer serve` logs once ready (the first, with several frontends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"ready in [\d.]+ s: (http://\S+)", log.read_text())
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            raise AssertionError(f"openinfer serve exited early:\n{log.read_text()}")
+        time.sleep(0.2)
+    raise AssertionError(f"openinfer serve not ready after {timeout}s:\n{log.read_text()}")
+
+
+@contextmanager
+def served_demo(demo: str, root: Path, timeout: float = 240) -> Iterator[str]:
+    """`openinfer serve --demo <demo>` on the CPU (max_model_len 512, any free port) in a
+    subprocess, its demo checkpoint cached under `root / "cache"` and its log in
+    `root / "serve.log"`. Yields the server's URL once ready; stops the server after."""
+    log = root / "serve.log"
+    env = {**os.environ, "OPENINFER_CACHE_DIR": str(root / "cache")}
+    env.pop("OPENINFER_API_KEY", None)
+    with log.open("w") as out:
+        proc = subprocess.Popen([*openinfer_command(), "serve", "--demo", demo, "--device", "cpu",
+                                 "--port", "0", "--max-model-len", "512"],
+                                stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        yield wait_for_ready(proc, log, timeout)
+    finally:
+        proc.terminate()
+        proc.wait(30)
