@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from openinfer_core.engine.batch import plan_batch
+from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
 from openinfer_core.engine.request_state import RequestState
 from openinfer_core.interfaces.scheduler import ScheduledRow
@@ -152,6 +153,13 @@ def one_at_a_time(engine: Engine, sequences: Sequence[Sequence[int]], decodes: i
         engine.close()
         del engine
         torch.cuda.empty_cache()
+
+
+def gate_engine(checkpoint: Path) -> Engine:
+    """The one-GPU golden gates' engine over `checkpoint`: 1024-token context, 16 rows,
+    1024 KV blocks, CUDA graphs as the defaults give them."""
+    return Engine(EngineConfig(model=str(checkpoint), device="cuda", max_model_len=1024,
+                               max_num_seqs=16, num_kv_blocks=1024))
 
 
 def random_sequences(seed: int, prompt_lens: Sequence[int], decodes: int,

@@ -22,14 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from dsv4_transformers import transformers_config, transformers_model
-from forced import (
-    Picks,
-    check_gate,
-    each_alone,
-    random_sequences,
-    reference_logprobs,
-    run_forced,
-)
+from forced import Picks, check_gate, each_alone, random_sequences, reference_logprobs, run_forced
 
 pytestmark = pytest.mark.gpu
 

@@ -23,6 +23,7 @@ from forced import (
     Picks,
     check_gate,
     each_alone,
+    gate_engine,
     random_sequences,
     reference_logprobs,
     run_forced,
@@ -92,11 +93,7 @@ def reference(checkpoint: Path, sequences: list[list[int]]) -> list[torch.Tensor
 
 @pytest.fixture(scope="module")
 def engine(checkpoint: Path, reference: list[torch.Tensor]):  # type: ignore[no-untyped-def]
-    from openinfer_core.engine.config import EngineConfig
-    from openinfer_core.engine.engine import Engine
-
-    return Engine(EngineConfig(model=str(checkpoint), device="cuda", max_model_len=1024,
-                               max_num_seqs=16, num_kv_blocks=1024))
+    return gate_engine(checkpoint)  # after `reference`, which frees its GPU memory
 
 
 def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],

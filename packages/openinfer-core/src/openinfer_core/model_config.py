@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,15 @@ class ConfigReader:
         if not isinstance(value, bool):
             raise ModelConfigError(f"{self.source}: {name!r} must be true or false, got {value!r}")
         return value
+
+    def grouped(self, name: str, group: str, default: builtins.int | None = None,
+                group_default: builtins.int | None = None
+                ) -> tuple[builtins.int, builtins.int]:
+        """`name` and `group`, heads that share in groups (query heads over KV heads):
+        `group` defaults to `name`'s count, and must divide it."""
+        count = self.int(name, default)
+        groups = self.int(group, count if group_default is None else group_default)
+        if count % groups:
+            raise ModelConfigError(
+                f"{self.source}: {name} ({count}) must be a multiple of {group} ({groups})")
+        return count, groups

@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
@@ -27,11 +26,7 @@ class DeepseekV4ModelLine:
              options: LoadOptions) -> DeepseekV4Model:
         cfg = dataclasses.replace(DeepseekV4Config.from_dict(config),
                                   quant_sim=quant_sim_for(config))
-        max_len = options.max_model_len or cfg.max_position_embeddings
-        if max_len > cfg.max_position_embeddings:
-            raise ModelConfigError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{cfg.max_position_embeddings}")
+        max_len = options.model_len(cfg.max_position_embeddings)
         tp = options.tensor_parallel
         shard = None if tp is None else DeepseekV4Shard.of(cfg, tp.rank, tp.size,
                                                            options.expert_parallel)

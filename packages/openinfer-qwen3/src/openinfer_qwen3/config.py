@@ -40,14 +40,8 @@ class Qwen3Config:
     @classmethod
     def from_dict(cls, config: dict[str, Any]) -> Qwen3Config:
         r = ConfigReader(config)
-        num_heads = r.int("num_attention_heads")
-        num_kv_heads = r.int("num_key_value_heads", num_heads)
+        num_heads, num_kv_heads = r.grouped("num_attention_heads", "num_key_value_heads")
         hidden = r.int("hidden_size")
-        if num_heads % num_kv_heads:
-            raise ModelConfigError(
-                f"config.json: num_attention_heads ({num_heads}) must be a multiple of "
-                f"num_key_value_heads ({num_kv_heads})"
-            )
         head_dim = config.get("head_dim") or hidden // num_heads
         if config.get("head_dim") is None and hidden % num_heads:
             raise ModelConfigError(

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.weights.checkpoint import open_checkpoint
 from openinfer_core.weights.kv_scales import read_kv_scales
@@ -25,12 +24,7 @@ class Qwen3ModelLine:
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen3Model:
         cfg = Qwen3Config.from_dict(config)
-        max_len = options.max_model_len or cfg.max_position_embeddings
-        if max_len > cfg.max_position_embeddings:
-            raise ModelConfigError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{cfg.max_position_embeddings}"
-            )
+        max_len = options.model_len(cfg.max_position_embeddings)
         tp = options.tensor_parallel
         shard = None if tp is None else Qwen3Shard.of(cfg, tp.rank, tp.size)
         ckpt = open_checkpoint(model_dir, options.load_format,

@@ -82,18 +82,8 @@ class Qwen35Config:
         body: dict[str, Any] = text if isinstance(text, dict) else config
         _refuse_unsupported(config, body)
         r = ConfigReader(body)
-        num_heads = r.int("num_attention_heads")
-        num_kv_heads = r.int("num_key_value_heads", num_heads)
-        if num_heads % num_kv_heads:
-            raise ModelConfigError(
-                f"config.json: num_attention_heads ({num_heads}) must be a multiple of "
-                f"num_key_value_heads ({num_kv_heads})")
-        k_heads = r.int("linear_num_key_heads", 16)
-        v_heads = r.int("linear_num_value_heads", 32)
-        if v_heads % k_heads:
-            raise ModelConfigError(
-                f"config.json: linear_num_value_heads ({v_heads}) must be a multiple of "
-                f"linear_num_key_heads ({k_heads})")
+        num_heads, num_kv_heads = r.grouped("num_attention_heads", "num_key_value_heads")
+        v_heads, k_heads = r.grouped("linear_num_value_heads", "linear_num_key_heads", 32, 16)
         head_dim = r.int("head_dim", 256)
         rope = _rope(body)
         rotary_dim = int(head_dim * rope["partial_rotary_factor"])

@@ -20,11 +20,7 @@ class Qwen35ModelLine:
     @classmethod
     def load(cls, model_dir: Path, config: dict[str, Any], options: LoadOptions) -> Qwen35Model:
         cfg = Qwen35Config.from_dict(config)
-        max_len = options.max_model_len or cfg.max_position_embeddings
-        if max_len > cfg.max_position_embeddings:
-            raise ModelConfigError(
-                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-                f"{cfg.max_position_embeddings}")
+        max_len = options.model_len(cfg.max_position_embeddings)
         if options.tensor_parallel is not None:
             raise ModelConfigError("qwen3.5: tensor parallelism is not supported yet")
         text = config.get("text_config") or config

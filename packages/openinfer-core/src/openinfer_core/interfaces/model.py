@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from openinfer_core.errors import ModelConfigError
 from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_core.interfaces.kv import KVManager
 
@@ -268,6 +269,17 @@ class LoadOptions:
     # The KV pages' dtype: None, the model's `dtype`; float8_e4m3fn (`--kv-cache-dtype fp8`)
     # only for lines with `capabilities.SupportsFp8KVCache`.
     kv_cache_dtype: torch.dtype | None = None
+
+    def model_len(self, max_position_embeddings: int) -> int:
+        """The context length to serve: `max_model_len`, or the model's
+        `max_position_embeddings` where unset; a longer `max_model_len` than the model's is a
+        `ModelConfigError`."""
+        max_len = self.max_model_len or max_position_embeddings
+        if max_len > max_position_embeddings:
+            raise ModelConfigError(
+                f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                f"{max_position_embeddings}")
+        return max_len
 
 
 @runtime_checkable
