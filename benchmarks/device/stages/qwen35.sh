@@ -43,3 +43,16 @@ PY
     --result-file "$OUT/throughput-qwen35-4b-128.json" > "$OUT/qwen35_throughput.log" 2>&1
   tail -8 "$OUT/qwen35_throughput.log"
 }
+
+stage_qwen35long() {
+  # Offline throughput, Qwen3.5-4B shapes, 2048 in / 2048 out x 128 (issue 37's second
+  # throughput figure), beside the run's ceilings; its own call, after `qwen35` passes.
+  local q35=/tmp/qwen35-4b
+  python3 -c "from openinfer_qwen35.shapes import write_config_folder as w; w('Qwen3.5-4B', '$q35')"
+  stage "offline throughput, Qwen3.5-4B, 2048/2048 x 128"
+  timeout 400 python3 -m openinfer_server.cli bench throughput $q35 --load-format dummy \
+    --max-num-seqs 128 --max-model-len 4608 --num-prompts 128 --input-len 2048 \
+    --output-len 2048 --result-file "$OUT/throughput-qwen35-4b-2048.json" \
+    > "$OUT/qwen35_throughput_long.log" 2>&1
+  tail -8 "$OUT/qwen35_throughput_long.log"
+}
