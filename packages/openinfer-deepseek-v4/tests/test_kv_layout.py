@@ -4,6 +4,8 @@ given to the earlier entry."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -85,6 +87,28 @@ def test_v4_flash_bytes_per_token() -> None:
     # one (the pools for one sequence, the padding block besides): ~15 MB whatever its length
     assert (window_pool_blocks(127, 16, 1, 1), window_pool_blocks(7, 16, 1, 1)) == (10, 3)
     assert raw * 9 + csa * 2 == 15_679_488
+
+
+def test_v4_flash_bytes_per_token_stored_as_the_official_rounding() -> None:
+    """With the official rounding on (DeepSeek's checkpoints) the full group stores its codes:
+    an entry 584 bytes (448 e4m3 + 64 bf16 rotary + 7 scale bytes + 1 of padding), an indexer
+    key 68 (128 e2m1 + 4 scale bytes): 4,153 bytes per token at block size 16 (8,000 in bf16),
+    3,605 at 64, where the HCA entries' one slot per block costs less. The window groups and
+    the layers' other tensors stay in bf16, as uint8 rows only the quantized parts."""
+    cfg = dataclasses.replace(DeepseekV4Config.from_dict(FLASH), quant_sim=True)
+    full, raw, csa = group_bytes_per_block(cfg, 16, torch.bfloat16)
+    assert full == 21 * (4 * 584 + 4 * 68) + 20 * 584
+    assert full // 16 == 4153
+    assert (raw, csa) == tuple(group_bytes_per_block(dataclasses.replace(cfg, quant_sim=False),
+                                                     16, torch.bfloat16)[1:])
+    assert group_bytes_per_block(cfg, 64, torch.bfloat16)[0] // 64 == 3605
+    layers = allocate_layers(cfg, (5, 4, 3), 16, torch.bfloat16, torch.device("meta"))
+    csa_layer = layers[2]
+    assert csa_layer.compressor is not None and csa_layer.indexer is not None
+    assert csa_layer.compressor.entries.shape == (5, 4, 584)
+    assert csa_layer.compressor.entries.dtype == torch.uint8
+    assert csa_layer.indexer.entries.shape == (5, 4, 68)
+    assert csa_layer.kv.dtype == csa_layer.compressor.projections.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(("ratios", "window", "horizons"), [

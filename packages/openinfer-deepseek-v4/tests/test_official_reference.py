@@ -32,6 +32,7 @@ from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.request_state import RequestState
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.testing import run_staggered, tokens_of
+from openinfer_deepseek_v4 import kv_cache
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.deepseek_names import weights_from_deepseek
 from openinfer_deepseek_v4.quant_sim import QUANT_SIM_ENV
@@ -154,3 +155,34 @@ def test_engine_matches_the_official_code(case: tuple[str, Path], sim: str,
     events = run_staggered(eng, requests, lambda i: i)
     assert [tokens_of(events[r.request_id]) for r in requests] == [r.greedy for r in runs]
     assert eng.kv.num_used_blocks == 0
+
+
+def test_stored_rounding_is_the_rounding(case: tuple[str, Path],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the rounding on, the full group stores the entries as FP8 and the indexer keys as
+    FP4 codes (uint8 rows), and the prefill logits equal, exactly, those of the engine that
+    keeps them in the model's dtype and rounds them in place; a prefix-cache hit over the
+    stored blocks gives the official greedy tokens."""
+    name, folder = case
+    monkeypatch.setenv(QUANT_SIM_ENV, "on")
+    runs = official_runs(name, "on")
+    config = EngineConfig(model=str(folder), device="cpu", max_model_len=128, block_size=8)
+    eng = Engine(config)
+    stored = [p.entries.dtype for layer in eng.model.layers  # type: ignore[attr-defined]
+              for p in (layer.compressor, layer.indexer) if p is not None]
+    assert stored and set(stored) == {torch.uint8}
+    ours = prefill_logits(eng, [r.prompt for r in runs])
+    with monkeypatch.context() as m:
+        m.setattr(kv_cache, "entry_formats", lambda cfg, dtype: (None, None))
+        rounded = prefill_logits(Engine(config), [r.prompt for r in runs])
+    for a, b in zip(ours, rounded, strict=True):
+        assert torch.equal(a, b)
+    run = max(runs, key=lambda r: len(r.prompt))
+    for tag in ("warm", "hit"):
+        request = GenerateRequest(tag, tuple(run.prompt),
+                                  SamplingParams(temperature=0.0, max_tokens=len(run.greedy),
+                                                 ignore_eos=True))
+        events = run_staggered(eng, [request], lambda _: 0)[tag]
+        assert tokens_of(events) == run.greedy
+    cached = getattr(events[0], "cached_tokens", 0)
+    assert cached >= 8 * ((len(run.prompt) - 1) // 8) - 8 > 0

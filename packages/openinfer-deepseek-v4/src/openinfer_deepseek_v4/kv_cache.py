@@ -17,8 +17,12 @@ V4-Flash's widths `window-127`: raw entries and HCA projections; `window-7`: CSA
 projections). A config without compressed layers has nothing to keep in full: its raw entries
 stay in the one full group. So a step needs no state beyond the blocks: a window's entry is
 pooled, in the step that computes its last token, from projections already in the cache;
-chunked prefill, preemption by recompute and prefix-cache hits need nothing more. (Spec:
-shared deepseek-v4.md §5.5, §5.8.)"""
+chunked prefill, preemption by recompute and prefix-cache hits need nothing more.
+
+With the official rounding on (`cfg.quant_sim`) the full group stores what the rounding keeps
+(`entry_formats`): the main entries in FP8 with their scales, the indexer keys in FP4
+(`kernels/quant_sim/storage.py`), written by `compress_pool` and decoded by their readers.
+(Spec: shared deepseek-v4.md §5.5, §5.8.)"""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import torch
 
 from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys, Fp8Entries, RowFormat
 
 FULL = KVGroupSpec("full")
 
@@ -41,15 +46,29 @@ def entries_per_block(block_size: int, ratio: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Part:
-    """One tensor of a layer: its name, the horizon of the group it lives in (None: full)
-    and its shape per block."""
+    """One tensor of a layer: its name, the horizon of the group it lives in (None: full),
+    its shape per block and its row format (None: the model's dtype; else uint8 rows)."""
 
     name: str
     horizon: int | None
     shape: tuple[int, ...]
+    fmt: RowFormat | None = None
 
 
-def _layer_parts(cfg: DeepseekV4Config, layer: int, block_size: int) -> list[_Part]:
+def entry_formats(cfg: DeepseekV4Config, dtype: torch.dtype
+                  ) -> tuple[Fp8Entries | None, Fp4Keys | None]:
+    """How the full group stores the main compressed entries and the indexer keys: with the
+    official rounding on, as its codes (FP8 entries, FP4 keys); else (None, None), in
+    `dtype`."""
+    if not cfg.quant_sim:
+        return None, None
+    element = torch.empty((), dtype=dtype).element_size()
+    return (Fp8Entries(cfg.head_dim, cfg.rope_head_dim, element),
+            Fp4Keys(cfg.index_head_dim))
+
+
+def _layer_parts(cfg: DeepseekV4Config, layer: int, block_size: int,
+                 dtype: torch.dtype = torch.bfloat16) -> list[_Part]:
     kind, ratio = cfg.attention_kinds[layer], cfg.compress_ratios[layer]
     compressed = any(k != "window" for k in cfg.attention_kinds)
     parts = [_Part("kv", cfg.sliding_window - 1 if compressed else None,
@@ -58,13 +77,18 @@ def _layer_parts(cfg: DeepseekV4Config, layer: int, block_size: int) -> list[_Pa
         overlap = 2 if kind == "csa" else 1
         horizon = overlap * ratio - 1
         slots = entries_per_block(block_size, ratio)
+        entries, keys = entry_formats(cfg, dtype)
         parts += [_Part("compressor.projections", horizon,
                         (block_size, 2 * overlap * cfg.head_dim)),
-                  _Part("compressor.entries", None, (slots, cfg.head_dim))]
+                  _Part("compressor.entries", None,
+                        (slots, cfg.head_dim if entries is None else entries.row_bytes),
+                        entries)]
         if kind == "csa":
             parts += [_Part("indexer.projections", horizon,
                             (block_size, 2 * 2 * cfg.index_head_dim)),
-                      _Part("indexer.entries", None, (slots, cfg.index_head_dim))]
+                      _Part("indexer.entries", None,
+                            (slots, cfg.index_head_dim if keys is None else keys.row_bytes),
+                            keys)]
     return parts
 
 
@@ -77,12 +101,13 @@ def kv_groups(cfg: DeepseekV4Config) -> tuple[KVGroupSpec, ...]:
 
 def group_bytes_per_block(cfg: DeepseekV4Config, block_size: int,
                           dtype: torch.dtype) -> tuple[int, ...]:
-    """Bytes one block of each group (`kv_groups` order) holds, every layer's parts in it."""
+    """Bytes one block of each group (`kv_groups` order) holds, every layer's parts in it
+    (the quantized rows, `entry_formats`, one byte an element)."""
     element = torch.empty((), dtype=dtype).element_size()
     out = dict.fromkeys((g.horizon for g in kv_groups(cfg)), 0)
     for layer in range(cfg.num_layers):
-        for part in _layer_parts(cfg, layer, block_size):
-            out[part.horizon] += element * math.prod(part.shape)
+        for part in _layer_parts(cfg, layer, block_size, dtype):
+            out[part.horizon] += (element if part.fmt is None else 1) * math.prod(part.shape)
     return tuple(out.values())
 
 
@@ -94,7 +119,9 @@ class CompressedCache:
     ratio: int
     projection_group: int  # the projections' group (index in `kv_groups`)
     projections: torch.Tensor  # [window blocks, block_size, 2 c d]: kv | gate per token
-    entries: torch.Tensor  # [full blocks, entries_per_block, d]
+    # [full blocks, entries_per_block, d], or with `fmt` [.., fmt.row_bytes] uint8 rows
+    entries: torch.Tensor
+    fmt: RowFormat | None = None
 
     def entry_slots(self, table: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
         """Flat slots (rows of `entries.flatten(0, 1)`) of entries j (`entries`) of the request
@@ -133,12 +160,14 @@ def allocate_layers(cfg: DeepseekV4Config, pool_blocks: tuple[int, ...], block_s
     group_of = {g.horizon: i for i, g in enumerate(kv_groups(cfg))}
     layers = []
     for layer in range(cfg.num_layers):
-        parts = {p.name: p for p in _layer_parts(cfg, layer, block_size)}
-        t = {name: torch.zeros((pool_blocks[group_of[p.horizon]], *p.shape), dtype=dtype,
-                               device=device) for name, p in parts.items()}
+        parts = {p.name: p for p in _layer_parts(cfg, layer, block_size, dtype)}
+        t = {name: torch.zeros((pool_blocks[group_of[p.horizon]], *p.shape),
+                               dtype=dtype if p.fmt is None else torch.uint8, device=device)
+             for name, p in parts.items()}
         ratio = cfg.compress_ratios[layer]
         caches = [CompressedCache(ratio, group_of[parts[f"{c}.projections"].horizon],
-                                  t[f"{c}.projections"], t[f"{c}.entries"])
+                                  t[f"{c}.projections"], t[f"{c}.entries"],
+                                  parts[f"{c}.entries"].fmt)
                   if f"{c}.entries" in t else None for c in ("compressor", "indexer")]
         layers.append(LayerCache(group_of[parts["kv"].horizon], t["kv"], *caches))
     return layers

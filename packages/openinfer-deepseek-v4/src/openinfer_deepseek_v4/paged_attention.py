@@ -7,7 +7,8 @@ host-known bounds), with the Triton kernels on the GPU and their references on C
    sin from the layer's position table); write the raw entries and the compressor
    projections into the step's slots of their window groups (`kv_cache`);
 2. `compress_pool`: the compressed entries whose windows close in this step, from the
-   projections (through their window group's table) into the full group's entry pool;
+   projections (through their window group's table) into the full group's entry pool (with
+   the official rounding on, stored as its codes: `kv_cache.entry_formats`);
 3. per query, its keys as slots: the window's raw entries, and the compressed entries it sees
    (HCA: all; CSA: `indexer_topk_paged`'s picks); the slot arithmetic the layers share is
    made once a step (`StepSlots`);
@@ -70,18 +71,21 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
                       rope.freqs, batch.group_table(part.projection_group), batch.block_tables,
                       batch.seq_lens, batch.query_start_loc, batch.max_query_len,
-                      ratio=part.ratio, overlap=overlap, norm_eps=cfg.rms_norm_eps)
-        if cfg.quant_sim:
+                      ratio=part.ratio, overlap=overlap, norm_eps=cfg.rms_norm_eps,
+                      store=part.fmt)
+        if cfg.quant_sim and part.fmt is None:
             _round_closed_entries(part, slots, cfg, indexer=part is cache.indexer)
 
     window = slots.window(cfg.sliding_window, cache.kv_group)
     pool = cache.kv.new_zeros((0, cfg.head_dim))
     picked = window.new_zeros((x.shape[0], 0))
+    entry_format = None
     if cache.compressor is not None:
         pool = cache.compressor.entries.flatten(0, 1)
+        entry_format = cache.compressor.fmt
         picked = _picked_slots(x, q_residual, batch, w, cfg, cache, rope, slots)
     out = sparse_sink_attention(q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
-                                cfg.head_dim ** -0.5)
+                                cfg.head_dim ** -0.5, entry_format=entry_format)
     return _output(out, w, cfg, batch.positions, rope)
 
 
@@ -147,4 +151,4 @@ def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch
                               top_k=cfg.index_topk, softmax_scale=cfg.index_head_dim ** -0.5,
                               weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,
                               max_entries=batch.max_seq_len // part.ratio,
-                              requests=slots.requests)
+                              requests=slots.requests, key_format=cache.indexer.fmt)

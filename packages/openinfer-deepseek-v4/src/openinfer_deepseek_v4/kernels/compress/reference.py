@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from openinfer_deepseek_v4.kernels.quant_sim.storage import RowFormat, encode_rows
 from openinfer_deepseek_v4.kernels.rotary.reference import rotary_interleaved_ref
 
 
@@ -97,7 +98,7 @@ def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
                       freqs: torch.Tensor, projection_tables: torch.Tensor,
                       entry_tables: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
-                      overlap: bool, norm_eps: float) -> None:
+                      overlap: bool, norm_eps: float, store: RowFormat | None = None) -> None:
     """A step's new entries on the paged cache, written into `entries` (mutated; nothing else
     is). projections [blocks, block_size, 2 c d]: each token's kv | gate row (`compress_kv_ref`'s
     kv and gate side by side), this step's included, at slot table[p // block_size] *
@@ -110,8 +111,9 @@ def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
     token `first`. Request b (tables [B, max_blocks], seq_lens [B], query_start_loc [B + 1],
     as in a ForwardBatch) adds tokens seq_len - n .. seq_len - 1 (n its new tokens) and gets
     every entry whose window they close, made by `compress_chunk_ref` from its window's rows
-    (the window before it too, with `overlap`). max_query_len, the kernel's grid bound, is
-    unused here."""
+    (the window before it too, with `overlap`). With `store`, `entries` holds uint8 rows of
+    that format (`kernels/quant_sim/storage.py`): each entry, in the projections' dtype, is
+    written as its rounding's codes. max_query_len, the kernel's grid bound, is unused here."""
     del max_query_len
     block_size, per_block = projections.shape[1], entries.shape[1]
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -134,4 +136,6 @@ def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
         last = torch.arange(lo + 1, end + 1, device=projections.device) * ratio - 1
         slots = (entry_tables[b].long()[last // block_size] * per_block
                  + (last % block_size) // ratio)
-        entries.flatten(0, 1)[slots] = made[lo - start // ratio:].to(entries.dtype)
+        made = made[lo - start // ratio:]
+        entries.flatten(0, 1)[slots] = (made.to(entries.dtype) if store is None
+                                        else encode_rows(made, store))

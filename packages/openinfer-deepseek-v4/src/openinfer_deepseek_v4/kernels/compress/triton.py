@@ -12,10 +12,11 @@ RMS-normalises, rotates the trailing rope pairs at the window's first position, 
 the entry through the entries' block table (another pool's: the projections live in a window
 KV group, the entries in the full one). It rounds to the projections' dtype where
 `compress_chunk_ref` does: the weights, each weighted value, the pooled sum, the normed entry,
-cos and sin, the rotated pairs. The grid depends only on the batch size and a host bound on
-the entries per request, (B, ceil(max_query_len / ratio)): one for decode, so a CUDA graph
-replays it whatever the positions. (The mypy line above: @triton.jit functions
-annotate only their constexpr parameters.)"""
+cos and sin, the rotated pairs. With a row format (`kernels/quant_sim/storage.py`) it stores the
+entry as its rounding's codes instead (`store_fp8_entry`, `store_fp4_key`). The grid depends only on
+the batch size and a host bound on the entries per request, (B, ceil(max_query_len / ratio)): one
+for decode, so a CUDA graph replays it whatever the positions. (The mypy line above: @triton.jit
+functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_deepseek_v4.kernels.quant_sim.reference import hadamard_matrix
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp8Entries, RowFormat
+from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import store_fp4_key, store_fp8_entry
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+STORE_PLAIN, STORE_FP8, STORE_FP4 = 0, 1, 2
 
 
 @triton.jit
@@ -68,11 +74,12 @@ def _rotate(y, pos, freqs_ptr, D: tl.constexpr, ROPE: tl.constexpr, BLOCK_D: tl.
 
 @triton.jit
 def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_ptr,
-                 entry_tables_ptr, seq_lens_ptr, qsl_ptr, stride_table, stride_entry_table,
-                 block_size, entries_per_block, norm_eps,
+                 entry_tables_ptr, seq_lens_ptr, qsl_ptr, h_ptr, stride_table,
+                 stride_entry_table, block_size, entries_per_block, norm_eps,
                  RATIO: tl.constexpr, OVERLAP: tl.constexpr, D: tl.constexpr,
                  ROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PDL: tl.constexpr):
+                 STORE: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr,
+                 ROPE_BYTES: tl.constexpr, SCALE_OFF: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     b = tl.program_id(0)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -113,8 +120,14 @@ def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_
     entry_table = entry_tables_ptr + b.to(tl.int64) * stride_entry_table
     block = tl.load(entry_table + last // block_size, mask=made, other=0).to(tl.int64)
     dst = block * entries_per_block + (last % block_size) // RATIO
-    tl.store(entries_ptr + dst * D + rd, y.to(entries_ptr.dtype.element_ty),
-             mask=rd < tl.where(made, D, 0))
+    if STORE == 1:
+        store_fp8_entry(entries_ptr + dst * ROW, y, made, D, NOPE, ROPE_BYTES, SCALE_OFF,
+                        BLOCK_D)
+    elif STORE == 2:
+        store_fp4_key(entries_ptr + dst * ROW, y, h_ptr, made, D)
+    else:
+        tl.store(entries_ptr + dst * ROW + rd, y.to(entries_ptr.dtype.element_ty),
+                 mask=rd < tl.where(made, D, 0))
 
 
 def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
@@ -122,15 +135,20 @@ def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
                          freqs: torch.Tensor, projection_tables: torch.Tensor,
                          entry_tables: torch.Tensor, seq_lens: torch.Tensor,
                          query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
-                         overlap: bool, norm_eps: float) -> None:
+                         overlap: bool, norm_eps: float, store: RowFormat | None = None) -> None:
     """`compress_pool_ref` in one launch (see the module docstring); mutates `entries` only.
     projections [blocks, block_size, 2 c d] (bf16 or fp32), entries [entry blocks,
     entries_per_block, d], both contiguous; projection_tables and entry_tables [B, max_blocks]
     (the projections' and the entries' block tables, each its pool's), seq_lens [B] and
     query_start_loc [B + 1] on the device; max_query_len a host int >= every request's new
-    tokens."""
+    tokens. With `store`, entries is [entry blocks, entries_per_block, store.row_bytes]
+    uint8."""
     c = 2 if overlap else 1
-    d = entries.shape[-1]
+    d = entries.shape[-1] if store is None else store.dim
+    if store is not None and (entries.dtype != torch.uint8
+                              or entries.shape[-1] != store.row_bytes):
+        raise ValueError(f"compress_pool: a {store} pool is [blocks, entries_per_block, "
+                         f"{store.row_bytes}] uint8, got {tuple(entries.shape)} {entries.dtype}")
     if (projections.dim() != 3 or projections.shape[2] != 2 * c * d or entries.dim() != 3
             or position_bias.shape != (ratio, c * d) or norm_weight.shape != (d,)
             or 2 * freqs.shape[0] > d or d % 2):
@@ -147,10 +165,16 @@ def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
         return
     block_d = triton.next_power_of_2(d)
     block_s = max(1, min(triton.next_power_of_2(c * ratio), 4096 // block_d))
+    fp8 = store if isinstance(store, Fp8Entries) else None
+    kind = STORE_PLAIN if store is None else STORE_FP8 if fp8 else STORE_FP4
+    h = hadamard_matrix(d, projections.device) if kind == STORE_FP4 else norm_weight
     _pool_kernel[(batch, triton.cdiv(max_query_len, ratio))](
         projections, entries, position_bias.float().contiguous(), norm_weight,
         freqs.float().contiguous(), projection_tables, entry_tables, seq_lens, query_start_loc,
-        projection_tables.stride(0), entry_tables.stride(0), projections.shape[1],
+        h, projection_tables.stride(0), entry_tables.stride(0), projections.shape[1],
         entries.shape[1], norm_eps, RATIO=ratio,
         OVERLAP=overlap, D=d, ROPE=2 * freqs.shape[0], BLOCK_S=block_s, BLOCK_D=block_d,
-        num_warps=4, **pdl_launch(projections))
+        STORE=kind, ROW=entries.shape[-1], NOPE=0 if fp8 is None else fp8.nope,
+        ROPE_BYTES=1 if fp8 is None else fp8.rope_bytes,
+        SCALE_OFF=0 if store is None else store.scale_offset, num_warps=4,
+        **pdl_launch(projections))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys, stored_rows
+
 
 def indexer_scores_ref(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, *,
                        softmax_scale: float, weights_scale: float) -> torch.Tensor:
@@ -57,7 +59,8 @@ def indexer_topk_paged_ref(q: torch.Tensor, weights: torch.Tensor, index_pool: t
                            positions: torch.Tensor, *, ratio: int, block_size: int,
                            top_k: int, softmax_scale: float, weights_scale: float,
                            as_slots: bool = False, max_entries: int | None = None,
-                           requests: torch.Tensor | None = None) -> torch.Tensor:
+                           requests: torch.Tensor | None = None,
+                           key_format: Fp4Keys | None = None) -> torch.Tensor:
     """The indexer over the paged cache: q [T, H, d], weights [T, H]; index_pool
     [blocks, slots_per_block, d] (the indexer compressor's entries); block_tables
     [B, max_blocks] and query_start_loc [B + 1] int32 (the step's requests); positions [T].
@@ -65,7 +68,8 @@ def indexer_topk_paged_ref(q: torch.Tensor, weights: torch.Tensor, index_pool: t
     to the earlier entry, -1 padded to top_k), as entry numbers j, or with `as_slots` as rows
     of the flattened pool (and of the main compressor's entry pool: the same layout). A query
     sees at most `max_entries` entries (default: all its position allows). `requests`, each
-    token's request (`token_requests`), when the caller has it already."""
+    token's request (`token_requests`), when the caller has it already. With `key_format`,
+    index_pool holds uint8 rows of that format, decoded to q's dtype as they are read."""
     from openinfer_deepseek_v4.kernels.indexer.ordered_topk import indexer_topk_ordered_ref
 
     num_tokens = q.shape[0]
@@ -80,9 +84,9 @@ def indexer_topk_paged_ref(q: torch.Tensor, weights: torch.Tensor, index_pool: t
         if visible == 0:
             continue
         entries = torch.arange(visible, device=q.device)[None]
-        keys = pool[paged_entry_slots(block_tables, requests[t:t + 1], entries, ratio=ratio,
-                                      block_size=block_size,
-                                      slots_per_block=index_pool.shape[1])[0].long()]
+        slots = paged_entry_slots(block_tables, requests[t:t + 1], entries, ratio=ratio,
+                                  block_size=block_size, slots_per_block=index_pool.shape[1])
+        keys = stored_rows(pool, slots[0], key_format, q.dtype)
         scores = indexer_scores_ref(q[t:t + 1], keys, weights[t:t + 1],
                                     softmax_scale=softmax_scale, weights_scale=weights_scale)
         row = indexer_topk_ordered_ref(scores, positions[t:t + 1], ratio=ratio, top_k=top_k)

@@ -8,7 +8,8 @@ paged form finds entry j's row through the request's block table and skips the t
 cannot see. Many programs per token, so one decode token spreads its key stream (the bulk of
 the bytes: 16k entries x 128 dims at a 64k context) over the whole GPU. The scores go through
 HBM to the top-k (T x entries fp32: ~3% of the key bytes), so no program streams a whole key
-set alone. Launches depend on shapes only: graph-safe.
+set alone. Keys stored in FP4 (`Fp4Keys` rows, `kernels/quant_sim/storage.py`) are decoded to
+q's dtype as they are read. Launches depend on shapes only: graph-safe.
 
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
@@ -19,6 +20,8 @@ import triton
 import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import entry_rows, launch_topk
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys
+from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import load_fp4_rows
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -31,7 +34,7 @@ def _scores_kernel(
     HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, RATIO: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, SLOTS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    PDL: tl.constexpr,
+    FP4: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -54,8 +57,11 @@ def _scores_kernel(
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
-    keys = tl.load(keys_ptr + rows[:, None] * stride_key + offs_d[None, :],
-                   mask=e_mask[:, None] & d_mask[None, :], other=0.0)
+    if FP4:  # BLOCK_D == HEAD_DIM: a power of two
+        keys = load_fp4_rows(keys_ptr + rows * stride_key, e_mask, BLOCK_D, BLOCK_E, q.dtype)
+    else:
+        keys = tl.load(keys_ptr + rows[:, None] * stride_key + offs_d[None, :],
+                       mask=e_mask[:, None] & d_mask[None, :], other=0.0)
     w = tl.load(w_ptr + token * stride_wt + heads, mask=h_mask, other=0.0).to(tl.float32)
     dots = tl.maximum(dot(q, tl.trans(keys), PRECISION, UPCAST), 0.0)
     scores = tl.sum(dots * (w * scale)[:, None], 0)
@@ -63,9 +69,11 @@ def _scores_kernel(
 
 
 def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
-                   scores: torch.Tensor, scale: float, paged: dict[str, object]) -> None:
+                   scores: torch.Tensor, scale: float, paged: dict[str, object],
+                   key_format: Fp4Keys | None = None) -> None:
     """Fill scores [T, E] (E = scores.shape[1]); `paged` holds the paged arguments, or is
-    empty for flat keys (every entry, no causal limit)."""
+    empty for flat keys (every entry, no causal limit); `key_format`: keys are uint8 rows of
+    that format."""
     num_tokens, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or keys.stride(-1) != 1 or weights.stride(-1) != 1:
         raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
@@ -80,8 +88,8 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         scores.stride(0), HEAD_DIM=head_dim, PAGED=bool(paged),
         RATIO=paged.get("ratio", 1), BLOCK_SIZE=paged.get("block_size", 1),
         SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), BLOCK_H=block_h, BLOCK_E=block_e,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), **dot_options(q), num_warps=4,
-        **pdl_launch(q))
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), **dot_options(q),
+        FP4=key_format is not None, num_warps=4, **pdl_launch(q))
 
 
 def indexer_scores_triton(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, *,
@@ -110,7 +118,8 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
                               positions: torch.Tensor, *, ratio: int, block_size: int,
                               top_k: int, softmax_scale: float, weights_scale: float,
                               as_slots: bool = False, max_entries: int | None = None,
-                              requests: torch.Tensor | None = None) -> torch.Tensor:
+                              requests: torch.Tensor | None = None,
+                              key_format: Fp4Keys | None = None) -> torch.Tensor:
     """`indexer_topk_paged_ref`'s contract. Scratch: [T, max_entries] fp32 scores, where
     `max_entries` (default: what the block table can hold, max_blocks * block_size // ratio)
     bounds every query's visible entries; pass a smaller one (the step's max_seq_len // ratio)
@@ -132,6 +141,6 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
         "slots_per_block": index_pool.shape[1], "as_slots": as_slots}
     scores = torch.empty(num_tokens, num_entries, dtype=torch.float32, device=q.device)
     _launch_scores(q, weights, index_pool.flatten(0, 1), scores,
-                   softmax_scale * weights_scale, paged)
+                   softmax_scale * weights_scale, paged, key_format)
     launch_topk(scores, positions, out, ratio, paged)
     return out

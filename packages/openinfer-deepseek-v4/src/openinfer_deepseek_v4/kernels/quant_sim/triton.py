@@ -25,31 +25,7 @@ from openinfer_deepseek_v4.kernels.quant_sim.reference import (
     FP8_BLOCK,
     hadamard_matrix,
 )
-
-
-@triton.jit
-def _pow2_ceil(x):
-    """2^ceil(log2 x) for x > 0 in fp32: the exponent, plus one unless the mantissa is 0."""
-    bits = x.to(tl.uint32, bitcast=True)
-    e = ((bits >> 23) & 0xFF).to(tl.int32) - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    return ((e + 127) << 23).to(tl.uint32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _round_to_format(v, TOP: tl.constexpr, MIN_EXP: tl.constexpr, MANT: tl.constexpr):
-    """v (fp32, already divided by its block's scale) clamped to +-TOP and rounded to the
-    format with MANT mantissa bits whose smallest normal exponent is MIN_EXP."""
-    v = tl.minimum(tl.maximum(v, -TOP), TOP)
-    a = tl.abs(v)
-    e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
-    e = tl.maximum(e, MIN_EXP) - MANT
-    q = ((e + 127) << 23).to(tl.uint32).to(tl.float32, bitcast=True)
-    t = a / q  # exact: q is a power of two, t < 2^(MANT + 1)
-    whole = t.to(tl.int32)  # t >= 0: the floor
-    frac = t - whole.to(tl.float32)
-    up = (frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))
-    r = (whole + up.to(tl.int32)).to(tl.float32) * q
-    return tl.where(v < 0, -r, r)
+from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import pow2_ceil, round_to_format
 
 
 @triton.jit
@@ -64,8 +40,8 @@ def _fp8_rows_kernel(pool_ptr, rows_ptr, stride_row, NOPE: tl.constexpr, BLOCKS:
     x = tl.load(ptrs, mask=mask, other=0.0)
     v = x.to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
-    scale = _pow2_ceil(amax * (1.0 / 448.0))
-    r = _round_to_format(v / scale[:, None], 448.0, -6, 3) * scale[:, None]
+    scale = pow2_ceil(amax * (1.0 / 448.0))
+    r = round_to_format(v / scale[:, None], 448.0, -6, 3) * scale[:, None]
     tl.store(ptrs, r.to(x.dtype), mask=mask)
 
 
@@ -85,8 +61,8 @@ def _indexer_kernel(x_ptr, rows_ptr, out_ptr, h_ptr, num_rows, stride_x, stride_
     y = y.to(x.dtype).to(tl.float32)  # the rotation's output in the model's dtype, as the ref
     blocks = tl.reshape(y, (BLOCK_M, D // 32, 32))
     amax = tl.maximum(tl.max(tl.abs(blocks), axis=2), 6.0 * 1.1754943508222875e-38)
-    scale = _pow2_ceil(amax * (1.0 / 6.0))
-    r = _round_to_format(blocks / scale[:, :, None], 6.0, 0, 1) * scale[:, :, None]
+    scale = pow2_ceil(amax * (1.0 / 6.0))
+    r = round_to_format(blocks / scale[:, :, None], 6.0, 0, 1) * scale[:, :, None]
     r = tl.reshape(r, (BLOCK_M, D))
     tl.store(out_ptr + row[:, None] * stride_out + cols[None, :], r.to(x.dtype), mask=ok[:, None])
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp8Entries, stored_rows
+
 
 def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor,
                        sinks: torch.Tensor, scale: float) -> torch.Tensor:
@@ -23,13 +25,15 @@ def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor,
 
 def sparse_sink_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, entry_pool: torch.Tensor,
                               window_slots: torch.Tensor, picked_slots: torch.Tensor,
-                              sinks: torch.Tensor, scale: float) -> torch.Tensor:
+                              sinks: torch.Tensor, scale: float, *,
+                              entry_format: Fp8Entries | None = None) -> torch.Tensor:
     """`sink_attention_ref` with each query's entries read from two pools of rows: q [T, H, D];
     kv_pool [S1, D] (raw entries) and entry_pool [S2, D] (compressed entries), one dtype;
     window_slots [T, W] and picked_slots [T, K] int, rows of kv_pool and entry_pool, -1 where
     there is none; sinks [H] fp32 -> [T, H, D] in q's dtype. A query with no entry at all
-    gives 0: only its sink is left, and the sink carries no value."""
-    entries = torch.cat([kv_pool[window_slots.clamp(min=0).long()],
-                         entry_pool[picked_slots.clamp(min=0).long()]], dim=1)
+    gives 0: only its sink is left, and the sink carries no value. With `entry_format`,
+    entry_pool holds uint8 rows of that format, decoded to kv_pool's dtype as they are read."""
+    picked = stored_rows(entry_pool, picked_slots.clamp(min=0), entry_format, kv_pool.dtype)
+    entries = torch.cat([kv_pool[window_slots.clamp(min=0).long()], picked], dim=1)
     valid = torch.cat([window_slots >= 0, picked_slots >= 0], dim=1)
     return sink_attention_ref(q, entries, valid, sinks, scale)

@@ -5,10 +5,11 @@ head, K = V), and its launcher.
 Program = (query token, tile of BLOCK_H query heads, split). It reads each entry row of its
 share once for all heads of its tile (a [BLOCK_H, D] x [D, BLOCK_N] product), keeps an online
 softmax (running max and sum, fp32 accumulator, exp2 with log2(e) in the scale), and adds the
-sink to the denominator at the end. The entry list (W window rows, then K picked rows) is split
-among programs (flash-decoding), so one decode token still fills the GPU; `_merge_kernel`
-weighs the splits by their log-sum-exp and adds the sink there. The launch depends on shapes
-only (no host sync): safe to capture in a CUDA graph.
+sink to the denominator at the end. Compressed entries stored in FP8 (`Fp8Entries` rows,
+`kernels/quant_sim/storage.py`) are decoded to q's dtype as they are read. The entry list
+(W window rows, then K picked rows) is split among programs (flash-decoding), so one decode
+token still fills the GPU; `_merge_kernel` weighs the splits by their log-sum-exp and adds the
+sink there. The launch depends on shapes only (no host sync): safe to capture in a CUDA graph.
 
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
@@ -18,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp8Entries
+from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import load_fp8_rows
 from openinfer_kernels.attention.tiles import LOG2E, online_softmax_step
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
@@ -28,13 +31,20 @@ MAX_SPLITS = 16
 
 @triton.jit
 def _attend_rows(q, acc, m_i, l_i, pool_ptr, slots_ptr, offs, n_mask, stride_row, offs_d,
-                 d_mask, scale_log2, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                 d_mask, scale_log2, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                 FP8: tl.constexpr, HEAD_DIM: tl.constexpr, NOPE: tl.constexpr,
+                 SCALE_OFF: tl.constexpr):
     """Fold the rows named by `slots_ptr[offs]` (masked offsets and slots < 0 skipped) into the
-    running softmax of the heads of `q` (K = V: the rows are both)."""
+    running softmax of the heads of `q` (K = V: the rows are both); `FP8`: the pool holds
+    `Fp8Entries` rows (NOPE, SCALE_OFF their layout), decoded here."""
     slots = tl.load(slots_ptr + offs, mask=n_mask, other=-1)
     valid = slots >= 0
-    rows = tl.load(pool_ptr + slots.to(tl.int64)[:, None] * stride_row + offs_d[None, :],
-                   mask=valid[:, None] & d_mask[None, :], other=0.0)
+    starts = pool_ptr + tl.maximum(slots, 0).to(tl.int64) * stride_row
+    if FP8:
+        rows = load_fp8_rows(starts, valid, offs_d, HEAD_DIM, NOPE, SCALE_OFF, q.dtype)
+    else:
+        rows = tl.load(starts[:, None] + offs_d[None, :],
+                       mask=valid[:, None] & d_mask[None, :], other=0.0)
     scores = dot(q, tl.trans(rows), PRECISION, UPCAST) * scale_log2
     scores = tl.where(valid[None, :], scores, float("-inf"))
     # Probabilities rounded to the rows' dtype for the PV product there, as the reference does.
@@ -47,7 +57,8 @@ def _sparse_kernel(
     part_lse_ptr, scale_log2, num_splits, chunk, num_heads, num_window, num_picked,
     stride_qt, stride_qh, stride_kv, stride_entry, stride_wt, stride_pt, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    ENTRY_FP8: tl.constexpr, NOPE: tl.constexpr, SCALE_OFF: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -69,13 +80,14 @@ def _sparse_kernel(
         offs = tile + tl.arange(0, BLOCK_N)
         acc, m_i, l_i = _attend_rows(q, acc, m_i, l_i, kv_ptr, window_ptr + token * stride_wt,
                                      offs, offs < window_end, stride_kv, offs_d, d_mask,
-                                     scale_log2, PRECISION, UPCAST)
+                                     scale_log2, PRECISION, UPCAST, False, HEAD_DIM, NOPE,
+                                     SCALE_OFF)
     for tile in range(tl.maximum(start, num_window), end, BLOCK_N):
         offs = tile + tl.arange(0, BLOCK_N)
         acc, m_i, l_i = _attend_rows(q, acc, m_i, l_i, entry_ptr,
                                      picked_ptr + token * stride_pt - num_window, offs,
                                      offs < end, stride_entry, offs_d, d_mask, scale_log2,
-                                     PRECISION, UPCAST)
+                                     PRECISION, UPCAST, ENTRY_FP8, HEAD_DIM, NOPE, SCALE_OFF)
     mask = h_mask[:, None] & d_mask[None, :]
     if SPLIT:
         # Scratch [T, H, num_splits, BLOCK_D] and [T, H, num_splits]; a split that saw nothing
@@ -136,12 +148,14 @@ def plan(num_tokens: int, num_heads: int, head_dim: int, entries: int,
 def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
                                  entry_pool: torch.Tensor, window_slots: torch.Tensor,
                                  picked_slots: torch.Tensor, sinks: torch.Tensor, scale: float,
-                                 *, num_splits: int | None = None, block_h: int | None = None,
+                                 *, entry_format: Fp8Entries | None = None,
+                                 num_splits: int | None = None, block_h: int | None = None,
                                  block_n: int | None = None,
                                  num_warps: int | None = None) -> torch.Tensor:
     """`sparse_sink_attention_ref`'s contract on CUDA (or the interpreter). The pools' rows,
-    q's head dim and the slot rows must be contiguous in their last dim. The keywords override
-    the plan's tiles (tests, benchmarks/device/dsv4_attention_bench.py)."""
+    q's head dim and the slot rows must be contiguous in their last dim. `entry_format`: the
+    entry pool holds uint8 rows of that format. The other keywords override the plan's tiles
+    (tests, benchmarks/device/dsv4_attention_bench.py)."""
     num_tokens, num_heads, head_dim = q.shape
     window, picked = window_slots.shape[1], picked_slots.shape[1]
     out = torch.empty_like(q)
@@ -173,7 +187,10 @@ def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
         q.stride(0), q.stride(1), kv_pool.stride(0), entry_pool.stride(0),
         window_slots.stride(0), picked_slots.stride(0), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT=splits > 1, BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_D=block_d, **dot_options(q), num_warps=num_warps, num_stages=2,
+        BLOCK_D=block_d, **dot_options(q), ENTRY_FP8=entry_format is not None,
+        NOPE=0 if entry_format is None else entry_format.nope,
+        SCALE_OFF=0 if entry_format is None else entry_format.scale_offset,
+        num_warps=num_warps, num_stages=2,
         **pdl_launch(q))
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
