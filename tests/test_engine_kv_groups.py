@@ -2,7 +2,8 @@
 through a window group's table (window_model.py): the tokens equal the one-group model's and
 the exact prediction under chunked prefill, prefix-cache hits (cut short where the window's
 tail was evicted), preemption and two tensor-parallel ranks; no group leaks a block; the
-memory budget sets the window pool aside. `--kv-offload` with groups: test_engine_window_offload.py."""
+memory budget sets the window pool aside. `--kv-offload` with groups:
+test_engine_window_offload.py."""
 
 from __future__ import annotations
 
