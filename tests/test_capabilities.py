@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 import torch
+from window_model import WindowedHistoryModel
 
 from openinfer_core.engine.scheduler import FcfsScheduler
 from openinfer_core.interfaces.attention import supports_attend_appended
@@ -16,12 +17,14 @@ from openinfer_core.interfaces.capabilities import (
     supports_compile_ahead,
     supports_cuda_graphs,
     supports_expert_parallel,
+    supports_kv_group_offload,
     supports_kv_offload,
     supports_offload,
     supports_sampling_kernels,
     supports_tensor_parallel,
     supports_weight_bytes,
 )
+from openinfer_core.interfaces.kv import KVStepLimits
 from openinfer_core.interfaces.model import LoadOptions
 from openinfer_core.interfaces.sampling import (
     supports_top_k_top_p_sample,
@@ -96,6 +99,14 @@ def test_sampling_kernels_optional_methods() -> None:
     assert not supports_top_p_sample(object())
 
 
+def test_the_window_model_offloads_its_groups() -> None:
+    model = WindowedHistoryModel(97, 3, 64, torch.device("cpu"))
+    assert supports_kv_group_offload(model) and not supports_kv_group_offload(object())
+    model.create_kv_cache(8, 4, KVStepLimits(2, 8))
+    window, full = model.kv_group_block_tensors()
+    assert [t.shape[0] for t in (*window, *full)] == list(model.pool_blocks)
+
+
 def test_fcfs_scheduler_supports_offload() -> None:
     assert supports_offload(FcfsScheduler)
     assert not supports_offload(object())
@@ -104,7 +115,7 @@ def test_fcfs_scheduler_supports_offload() -> None:
 # Attribute names of declared capabilities: no source may probe for them by name.
 _CAPABILITY_NAMES = (
     "cuda_graph_safe", "cuda_graph_max_tokens", "sampling_kernels", "weight_bytes",
-    "kv_block_tensors", "compile_ahead", "compile_ahead_safe",
+    "kv_block_tensors", "kv_group_block_tensors", "compile_ahead", "compile_ahead_safe",
     "supports_tensor_parallel",
     "supports_expert_parallel", "supports_offload", "attach_offload", "attend_appended",
     "top_p_sample", "top_k_top_p_sample", "warm_up", "launched", "close")

@@ -2,7 +2,8 @@
 through a window group's table (window_model.py): the tokens equal the one-group model's and
 the exact prediction under chunked prefill, prefix-cache hits (cut short where the window's
 tail was evicted), preemption and two tensor-parallel ranks; no group leaks a block; the
-memory budget sets the window pool aside; `--kv-offload` is refused."""
+memory budget sets the window pool aside. `--kv-offload` with groups:
+test_engine_window_offload.py."""
 
 from __future__ import annotations
 
@@ -117,12 +118,6 @@ def test_the_budget_sets_the_window_pool_aside(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match="window and state KV groups' pools"):
         make_engine(tmp_path, True, max_num_seqs=4, max_num_batched_tokens=16,
                     cpu_kv_cache_gib=window_bytes / 2**30)
-
-
-def test_kv_offload_is_refused_for_window_groups(tmp_path: Path) -> None:
-    with pytest.raises(ModelConfigError, match=r"--kv-offload: model .*groups-True.* window "
-                                               r"groups \(window\)"):
-        make_engine(tmp_path, True, kv_offload=("host",))
 
 
 def test_two_ranks_get_every_groups_tables(tmp_path: Path) -> None:

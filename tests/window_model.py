@@ -114,6 +114,9 @@ class WindowedHistoryModel(HistoryModel):
         self.history = torch.zeros(num_blocks, block_size, dtype=torch.int64)
         return GroupedKVManager(self.kv_groups, self.pool_blocks, block_size)
 
+    def kv_group_block_tensors(self) -> tuple[list[torch.Tensor], ...]:
+        return [self.window], [self.history]
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if len(batch.group_block_tables) != 2 or batch.group_table(1) is not batch.block_tables:
             raise AssertionError("a step without its KV groups' block tables")

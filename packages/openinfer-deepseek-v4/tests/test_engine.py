@@ -2,7 +2,7 @@
 whole-sequence reference's (and transformers'), for prompts that slide the 8-token window and
 fill compressed entries of both ratios (4 and 8) and more than the indexer keeps (4); whatever
 the block size, batching, chunked prefill, preemption or prefix-cache hits, with the window KV
-group keeping only what is read again (`--kv-offload` is refused: it copies one group);
+group keeping only what is read again, and a prefix restored by `--kv-offload`;
 chunked-prefill logits equal the reference's; checkpoints in DeepSeek's FP8/FP4 format, in
 transformers' module names and `--load-format dummy` load and run."""
 
@@ -21,7 +21,6 @@ from dsv4_checkpoints import random_model, to_deepseek, write_model_folder
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.engine.batch import plan_batch
 from openinfer_core.engine.request_state import RequestState
-from openinfer_core.errors import ModelConfigError
 from openinfer_core.events import Scheduled
 from openinfer_core.interfaces.scheduler import ScheduledRow
 from openinfer_core.plugins import PluginManager
@@ -31,6 +30,7 @@ from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.deepseek_names import weights_from_deepseek
 from openinfer_deepseek_v4.hf_names import weights_from_transformers
 from openinfer_deepseek_v4.reference import ModelWeights, forward
+from openinfer_kvcache import hash_blocks
 
 NEW_TOKENS = 24
 
@@ -258,9 +258,24 @@ def test_dummy_weights_run(folder: Path) -> None:
     assert all(len(t) == NEW_TOKENS for t in got)
 
 
-def test_kv_offload_is_refused_at_start(folder: Path) -> None:
-    """The offload tiers copy one block table; DeepSeek-V4's raw entries and projections are
-    in a window KV group, so `--kv-offload` stops the start with a message naming them."""
-    with pytest.raises(ModelConfigError, match=r"--kv-offload: .* window groups \(window-7\)"):
-        engine(folder, block_size=8, num_kv_blocks=9, max_model_len=64, kv_offload=("host",),
-               kv_offload_host_gib=0.01)
+def test_a_prefix_restored_from_host_memory_gives_the_reference_tokens(  # type: ignore[no-untyped-def]
+        folder: Path, weights, cfg) -> None:
+    """`--kv-offload host`: the full group's compressed entries and the window group's raw
+    entries and projections are saved group by group (the window's while its horizon holds
+    them); a prompt evicted from the device comes back with its window tail and gives the
+    reference's tokens."""
+    eng = engine(folder, block_size=8, num_kv_blocks=9, max_model_len=64,
+                 max_num_batched_tokens=16, kv_offload=("host",), kv_offload_host_gib=0.01)
+    first = prompts(1, 11, (45, 45))[0]
+    other = prompts(1, 12, (50, 50))[0]  # with its output, every device block
+    run_staggered(eng, greedy_requests([first], "warm", 8), lambda _: 0)
+    run_staggered(eng, greedy_requests([other], "other", 8), lambda _: 0)
+    full = eng.kv.pools[0]  # type: ignore[attr-defined]
+    assert all(full.lookup(h) is None for h in hash_blocks(first, 8))  # evicted
+    events = run_staggered(eng, greedy_requests([first], "again", 8), lambda _: 0)["again0"]
+    # Blocks 0..4 come back; a step after 40 tokens reads window block 4, saved as sealed.
+    assert events[0] == Scheduled("again0", prompt_tokens=len(first), cached_tokens=40)
+    assert tokens(events) == reference_greedy(weights, cfg, first, 8)
+    stats = eng.offload.stats()  # type: ignore[attr-defined]
+    assert (stats.restores, stats.restored_blocks) == (1, 5)
+    assert [u.used for u in eng.kv.group_usage()] == [0, 0]  # type: ignore[attr-defined]

@@ -1,6 +1,8 @@
 """GroupedKVManager with 4-token blocks: exact block ids per group as window groups give back
 blocks out of their horizon, prefix hits that need only a window's tail and are cut short
-where it is gone, all-or-nothing allocation across groups, and the protocols."""
+where it is gone, all-or-nothing allocation across groups, the protocols, and the offload side
+(which block of each group a sealed position names, restores that reserve the full groups and
+then only the window's tail)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from openinfer_core.interfaces.kv import (
     KVManager,
     OffloadableKV,
     PrefixCacheStats,
+    SealedBlock,
 )
 from openinfer_kvcache import GroupedKVManager, PagedKVManager
 from openinfer_kvcache.block_hash import hash_blocks
@@ -40,8 +43,7 @@ def run_a(kv: GroupedKVManager) -> None:
 def test_protocols() -> None:
     kv = manager()
     assert isinstance(kv, KVManager) and isinstance(kv, GroupedKV)
-    # Offload copies a full group's blocks only: not offered with window groups.
-    assert not isinstance(kv, OffloadableKV)
+    assert isinstance(kv, OffloadableKV)  # group by group: test_grouped_offload.py
     paged = PagedKVManager(8, B)
     assert isinstance(paged, GroupedKV) and isinstance(paged, OffloadableKV)
     assert paged.groups == (FULL,)
@@ -195,3 +197,45 @@ def test_bugs_and_mistakes_fail_loudly() -> None:
         KVGroupSpec("w", -1)
     with pytest.raises(ValueError, match="block_size"):
         GroupedKVManager((FULL,), (4,), 0)
+
+
+def test_sealed_positions_name_the_window_block_only_while_held() -> None:
+    kv = manager()
+    kv.track_sealed()
+    run_a(kv)
+    h = hash_blocks(TOKENS, B)
+    # After 10 tokens the window group gave block 1 (position 0) back in the same call that
+    # sealed it; position 1's block was held then, and is still findable.
+    assert kv.take_sealed() == [SealedBlock(h[0], (1, None)), SealedBlock(h[1], (2, 2)),
+                                SealedBlock(h[2], (3, 3))]
+    assert kv.take_sealed() == []
+    kv.hold([2], 1)  # a copy reads window block 2, freed by "a" meanwhile
+    kv.free("a")
+    assert kv.pools[1].ref_count(2) == 1
+    kv.release([2], 1)
+    assert kv.pools[1].ref_count(2) == 0
+
+
+def test_a_restore_reserves_full_blocks_then_the_window_tail() -> None:
+    kv = manager()
+    assert kv.computed_tokens("b", TOKENS) == 0
+    assert kv.reserve("b", 12)
+    assert kv.group_block_ids("b") == ([1, 2, 3], [0, 0, 0])
+    assert kv.reserve_window_tail("b", 12)  # a step after 12 tokens reads positions >= 8
+    assert kv.group_block_ids("b") == ([1, 2, 3], [0, 0, 1])
+    kv.cache_blocks("b", TOKENS, 12)  # the copies landed
+    kv.free("b")
+    assert kv.computed_tokens("c", TOKENS) == 12
+    assert kv.group_block_ids("c") == ([1, 2, 3], [0, 0, 1])
+    assert kv.prefix_cache_stats.queries == 0  # neither is admitted yet
+    kv.free("c")
+
+
+def test_a_restore_without_its_window_tail_makes_no_hit() -> None:
+    kv = manager()
+    assert kv.computed_tokens("b", TOKENS) == 0
+    assert kv.reserve("b", 12)
+    kv.cache_blocks("b", TOKENS, 12)  # padding window entries are not sealed
+    kv.free("b")
+    assert kv.pools[1].num_cached == 0
+    assert kv.computed_tokens("c", TOKENS) == 0

@@ -115,15 +115,29 @@ class DeepseekV4Model:
 
     def kv_block_tensors(self) -> list[torch.Tensor]:
         """Layer-major: each layer's raw entries, then its compressors' projections and
-        entries. Only with one KV group (no compressed layers): the engine refuses
-        `--kv-offload` for window groups, whose blocks the offload tiers cannot copy yet."""
+        entries. Only with one KV group (no compressed layers); with window groups the
+        offload tiers copy `kv_group_block_tensors()`."""
         if self.layers is None:
             raise RuntimeError("create_kv_cache() must run before kv_block_tensors()")
         if len(self.kv_groups) > 1:
             raise RuntimeError("kv_block_tensors(): DeepSeek-V4's KV is in window groups "
-                               f"{[g.name for g in self.kv_groups[1:]]}, which offload "
-                               "cannot copy")
+                               f"{[g.name for g in self.kv_groups[1:]]}: offload copies "
+                               "kv_group_block_tensors()")
         return [t for layer in self.layers for t in layer.tensors()]
+
+    def kv_group_block_tensors(self) -> tuple[list[torch.Tensor], ...]:
+        """Per group, layer-major: the full group's compressed entries, and each window
+        group's raw entries and compressor projections of the layers that keep them there."""
+        if self.layers is None:
+            raise RuntimeError("create_kv_cache() must run before kv_group_block_tensors()")
+        out: tuple[list[torch.Tensor], ...] = tuple([] for _ in self.kv_groups)
+        for layer in self.layers:
+            out[layer.kv_group].append(layer.kv)
+            for part in (layer.compressor, layer.indexer):
+                if part is not None:
+                    out[part.projection_group].append(part.projections)
+                    out[0].append(part.entries)  # the full group is first (`kv_groups`)
+        return out
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.layers is None:

@@ -3,9 +3,9 @@ prefix cache across them: the `GroupedKV` protocol of openinfer-core."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from openinfer_core.interfaces.kv import KVGroupSpec, KVGroupUsage, PrefixCacheStats
+from openinfer_core.interfaces.kv import KVGroupSpec, KVGroupUsage, PrefixCacheStats, SealedBlock
 from openinfer_kvcache.block_hash import ROOT_PARENT_HASH, iter_block_hashes
 from openinfer_kvcache.block_pool import PADDING_BLOCK, BlockPool
 
@@ -66,9 +66,9 @@ class GroupedKVManager:
         self._pending_stats: dict[str, tuple[int, int]] = {}
         self._queries = 0
         self._hits = 0
-        # (hash, block) of the full group's blocks as they become findable, while an offload
-        # tier tracks them (`PagedKVManager.track_sealed`); None: not tracked.
-        self._sealed: list[tuple[int, int]] | None = None
+        # Block positions as they become findable, while an offload tier tracks them
+        # (`track_sealed`); None: not tracked.
+        self._sealed: list[SealedBlock] | None = None
 
     @property
     def pool(self) -> BlockPool:
@@ -143,21 +143,31 @@ class GroupedKVManager:
         return first_live_block(num_computed_tokens, horizon, self.block_size)
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
-        tables = self._request(request_id)
-        # Every token group's table covers the same positions; each new position's KV is
-        # written by this step, in every token group, so each needs the same new blocks. A
-        # state group needs its one slot, once.
-        missing = blocks_for(num_tokens, self.block_size) - len(tables[self._full])
-        need = [(1 if not table else 0) if g.state else max(missing, 0)
-                for g, table in zip(self.groups, tables, strict=True)]
-        if any(n > pool.num_free for n, pool in zip(need, self.pools, strict=True)):
+        if not self._grow(request_id, num_tokens, windows=True):
             return False
-        for n, table, pool in zip(need, tables, self.pools, strict=True):
-            if n:
-                table.extend(pool.allocate(n))
         if (stats := self._pending_stats.pop(request_id, None)) is not None:
             self._queries += stats[0]
             self._hits += stats[1]
+        return True
+
+    def _grow(self, request_id: str, num_tokens: int, windows: bool) -> bool:
+        """Grow the request's tables to cover `num_tokens`, all or nothing. Every token
+        group's table covers the same positions; each new position's KV is written by the
+        next step, in every token group, so each needs the same new blocks (`windows` False:
+        a window group's table grows by padding entries instead). A state group needs its one
+        slot, once."""
+        tables = self._request(request_id)
+        missing = max(blocks_for(num_tokens, self.block_size) - len(tables[self._full]), 0)
+        need = [(1 if not table else 0) if g.state else missing
+                for g, table in zip(self.groups, tables, strict=True)]
+        pad = [0] * len(self.groups)
+        if not windows:
+            for g in self._windows:
+                need[g], pad[g] = 0, missing
+        if any(n > pool.num_free for n, pool in zip(need, self.pools, strict=True)):
+            return False
+        for n, p, table, pool in zip(need, pad, tables, self.pools, strict=True):
+            table.extend(pool.allocate(n) if n else [PADDING_BLOCK] * p)
         return True
 
     def cache_blocks(self, request_id: str, token_ids: Sequence[int],
@@ -172,10 +182,13 @@ class GroupedKVManager:
             held = len(tables[self._full]) if tables else 0
             raise RuntimeError(f"request {request_id!r} has {num_full} computed full blocks "
                                f"but holds {held} KV blocks")
+        start = len(self._hashes.get(request_id, ()))
         if caching:
             self._seal(request_id, tables, token_ids, num_full)
         if self._windows:
             self._release_window_blocks(request_id, tables, num_computed)
+        if self._sealed is not None and caching:
+            self._track(request_id, tables, start)
 
     def _seal(self, request_id: str, tables: list[list[int]], token_ids: Sequence[int],
               num_full: int) -> None:
@@ -189,12 +202,27 @@ class GroupedKVManager:
                                 parent_hash=hashes[-1] if hashes else ROOT_PARENT_HASH)
         for i, key in enumerate(new, start):
             hashes.append(key)
-            for g, (table, pool) in enumerate(zip(tables, self.pools, strict=True)):
-                # A window group gives back only blocks sealed first, so table[i] is a block.
+            for table, pool in zip(tables, self.pools, strict=True):
+                # A window group gives back only blocks sealed first, so table[i] is a block,
+                # unless a restore left it padding (it copied in only the window's tail).
                 # False when another request cached the same KV first; this copy stays
                 # private.
-                if pool.cache(table[i], key) and g == self._full and self._sealed is not None:
-                    self._sealed.append((key, table[i]))
+                if table[i] != PADDING_BLOCK:
+                    pool.cache(table[i], key)
+
+    def _track(self, request_id: str, tables: list[list[int]], start: int) -> None:
+        """Note the positions `_seal` just made findable for the offload tier, each group's
+        block where this request's copy is the findable one and it still holds it."""
+        assert self._sealed is not None
+        hashes = self._hashes[request_id]
+        for i in range(start, len(hashes)):
+            key = hashes[i]
+            blocks = tuple(table[i] if not g.state and table[i] != PADDING_BLOCK
+                           and pool.block_hash(table[i]) == key else None
+                           for g, table, pool in zip(self.groups, tables, self.pools,
+                                                     strict=True))
+            if blocks[self._full] is not None:
+                self._sealed.append(SealedBlock(key, blocks))
 
     def _release_window_blocks(self, request_id: str, tables: list[list[int]],
                                num_computed: int) -> None:
@@ -207,8 +235,8 @@ class GroupedKVManager:
             if first <= live[g]:
                 continue
             table = tables[g]
-            gone = table[live[g]:first]
-            table[live[g]:first] = [PADDING_BLOCK] * len(gone)
+            gone = [b for b in table[live[g]:first] if b != PADDING_BLOCK]
+            table[live[g]:first] = [PADDING_BLOCK] * (first - live[g])
             live[g] = first
             self.pools[g].free(reversed(gone))
 
@@ -239,3 +267,55 @@ class GroupedKVManager:
             tables = self._tables[request_id] = [[] for _ in self.groups]
             self._live_from[request_id] = [0] * len(self.groups)
         return tables
+
+    # -- offload (interfaces.kv.OffloadableKV) ------------------------------------------------
+    def track_sealed(self) -> None:
+        if self._sealed is None:
+            self._sealed = []
+
+    def take_sealed(self) -> list[SealedBlock]:
+        if not self._sealed:
+            return []
+        sealed, self._sealed = self._sealed, []
+        # A block freed since stays findable until reused; one reused since is dropped.
+        return [SealedBlock(s.hash, tuple(
+                    b if b is not None and pool.block_hash(b) == s.hash else None
+                    for b, pool in zip(s.blocks, self.pools, strict=True)))
+                for s in sealed if self._still_findable(s)]
+
+    def _still_findable(self, sealed: SealedBlock) -> bool:
+        block = sealed.blocks[self._full]
+        return block is not None and self.pool.block_hash(block) == sealed.hash
+
+    def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> Iterator[int]:
+        known = list(self._hashes.get(request_id, ()))
+        yield from known
+        yield from iter_block_hashes(token_ids, self.block_size, stop=len(token_ids) - 1,
+                                     start=len(known),
+                                     parent_hash=known[-1] if known else ROOT_PARENT_HASH)
+
+    def reserve(self, request_id: str, num_tokens: int) -> bool:
+        lookup = self._pending_stats.pop(request_id, None)
+        ok = self._grow(request_id, num_tokens, windows=False)
+        if lookup is not None:
+            self._pending_stats[request_id] = lookup
+        return ok
+
+    def reserve_window_tail(self, request_id: str, num_tokens: int) -> bool:
+        tables = self._request(request_id)
+        last = blocks_for(num_tokens, self.block_size)
+        wanted = {g: [i for i in range(self._first_live(g, num_tokens), last)
+                      if tables[g][i] == PADDING_BLOCK] for g in self._windows}
+        if any(len(wanted[g]) > self.pools[g].num_free for g in self._windows):
+            return False
+        for g, positions in wanted.items():
+            for i, block in zip(positions, self.pools[g].allocate(len(positions)),
+                                strict=True):
+                tables[g][i] = block
+        return True
+
+    def hold(self, block_ids: Sequence[int], group: int = 0) -> None:
+        self.pools[group].touch(block_ids)
+
+    def release(self, block_ids: Sequence[int], group: int = 0) -> None:
+        self.pools[group].free(block_ids)

@@ -17,8 +17,6 @@ import torch
 from openinfer_core.interfaces.offload import OFFLOAD_DEVICE_BYTES
 from openinfer_offload.block_copy import BlockMover
 
-STAGING_BYTES = OFFLOAD_DEVICE_BYTES // 2  # device staging, the most a chunk moves at once
-
 
 def runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
     """`(i, j, first)`: slots[i:j] are first, first + 1, ..."""
@@ -32,7 +30,10 @@ def runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
 
 
 class DeviceCopier:
-    def __init__(self, tensors: Sequence[torch.Tensor], pool: torch.Tensor) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor], pool: torch.Tensor,
+                 staging_bytes: int = OFFLOAD_DEVICE_BYTES) -> None:
+        """`staging_bytes`: the device memory this copier may take; its two staging buffers
+        take half of it (a chunk moves at most a quarter)."""
         self.mover = BlockMover(tensors)
         self.pool = pool  # [slots, block_bytes] uint8, pinned on CUDA machines
         self.device = tensors[0].device
@@ -41,7 +42,7 @@ class DeviceCopier:
         if self.device.type == "cuda":
             self.stream = torch.cuda.Stream(self.device)
             self.kernel_stream = torch.cuda.Stream(self.device)
-            rows = max(1, STAGING_BYTES // 2 // pool.shape[1])
+            rows = max(1, staging_bytes // 4 // pool.shape[1])
             self.staging = [torch.empty((rows, pool.shape[1]), dtype=torch.uint8,
                                         device=self.device) for _ in range(2)]
             self._free = [_record(self.stream), _record(self.stream)]

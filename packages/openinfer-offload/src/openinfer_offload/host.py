@@ -119,7 +119,7 @@ class HostTier:
         self.pool = torch.empty((num_slots, self.block_bytes), dtype=torch.uint8,
                                 pin_memory=device.type == "cuda")
         self.slots = HostSlots(num_slots)
-        self.copier = DeviceCopier(context.block_tensors, self.pool)
+        self.copier = DeviceCopier(context.block_tensors, self.pool, context.staging_bytes)
         self.stores = list(stores)
         self._io = ThreadPoolExecutor(IO_THREADS, "kv-offload-io") if self.stores else None
         self._writes: list[tuple[int, Future[None]]] = []  # slot, write in flight

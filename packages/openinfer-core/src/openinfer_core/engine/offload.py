@@ -15,37 +15,30 @@ ordinary prefix hit (its `cached_tokens` counts them)."""
 from __future__ import annotations
 
 import bisect
-import hashlib
 import itertools
-import json
 import logging
 import time
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from openinfer_core.engine.config import EngineConfig
+from openinfer_core.engine.offload_tiers import build_tiers, fingerprint, merged_stats
 from openinfer_core.engine.request_state import RequestState
 from openinfer_core.errors import ModelConfigError
-from openinfer_core.interfaces.capabilities import supports_kv_offload
-from openinfer_core.interfaces.kv import OffloadableKV
+from openinfer_core.interfaces.kv import GroupedKV, OffloadableKV
 from openinfer_core.interfaces.model import Model
 from openinfer_core.interfaces.offload import (
     RESTORE_BUCKETS,
-    BlockStore,
+    Lease,
     Loading,
-    OffloadContext,
     OffloadStats,
     OffloadTier,
     Transfer,
 )
 from openinfer_core.plugins import PluginManager
 
-log = logging.getLogger("openinfer")
+__all__ = ["PIECES", "KVOffload", "fingerprint"]
 
-FINGERPRINT_VERSION = 1  # bump when what a block's bytes mean changes
+log = logging.getLogger("openinfer")
 
 # Blocks per piece of a restore: a small first piece starts the copy soon; the host hashes and
 # looks up the next pieces (microseconds a block) while the copy runs (tens of microseconds).
@@ -53,35 +46,21 @@ FINGERPRINT_VERSION = 1  # bump when what a block's bytes mean changes
 PIECES = (32, 128, 512)
 
 
-def fingerprint(config: EngineConfig, hf_config: dict[str, Any],
-                tensors: Iterable[torch.Tensor], rank: int = 0) -> str:
-    """16 hex digits naming what a block's bytes depend on: the model (config.json and the
-    weight files' names and sizes, `--quantization`), the KV dtype and layout, the block size
-    and the rank."""
-    model_dir = Path(config.model)
-    weights = sorted((p.name, p.stat().st_size) for p in model_dir.glob("*.safetensors"))
-    parts = {
-        "version": FINGERPRINT_VERSION,
-        "config": hf_config,
-        "weights": weights if config.load_format != "dummy" else ["dummy", config.seed],
-        "kv": [[list(t.shape), str(t.dtype)] for t in tensors],
-        "block_size": config.block_size,
-        "rank": rank,
-    }
-    if config.quantization is not None:  # weights quantized at load give other KV bytes
-        parts["quantization"] = config.quantization
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
 class KVOffload:
-    """Owns the first tier. Engine thread only."""
+    """Owns the first tier of each copied KV group (`offload_tiers`): `tier`, the first full
+    group's, drives a restore; a window group's restores the tail the full group's run ends
+    on. Engine thread only."""
 
-    def __init__(self, tier: OffloadTier, kv: OffloadableKV) -> None:
-        self.tier = tier
+    def __init__(self, tiers: dict[int, OffloadTier], kv: OffloadableKV) -> None:
+        self.tiers = tiers
         self.kv = kv
+        groups = kv.groups if isinstance(kv, GroupedKV) else ()
+        self.group = next((g for g in tiers if not groups or groups[g].is_full), 0)
+        self.tier = tiers[self.group]
+        # (group, horizon) of the window groups a restore copies a tail of
+        self._windows = [(g, h) for g in tiers if groups and (h := groups[g].horizon) is not None]
         kv.track_sealed()
-        self._saves: list[tuple[Transfer, list[int]]] = []
+        self._saves: list[tuple[Transfer, int, list[int]]] = []
         self._loads = 0  # started, not yet landed
         self._landing: list[Loading] = []  # handed back to the scheduler, not yet landed
         self._restores = 0
@@ -95,29 +74,11 @@ class KVOffload:
         """The tiers `config.kv_offload` names, chained; None when it names none."""
         if not config.kv_offload:
             return None
-        if not supports_kv_offload(model) or not isinstance(kv, OffloadableKV):
+        if not isinstance(kv, OffloadableKV):
             raise ModelConfigError(
-                "--kv-offload: this model line's KV cache cannot be offloaded (the model "
-                "lacks capabilities.SupportsKVOffload or its KV manager is not an "
-                "OffloadableKV)")
-        registry = plugins.registries.offload_tiers
-        first, *below = config.kv_offload
-        for position, name in enumerate(config.kv_offload):
-            is_first = registry.get(name).meta.get("first", False)
-            if is_first != (position == 0):
-                raise ModelConfigError(
-                    f"--kv-offload {','.join(config.kv_offload)}: {name!r} can only be "
-                    + ("the first tier" if is_first else
-                       "below the first tier, which moves blocks to and from the device "
-                       "(e.g. --kv-offload host," + name + ")"))
-        tensors = model.kv_block_tensors()
-        context = OffloadContext(tensors, config.block_size,
-                                 fingerprint(config, hf_config, tensors), config)
-        stores: list[BlockStore] = [registry.resolve(name)(context) for name in below]
-        tier: OffloadTier = registry.resolve(first)(context, stores)
-        log.info("KV offload: %s (fingerprint %s)", " -> ".join(config.kv_offload),
-                 context.fingerprint)
-        return cls(tier, kv)
+                "--kv-offload: this model line's KV cache cannot be offloaded (its KV manager "
+                "is not an OffloadableKV)")
+        return cls(build_tiers(config, plugins, model, kv, hf_config), kv)
 
     # -- saving ----------------------------------------------------------------------------
     def after_step(self) -> None:
@@ -129,20 +90,22 @@ class KVOffload:
         sealed = self.kv.take_sealed()
         if not sealed:
             return
-        hashes = [h for h, _ in sealed]
-        ids = [b for _, b in sealed]
-        self.kv.hold(ids)
-        self._saves.append((self.tier.save(hashes, ids), ids))
+        for g, tier in self.tiers.items():
+            saved = [(s.hash, b) for s in sealed if (b := s.blocks[g]) is not None]
+            if saved:
+                ids = [b for _, b in saved]
+                self.kv.hold(ids, g)
+                self._saves.append((tier.save([h for h, _ in saved], ids), g, ids))
 
     def _reap_saves(self) -> None:
         if not self._saves:
             return
         still = []
-        for transfer, ids in self._saves:
+        for transfer, g, ids in self._saves:
             if transfer.poll():
-                self.kv.release(ids)
+                self.kv.release(ids, g)
             else:
-                still.append((transfer, ids))
+                still.append((transfer, g, ids))
         self._saves = still
 
     # -- restoring -------------------------------------------------------------------------
@@ -157,6 +120,7 @@ class KVOffload:
         hashes = itertools.islice(self.kv.prefix_hashes(rid, seq.token_ids), held, None)
         loading = Loading(seq, held)
         found = held
+        seen: list[int] = []  # the hashes of blocks held..found
         whole = (len(seq.token_ids) - 1) // self.kv.block_size  # blocks a hit may cover
         for size in itertools.chain(PIECES, itertools.repeat(PIECES[-1])):
             piece = list(itertools.islice(hashes, size))
@@ -176,11 +140,14 @@ class KVOffload:
             targets = list(self.kv.block_ids(rid)[found:found + lease.num_blocks])
             loading.pieces.append((lease, self.tier.load(lease, targets)))
             found += lease.num_blocks
+            seen += piece[:lease.num_blocks]
             if lease.num_blocks < len(piece):
                 break
         seq.offload_probed = True  # one restore per request: no thrashing
         if not loading.pieces:
             return None
+        if self._windows:
+            self._start_tails(loading, seen)
         self._loads += 1
         return loading
 
@@ -195,7 +162,7 @@ class KVOffload:
             return False
         seq = loading.seq
         self.kv.cache_blocks(seq.request_id, seq.token_ids,
-                             (loading.held_blocks + loading.num_blocks) * self.kv.block_size)
+                             self._restored_end(loading) * self.kv.block_size)
         self.kv.free(seq.request_id)
         self._landing.append(loading)
         return True
@@ -209,18 +176,74 @@ class KVOffload:
                 continue
             for lease, _ in loading.pieces:
                 self.tier.release(lease)
+            for g, _, lease, _ in loading.tails:
+                self.tiers[g].release(lease)
             self._loads -= 1
             seconds = time.monotonic() - loading.started
             self._restores += 1
-            self._restored_blocks += loading.num_blocks
+            self._restored_blocks += self._restored_end(loading) - loading.held_blocks
             self._restore_seconds += seconds
             self._buckets[bisect.bisect_left(RESTORE_BUCKETS, seconds)] += 1
         self._landing = still
 
+    def _start_tails(self, loading: Loading, hashes: list[int]) -> None:
+        """The window tail rule for a restore whose full-group run ends at block `end`: each
+        window group needs its blocks [end - horizon, end) (in tokens) from the tiers, except
+        those the device hit already attached. Where a tier lacks some, `end` moves back to
+        the missing block and the lookup is tried again; the tails found are reserved and
+        copied, and `loading.end` caps what the restore makes findable."""
+        held, size = loading.held_blocks, self.kv.block_size
+        end = held + len(hashes)
+        leases = self._lease_tails(held, end, hashes)
+        while isinstance(leases, int):
+            end = leases
+            leases = self._lease_tails(held, end, hashes)
+        rid = loading.seq.request_id
+        if end > held and not self.kv.reserve_window_tail(rid, end * size):
+            for g, _, lease in leases:
+                self.tiers[g].release(lease)
+            leases, end = [], held
+        tables = self.kv.group_block_ids(rid) if isinstance(self.kv, GroupedKV) else ()
+        for g, first, lease in leases:
+            targets = list(tables[g][first:end])
+            loading.tails.append((g, first, lease, self.tiers[g].load(lease, targets)))
+        loading.end = end
+
+    def _lease_tails(self, held: int, end: int,
+                     hashes: list[int]) -> list[tuple[int, int, Lease]] | int:
+        """Lease each window group's tail for a restore ending at block `end`: the leases
+        (group, first block, lease), or, where a tier lacks a block, the block it lacks first
+        (every lease released)."""
+        leases: list[tuple[int, int, Lease]] = []
+        short = end
+        for g, horizon in self._windows:
+            first = max(held, max(0, end * self.kv.block_size - horizon) // self.kv.block_size)
+            piece = hashes[first - held:end - held]
+            if end > held and piece:
+                lease = self.tiers[g].query(piece)
+                leases.append((g, first, lease))
+                short = min(short, first + lease.num_blocks)
+        if short == end:
+            return leases
+        for g, _, lease in leases:
+            self.tiers[g].release(lease)
+        return short
+
+    def _restored_end(self, loading: Loading) -> int:
+        """Blocks, from the first, that a landed restore makes findable: its full-group run,
+        capped by the window tail rule (`loading.end`) and by a window tail that came back
+        short (the blocks after it hold no KV)."""
+        end = loading.held_blocks + loading.num_blocks
+        if loading.end is not None:
+            end = min(end, loading.end)
+        for _, first, _, transfer in loading.tails:
+            end = min(end, first + transfer.num_blocks)
+        return end
+
     # -- the rest --------------------------------------------------------------------------
     def stats(self) -> OffloadStats:
-        return OffloadStats(tuple(self.tier.stats()), self._restores, self._restored_blocks,
-                            self._restore_seconds, tuple(self._buckets))
+        return OffloadStats(merged_stats(list(self.tiers.values())), self._restores,
+                            self._restored_blocks, self._restore_seconds, tuple(self._buckets))
 
     def waiting(self) -> bool:
         """Copies in flight that the engine waits on."""
@@ -232,6 +255,7 @@ class KVOffload:
         return bool(self._saves or self._landing)
 
     def close(self) -> None:
-        self.tier.close()
+        for tier in self.tiers.values():
+            tier.close()
         self._reap_saves()
         self._reap_loads()

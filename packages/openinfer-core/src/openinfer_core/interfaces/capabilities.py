@@ -123,6 +123,22 @@ def supports_kv_offload(model: object) -> TypeIs[SupportsKVOffload]:
 
 
 @runtime_checkable
+class SupportsKVGroupOffload(Protocol):
+    """A model with window KV groups whose blocks the offload tiers may copy, group by group
+    (`--kv-offload` needs it where `kv_groups` has a window group)."""
+
+    def kv_group_block_tensors(self) -> tuple[list[torch.Tensor], ...]:
+        """`SupportsKVOffload.kv_block_tensors` per group, in `kv_groups` order: each group's
+        device tensors indexed by its pool's block ids on dim 0 (empty for a state group).
+        Valid after `create_kv_cache`. Pure."""
+        ...
+
+
+def supports_kv_group_offload(model: object) -> TypeIs[SupportsKVGroupOffload]:
+    return isinstance(model, SupportsKVGroupOffload)
+
+
+@runtime_checkable
 class SupportsKVGroups(Protocol):
     """A model that keeps its KV in several groups (`interfaces.kv.KVGroupSpec`, `kv_groups`
     in the order of `GroupedKV.groups`): `create_kv_cache` returns a `GroupedKV` over them and
@@ -136,8 +152,8 @@ class SupportsKVGroups(Protocol):
     and gives the full groups the rest. Without the capability a model has one full group.
 
     A model with a state group has no prefix cache (`GroupedKV`): the engine turns prefix
-    caching off for it. `--kv-offload` is refused for a model with window or state groups
-    (the offload tiers copy one block table)."""
+    caching off for it. `--kv-offload` is refused for a model with a state group (a slot
+    holds no per-block copy to save); with window groups it needs `SupportsKVGroupOffload`."""
 
     kv_groups: tuple[KVGroupSpec, ...]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,18 +188,30 @@ class GroupedKV(KVManager, Protocol):
         ...
 
 
+class SealedBlock(NamedTuple):
+    """A block position made findable: its chain hash, and the block holding it in each group
+    (`GroupedKV.groups` order; one entry for a plain `KVManager`): None where the group does
+    not hold it (a window group's block already given back, a state group)."""
+
+    hash: int
+    blocks: tuple[int | None, ...]
+
+
 @runtime_checkable
 class OffloadableKV(KVManager, Protocol):
-    """A `KVManager` whose full blocks can be saved to and restored from offload tiers
-    (`interfaces.offload`). Needed for `--kv-offload`."""
+    """A `KVManager` whose findable blocks can be saved to and restored from offload tiers
+    (`interfaces.offload`), group by group. Needed for `--kv-offload`. `group` arguments index
+    `GroupedKV.groups` (0 for a plain manager)."""
 
     def track_sealed(self) -> None:
         """From now on, remember blocks as `cache_blocks` makes them findable."""
         ...
 
-    def take_sealed(self) -> list[tuple[int, int]]:
-        """`(hash, block id)` of the blocks made findable since the last call and still
-        findable (a request may have freed them since; none was reused), in order."""
+    def take_sealed(self) -> list[SealedBlock]:
+        """The block positions made findable since the last call whose full-group block is
+        still findable (a request may have freed it since; none was reused), in order. A
+        window group's block is named only where the request still held it when it was
+        sealed (its horizon reached it) and it is still findable."""
         ...
 
     def prefix_hashes(self, request_id: str, token_ids: Sequence[int]) -> Iterator[int]:
@@ -209,15 +221,23 @@ class OffloadableKV(KVManager, Protocol):
         ...
 
     def reserve(self, request_id: str, num_tokens: int) -> bool:
-        """`allocate` for a restore: the request's prefix lookup is not counted as an
-        admission (its admission after the restore counts)."""
+        """`allocate` for a restore, in the full groups only (a window group's table grows by
+        padding entries: `reserve_window_tail` takes the blocks a restore copies into). The
+        request's prefix lookup is not counted as an admission (its admission after the
+        restore counts)."""
         ...
 
-    def hold(self, block_ids: Sequence[int]) -> None:
-        """Add a reference to each findable block, freed or not (so it is not reused while a
-        copy reads it)."""
+    def reserve_window_tail(self, request_id: str, num_tokens: int) -> bool:
+        """After `reserve`: in each window group, take blocks for the padding entries that a
+        step after `num_tokens` tokens reads (positions [num_tokens - horizon, num_tokens)).
+        All or nothing; True without window groups."""
         ...
 
-    def release(self, block_ids: Sequence[int]) -> None:
+    def hold(self, block_ids: Sequence[int], group: int = 0) -> None:
+        """Add a reference to each findable block of `group`, freed or not (so it is not
+        reused while a copy reads it)."""
+        ...
+
+    def release(self, block_ids: Sequence[int], group: int = 0) -> None:
         """Drop a reference `hold` added."""
         ...

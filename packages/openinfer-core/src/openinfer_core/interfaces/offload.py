@@ -32,14 +32,17 @@ RESTORE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 @dataclass(frozen=True, slots=True)
 class OffloadContext:
-    """What a tier is built with. `block_tensors` are the device KV tensors: dim 0 is the
-    block id, and block b's KV is `t[b]` of every tensor (a model's `kv_block_tensors()`).
-    A tier reads its own options from `config` (`kv_offload_host_gib`, ...)."""
+    """What a tier is built with. `block_tensors` are the device KV tensors of one KV group:
+    dim 0 is the block id, and block b's KV is `t[b]` of every tensor (a model's
+    `kv_block_tensors()`, or one group's of `kv_group_block_tensors()`: a model with window
+    groups gets a chain of tiers per group, each with its share of the configured sizes in
+    `config`). A tier reads its own options from `config` (`kv_offload_host_gib`, ...)."""
 
     block_tensors: Sequence[torch.Tensor]
     block_size: int  # tokens per block
-    fingerprint: str  # model, dtype, KV layout, block size and rank, as a short hex string
+    fingerprint: str  # model, dtype, KV layout, group, block size and rank, as short hex
     config: EngineConfig
+    staging_bytes: int = OFFLOAD_DEVICE_BYTES  # device memory the first tier may take
 
     @property
     def block_bytes(self) -> int:
@@ -182,14 +185,22 @@ class Loading:
     pieces: list[tuple[Lease, Transfer]] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     aborted: bool = False
+    # With window KV groups: each one's tail, copied once the full group's pieces are found,
+    # as (group, first block position, lease, transfer); `end` caps the blocks the restore
+    # may make findable (the window tail rule: `GroupedKV`). None: no window groups.
+    tails: list[tuple[int, int, Lease, Transfer]] = field(default_factory=list)
+    end: int | None = None
+
+    def transfers(self) -> list[Transfer]:
+        return [t for _, t in self.pieces] + [t for *_, t in self.tails]
 
     def ready(self, chain: bool) -> bool:
         """Every piece landed, or, with `chain`, queued ahead of the compute stream's next
         work (`Transfer.stream_wait`)."""
-        return self.landed() or (chain and all(t.stream_wait() for _, t in self.pieces))
+        return self.landed() or (chain and all(t.stream_wait() for t in self.transfers()))
 
     def landed(self) -> bool:
-        return all(t.poll() for _, t in self.pieces)
+        return all(t.poll() for t in self.transfers())
 
     @property
     def num_blocks(self) -> int:

@@ -129,19 +129,16 @@ def _allocate_kv(config: EngineConfig, model: Model, step: StepMemory | None) ->
 
 
 def check_kv_offload(config: EngineConfig, model: Model) -> None:
-    """Refuse `--kv-offload` for a model with window or state KV groups: the offload tiers save
-    and restore one block table (the openinfer-kvcache README says what groups would need),
-    and a recurrent state has no block-boundary copy to save."""
-    side = side_groups_of(model)
-    if config.kv_offload and side:
+    """Refuse `--kv-offload` for a model with recurrent-state KV groups: a state is kept only
+    at a request's last token, so there is no block-boundary copy to save. Window groups are
+    saved and restored group by group (`engine.offload_tiers`)."""
+    states = tuple(g for g in side_groups_of(model) if g.state)
+    if config.kv_offload and states:
         if supports_close(model):  # tensor-parallel ranks already started
             model.close()
-        kinds = " and ".join(kind for kind, there in (
-            ("window", any(g.is_window for g in side)),
-            ("recurrent-state", any(g.state for g in side))) if there)
         raise ModelConfigError(
-            f"--kv-offload: model {config.model!r} keeps KV in {kinds} groups "
-            f"({', '.join(g.name for g in side)}), which the offload tiers cannot save or "
+            f"--kv-offload: model {config.model!r} keeps KV in recurrent-state groups "
+            f"({', '.join(g.name for g in states)}), which the offload tiers cannot save or "
             "restore: leave out --kv-offload")
 
 
