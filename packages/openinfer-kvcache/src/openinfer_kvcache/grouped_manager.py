@@ -107,8 +107,10 @@ class GroupedKVManager:
         hashes: list[int] = []
         found: list[list[int | None]] = [[] for _ in self.groups]
         # At least one token must be computed: the step needs its logits to sample.
-        for key in iter_block_hashes(token_ids, self.block_size, stop=len(token_ids) - 1):
-            blocks = [pool.lookup(key) for pool in self.pools]
+        for i, key in enumerate(iter_block_hashes(token_ids, self.block_size,
+                                                  stop=len(token_ids) - 1)):
+            blocks = [pool.lookup(key) if g.holds_block(i, self.block_size) else PADDING_BLOCK
+                      for g, pool in zip(self.groups, self.pools, strict=True)]
             if any(b is None for b, g in zip(blocks, self.groups, strict=True) if g.is_full):
                 break
             hashes.append(key)
@@ -118,10 +120,11 @@ class GroupedKVManager:
         live = self._live_from[request_id]
         for g, (table, column, pool) in enumerate(zip(tables, found, self.pools, strict=True)):
             live[g] = self._first_live(g, num_hit * self.block_size)
-            # `_longest_hit` checked that none of these is None.
+            # `_longest_hit` checked that none of these is None; a periodic group's column
+            # has the padding block where it holds none.
             attached = [b for b in column[live[g]:num_hit] if b is not None]
             table.extend([PADDING_BLOCK] * live[g] + attached)
-            pool.touch(attached)
+            pool.touch([b for b in attached if b != PADDING_BLOCK])
         self._hashes[request_id] = hashes[:num_hit]
         self._pending_stats[request_id] = (len(token_ids), num_hit * self.block_size)
         return num_hit * self.block_size
@@ -147,13 +150,19 @@ class GroupedKVManager:
         # Every token group's table covers the same positions; each new position's KV is
         # written by this step, in every token group, so each needs the same new blocks. A
         # state group needs its one slot, once.
-        missing = blocks_for(num_tokens, self.block_size) - len(tables[self._full])
-        need = [(1 if not table else 0) if g.state else max(missing, 0)
-                for g, table in zip(self.groups, tables, strict=True)]
+        # A periodic group's new positions hold a block only where `holds_block`.
+        new = range(len(tables[self._full]), blocks_for(num_tokens, self.block_size))
+        held = [[g.holds_block(i, self.block_size) for i in new] for g in self.groups]
+        need = [(1 if not table else 0) if g.state else sum(h)
+                for g, table, h in zip(self.groups, tables, held, strict=True)]
         if any(n > pool.num_free for n, pool in zip(need, self.pools, strict=True)):
             return False
-        for n, table, pool in zip(need, tables, self.pools, strict=True):
-            if n:
+        for g, n, table, pool, h in zip(self.groups, need, tables, self.pools, held,
+                                        strict=True):
+            if g.period > 1:
+                blocks = iter(pool.allocate(n))
+                table.extend(next(blocks) if holds else PADDING_BLOCK for holds in h)
+            elif n:
                 table.extend(pool.allocate(n))
         if (stats := self._pending_stats.pop(request_id, None)) is not None:
             self._queries += stats[0]
@@ -190,9 +199,11 @@ class GroupedKVManager:
         for i, key in enumerate(new, start):
             hashes.append(key)
             for g, (table, pool) in enumerate(zip(tables, self.pools, strict=True)):
-                # A window group gives back only blocks sealed first, so table[i] is a block.
-                # False when another request cached the same KV first; this copy stays
-                # private.
+                # A window group gives back only blocks sealed first, so table[i] is a block
+                # (a periodic group's is the padding block where it holds none). False when
+                # another request cached the same KV first; this copy stays private.
+                if table[i] == PADDING_BLOCK:
+                    continue
                 if pool.cache(table[i], key) and g == self._full and self._sealed is not None:
                     self._sealed.append((key, table[i]))
 
