@@ -61,8 +61,9 @@ def group_pool_blocks(groups: Sequence[KVGroupSpec], num_blocks: int, block_size
                       limits: KVStepLimits | None) -> tuple[int, ...]:
     """Each group's pool size for `GroupedKVManager` (`num_blocks_per_group`), as
     `capabilities.SupportsKVGroups.create_kv_cache` is given them: `num_blocks` for a full
-    group (`periodic_pool_blocks` for a periodic one), `window_pool_blocks` for a window group, `max_num_seqs + 1` slots for a state group
-    (one per running request, and the padding slot: admission never runs more requests).
+    group (`periodic_pool_blocks` for a periodic one), `window_pool_blocks` for a window
+    group, `max_num_seqs + 1` slots for a state group (one per running request, and the
+    padding slot: admission never runs more requests).
 
     Without `limits` (start-up's scratch caches): `num_blocks` in every token group and
     `min(num_blocks, SCRATCH_STATE_SLOTS)` slots in a state group, since a slot is a whole
@@ -73,7 +74,7 @@ def group_pool_blocks(groups: Sequence[KVGroupSpec], num_blocks: int, block_size
                      for g in groups)
     return tuple(limits.max_num_seqs + 1 if g.state
                  else periodic_pool_blocks(g.period, num_blocks, block_size,
-                                           limits.max_num_seqs) if g.is_full
+                                           limits.max_num_seqs) if g.horizon is None
                  else window_pool_blocks(g.horizon, block_size, limits.max_num_seqs,
                                          limits.max_num_batched_tokens)
                  for g in groups)
