@@ -157,33 +157,41 @@ def test_prefix_cache_hits_give_the_same_tokens(folder: Path, weights, cfg) -> N
         assert tokens(events) == reference_greedy(weights, cfg, prompt)
 
 
-def test_window_groups_keep_only_what_is_read(folder: Path, weights, cfg) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("block_size", [8, 4])
+def test_window_groups_keep_only_what_is_read(folder: Path, weights, cfg,  # type: ignore[no-untyped-def]
+                                              block_size: int) -> None:
     """The raw entries and compressor projections live in a window KV group (horizon 7 here:
-    the 8-token window, CSA's two 4-token windows, HCA's one 8-token window), the compressed
-    entries and indexer keys in the full group. Between steps a request holds at most 2
-    window blocks of 8 tokens (those of its last 7) however long it gets, and no step reads a
-    block it gave back: those entries are the padding block 0, filled with 100s in every
-    window tensor here, which would change the tokens. (Not NaN: the CPU attention reads slot
-    0 for its -1s, then weighs them 0.)"""
-    eng = engine(folder, block_size=8, max_num_batched_tokens=16)
-    groups = [(g.name, g.horizon) for g in eng.kv.groups]  # type: ignore[attr-defined]
-    assert groups == [("full", None), ("window-7", 7)]
+    the 8-token window, CSA's two 4-token windows, HCA's one 8-token window), the CSA entries
+    and indexer keys in the full group, the HCA entries in the periodic group `full-8`, which
+    at block size 4 holds every other block (those holding a position 8k - 1). Between steps a
+    request holds at most the window blocks of its last 7 tokens however long it gets, and no
+    step reads a block it gave back or a periodic position it does not hold: those are the
+    padding block 0, filled with 100s in every window tensor and the HCA entries here, which
+    would change the tokens. (Not NaN: the CPU attention reads slot 0 for its -1s, then
+    weighs them 0.)"""
+    eng = engine(folder, block_size=block_size, max_num_batched_tokens=16)
+    groups = [(g.name, g.horizon, g.period) for g in eng.kv.groups]  # type: ignore[attr-defined]
+    assert groups == [("full", None, 1), ("full-8", None, 8), ("window-7", 7, 1)]
     model = eng.model
     for layer in model.layers:  # type: ignore[attr-defined]
-        window = [layer.kv] + [p.projections for p in (layer.compressor, layer.indexer)
-                               if p is not None]
-        for t in window:
+        padding = [layer.kv] + [t for p in (layer.compressor, layer.indexer) if p is not None
+                                for t in (p.projections, p.entries if p.entry_group else None)
+                                if t is not None]
+        for t in padding:
             t[0] = 100.0
     prompt = prompts(1, 8, (45, 45))[0]
     eng.add_request(greedy_requests([prompt], "w")[0])
     events, held = [], []
     while eng.has_work():
         events += eng.step()
-        full, window = eng.kv.group_usage()  # type: ignore[attr-defined]
-        held.append((full.used, window.used))
+        full, periodic, window = eng.kv.group_usage()  # type: ignore[attr-defined]
+        held.append((full.used, periodic.used, window.used))
     assert tokens(events) == reference_greedy(weights, cfg, prompt)
-    assert max(w for _, w in held) == 2
-    assert max(f for f, _ in held) == -(-(45 + NEW_TOKENS - 1) // 8)  # every full block kept
+    assert max(w for *_, w in held) == (7 - 1) // block_size + 2
+    blocks = -(-(45 + NEW_TOKENS - 1) // block_size)
+    assert max(f for f, *_ in held) == blocks  # every full block kept
+    assert max(p for _, p, _ in held) == sum(eng.kv.groups[1].holds_block(i, block_size)  # type: ignore[attr-defined]
+                                             for i in range(blocks))
 
 
 @torch.inference_mode()
@@ -207,7 +215,7 @@ def chunked_logits(eng: Engine, batch: Sequence[Sequence[int]], chunks: Sequence
                     for s, c in zip(seqs, chunks, strict=True)
                     if s.num_computed_tokens < s.num_tokens]
             host = plan_batch(rows, kv)
-            assert len(host.group_block_tables) == 2  # the full group and window-7
+            assert len(host.group_block_tables) == 3  # full, full-8 and window-7
             if scratch:
                 host = dataclasses.replace(host, group_block_tables=())
             step = host.to_device(eng.model.device)
@@ -278,4 +286,27 @@ def test_a_prefix_restored_from_host_memory_gives_the_reference_tokens(  # type:
     assert tokens(events) == reference_greedy(weights, cfg, first, 8)
     stats = eng.offload.stats()  # type: ignore[attr-defined]
     assert (stats.restores, stats.restored_blocks) == (1, 5)
-    assert [u.used for u in eng.kv.group_usage()] == [0, 0]  # type: ignore[attr-defined]
+    assert all(u.used == 0 for u in eng.kv.group_usage())  # type: ignore[attr-defined]
+
+
+def test_a_restore_fills_a_periodic_group_where_it_holds_blocks(  # type: ignore[no-untyped-def]
+        folder: Path, weights, cfg) -> None:
+    """Block size 4: the HCA entries' group (`full-8`) holds every other block, padding
+    between. A prompt evicted from the device comes back from host memory with those blocks
+    alone, and gives the reference's tokens; nothing is left held."""
+    eng = engine(folder, block_size=4, num_kv_blocks=16, max_model_len=60,
+                 max_num_batched_tokens=16, kv_offload=("host",), kv_offload_host_gib=0.01)
+    names = [g.name for g in eng.kv.groups]  # type: ignore[attr-defined]
+    assert "full-8" in names
+    first = prompts(1, 11, (45, 45))[0]
+    other = prompts(1, 12, (50, 50))[0]
+    run_staggered(eng, greedy_requests([first], "warm", 8), lambda _: 0)
+    run_staggered(eng, greedy_requests([other], "other", 8), lambda _: 0)
+    full = eng.kv.pools[0]  # type: ignore[attr-defined]
+    assert all(full.lookup(h) is None for h in hash_blocks(first, 4))  # evicted
+    events = run_staggered(eng, greedy_requests([first], "again", 8), lambda _: 0)["again0"]
+    scheduled = events[0]
+    assert isinstance(scheduled, Scheduled) and scheduled.cached_tokens >= 32
+    assert tokens(events) == reference_greedy(weights, cfg, first, 8)
+    assert eng.offload.stats().restores == 1  # type: ignore[attr-defined]
+    assert all(u.used == 0 for u in eng.kv.group_usage())  # type: ignore[attr-defined]

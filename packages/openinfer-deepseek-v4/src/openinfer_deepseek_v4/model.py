@@ -23,6 +23,7 @@ from openinfer_deepseek_v4.kernels.rotary import rope_table
 from openinfer_deepseek_v4.kv_cache import (
     LayerCache,
     allocate_layers,
+    full_bytes_per_block,
     group_bytes_per_block,
     kv_groups,
 )
@@ -93,14 +94,18 @@ class DeepseekV4Model:
         # launches skipped would leave unset; a cold start compiles on first launch instead.
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        """One block of the full group: the compressed entries and indexer keys."""
-        return group_bytes_per_block(self.cfg, block_size, self.dtype)[0]
+        """One block of the full group (CSA entries and indexer keys) and the periodic
+        groups' share per block (HCA entries)."""
+        return full_bytes_per_block(self.cfg, block_size, self.dtype)
 
     def kv_window_bytes(self, block_size: int, limits: KVStepLimits) -> int:
+        """The window pools, and the periodic groups' fixed part (a block per running request
+        and the padding block, `periodic_pool_blocks`)."""
         pools = group_pool_blocks(self.kv_groups, 0, block_size, limits)
         per_block = group_bytes_per_block(self.cfg, block_size, self.dtype)
-        return sum(n * b for g, n, b in zip(self.kv_groups, pools, per_block, strict=True)
-                   if not g.is_full)
+        return sum((n if not g.is_full else limits.max_num_seqs + 1) * b
+                   for g, n, b in zip(self.kv_groups, pools, per_block, strict=True)
+                   if not g.is_full or g.period > block_size)
 
     def create_kv_cache(self, num_blocks: int, block_size: int,
                         limits: KVStepLimits | None = None) -> KVManager:
@@ -126,7 +131,8 @@ class DeepseekV4Model:
         return [t for layer in self.layers for t in layer.tensors()]
 
     def kv_group_block_tensors(self) -> tuple[list[torch.Tensor], ...]:
-        """Per group, layer-major: the full group's compressed entries, and each window
+        """Per group, layer-major: each full group's compressed entries (the CSA entries and
+        indexer keys in the first, each larger ratio's in its periodic group), and each window
         group's raw entries and compressor projections of the layers that keep them there."""
         if self.layers is None:
             raise RuntimeError("create_kv_cache() must run before kv_group_block_tensors()")
@@ -136,7 +142,7 @@ class DeepseekV4Model:
             for part in (layer.compressor, layer.indexer):
                 if part is not None:
                     out[part.projection_group].append(part.projections)
-                    out[0].append(part.entries)  # the full group is first (`kv_groups`)
+                    out[part.entry_group].append(part.entries)
         return out
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -7,8 +7,9 @@ host-known bounds), with the Triton kernels on the GPU and their references on C
    sin from the layer's position table); write the raw entries and the compressor
    projections into the step's slots of their window groups (`kv_cache`);
 2. `compress_pool`: the compressed entries whose windows close in this step, from the
-   projections (through their window group's table) into the full group's entry pool (with
-   the official rounding on, stored as its codes: `kv_cache.entry_formats`);
+   projections (through their window group's table) into the entry pool of their full group,
+   plain or periodic (with the official rounding on, stored as its codes:
+   `kv_cache.entry_formats`);
 3. per query, its keys as slots: the window's raw entries, and the compressed entries it sees
    (HCA: all; CSA: `indexer_topk_paged`'s picks); the slot arithmetic the layers share is
    made once a step (`StepSlots`);
@@ -69,7 +70,8 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         part.projections.flatten(0, 1)[slots.token_slots(part.projection_group)] = torch.cat(
             compressor_inputs(x, weights), dim=-1)
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
-                      rope.freqs, batch.group_table(part.projection_group), batch.block_tables,
+                      rope.freqs, batch.group_table(part.projection_group),
+                      batch.group_table(part.entry_group),
                       batch.seq_lens, batch.query_start_loc, batch.max_query_len,
                       ratio=part.ratio, overlap=overlap, norm_eps=cfg.rms_norm_eps,
                       store=part.fmt)
@@ -111,7 +113,7 @@ def _round_closed_entries(part: CompressedCache, slots: StepSlots, cfg: Deepseek
     """Round, in place, the compressed entries `compress_pool` closed in this step (those whose
     window's last token is one of the step's) as the model rounds them
     (`reference.round_entries`); the rows kernels skip the -1 of tokens that close none."""
-    rows = slots.closed_entries(part.ratio, part.entries.shape[1])
+    rows = slots.closed_entries(part.ratio, part.entries.shape[1], part.entry_group)
     pool = part.entries.flatten(0, 1)
     if indexer:
         indexer_round_rows(pool, rows)
@@ -138,7 +140,7 @@ def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch
     part = cache.compressor
     assert part is not None
     if cache.indexer is None:
-        return slots.visible_entries(part.ratio, part.entries.shape[1])
+        return slots.visible_entries(part.ratio, part.entries.shape[1], part.entry_group)
     assert w.indexer is not None
     idx = w.indexer
     q = linear(q_residual, idx.q_b).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
@@ -146,7 +148,8 @@ def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch
     if cfg.quant_sim:
         q = indexer_round(q)  # [T, heads, d]: each head's row
     return indexer_topk_paged(q, linear(x, idx.weights_proj), cache.indexer.entries,
-                              batch.block_tables, batch.query_start_loc, batch.positions,
+                              batch.group_table(cache.indexer.entry_group),
+                              batch.query_start_loc, batch.positions,
                               ratio=part.ratio, block_size=part.projections.shape[1],
                               top_k=cfg.index_topk, softmax_scale=cfg.index_head_dim ** -0.5,
                               weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,

@@ -28,8 +28,8 @@ class StepSlots:
         self._requests: torch.Tensor | None = None
         self._tokens: dict[int, torch.Tensor] = {}
         self._windows: dict[tuple[int, int], torch.Tensor] = {}
-        self._visible: dict[tuple[int, int], torch.Tensor] = {}
-        self._closed: dict[tuple[int, int], torch.Tensor] = {}
+        self._visible: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._closed: dict[tuple[int, int, int], torch.Tensor] = {}
 
     @property
     def requests(self) -> torch.Tensor:
@@ -67,11 +67,11 @@ class StepSlots:
                 real, blocks * block_size + window % block_size, -1).to(torch.int32)
         return self._windows[size, group]
 
-    def visible_entries(self, ratio: int, slots_per_block: int) -> torch.Tensor:
-        """[T, max_seq_len // ratio] int32: the slots of every compressed entry each query
-        sees (entries j < (position + 1) // ratio; -1 past them). The width follows the
-        step's host bound, never device values."""
-        key = (ratio, slots_per_block)
+    def visible_entries(self, ratio: int, slots_per_block: int, group: int) -> torch.Tensor:
+        """[T, max_seq_len // ratio] int32: the slots, in full group `group`'s pool, of every
+        compressed entry each query sees (entries j < (position + 1) // ratio; -1 past them).
+        The width follows the step's host bound, never device values."""
+        key = (ratio, slots_per_block, group)
         if key not in self._visible:
             batch = self.batch
             entries = torch.arange(batch.max_seq_len // ratio, device=batch.positions.device)
@@ -79,19 +79,20 @@ class StepSlots:
             entries = torch.where(entries < ((batch.positions + 1) // ratio)[:, None], entries,
                                   -1)
             self._visible[key] = paged_entry_slots(
-                batch.block_tables, self.requests, entries, ratio=ratio,
+                batch.group_table(group), self.requests, entries, ratio=ratio,
                 block_size=self.block_size, slots_per_block=slots_per_block)
         return self._visible[key]
 
-    def closed_entries(self, ratio: int, slots_per_block: int) -> torch.Tensor:
+    def closed_entries(self, ratio: int, slots_per_block: int, group: int) -> torch.Tensor:
         """[T] int32: for each token that closes a compressed entry (its position + 1 a
-        multiple of `ratio`), that entry's slot; -1 for the others."""
-        key = (ratio, slots_per_block)
+        multiple of `ratio`), that entry's slot in full group `group`'s pool; -1 for the
+        others."""
+        key = (ratio, slots_per_block, group)
         if key not in self._closed:
             batch = self.batch
             closes = (batch.positions + 1) % ratio == 0
             entry = torch.where(closes, (batch.positions + 1) // ratio - 1, -1)
-            slots = paged_entry_slots(batch.block_tables, self.requests, entry[:, None],
+            slots = paged_entry_slots(batch.group_table(group), self.requests, entry[:, None],
                                       ratio=ratio, block_size=self.block_size,
                                       slots_per_block=slots_per_block)
             self._closed[key] = slots[:, 0]

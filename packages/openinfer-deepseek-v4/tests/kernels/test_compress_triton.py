@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_deepseek_v4.kernels.compress import compress_kv_ref, compress_pool_ref
 from openinfer_deepseek_v4.kernels.compress.triton import compress_pool_triton
 from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
@@ -173,6 +174,43 @@ def test_projections_in_a_window_group_give_the_same_entries(ratio: int, overlap
     assert int(written.sum()) > 0
     assert torch.equal(~got.isnan().any(-1), written)
     torch.testing.assert_close(got[written], want[written], **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("pool", ["triton", "ref"])
+@pytest.mark.parametrize(("ratio", "overlap", "block_size"),
+                         [(8, False, 4), (8, False, 3), (16, True, 6), (4, False, 16)])
+def test_entries_in_a_periodic_group_land_in_the_blocks_it_holds(ratio: int, overlap: bool,
+                                                                 block_size: int,
+                                                                 pool: str) -> None:
+    """The entries in a periodic full group of period `ratio` (`KVGroupSpec.period`): a pool
+    of only the blocks holding a position k * ratio - 1, the table's other positions the
+    padding block 0 (NaN, never written): each entry is the one-table case's, in the block at
+    its last token's position."""
+    g = torch.Generator().manual_seed(block_size + ratio)
+    c, d = (2 if overlap else 1), 16
+    lens, new = [37, 21, 70, 9], [9, 1, 5, 9]
+    cache = make_cache(lens, block_size, ratio, c, d, torch.float32, g)
+    bias, norm, freqs = weights(ratio, c, d, torch.float32, g)
+    args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
+    want = cache.entries.clone()
+    compress_pool_ref(cache.projections, want, bias, norm, freqs, cache.tables, cache.tables,
+                      *step(lens, new), **args)
+    spec = KVGroupSpec("p", period=ratio)
+    held = [(b, i) for b, n in enumerate(lens) for i in range(-(-n // block_size))
+            if spec.holds_block(i, block_size)]
+    tables = torch.zeros_like(cache.tables)
+    for block, (b, i) in enumerate(held, 1):
+        tables[b, i] = block
+    got = torch.full((len(held) + 1, *want.shape[1:]), float("nan"), device=DEVICE)
+    run = compress_pool_triton if pool == "triton" else compress_pool_ref
+    run(cache.projections, got, bias, norm, freqs, cache.tables, tables, *step(lens, new),
+        **args)
+    assert got[0].isnan().all()
+    rows = torch.tensor([int(cache.tables[b, i]) for b, i in held])
+    assert torch.equal(got[1:].isnan(), want[rows].isnan())
+    assert int((~got[1:].isnan()).sum()) > 0
+    torch.testing.assert_close(got[1:].nan_to_num(), want[rows].nan_to_num(),
+                               **TOL[torch.float32])
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -7,7 +7,11 @@ from openinfer_kvcache.buffer import KVBuffer
 from openinfer_kvcache.grouped_manager import GroupedKVManager
 from openinfer_kvcache.manager import FULL_GROUP, PagedKVManager
 from openinfer_kvcache.spec import DEFAULT_BLOCK_SIZE, KVCacheSpec
-from openinfer_kvcache.window_sizing import group_pool_blocks, window_pool_blocks
+from openinfer_kvcache.window_sizing import (
+    group_pool_blocks,
+    periodic_pool_blocks,
+    window_pool_blocks,
+)
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -22,5 +26,6 @@ __all__ = [
     "group_pool_blocks",
     "hash_block",
     "hash_blocks",
+    "periodic_pool_blocks",
     "window_pool_blocks",
 ]

@@ -107,8 +107,10 @@ class GroupedKVManager:
         hashes: list[int] = []
         found: list[list[int | None]] = [[] for _ in self.groups]
         # At least one token must be computed: the step needs its logits to sample.
-        for key in iter_block_hashes(token_ids, self.block_size, stop=len(token_ids) - 1):
-            blocks = [pool.lookup(key) for pool in self.pools]
+        for i, key in enumerate(iter_block_hashes(token_ids, self.block_size,
+                                                  stop=len(token_ids) - 1)):
+            blocks = [pool.lookup(key) if g.holds_block(i, self.block_size) else PADDING_BLOCK
+                      for g, pool in zip(self.groups, self.pools, strict=True)]
             if any(b is None for b, g in zip(blocks, self.groups, strict=True) if g.is_full):
                 break
             hashes.append(key)
@@ -118,10 +120,11 @@ class GroupedKVManager:
         live = self._live_from[request_id]
         for g, (table, column, pool) in enumerate(zip(tables, found, self.pools, strict=True)):
             live[g] = self._first_live(g, num_hit * self.block_size)
-            # `_longest_hit` checked that none of these is None.
+            # `_longest_hit` checked that none of these is None; a periodic group's column
+            # has the padding block where it holds none.
             attached = [b for b in column[live[g]:num_hit] if b is not None]
             table.extend([PADDING_BLOCK] * live[g] + attached)
-            pool.touch(attached)
+            pool.touch([b for b in attached if b != PADDING_BLOCK])
         self._hashes[request_id] = hashes[:num_hit]
         self._pending_stats[request_id] = (len(token_ids), num_hit * self.block_size)
         return num_hit * self.block_size
@@ -153,21 +156,27 @@ class GroupedKVManager:
     def _grow(self, request_id: str, num_tokens: int, windows: bool) -> bool:
         """Grow the request's tables to cover `num_tokens`, all or nothing. Every token
         group's table covers the same positions; each new position's KV is written by the
-        next step, in every token group, so each needs the same new blocks (`windows` False:
-        a window group's table grows by padding entries instead). A state group needs its one
-        slot, once."""
+        next step, in every token group, so each needs the same new blocks, except that a
+        periodic group takes one only where `holds_block` (padding elsewhere) and, with
+        `windows` False, a window group's table grows by padding entries instead. A state
+        group needs its one slot, once."""
         tables = self._request(request_id)
-        missing = max(blocks_for(num_tokens, self.block_size) - len(tables[self._full]), 0)
-        need = [(1 if not table else 0) if g.state else missing
-                for g, table in zip(self.groups, tables, strict=True)]
-        pad = [0] * len(self.groups)
+        new = range(len(tables[self._full]), blocks_for(num_tokens, self.block_size))
+        held = [[g.holds_block(i, self.block_size) for i in new] for g in self.groups]
+        need = [(1 if not table else 0) if g.state else sum(h)
+                for g, table, h in zip(self.groups, tables, held, strict=True)]
         if not windows:
-            for g in self._windows:
-                need[g], pad[g] = 0, missing
+            for w in self._windows:
+                need[w], held[w] = 0, [False] * len(new)
         if any(n > pool.num_free for n, pool in zip(need, self.pools, strict=True)):
             return False
-        for n, p, table, pool in zip(need, pad, tables, self.pools, strict=True):
-            table.extend(pool.allocate(n) if n else [PADDING_BLOCK] * p)
+        for g, n, table, pool, h in zip(self.groups, need, tables, self.pools, held,
+                                        strict=True):
+            if g.state:
+                table.extend(pool.allocate(n) if n else [])
+                continue
+            blocks = iter(pool.allocate(n) if n else [])
+            table.extend(next(blocks) if holds else PADDING_BLOCK for holds in h)
         return True
 
     def cache_blocks(self, request_id: str, token_ids: Sequence[int],

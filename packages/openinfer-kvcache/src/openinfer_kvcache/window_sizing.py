@@ -41,12 +41,29 @@ def window_pool_blocks(horizon: int, block_size: int, max_num_seqs: int,
     return blocks + 1  # the padding block
 
 
+def periodic_pool_blocks(period: int, num_blocks: int, block_size: int,
+                         max_num_seqs: int) -> int:
+    """The pool size with which a full group of `period` (`KVGroupSpec.period`) never refuses
+    an `allocate` that a full group of `num_blocks` accepts: `num_blocks` where every block
+    holds a position k * period - 1 (period <= block_size), else one block per `period`
+    tokens of the plain group's usable blocks, plus one per running request and the padding
+    block. Why it is enough: the periodic group holds a block where the plain group holds
+    one at a position that holds such a token, under the same prefix hash. The plain blocks
+    the requests hold (at most num_blocks - 1) are a tree of shared prefixes, which splits
+    into one run of consecutive positions per request; a run of m positions holds at most
+    m * block_size // period + 1 of them."""
+    if period <= block_size:
+        return num_blocks
+    return (num_blocks - 1) * block_size // period + max_num_seqs + 1
+
+
 def group_pool_blocks(groups: Sequence[KVGroupSpec], num_blocks: int, block_size: int,
                       limits: KVStepLimits | None) -> tuple[int, ...]:
     """Each group's pool size for `GroupedKVManager` (`num_blocks_per_group`), as
     `capabilities.SupportsKVGroups.create_kv_cache` is given them: `num_blocks` for a full
-    group, `window_pool_blocks` for a window group, `max_num_seqs + 1` slots for a state group
-    (one per running request, and the padding slot: admission never runs more requests).
+    group (`periodic_pool_blocks` for a periodic one), `window_pool_blocks` for a window
+    group, `max_num_seqs + 1` slots for a state group (one per running request, and the
+    padding slot: admission never runs more requests).
 
     Without `limits` (start-up's scratch caches): `num_blocks` in every token group and
     `min(num_blocks, SCRATCH_STATE_SLOTS)` slots in a state group, since a slot is a whole
@@ -56,7 +73,8 @@ def group_pool_blocks(groups: Sequence[KVGroupSpec], num_blocks: int, block_size
         return tuple(min(num_blocks, SCRATCH_STATE_SLOTS) if g.state else num_blocks
                      for g in groups)
     return tuple(limits.max_num_seqs + 1 if g.state
-                 else num_blocks if g.horizon is None
+                 else periodic_pool_blocks(g.period, num_blocks, block_size,
+                                           limits.max_num_seqs) if g.horizon is None
                  else window_pool_blocks(g.horizon, block_size, limits.max_num_seqs,
                                          limits.max_num_batched_tokens)
                  for g in groups)

@@ -59,6 +59,9 @@ class KVOffload:
         self.tier = tiers[self.group]
         # (group, horizon) of the window groups a restore copies a tail of
         self._windows = [(g, h) for g in tiers if groups and (h := groups[g].horizon) is not None]
+        # The full groups beyond the first, restored beside it (`_start_extras`)
+        self._extras = [g for g in tiers if groups and groups[g].is_full and g != self.group]
+        self._groups = groups
         kv.track_sealed()
         self._saves: list[tuple[Transfer, int, list[int]]] = []
         self._loads = 0  # started, not yet landed
@@ -146,6 +149,8 @@ class KVOffload:
         seq.offload_probed = True  # one restore per request: no thrashing
         if not loading.pieces:
             return None
+        if self._extras:
+            seen = self._start_extras(loading, seen)
         if self._windows:
             self._start_tails(loading, seen)
         self._loads += 1
@@ -178,6 +183,8 @@ class KVOffload:
                 self.tier.release(lease)
             for g, _, lease, _ in loading.tails:
                 self.tiers[g].release(lease)
+            for g, _, lease, _ in loading.extras:
+                self.tiers[g].release(lease)
             self._loads -= 1
             seconds = time.monotonic() - loading.started
             self._restores += 1
@@ -185,6 +192,28 @@ class KVOffload:
             self._restore_seconds += seconds
             self._buckets[bisect.bisect_left(RESTORE_BUCKETS, seconds)] += 1
         self._landing = still
+
+    def _start_extras(self, loading: Loading, hashes: list[int]) -> list[int]:
+        """Each full group beyond the first copies back its blocks of the run found, at the
+        positions where it holds one (`KVGroupSpec.holds_block`; `reserve` took them with the
+        first group's). Where its tier lacks one, the run is cut back to that position (and
+        `loading.end` with it): the hashes of the run kept."""
+        held, size = loading.held_blocks, self.kv.block_size
+        end = held + len(hashes)
+        tables = self.kv.group_block_ids(loading.seq.request_id) if isinstance(
+            self.kv, GroupedKV) else ()
+        for g in self._extras:
+            positions = [i for i in range(held, end) if self._groups[g].holds_block(i, size)]
+            if not positions:
+                continue
+            lease = self.tiers[g].query([hashes[i - held] for i in positions])
+            kept = positions[:lease.num_blocks]
+            if len(kept) < len(positions):
+                end = positions[len(kept)]
+            loading.extras.append(
+                (g, kept, lease, self.tiers[g].load(lease, [tables[g][i] for i in kept])))
+        loading.end = end if loading.end is None else min(loading.end, end)
+        return hashes[:end - held]
 
     def _start_tails(self, loading: Loading, hashes: list[int]) -> None:
         """The window tail rule for a restore whose full-group run ends at block `end`: each
@@ -207,7 +236,7 @@ class KVOffload:
         for g, first, lease in leases:
             targets = list(tables[g][first:end])
             loading.tails.append((g, first, lease, self.tiers[g].load(lease, targets)))
-        loading.end = end
+        loading.end = end if loading.end is None else min(loading.end, end)
 
     def _lease_tails(self, held: int, end: int,
                      hashes: list[int]) -> list[tuple[int, int, Lease]] | int:
@@ -238,6 +267,9 @@ class KVOffload:
             end = min(end, loading.end)
         for _, first, _, transfer in loading.tails:
             end = min(end, first + transfer.num_blocks)
+        for _, positions, _, transfer in loading.extras:
+            if transfer.num_blocks < len(positions):
+                end = min(end, positions[transfer.num_blocks])
         return end
 
     # -- the rest --------------------------------------------------------------------------

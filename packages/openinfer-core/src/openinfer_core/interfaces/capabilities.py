@@ -145,11 +145,13 @@ class SupportsKVGroups(Protocol):
     `forward` reads each group's blocks through `ForwardBatch.group_table(g)` (a state
     group's: `[rows, 1]`, each row's slot).
 
-    Sizing: every full group has `num_blocks` blocks, and `Model.kv_bytes_per_block` is one
-    block of all of them. The line sizes its window and state groups' pools itself, for the
-    step limits (`openinfer_kvcache.group_pool_blocks`: a state group gets `max_num_seqs + 1`
-    slots), and `kv_window_bytes` says what they take: the memory budget sets that aside first
-    and gives the full groups the rest. Without the capability a model has one full group.
+    Sizing: every full group has `num_blocks` blocks (a periodic one, `KVGroupSpec.period`,
+    its share of them: `openinfer_kvcache.periodic_pool_blocks`), and
+    `Model.kv_bytes_per_block` is one block of all of them. The line sizes its window and
+    state groups' pools itself, for the step limits (`openinfer_kvcache.group_pool_blocks`: a
+    state group gets `max_num_seqs + 1` slots), and `kv_window_bytes` says what they take (and
+    any fixed part of a periodic pool): the memory budget sets that aside first and gives the
+    full groups the rest. Without the capability a model has one full group.
 
     A model with a state group has no prefix cache (`GroupedKV`): the engine turns prefix
     caching off for it. `--kv-offload` is refused for a model with a state group (a slot

@@ -41,11 +41,20 @@ class KVGroupSpec:
     length: a fixed-size recurrent state (a linear-attention layer's), which each step reads
     and overwrites in place. Its table has one entry, the slot id; slot 0 is the padding
     slot, which padding rows read and write. A row whose first new token is at position 0
-    starts from a zero state (the model zeroes its slot), any other continues it."""
+    starts from a zero state (the model zeroes its slot), any other continues it.
+
+    `period` p > 1 (horizon None): a periodic full group, which holds only what the tokens at
+    positions p - 1, 2p - 1, ... leave (one entry per p tokens: a compressed entry made by
+    the token closing its window). Its table has a block only at the positions of blocks
+    that hold such a token (`holds_block`); the others are the padding block, so with p
+    above the block size it holds 1 block in p / block_size. The block holding the token
+    that closes window j is in every prefix that includes that token, and its prefix hash
+    covers every token the entry depends on."""
 
     name: str
     horizon: int | None = None
     state: bool = False
+    period: int = 1
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -56,6 +65,9 @@ class KVGroupSpec:
         if self.state and self.horizon is not None:
             raise ValueError(f"KV group {self.name!r}: a state group has no horizon, got "
                              f"{self.horizon}")
+        if self.period < 1 or (self.period > 1 and not self.is_full):
+            raise ValueError(f"KV group {self.name!r}: period must be >= 1, and 1 unless a "
+                             f"full group, got {self.period}")
 
     @property
     def is_full(self) -> bool:
@@ -64,6 +76,13 @@ class KVGroupSpec:
     @property
     def is_window(self) -> bool:
         return self.horizon is not None
+
+    def holds_block(self, index: int, block_size: int) -> bool:
+        """Whether block `index` of a request's table is a block of this group (every block
+        of a token group but a periodic one's, which keeps those holding a position
+        k * period - 1)."""
+        return (index + 1) * block_size // self.period > index * block_size // self.period
+
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,9 +190,13 @@ class Loading:
     # may make findable (the window tail rule: `GroupedKV`). None: no window groups.
     tails: list[tuple[int, int, Lease, Transfer]] = field(default_factory=list)
     end: int | None = None
+    # Full groups beyond the first (a periodic one holds only some blocks): each one's blocks
+    # of the run found, as (group, their positions, lease, transfer).
+    extras: list[tuple[int, list[int], Lease, Transfer]] = field(default_factory=list)
 
     def transfers(self) -> list[Transfer]:
-        return [t for _, t in self.pieces] + [t for *_, t in self.tails]
+        return ([t for _, t in self.pieces] + [t for *_, t in self.tails]
+                + [t for *_, t in self.extras])
 
     def ready(self, chain: bool) -> bool:
         """Every piece landed, or, with `chain`, queued ahead of the compute stream's next
