@@ -310,3 +310,25 @@ def test_a_restore_fills_a_periodic_group_where_it_holds_blocks(  # type: ignore
     assert tokens(events) == reference_greedy(weights, cfg, first, 8)
     assert eng.offload.stats().restores == 1  # type: ignore[attr-defined]
     assert all(u.used == 0 for u in eng.kv.group_usage())  # type: ignore[attr-defined]
+
+
+def test_a_restore_is_cut_where_the_periodic_group_lacks_a_block(  # type: ignore[no-untyped-def]
+        folder: Path, weights, cfg) -> None:
+    """The HCA group's host tier forgets everything: its first block (position 1 at block
+    size 4: tokens 4..7 close the first 8-token window) is missing, so the restore is cut
+    before it, to block 0 alone, and the rest is recomputed to the reference's tokens."""
+    eng = engine(folder, block_size=4, num_kv_blocks=16, max_model_len=60,
+                 max_num_batched_tokens=16, kv_offload=("host",), kv_offload_host_gib=0.01)
+    first = prompts(1, 11, (45, 45))[0]
+    other = prompts(1, 12, (50, 50))[0]
+    run_staggered(eng, greedy_requests([first], "warm", 8), lambda _: 0)
+    run_staggered(eng, greedy_requests([other], "other", 8), lambda _: 0)
+    names = [g.name for g in eng.kv.groups]  # type: ignore[attr-defined]
+    hca = eng.offload.tiers[names.index("full-8")]  # type: ignore[attr-defined]
+    hca.flush()
+    hca.evict_all()
+    events = run_staggered(eng, greedy_requests([first], "again", 8), lambda _: 0)["again0"]
+    scheduled = events[0]
+    assert isinstance(scheduled, Scheduled) and scheduled.cached_tokens <= 4
+    assert tokens(events) == reference_greedy(weights, cfg, first, 8)
+    assert all(u.used == 0 for u in eng.kv.group_usage())  # type: ignore[attr-defined]
