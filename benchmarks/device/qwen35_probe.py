@@ -32,7 +32,9 @@ def piece(name: str, fn: Callable[[], str]) -> None:
         traceback.print_exc()
         print(f"FAILED {name}", flush=True)
         sys.exit(1)
-    print(f"ok {name} {detail}", flush=True)
+    # A piece that ran but gave NaN (diffs of nan, non-finite logits) is named, not passed.
+    wrong = "nan" in detail or "finite False" in detail
+    print(f"{'WRONG' if wrong else 'ok'} {name} {detail}", flush=True)
 
 
 def fla_pieces() -> None:
@@ -74,6 +76,59 @@ def fla_pieces() -> None:
                     [128, 1, 1, 33], [96] * 8 + [1] * 40):
         piece(f"fla chunk {lengths if len(lengths) < 10 else f'{len(lengths)} rows'}",
               lambda lengths=lengths: run(lengths, False))
+
+
+def decode_timing() -> None:
+    """One linear layer's decode work after its in-projection, at Qwen3.5-4B's shapes, in a
+    CUDA graph of 24 layers' worth (each on its own state, as in the model): fla's path (the
+    torch convolution, the gates in torch, the state gathered, fla's fused recurrent kernel,
+    the state scattered back) against ours (`causal_conv1d_decode`, then
+    `gated_delta_rule_decode` with the gates inside). Prints microseconds per layer."""
+    import torch.nn.functional as F
+    from cuda_timing import graph_per_call_us
+
+    from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
+    from openinfer_qwen35.kernels.gated_delta_rule.fla import gated_delta_rule_varlen_fla
+    from openinfer_qwen35.kernels.short_conv import causal_conv1d_ref
+    from openinfer_qwen35.kernels.short_conv.decode_triton import causal_conv1d_decode
+
+    hk, hv, dk, dv, taps, layers = 16, 32, 128, 128, 4, 24
+    channels = 2 * hk * dk + hv * dv
+
+    def time_rows(rows: int) -> None:
+        slots = torch.arange(rows, device="cuda") + 1
+        fresh = torch.zeros(rows, dtype=torch.bool, device="cuda")
+        qsl = torch.arange(rows + 1, device="cuda", dtype=torch.int32)
+        proj = torch.randn(layers, rows, channels + 2 * hv, device="cuda").bfloat16()
+        weight = torch.randn(channels, taps, device="cuda").bfloat16()
+        conv = torch.randn(layers, rows + 1, channels, taps - 1, device="cuda").bfloat16()
+        state = torch.randn(layers, rows + 1, hv, dk, dv, device="cuda") * 0.01
+        a_neg = -torch.rand(hv, device="cuda")
+        dt_bias = torch.randn(hv, device="cuda").bfloat16()
+
+        def theirs(n: int) -> None:
+            mixed = causal_conv1d_ref(proj[n, :, :channels], weight, conv[n], slots, qsl, fresh)
+            q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+            b, a = proj[n, :, channels:channels + hv], proj[n, :, channels + hv:]
+            g = a_neg * F.softplus(a.float() + dt_bias)
+            gated_delta_rule_varlen_fla(q.reshape(rows, hk, dk), k.reshape(rows, hk, dk),
+                                        v.reshape(rows, hv, dv), g, b.sigmoid(), state[n],
+                                        slots, fresh, qsl, decode=True)
+
+        def ours(n: int) -> None:
+            mixed = causal_conv1d_decode(proj[n, :, :channels], weight, conv[n], slots, fresh)
+            b, a = proj[n, :, channels:channels + hv], proj[n, :, channels + hv:]
+            gated_delta_rule_decode(mixed, a, b, a_neg, dt_bias, state[n], slots, fresh, hk)
+
+        fla_us = graph_per_call_us([lambda n=n: theirs(n) for n in range(layers)])
+        ours_us = graph_per_call_us([lambda n=n: ours(n) for n in range(layers)])
+        moved = 2 * state[0, :rows].nbytes
+        print(f"decode layer rows {rows}: fla path {fla_us:.1f} us, ours {ours_us:.1f} us "
+              f"(state read+written {moved / 1e6:.1f} MB: {moved / ours_us / 1e3:.0f} GB/s)",
+              flush=True)
+
+    for rows in (1, 8, 64, 256):
+        time_rows(rows)
 
 
 def model_pieces() -> None:
@@ -150,9 +205,11 @@ def main() -> None:
     fla = importlib.import_module("fla")
     print(f"torch {torch.__version__} triton {triton.__version__} fla {fla.__version__} "
           f"{torch.cuda.get_device_name()}", flush=True)
-    wanted = sys.argv[1:] or ["fla", "model"]
+    wanted = sys.argv[1:] or ["fla", "timing", "model"]
     if "fla" in wanted:
         fla_pieces()
+    if "timing" in wanted:
+        piece("decode timing", lambda: decode_timing() or "")
     if "model" in wanted:
         model_pieces()
 

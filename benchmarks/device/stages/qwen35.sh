@@ -13,10 +13,13 @@ stage_qwen35() {
   # the first piece (fla alone at 4B shapes, then a 4-layer 4B-shaped model) and kernel that
   # makes it, before the longer runs below inherit a poisoned context.
   stage "Qwen3.5 probe: fla's delta rule at 4B shapes, then eager forwards (launch-blocking)"
-  CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 benchmarks/device/qwen35_probe.py \
+  CUDA_LAUNCH_BLOCKING=1 timeout 90 python3 benchmarks/device/qwen35_probe.py fla model \
     > "$OUT/qwen35_probe.log" 2>&1
-  echo "probe exit $?"; grep -E "^(torch|ok|FAILED)" "$OUT/qwen35_probe.log"
+  echo "probe exit $?"; grep -E "^(torch|ok|WRONG|FAILED)" "$OUT/qwen35_probe.log"
   grep -B30 "^FAILED" "$OUT/qwen35_probe.log" | grep -vE "^(ok|torch) " | tail -30
+  stage "Qwen3.5 decode, one linear layer after its projection: fla's path vs our kernels"
+  timeout 60 python3 benchmarks/device/qwen35_probe.py timing > "$OUT/qwen35_timing.log" 2>&1
+  grep -E "^(decode|FAILED)" "$OUT/qwen35_timing.log"
   stage "Qwen3.5 package tests, compiled: fla kernels vs torch references, and the CPU tests"
   # test_served.py serves on CPU through the openai client, which the image lacks. Every
   # test's outcome and the short tracebacks go to the log; the failures print here.

@@ -27,11 +27,13 @@ ROOT = Path(__file__).resolve().parents[3]
 PLUGIN = "openinfer_kernels.testing.ttir_plugin"
 
 # (source folder, kernel tests) of every package with Triton kernels of its own. Qwen3.5's
-# gated delta rule runs flash-linear-attention's kernels, which are not ours to check.
+# prompt path runs flash-linear-attention's kernels, which are not ours to check; its decode
+# kernels and gated norm are.
 PACKAGES = {
     "openinfer-kernels": ("src", "tests/kernels"),
     "openinfer-deepseek-v4": ("src", "tests/kernels"),
     "openinfer-offload": ("src", "tests/test_block_copy.py"),
+    "openinfer-qwen35": ("src", "tests/test_decode_kernels.py"),
 }
 
 

@@ -44,8 +44,11 @@ def test_rule_matches_transformers() -> None:
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule
 
     q, k, v, g, beta, s0 = inputs(1, 19, 2, 4, 12, 6, seed=3)
+    # Each key head serves consecutive value heads. Older transformers (the GPU image's)
+    # take equal head counts only; their model repeats q and k before the call.
+    qv, kv = (x.repeat_interleave(2, dim=2) for x in (q, k))
     expected, final = torch_recurrent_gated_delta_rule(
-        q, k, v, g=g, beta=beta, initial_state=s0, output_final_state=True,
+        qv, kv, v, g=g, beta=beta, initial_state=s0, output_final_state=True,
         use_qk_l2norm_in_kernel=True)
     state = s0.clone()
     torch.testing.assert_close(gated_delta_rule_chunk_ref(q, k, v, g, beta, state, chunk=8),

@@ -11,7 +11,10 @@ from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_kernels import linear, qk_rms_norm, rotary_embedding
 from openinfer_qwen35.config import Qwen35Config
 from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen
+from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
+from openinfer_qwen35.kernels.gated_norm import gated_rms_norm
 from openinfer_qwen35.kernels.short_conv import causal_conv1d
+from openinfer_qwen35.kernels.short_conv.decode_triton import causal_conv1d_decode
 from openinfer_qwen35.state_cache import StepRows
 from openinfer_qwen35.weights import AttentionWeights, DeltaNetWeights
 
@@ -44,26 +47,24 @@ def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
     t, heads = x.shape[0], cfg.linear_value_heads
     mixed, z, b, a = linear(x, w.in_proj).split(
         [cfg.conv_dim, cfg.value_dim, heads, heads], dim=-1)
-    mixed = causal_conv1d(mixed, w.conv, conv_state, rows.slots, batch.query_start_loc,
-                          rows.fresh)
-    q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
-    beta = b.sigmoid()
-    g = w.a_neg * F.softplus(a.float() + w.dt_bias)  # log of the decay, <= 0
-    core = gated_delta_rule_varlen(
-        q.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
-        k.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
-        v.reshape(t, heads, cfg.linear_value_dim), g, beta, recurrent_state, rows.slots,
-        rows.fresh, batch.query_start_loc, decode=batch.max_query_len == 1, plan=rows.plan)
+    if x.is_cuda and batch.max_query_len == 1:
+        # Decode on the GPU: the convolution and the rule each one kernel, in place on the
+        # rows' slots, the gates made inside the rule's kernel.
+        mixed = causal_conv1d_decode(mixed, w.conv, conv_state, rows.slots, rows.fresh)
+        core = gated_delta_rule_decode(mixed, a, b, w.a_neg, w.dt_bias, recurrent_state,
+                                       rows.slots, rows.fresh, cfg.linear_key_heads)
+    else:
+        mixed = causal_conv1d(mixed, w.conv, conv_state, rows.slots, batch.query_start_loc,
+                              rows.fresh)
+        q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
+        beta = b.sigmoid()
+        g = w.a_neg * F.softplus(a.float() + w.dt_bias)  # log of the decay, <= 0
+        core = gated_delta_rule_varlen(
+            q.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
+            k.reshape(t, cfg.linear_key_heads, cfg.linear_key_dim),
+            v.reshape(t, heads, cfg.linear_value_dim), g, beta, recurrent_state, rows.slots,
+            rows.fresh, batch.query_start_loc, decode=batch.max_query_len == 1,
+            plan=rows.plan)
     out = gated_rms_norm(core, z.reshape(t, heads, cfg.linear_value_dim), w.norm,
                          cfg.rms_norm_eps)
     return linear(out.reshape(t, cfg.value_dim), w.out_proj)
-
-
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
-                   eps: float) -> torch.Tensor:
-    """rms_norm(x) * weight * silu(gate) over the last dimension; the normed value is
-    rounded to x's dtype before the weight, the gate applied in fp32 (transformers'
-    order)."""
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)

@@ -81,14 +81,16 @@ def gated_delta_rule_varlen_fla(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     g, beta = g.float().contiguous(), beta.contiguous()
     if decode:  # [B, 1, ...]: one token per sequence, no cu_seqlens
+        # By keyword: this function's fourth to sixth parameters are g, gk, gv (beta is the
+        # seventh), unlike chunk_gated_delta_rule's (q, k, v, g, beta).
         out, final = fused_recurrent_gated_delta_rule(
-            q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+            q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None],
             initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True)
         out = out[:, 0]
     else:  # [1, T, ...] with the rows' bounds
         plan = plan or ChunkPlan.of(query_start_loc, None)
         out, final = chunk_gated_delta_rule(
-            q[None], k[None], v[None], g[None], beta[None], initial_state=initial,
+            q[None], k[None], v[None], g=g[None], beta=beta[None], initial_state=initial,
             output_final_state=True, use_qk_l2norm_in_kernel=True,
             cu_seqlens=plan.cu_seqlens, cu_seqlens_cpu=plan.cu_seqlens_cpu,
             chunk_indices=plan.chunk_indices)

@@ -1,0 +1,110 @@
+"""The decode kernels of our own (`short_conv/decode_triton.py`, `gated_delta_rule/
+decode_triton.py`) and the gated output norm (`gated_norm.py`) against the torch references:
+under the Triton interpreter on CPU at small shapes, compiled at Qwen3.5-4B's head shapes on
+the GPU (`-m gpu`). Rows read and write state slots in place, some starting afresh, one on
+the padding slot, with the others' slots left as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen_ref
+from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
+from openinfer_qwen35.kernels.gated_norm import gated_rms_norm_ref, gated_rms_norm_triton
+from openinfer_qwen35.kernels.short_conv import causal_conv1d_ref
+from openinfer_qwen35.kernels.short_conv.decode_triton import causal_conv1d_decode
+
+# (key heads, value heads, key dim, value dim)
+SMALL = (2, 4, 16, 8)
+QWEN35_4B = (16, 32, 128, 128)
+CASES = [pytest.param("cpu", SMALL, id="interpreted"),
+         pytest.param("cuda", QWEN35_4B, id="4b-compiled", marks=pytest.mark.gpu)]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def rows_and_slots(device: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    slots = torch.tensor([3, 1, 6, 0, 5], device=device)
+    fresh = torch.tensor([False, True, False, False, True], device=device)
+    return slots, fresh, 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, shape", CASES)
+def test_conv_decode_matches_reference(device: str, shape: tuple[int, ...],
+                                       dtype: torch.dtype) -> None:
+    hk, hv, kd, vd = shape
+    channels, taps = 2 * hk * kd + hv * vd, 4
+    gen = torch.Generator(device=device).manual_seed(0)
+    slots, fresh, num_slots = rows_and_slots(device)
+    rows = slots.shape[0]
+    # A strided view, as the layer's in-projection output is.
+    wide = torch.randn(rows, channels + 24, generator=gen, device=device).to(dtype)
+    x = wide[:, 7:7 + channels]
+    weight = torch.randn(channels, taps, generator=gen, device=device).to(dtype)
+    state = torch.randn(num_slots, channels, taps - 1, generator=gen, device=device).to(dtype)
+    want_state = state.clone()
+    qsl = torch.arange(rows + 1, device=device, dtype=torch.int32)
+    want = causal_conv1d_ref(x, weight, want_state, slots, qsl, fresh)
+    got = causal_conv1d_decode(x, weight, state, slots, fresh)
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    torch.testing.assert_close(state, want_state, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, shape", CASES)
+def test_rule_decode_matches_reference(device: str, shape: tuple[int, ...],
+                                       dtype: torch.dtype) -> None:
+    hk, hv, kd, vd = shape
+    gen = torch.Generator(device=device).manual_seed(1)
+    slots, fresh, num_slots = rows_and_slots(device)
+    rows = slots.shape[0]
+
+    def r(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device=device)
+
+    qkv = r(rows, 2 * hk * kd + hv * vd).to(dtype)
+    # a and b: columns of one projection output, as in the layer.
+    ab = r(rows, 2 * hv + 3).to(dtype)
+    b, a = ab[:, 1:1 + hv], ab[:, 1 + hv:1 + 2 * hv]
+    a_neg = -torch.rand(hv, generator=gen, device=device) * 4
+    dt_bias = r(hv).to(dtype)
+    state = r(num_slots, hv, kd, vd)
+    want_state = state.clone()
+    q, k, v = qkv.split([hk * kd, hk * kd, hv * vd], dim=-1)
+    beta = b.sigmoid()
+    g = a_neg * F.softplus(a.float() + dt_bias)
+    qsl = torch.arange(rows + 1, device=device, dtype=torch.int32)
+    want = gated_delta_rule_varlen_ref(
+        q.reshape(rows, hk, kd), k.reshape(rows, hk, kd), v.reshape(rows, hv, vd), g, beta,
+        want_state, slots, fresh, qsl, decode=True)
+    got = gated_delta_rule_decode(qkv, a, b, a_neg, dt_bias, state, slots, fresh, hk)
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    # beta is rounded to bf16 as torch rounds it; Triton's interpreter rounds casts to bf16
+    # toward zero (one bf16 ulp of beta off), compiled kernels to nearest even.
+    state_tol = 1e-2 if device == "cpu" and dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(state, want_state, atol=state_tol, rtol=state_tol)
+    # Slots 2, 4 and 7 belong to no row and are left exactly as they were.
+    untouched = [2, 4, 7]
+    assert torch.equal(state[untouched], want_state[untouched])
+
+
+@pytest.mark.parametrize("dtype, weight_dtype", [(torch.float32, torch.float32),
+                                                 (torch.bfloat16, torch.bfloat16),
+                                                 (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("device, shape", CASES)
+def test_gated_norm_matches_reference(device: str, shape: tuple[int, ...], dtype: torch.dtype,
+                                      weight_dtype: torch.dtype) -> None:
+    _, hv, _, vd = shape
+    gen = torch.Generator(device=device).manual_seed(2)
+    tokens = 6
+    x = torch.randn(tokens, hv, vd, generator=gen, device=device).to(dtype)
+    zs = torch.randn(tokens, hv * vd + 5, generator=gen, device=device).to(dtype)
+    z = zs[:, 5:].reshape(tokens, hv, vd)
+    weight = (1 + 0.1 * torch.randn(vd, generator=gen, device=device)).to(weight_dtype)
+    want = gated_rms_norm_ref(x, z, weight, 1e-6)
+    got = gated_rms_norm_triton(x, z, weight, 1e-6)
+    assert got.dtype == want.dtype
+    # One bf16 rounding step apart at most.
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
