@@ -25,6 +25,8 @@ for name in $stages; do
   [[ " $(echo $ORDER) " == *" $name "* ]] || { echo "stage_$name is missing from ORDER"; exit 2; }
 done
 
+[ "$(cat .whl/SOURCES 2>/dev/null)" = "$(bash benchmarks/device/source_hash.sh)" ] \
+  || { echo "the wheels in .whl/ are not of these sources: run benchmarks/device/prepare.sh"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 # PYTHONFAULTHANDLER: a python that `timeout -s ABRT` stops prints where each thread was.

@@ -19,4 +19,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl "${need[@]}" 2> >(grep -v "^WARNING: Location" >&2)
 uv build -q --all-packages --wheel -o .whl
+# The sources the wheels were built from, by content: gpu_check.sh refuses wheels older than
+# the tree it runs in (a run of stale wheels measures the last build, not this change).
+bash benchmarks/device/source_hash.sh > .whl/SOURCES
 ls .whl
