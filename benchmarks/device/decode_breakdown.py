@@ -23,6 +23,7 @@ from openinfer_core.request import GenerateRequest
 
 CATEGORIES = [  # first match wins
     ("collective", r"nccl|all_reduce|allreduce|one_shot|two_shot|broadcast|all_gather"),
+    ("linear_attn", r"gdn|conv_decode|delta_rule|gated_norm"),
     ("attention", r"attn|attention|split_kernel|merge_kernel|prefill_kernel|flash"),
     ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv|linear_kernel|sum_splits"),
     ("norm", r"rms|norm"),

@@ -40,6 +40,10 @@ PY
   timeout -s ABRT 110 python3 -m openinfer_server.cli bench latency $q35 --load-format dummy \
     --max-num-seqs 4 --max-model-len 8448 --input-len 128 2048 8192 --output-len 128 \
     --num-iters 3 --result-file "$OUT/latency-qwen35-4b.json" 2>&1 | grep -E "TTFT|TPOT|floor|input"
+  stage "where a batch-1 decode step's time goes, Qwen3.5-4B (CUDA graphs, profiler)"
+  timeout 120 python3 benchmarks/device/decode_breakdown.py $q35 \
+    --json "$OUT/breakdown-qwen35-4b.json" > "$OUT/qwen35_breakdown.log" 2>&1
+  tail -25 "$OUT/qwen35_breakdown.log"
   stage "offline throughput, Qwen3.5-4B, 128/128 x 512"
   timeout 80 python3 -m openinfer_server.cli bench throughput $q35 --load-format dummy \
     --max-num-seqs 512 --max-model-len 2048 --num-prompts 512 --input-len 128 --output-len 128 \
