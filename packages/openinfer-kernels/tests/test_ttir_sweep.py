@@ -33,7 +33,7 @@ PACKAGES = {
     "openinfer-kernels": ("src", "tests/kernels"),
     "openinfer-deepseek-v4": ("src", "tests/kernels"),
     "openinfer-offload": ("src", "tests/test_block_copy.py"),
-    "openinfer-qwen35": ("src", "tests/test_decode_kernels.py"),
+    "openinfer-qwen35": ("src", "tests/test_kernels.py"),
 }
 
 

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_core.interfaces.model import ForwardBatch
-from openinfer_kernels import linear, qk_rms_norm, rotary_embedding
+from openinfer_kernels import linear
 from openinfer_qwen35.config import Qwen35Config
+from openinfer_qwen35.kernels.attention_prologue import qk_norm_partial_rope
 from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen
 from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
 from openinfer_qwen35.kernels.gated_norm import gated_rms_norm
@@ -27,14 +28,11 @@ def gated_attention(cfg: Qwen35Config, w: AttentionWeights, x: torch.Tensor,
     t, d = x.shape[0], cfg.head_dim
     q, k, v, gate = linear(x, w.qkvg).split(
         [cfg.q_size, cfg.kv_size, cfg.kv_size, cfg.q_size], dim=-1)
-    q, k = qk_rms_norm(q.reshape(t, cfg.num_heads, d), k.reshape(t, cfg.num_kv_heads, d),
-                       w.q_norm, w.k_norm, cfg.rms_norm_eps)
-    rd = cfg.rotary_dim
-    q_rot, k_rot = rotary_embedding(q[..., :rd], k[..., :rd], batch.positions, cos_sin)
-    q = torch.cat([q_rot, q[..., rd:]], dim=-1)
-    k = torch.cat([k_rot, k[..., rd:]], dim=-1)
-    out = attention.attend(q, k, v.reshape(t, cfg.num_kv_heads, d).contiguous(), k_cache,
-                           v_cache, batch, d ** -0.5)
+    q, k, v = qk_norm_partial_rope(
+        q.reshape(t, cfg.num_heads, d), k.reshape(t, cfg.num_kv_heads, d),
+        v.reshape(t, cfg.num_kv_heads, d), w.q_norm, w.k_norm, cfg.rms_norm_eps,
+        batch.positions, cos_sin)
+    out = attention.attend(q, k, v, k_cache, v_cache, batch, d ** -0.5)
     return linear(out.reshape(t, cfg.q_size) * torch.sigmoid(gate), w.o_proj)
 
 

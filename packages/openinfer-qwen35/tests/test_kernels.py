@@ -1,5 +1,6 @@
-"""The decode kernels of our own (`short_conv/decode_triton.py`, `gated_delta_rule/
-decode_triton.py`) and the gated output norm (`gated_norm.py`) against the torch references:
+"""The Triton kernels of our own against the torch references: the decode kernels
+(`short_conv/decode_triton.py`, `gated_delta_rule/decode_triton.py`), the gated output norm
+(`gated_norm.py`) and the attention prologue (`attention_prologue.py`):
 under the Triton interpreter on CPU at small shapes, compiled at Qwen3.5-4B's head shapes on
 the GPU (`-m gpu`). Rows read and write state slots in place, some starting afresh, one on
 the padding slot, with the others' slots left as they were."""
@@ -12,6 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from openinfer_kernels import rope_cos_sin
+from openinfer_qwen35.kernels.attention_prologue import (
+    qk_norm_partial_rope_ref,
+    qk_norm_partial_rope_triton,
+)
 from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen_ref
 from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
 from openinfer_qwen35.kernels.gated_norm import gated_rms_norm_ref, gated_rms_norm_triton
@@ -113,3 +119,28 @@ def test_gated_norm_matches_reference(device: str, shape: tuple[int, ...], dtype
     assert got.dtype == want.dtype
     # One bf16 rounding step apart at most.
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, heads, kv_heads, dim, rotary", [
+    pytest.param("cpu", 4, 2, 32, 8, id="interpreted", marks=CASES[0].marks),
+    pytest.param("cuda", 16, 4, 256, 64, id="4b-compiled", marks=pytest.mark.gpu)])
+def test_attention_prologue_matches_reference(device: str, heads: int, kv_heads: int, dim: int,
+                                              rotary: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator(device=device).manual_seed(3)
+    tokens = 5
+    # q, k, v, gate: column blocks of one projection output, as in the layer.
+    proj = torch.randn(tokens, (2 * heads + 2 * kv_heads) * dim, generator=gen,
+                       device=device).to(dtype)
+    q, k, v, _ = proj.split([heads * dim, kv_heads * dim, kv_heads * dim, heads * dim], -1)
+    q, k, v = (x.reshape(tokens, -1, dim) for x in (q, k, v))
+    q_weight = 1 + 0.1 * torch.randn(dim, generator=gen, device=device)
+    k_weight = 1 + 0.1 * torch.randn(dim, generator=gen, device=device)
+    cos_sin = rope_cos_sin(64, rotary, 1e7, device)
+    positions = torch.tensor([0, 3, 17, 40, 63], device=device)
+    want = qk_norm_partial_rope_ref(q, k, v, q_weight, k_weight, 1e-6, positions, cos_sin)
+    got = qk_norm_partial_rope_triton(q, k, v, q_weight, k_weight, 1e-6, positions, cos_sin)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.is_contiguous()
+        torch.testing.assert_close(g.float(), w.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    assert torch.equal(got[2], want[2])
