@@ -109,6 +109,10 @@ stage_fp8serve() {
   # >= 20,000 output tok/s offline, served within 0.95x of it).
   local m8fp8=/tmp/qwen3-8b-fp8 model side
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
+  stage "W8A8 kernel tests compiled (cuBLASLt at row counts no 4 divides, as served steps have)"
+  timeout 120 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" -rf --tb=short \
+    packages/openinfer-kernels/tests/kernels/test_fp8_w8a8.py > "$OUT/fp8serve_tests.log" 2>&1
+  grep -E "^FAILED|passed|failed" "$OUT/fp8serve_tests.log" | tail -8
   for side in fp8 bf16; do
     model=$m8fp8; [ $side = bf16 ] && model=$M8
     stage "offline throughput, Qwen3-8B $side, 128/128 x 512"

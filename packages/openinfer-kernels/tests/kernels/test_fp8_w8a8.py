@@ -272,3 +272,22 @@ def test_cublas_product_at_qwen3_8b_shapes(m: int, n: int, k: int,
     assert len(calls) == 1
     want = fp8_w8a8_linear_ref(*fp8_group_quant_ref(x), w, scale, torch.float32)
     torch.testing.assert_close(out.float(), want, **tol(torch.bfloat16, want))
+
+
+@pytest.mark.parametrize("m", [1, 5, 8])
+def test_quantized_rows_are_padded_for_cublas(m: int) -> None:
+    """cuBLASLt takes activation scales whose row stride is exactly the row count, 16-byte
+    aligned: the quantizer allocates q and its scales for the rows rounded up to 4, and the
+    cuBLASLt path runs on that padded view (`scaled_mm._padded_rows`); operands made
+    elsewhere (no padding behind them) are refused."""
+    from openinfer_kernels.fp8_linear.scaled_mm import _padded_rows
+
+    x = torch.randn(m, 256, device=DEVICE).to(torch.bfloat16)
+    xq, x_scale = fp8_group_quant_triton(x)
+    padded = -(-m // 4) * 4
+    assert _padded_rows(xq, x_scale) == padded
+    assert xq.as_strided((padded, 256), xq.stride())[:m].data_ptr() == xq.data_ptr()
+    want_q, want_scale = fp8_group_quant_ref(x)
+    assert torch.equal(xq.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(x_scale, want_scale)
+    assert _padded_rows(want_q, want_scale.t().contiguous().t()) == (m if m % 4 == 0 else 0)

@@ -83,11 +83,12 @@ def fp8_group_quant_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
                          f"contiguous, got {x.dtype} {tuple(x.shape)} strides {x.stride()}")
     m, k = x.shape
     groups = triton.cdiv(k, GROUP)
-    q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-    # Rows padded to a multiple of 4: each group's scales start 16-byte aligned, as cuBLASLt's
-    # block-scaled FP8 product needs of its scale operand (`scaled_mm.py`).
-    scale = torch.empty((groups, -(-m // 4) * 4), dtype=torch.float32,
-                        device=x.device).t()[:m]
+    # Rows padded to a multiple of 4, in q's storage and the scales': each group's scales start
+    # 16-byte aligned, and cuBLASLt's block-scaled FP8 product (`scaled_mm.py`) runs on the
+    # padded rows, since it takes a scale operand only as long as the rows.
+    padded = -(-m // 4) * 4
+    q = torch.empty((padded, k), dtype=torch.float8_e4m3fn, device=x.device)[:m]
+    scale = torch.empty((groups, padded), dtype=torch.float32, device=x.device).t()[:m]
     if m == 0 or k == 0:
         return q, scale
     rows = min(32, triton.next_power_of_2(m))
