@@ -81,7 +81,11 @@ def fp8_group_quant_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x.shape
     groups = -(-k // GROUP)
     padded = torch.nn.functional.pad(x.float(), (0, groups * GROUP - k)).view(m, groups, GROUP)
-    scale = padded.abs().amax(dim=-1).clamp(min=AMAX_FLOOR) / E4M3_MAX
+    amax = padded.abs().amax(dim=-1).clamp(min=AMAX_FLOOR)
+    # Divided by a tensor, not the Python float: on CUDA torch turns division by a scalar
+    # into multiplication by its reciprocal, one ulp off the IEEE quotient at times, and
+    # the scales (and values) would then depend on the device.
+    scale = amax / torch.full_like(amax, E4M3_MAX)
     q = (padded / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(m, groups * GROUP)[:, :k].contiguous(), scale
 
