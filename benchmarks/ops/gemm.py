@@ -1,8 +1,8 @@
-"""Linear layers at Qwen3-4B/8B shapes: the decode step's small-batch products (alone, gated,
-and feeding the residual add + RMSNorm), the prompt step's products, and the vocabulary
-projection. Each is checked against the package's references (`gemm.reference.linear_ref`,
-`activation.reference.silu_and_mul_ref`, `norm.reference.fused_add_rms_norm_ref`,
-`lm_head.reference.lm_head_logits_ref`)."""
+"""Linear layers at Qwen3-4B/8B (and Qwen3.5-4B) shapes: the decode step's small-batch
+products (alone, gated, and feeding the residual add + RMSNorm), the prompt step's products,
+and the vocabulary projection. Each is checked against the package's references
+(`gemm.reference.linear_ref`, `activation.reference.silu_and_mul_ref`,
+`norm.reference.fused_add_rms_norm_ref`, `lm_head.reference.lm_head_logits_ref`)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ SMALL_SHAPES = {
     "8B/tp2 qkv": (3072, 4096), "8B/tp2 o": (4096, 2048), "8B/tp2 gate_up": (12288, 4096),
     "8B/tp2 down": (4096, 6144), "32B/tp2 qkv": (5120, 5120), "32B/tp2 o": (5120, 4096),
     "32B/tp2 gate_up": (25600, 5120), "32B/tp2 down": (5120, 12800),
+    # Qwen3.5-4B (its o_proj / out_proj is 4B o's shape)
+    "3.5-4B in_proj": (12352, 2560), "3.5-4B qkvg": (10240, 2560),
+    "3.5-4B gate_up": (18432, 2560), "3.5-4B down": (2560, 9216),
+    "3.5-4B lm_head": (248320, 2560),
 }
 
 

@@ -63,3 +63,11 @@ stage_qwen35long() {
     > "$OUT/qwen35_throughput_long.log" 2>&1
   tail -8 "$OUT/qwen35_throughput_long.log"
 }
+
+stage_qwen35tiles() {
+  # The small-batch linear tiles at Qwen3.5-4B's own shapes (gemm/tiles.py has the Qwen3-4B
+  # tile of the same K for them, unswept): every Triton tile against cuBLAS and the read
+  # floor at 1 and 16 rows; then the decode step's breakdown on the table as it stands.
+  stage "small-batch linear tiles, Qwen3.5-4B shapes (sweep)"
+  run_ops 400 80 small-gemm-qwen35.json small_linear --sweep --cases 3.5-4B
+}

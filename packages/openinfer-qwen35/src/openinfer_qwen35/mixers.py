@@ -24,7 +24,8 @@ def gated_attention(cfg: Qwen35Config, w: AttentionWeights, x: torch.Tensor,
                     batch: ForwardBatch, attention: AttentionBackend, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     """Attention with per-head q/k norms, rotary on each head's first `rotary_dim` dims and
-    a sigmoid output gate per channel; appends this step's K/V. [T, H] -> [T, H]."""
+    a sigmoid output gate per channel; appends this step's K/V. [T, H] -> the gated heads
+    [T, Hq * D], o_proj's input (the model projects it with the residual add + norm)."""
     t, d = x.shape[0], cfg.head_dim
     q, k, v, gate = linear(x, w.qkvg).split(
         [cfg.q_size, cfg.kv_size, cfg.kv_size, cfg.q_size], dim=-1)
@@ -33,15 +34,16 @@ def gated_attention(cfg: Qwen35Config, w: AttentionWeights, x: torch.Tensor,
         v.reshape(t, cfg.num_kv_heads, d), w.q_norm, w.k_norm, cfg.rms_norm_eps,
         batch.positions, cos_sin)
     out = attention.attend(q, k, v, k_cache, v_cache, batch, d ** -0.5)
-    return linear(out.reshape(t, cfg.q_size) * torch.sigmoid(gate), w.o_proj)
+    return out.reshape(t, cfg.q_size) * torch.sigmoid(gate)
 
 
 def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
                     batch: ForwardBatch, rows: StepRows, conv_state: torch.Tensor,
                     recurrent_state: torch.Tensor) -> torch.Tensor:
     """The linear-attention layer: in-projections, the short convolution, the gated delta
-    rule, a norm gated by z, the out-projection. Reads and writes each row's slot of
-    `conv_state` and `recurrent_state`. [T, H] -> [T, H]."""
+    rule, a norm gated by z. Reads and writes each row's slot of `conv_state` and
+    `recurrent_state`. [T, H] -> [T, value_dim], out_proj's input (the model projects it
+    with the residual add + norm)."""
     t, heads = x.shape[0], cfg.linear_value_heads
     mixed, z, b, a = linear(x, w.in_proj).split(
         [cfg.conv_dim, cfg.value_dim, heads, heads], dim=-1)
@@ -65,4 +67,4 @@ def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
             plan=rows.plan)
     out = gated_rms_norm(core, z.reshape(t, heads, cfg.linear_value_dim), w.norm,
                          cfg.rms_norm_eps)
-    return linear(out.reshape(t, cfg.value_dim), w.out_proj)
+    return out.reshape(t, cfg.value_dim)

@@ -14,6 +14,7 @@ from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
     linear,
+    linear_add_rms_norm,
     linear_silu_mul,
     lm_head_logits,
     rms_norm,
@@ -101,20 +102,26 @@ class Qwen35Model:
         rows = StepRows.of(batch)
         residual = embedding(batch.input_ids, self.w.embed)
         x = rms_norm(residual, self.w.layers[0].input_norm, eps)
-        mlp_out: torch.Tensor | None = None
+        # The previous layer's MLP activation and down weight: its down projection runs with
+        # this layer's add + norm, as each mixer's out-projection runs with the post-mixer
+        # one (`linear_add_rms_norm`: a split-K product's shares summed in the norm kernel).
+        pending: tuple[torch.Tensor, torch.Tensor] | None = None
         for n, layer in enumerate(self.w.layers):
-            if mlp_out is not None:
-                x, residual = fused_add_rms_norm(mlp_out, residual, layer.input_norm, eps)
+            if pending is not None:
+                x, residual = linear_add_rms_norm(*pending, residual, layer.input_norm, eps)
             i = self._index[n]
             if isinstance(layer.mixer, AttentionWeights):
                 mixed = gated_attention(cfg, layer.mixer, x, batch, self.attention,
                                         self.kv.k[i], self.kv.v[i], self.cos_sin)
+                out_proj = layer.mixer.o_proj
             else:
                 mixed = gated_delta_net(cfg, layer.mixer, x, batch, rows, self.state.conv[i],
                                         self.state.recurrent[i])
-            x, residual = fused_add_rms_norm(mixed, residual, layer.post_norm, eps)
-            mlp_out = linear(linear_silu_mul(x, layer.gate_up), layer.down)
-        assert mlp_out is not None
+                out_proj = layer.mixer.out_proj
+            x, residual = linear_add_rms_norm(mixed, out_proj, residual, layer.post_norm, eps)
+            pending = (linear_silu_mul(x, layer.gate_up), layer.down)
+        assert pending is not None
+        mlp_out = linear(*pending)
         # Only rows that sample need the final norm and the vocabulary projection.
         picked = batch.logits_indices
         if batch.max_query_len > 1 or picked.shape[0] != mlp_out.shape[0]:

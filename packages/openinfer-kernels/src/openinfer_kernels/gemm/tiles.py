@@ -39,6 +39,14 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (5120, 4096): (Tile(4, 512), None),  # 32B o
     (25600, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
     (5120, 12800): (Tile(16, 512, 2, 8), None),  # 32B down
+    # Qwen3.5-4B (hidden 2560 as Qwen3-4B): the Qwen3-4B tile of the same K, not swept yet (the
+    # `small_linear` op has these cases: `--cases 3.5-4B`). Its o_proj and the linear layers'
+    # out_proj are Qwen3-4B's o shape, (2560, 4096), above.
+    (12352, 2560): (Tile(4, 512), Tile(64, 256)),  # linear layers' in_proj (qkv, z, b, a)
+    (10240, 2560): (Tile(4, 512), Tile(64, 256)),  # attention q, k, v and output gate
+    (18432, 2560): (Tile(8, 256), Tile(32, 128)),  # gate_up + silu
+    (2560, 9216): (Tile(16, 512, 4), None),  # down
+    (248320, 2560): (Tile(4, 512), Tile(64, 256)),  # lm_head (tied to the embedding)
 }
 
 
