@@ -67,7 +67,7 @@ stage_qwen35long() {
 stage_qwen35tiles() {
   # The small-batch linear tiles at Qwen3.5-4B's own shapes (gemm/tiles.py has the Qwen3-4B
   # tile of the same K for them, unswept): every Triton tile against cuBLAS and the read
-  # floor at 1 and 16 rows; then the decode step's breakdown on the table as it stands.
+  # floor at 1 and 16 rows. The `qwen35` stage's breakdown shows the table as it stands.
   stage "small-batch linear tiles, Qwen3.5-4B shapes (sweep)"
   run_ops 400 80 small-gemm-qwen35.json small_linear --sweep --cases 3.5-4B
 }
