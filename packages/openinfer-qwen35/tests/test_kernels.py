@@ -142,3 +142,33 @@ def test_attention_prologue_matches_reference(device: str, heads: int, kv_heads:
         assert g.shape == w.shape and g.is_contiguous()
         torch.testing.assert_close(g.float(), w.float(), atol=TOL[dtype], rtol=TOL[dtype])
     assert torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, channels", [
+    pytest.param("cpu", 40, id="interpreted", marks=CASES[0].marks),
+    pytest.param("cuda", 8192, id="4b-compiled", marks=pytest.mark.gpu)])
+def test_conv_prompt_rows_match_reference(device: str, channels: int,
+                                          dtype: torch.dtype) -> None:
+    """Rows of 37 (more than one token block), 1, 0 and 2 tokens (shorter than the window),
+    on slots some fresh, then padding tokens past the last row."""
+    from openinfer_qwen35.kernels.short_conv.prefill_triton import causal_conv1d_triton
+
+    gen = torch.Generator(device=device).manual_seed(4)
+    lengths, taps = [37, 1, 0, 2], 4
+    slots = torch.tensor([3, 1, 6, 2], device=device)
+    fresh = torch.tensor([False, True, False, False], device=device)
+    total = sum(lengths) + 3
+    wide = torch.randn(total, channels + 10, generator=gen, device=device).to(dtype)
+    x = wide[:, 5:5 + channels]
+    weight = torch.randn(channels, taps, generator=gen, device=device).to(dtype)
+    state = torch.randn(8, channels, taps - 1, generator=gen, device=device).to(dtype)
+    want_state = state.clone()
+    qsl = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+    want = causal_conv1d_ref(x, weight, want_state, slots, qsl, fresh)
+    got = causal_conv1d_triton(x, weight, state, slots, qsl, fresh, max(lengths))
+    real = int(qsl[-1])
+    torch.testing.assert_close(got[:real].float(), want[:real].float(), atol=TOL[dtype],
+                               rtol=TOL[dtype])
+    assert not got[real:].any()
+    torch.testing.assert_close(state, want_state, atol=0, rtol=0)

@@ -55,7 +55,7 @@ def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
                                        rows.slots, rows.fresh, cfg.linear_key_heads)
     else:
         mixed = causal_conv1d(mixed, w.conv, conv_state, rows.slots, batch.query_start_loc,
-                              rows.fresh)
+                              rows.fresh, batch.max_query_len)
         q, k, v = mixed.split([cfg.key_dim, cfg.key_dim, cfg.value_dim], dim=-1)
         beta = b.sigmoid()
         g = w.a_neg * F.softplus(a.float() + w.dt_bias)  # log of the decay, <= 0
