@@ -42,17 +42,17 @@ class SymmetricAddNorm:
              device: torch.device) -> SymmetricAddNorm | None:
         """Ready on every rank, or None on every rank alike (no symmetric memory, no kernel
         handed in, a dtype or width the buffer cannot take, or any rank failing to map it)."""
-        rows = 0 if symmetric is None else symmetric.buffer.numel() // (
-            hidden * torch.empty(0, dtype=dtype).element_size())
-        why = ("no symmetric memory" if symmetric is None
-               else "the model line passed no kernel (is triton installed?)" if kernel is None
-               else f"{dtype} is not a float dtype" if dtype not in DTYPES
-               else f"rows of {hidden} do not fit the buffer" if rows < 1 else "")
-        if why or symmetric is None or kernel is None:  # the same answer on every rank
-            log.warning("tensor parallel: all-reduce + add + RMSNorm by Triton unavailable (%s); "
-                        "the all-reduce and the norm run apart", why)
-            return None
-        peers = None
+        # These answers are the same on every rank: no need to agree on them.
+        if symmetric is None:
+            return _unavailable("no symmetric memory")
+        if kernel is None:
+            return _unavailable("the model line passed no kernel (is triton installed?)")
+        if dtype not in DTYPES:
+            return _unavailable(f"{dtype} is not a float dtype")
+        rows = symmetric.buffer.numel() // (hidden * torch.empty(0, dtype=dtype).element_size())
+        if rows < 1:
+            return _unavailable(f"rows of {hidden} do not fit the buffer")
+        peers, why = None, ""
         try:
             peers = symmetric.peers(dtype)
             if peers.buffers[peers.rank].data_ptr() != symmetric.buffer.data_ptr():
@@ -63,9 +63,7 @@ class SymmetricAddNorm:
             why = f"{type(exc).__name__}: {exc}"
             peers = None
         if not every_rank(peers is not None, device):
-            log.warning("tensor parallel: all-reduce + add + RMSNorm by Triton unavailable (%s); "
-                        "the all-reduce and the norm run apart", why or "another rank failed")
-            return None
+            return _unavailable(why or "another rank failed")
         assert peers is not None
         log.info("tensor parallel: all-reduce + residual add + RMSNorm fused (Triton, symmetric "
                  "memory), up to %d rows of %d", rows, hidden)
@@ -85,3 +83,8 @@ class SymmetricAddNorm:
 
     def close(self) -> None:
         """Nothing to free: the buffer is the all-reduce's."""
+
+
+def _unavailable(why: str) -> None:
+    log.warning("tensor parallel: all-reduce + add + RMSNorm by Triton unavailable (%s); the "
+                "all-reduce and the norm run apart", why)
