@@ -85,6 +85,8 @@ class SymmetricAddNorm:
         """Nothing to free: the buffer is the all-reduce's."""
 
 
-def _unavailable(why: str) -> None:
+def _unavailable(why: str) -> SymmetricAddNorm | None:
+    """None, `open`'s answer where the kernel cannot be used, once the log says why."""
     log.warning("tensor parallel: all-reduce + add + RMSNorm by Triton unavailable (%s); the "
                 "all-reduce and the norm run apart", why)
+    return None
