@@ -80,6 +80,11 @@ stage_tpfused() {
   # same call (TP1 first, the baseline), then the micro-benchmark at Qwen3-8B's and 32B's hidden
   # sizes, 32B with the fusion and the TP gate with it. The fused module's JIT build (minutes,
   # the first time) comes back as fi-jit.tgz.part-*: copied into .fi/, a later call skips it.
+  # add_norm.py times our own fusion (one Triton kernel over the all-reduce's symmetric memory,
+  # no FlashInfer needed) beside FlashInfer's; its batch-1 TPOT and the gate with it:
+  #   tp_latency 8b $M8 2 triton OPENINFER_TP_FUSED_NORM=triton
+  #   OPENINFER_TP_FUSED_NORM=triton tp_gate
+  # and its own 2/4-GPU check: pytest -m gpu tests/gpu/test_tp_add_norm_gpu.py.
   local m32=/tmp/qwen3-32b
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
   tp_latency 8b $M8 1 auto
@@ -88,7 +93,7 @@ stage_tpfused() {
   TP_LATENCY_TIMEOUT=540 tp_latency 8b $M8 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
   save_jit
   for h in 4096 5120; do
-    stage "all-reduce + add + RMSNorm on 2 GPUs, fused (FlashInfer) against unfused, hidden $h"
+    stage "all-reduce + add + RMSNorm on 2 GPUs, fused (FlashInfer, Triton) against unfused, hidden $h"
     timeout 400 python3 benchmarks/device/add_norm.py --gpus 2 --hidden $h \
       --json "$OUT/add-norm-$h.json" 2>&1 | grep -v "^\[" | tail -16
   done

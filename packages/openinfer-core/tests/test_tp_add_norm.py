@@ -1,6 +1,7 @@
-"""When a row-split layer takes the fused all-reduce + add + RMSNorm (`distributed/add_norm.py`):
-the choice is pure, so it is checked here without GPUs; the kernel itself runs in
-`benchmarks/device/add_norm.py` and the GPU tensor-parallel gate (`gpu_check.sh tpfused`)."""
+"""When a row-split layer takes the fused all-reduce + add + RMSNorm (`distributed/add_norm.py`,
+FlashInfer's; `distributed/symmetric_add_norm.py`, ours): the choice is pure, so it is checked
+here without GPUs; the kernels themselves run in `benchmarks/device/add_norm.py`, the GPU
+tensor-parallel gate (`gpu_check.sh tpfused`) and tests/gpu/test_tp_add_norm_gpu.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 import torch
 
 from openinfer_core.distributed.add_norm import FUSED_NORM_ENV, FusedAllReduceAddNorm
+from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers
+from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
 
 
 def test_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -20,7 +23,7 @@ def test_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_unknown_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_NORM_ENV, "on")
-    with pytest.raises(ValueError, match="off or flashinfer"):
+    with pytest.raises(ValueError, match="off, flashinfer or triton"):
         FusedAllReduceAddNorm.open(0, 2, torch.device("cpu"), 4096, torch.bfloat16)
 
 
@@ -32,3 +35,27 @@ def test_only_rows_the_workspace_holds_take_it() -> None:
     assert not fused.fits(torch.empty(0, 64, dtype=torch.bfloat16))
     assert not fused.fits(torch.empty(4, 32, dtype=torch.bfloat16))  # another width
     assert not fused.fits(torch.empty(4, 64, dtype=torch.float32))  # another dtype
+
+
+def _kernel(x, residual, weight, eps, buffers, pads, rank):  # type: ignore[no-untyped-def]
+    raise AssertionError("not called here")
+
+
+def test_ours_needs_symmetric_memory_and_a_kernel() -> None:
+    # Neither answer needs a process group: each is the same on every rank.
+    symmetric = SymmetricAllReduce(torch.empty(1 << 20, dtype=torch.uint8), "0", 2, "auto")
+    cpu = torch.device("cpu")
+    assert SymmetricAddNorm.open(None, _kernel, 4096, torch.bfloat16, cpu) is None
+    assert SymmetricAddNorm.open(symmetric, None, 4096, torch.bfloat16, cpu) is None
+    assert SymmetricAddNorm.open(symmetric, _kernel, 4096, torch.int64, cpu) is None
+    assert SymmetricAddNorm.open(symmetric, _kernel, 1 << 20, torch.bfloat16, cpu) is None
+
+
+def test_ours_takes_the_rows_its_buffer_holds() -> None:
+    peers = SymmetricPeers(buffers=(), pads=(), rank=0)
+    ours = SymmetricAddNorm(_kernel, peers, hidden=64, dtype=torch.bfloat16, max_rows=8)
+    assert ours.fits(torch.empty(8, 64, dtype=torch.bfloat16))
+    assert not ours.fits(torch.empty(9, 64, dtype=torch.bfloat16))  # past the buffer
+    assert not ours.fits(torch.empty(0, 64, dtype=torch.bfloat16))
+    assert not ours.fits(torch.empty(4, 32, dtype=torch.bfloat16))
+    assert not ours.fits(torch.empty(4, 64, dtype=torch.float32))

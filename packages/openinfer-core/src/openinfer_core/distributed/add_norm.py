@@ -15,7 +15,10 @@ NVLink multicast (off on the lent machines) and no MPI. It holds `MAX_TOKENS` ro
 step takes the unfused path. The partials are summed in fp32.
 
 Opt-in (`OPENINFER_TP_FUSED_NORM=flashinfer`) until a GPU run shows it faster than the unfused
-path at the sizes a decode step uses; `off` (the default) never loads FlashInfer here."""
+path at the sizes a decode step uses; `off` (the default) never loads FlashInfer here.
+`OPENINFER_TP_FUSED_NORM=triton` takes our own kernel instead, one-shot over the all-reduce's
+symmetric memory (`symmetric_add_norm.py`, no FlashInfer); `benchmarks/device/add_norm.py`
+times both beside the unfused path."""
 
 from __future__ import annotations
 
@@ -31,8 +34,17 @@ from openinfer_core.distributed.all_reduce import every_rank
 
 log = logging.getLogger("openinfer")
 
-FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # off (default) | flashinfer
+FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # off (default) | flashinfer | triton
+FUSED_NORM_MODES = ("off", "flashinfer", "triton")
 MAX_TOKENS = 2048  # rows the workspace holds (SGLang sizes it the same); larger steps: unfused
+
+
+def fused_norm_mode() -> str:
+    """`OPENINFER_TP_FUSED_NORM`: off (the default), flashinfer or triton."""
+    mode = os.environ.get(FUSED_NORM_ENV, "off")
+    if mode not in FUSED_NORM_MODES:
+        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use off, flashinfer or triton")
+    return mode
 
 
 class FusedAllReduceAddNorm:
@@ -51,10 +63,7 @@ class FusedAllReduceAddNorm:
              max_tokens: int = MAX_TOKENS) -> FusedAllReduceAddNorm | None:
         """The workspace on every rank, or None on every rank alike (not asked for, not on
         CUDA, FlashInfer missing or refusing these sizes, or any rank failing to set it up)."""
-        mode = os.environ.get(FUSED_NORM_ENV, "off")
-        if mode not in ("off", "flashinfer"):
-            raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use off or flashinfer")
-        if mode == "off" or device.type != "cuda":
+        if fused_norm_mode() != "flashinfer" or device.type != "cuda":
             return None
         workspace, why = None, ""
         try:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -50,12 +51,26 @@ ALIGN_BYTES = 16  # two-shot splits the message into per-rank parts of whole 16-
 _opened_in_process = False
 
 
+@dataclass(frozen=True, slots=True)
+class SymmetricPeers:
+    """Every rank's symmetric buffer and signal pad as this rank maps them, in rank order: what
+    a kernel of our own reads and signals through (`symmetric_add_norm.py`). The pads are the
+    ones torch's symmetric-memory kernels use, in the same layout (slot `block * size + rank`,
+    0 between collectives): such a kernel must leave every slot at 0."""
+
+    buffers: tuple[torch.Tensor, ...]  # the whole buffer of each rank, as one dtype
+    pads: tuple[torch.Tensor, ...]  # the whole signal pad of each rank, int32
+    rank: int
+
+
 class SymmetricAllReduce:
     """One rank's symmetric-memory staging buffer and the rule that picks a path per message.
     Build with `open` (collective: every rank of the group at once)."""
 
-    def __init__(self, buffer: torch.Tensor, group_name: str, size: int, forced: str) -> None:
+    def __init__(self, buffer: torch.Tensor, group_name: str, size: int, forced: str,
+                 handle: Any = None) -> None:
         self.buffer = buffer  # uint8, mapped into every rank
+        self.handle = handle  # the rendezvous' _SymmetricMemory: the peers' mappings
         self.group_name = group_name
         self.size = size
         self.forced = forced
@@ -77,7 +92,7 @@ class SymmetricAllReduce:
         nbytes = max(TWO_SHOT_MAX.get(size, DEFAULT_TWO_SHOT_MAX),
                      ONE_SHOT_MAX.get(size, DEFAULT_ONE_SHOT_MAX))
         global _opened_in_process
-        buffer = None
+        buffer, handle = None, None
         why = ""
         try:
             if _opened_in_process:
@@ -86,7 +101,7 @@ class SymmetricAllReduce:
             import torch.distributed._symmetric_memory as symm_mem
 
             buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
-            symm_mem.rendezvous(buffer, group_name)
+            handle = symm_mem.rendezvous(buffer, group_name)
             ops = torch.ops.symm_mem
             for name in ("one_shot_all_reduce_copy", "two_shot_all_reduce_out"):
                 if not hasattr(ops, name):
@@ -101,11 +116,21 @@ class SymmetricAllReduce:
             return None
         assert buffer is not None
         _opened_in_process = True
-        made = cls(buffer, group_name, size, forced)
+        made = cls(buffer, group_name, size, forced, handle)
         log.info("tensor parallel: all-reduce by symmetric memory up to %d KB (one-shot up to "
                  "%d KB), NCCL past it%s", made.two_shot_max >> 10, made.one_shot_max >> 10,
                  "" if forced == "auto" else f" ({ALL_REDUCE_ENV}={forced})")
         return made
+
+    def peers(self, dtype: torch.dtype) -> SymmetricPeers:
+        """Every rank's whole buffer viewed as `dtype` and its whole signal pad as int32 (no
+        sizes: torch gives the whole pad)."""
+        numel = self.buffer.numel() // torch.empty(0, dtype=dtype).element_size()
+        ranks = range(self.size)
+        return SymmetricPeers(
+            tuple(self.handle.get_buffer(r, [numel], dtype) for r in ranks),
+            tuple(self.handle.get_signal_pad(r, [], torch.int32) for r in ranks),
+            self.handle.rank)
 
     def path(self, x: torch.Tensor) -> Path_:
         """The path `x` takes: the same on every rank for the same shape and dtype."""

@@ -16,8 +16,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from openinfer_core.distributed.add_norm import FusedAllReduceAddNorm
+from openinfer_core.distributed.add_norm import FusedAllReduceAddNorm, fused_norm_mode
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce
+from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
+from openinfer_core.interfaces.model import SymmetricAddNormKernel
 
 log = logging.getLogger("openinfer")
 
@@ -61,7 +63,7 @@ class TorchTensorParallelGroup:
         self.reduce_dtype: torch.dtype | None = (
             torch.float32 if os.environ.get(FP32_REDUCE_ENV) == "1" else None)
         self._symmetric = SymmetricAllReduce.open(size, device) if size > 1 else None
-        self._fused: FusedAllReduceAddNorm | None = None
+        self._fused: FusedAllReduceAddNorm | SymmetricAddNorm | None = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks: x itself summed in place (NCCL, gloo) or a new tensor
@@ -73,13 +75,22 @@ class TorchTensorParallelGroup:
         dist.all_reduce(x)
         return x
 
-    def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype) -> None:
+    def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
+                            kernel: SymmetricAddNormKernel | None = None) -> None:
         """Set up the fused all-reduce + add + RMSNorm for rows of `hidden` values of `dtype`
-        where it is asked for and available (`add_norm.py`). Collective: every rank, at load,
-        outside CUDA graph capture."""
-        if self.size > 1 and self._fused is None:
+        where it is asked for and available: FlashInfer's (`add_norm.py`) or the line's
+        `kernel` over symmetric memory (`symmetric_add_norm.py`), by
+        `OPENINFER_TP_FUSED_NORM`. Collective: every rank, at load, outside CUDA graph
+        capture."""
+        if self.size == 1 or self._fused is not None:
+            return
+        mode = fused_norm_mode()
+        if mode == "flashinfer":
             self._fused = FusedAllReduceAddNorm.open(self.rank, self.size, self.device, hidden,
                                                      dtype)
+        elif mode == "triton" and self.device.type == "cuda":
+            self._fused = SymmetricAddNorm.open(self._symmetric, kernel, hidden, dtype,
+                                                self.device)
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
                                 weight: torch.Tensor,

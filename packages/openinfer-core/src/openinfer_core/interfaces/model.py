@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -200,6 +201,22 @@ class ModelFailedError(RuntimeError):
     error, which fails only its batch, the engine ends every request with an error and stops."""
 
 
+class SymmetricAddNormKernel(Protocol):
+    """A kernel that sums a row-split layer's partial products over the ranks through symmetric
+    memory and adds the residual and normalizes in the same launch
+    (`openinfer_kernels.collective.all_reduce_add_rms_norm`): a model line hands it to
+    `TensorParallelGroup.enable_add_rms_norm`, since core does not import kernels. Collective:
+    every rank calls it with the same shapes, in the same order as its other collectives."""
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float, buffers: Sequence[torch.Tensor], pads: Sequence[torch.Tensor],
+                 rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(s + residual) * weight, s + residual) in new tensors, `s` the sum of `x`
+        over the ranks; `buffers` / `pads`: every rank's symmetric buffer (as x's dtype) and
+        signal pad (int32, left at 0), in rank order; `rank`: this one's index."""
+        ...
+
+
 @runtime_checkable
 class TensorParallelGroup(Protocol):
     """The ranks a tensor-parallel model is split over, as its model line sees them: each
@@ -218,9 +235,12 @@ class TensorParallelGroup(Protocol):
         returned one; `x`'s contents are undefined after)."""
         ...
 
-    def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype) -> None:
+    def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
+                            kernel: SymmetricAddNormKernel | None = None) -> None:
         """Let `all_reduce_add_rms_norm` fuse for rows of `hidden` values of `dtype` where the
-        group can (collective: every rank calls it at load, outside CUDA graph capture)."""
+        group can (collective: every rank calls it at load, outside CUDA graph capture).
+        `kernel`: the line's kernel over symmetric memory, which the group may use instead of
+        its own (`OPENINFER_TP_FUSED_NORM=triton`)."""
         ...
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,

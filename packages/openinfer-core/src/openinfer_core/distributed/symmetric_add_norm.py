@@ -1,0 +1,92 @@
+"""All-reduce + residual add + RMSNorm in one kernel of our own, over the group's symmetric
+memory (`OPENINFER_TP_FUSED_NORM=triton`): the one-shot all-reduce's buffer and signal pads
+(`all_reduce.py`), read by `openinfer_kernels.collective.all_reduce_add_rms_norm`.
+
+Core does not import kernels: the model line hands the kernel in at load
+(`TensorParallelGroup.enable_add_rms_norm(..., kernel=...)`), and this holds it with what it
+needs, every rank's buffer and pad as this rank maps them. The buffer is shared with the
+all-reduce paths; every collective on it, ours and torch's, meets the peers before it writes
+the buffer and again before it returns, in stream order, so they never overlap. A step takes it
+while its rows fit the buffer (2048 rows of 4096 bf16 values on 2 ranks); larger steps take the
+unfused path. Opt-in until a GPU run shows it faster (`benchmarks/device/add_norm.py`)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers, every_rank
+from openinfer_core.interfaces.model import SymmetricAddNormKernel
+
+log = logging.getLogger("openinfer")
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class SymmetricAddNorm:
+    """The kernel, every rank's buffer and pad, and the rows they hold. Build with `open`
+    (collective: every rank of the group at once, outside CUDA graph capture)."""
+
+    def __init__(self, kernel: SymmetricAddNormKernel, peers: SymmetricPeers, hidden: int,
+                 dtype: torch.dtype, max_rows: int) -> None:
+        self.kernel = kernel
+        self.peers = peers
+        self.hidden = hidden
+        self.dtype = dtype
+        self.max_rows = max_rows
+
+    @classmethod
+    def open(cls, symmetric: SymmetricAllReduce | None, kernel: SymmetricAddNormKernel | None,
+             hidden: int, dtype: torch.dtype,
+             device: torch.device) -> SymmetricAddNorm | None:
+        """Ready on every rank, or None on every rank alike (no symmetric memory, no kernel
+        handed in, a dtype or width the buffer cannot take, or any rank failing to map it)."""
+        # These answers are the same on every rank: no need to agree on them.
+        if symmetric is None:
+            return _unavailable("no symmetric memory")
+        if kernel is None:
+            return _unavailable("the model line passed no kernel (is triton installed?)")
+        if dtype not in DTYPES:
+            return _unavailable(f"{dtype} is not a float dtype")
+        rows = symmetric.buffer.numel() // (hidden * torch.empty(0, dtype=dtype).element_size())
+        if rows < 1:
+            return _unavailable(f"rows of {hidden} do not fit the buffer")
+        peers, why = None, ""
+        try:
+            peers = symmetric.peers(dtype)
+            if peers.buffers[peers.rank].data_ptr() != symmetric.buffer.data_ptr():
+                raise RuntimeError("torch maps this rank's buffer elsewhere than it allocated it")
+            if peers.pads[peers.rank].numel() < symmetric.size:
+                raise RuntimeError(f"a signal pad of {peers.pads[peers.rank].numel()} slots")
+        except Exception as exc:  # an older torch: the unfused path
+            why = f"{type(exc).__name__}: {exc}"
+            peers = None
+        if not every_rank(peers is not None, device):
+            return _unavailable(why or "another rank failed")
+        assert peers is not None
+        log.info("tensor parallel: all-reduce + residual add + RMSNorm fused (Triton, symmetric "
+                 "memory), up to %d rows of %d", rows, hidden)
+        return cls(kernel, peers, hidden, dtype, rows)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""
+        return (x.dim() == 2 and x.shape[1] == self.hidden and x.dtype == self.dtype
+                and 0 < x.shape[0] <= self.max_rows)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(sum + residual) * weight, sum + residual), `sum` the sum of `x` over the
+        ranks; `fits(x)` must hold. New tensors: `x` and `residual` are left as they were."""
+        return self.kernel(x, residual, weight, eps, self.peers.buffers, self.peers.pads,
+                           self.peers.rank)
+
+    def close(self) -> None:
+        """Nothing to free: the buffer is the all-reduce's."""
+
+
+def _unavailable(why: str) -> SymmetricAddNorm | None:
+    """None, `open`'s answer where the kernel cannot be used, once the log says why."""
+    log.warning("tensor parallel: all-reduce + add + RMSNorm by Triton unavailable (%s); the "
+                "all-reduce and the norm run apart", why)
+    return None

@@ -1,0 +1,128 @@
+"""One rank of test_tp_add_norm_gpu.py: our all-reduce + add + RMSNorm over symmetric memory
+(`OPENINFER_TP_FUSED_NORM=triton`) against the reference of every rank's partials and against
+the unfused path, eagerly and replayed from a CUDA graph. Spawned: importable by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+
+import torch
+
+HIDDEN = 4096
+ROWS = [1, 7, 64, 300]  # 300: more rows than programs, each program loops
+EPS = 1e-6
+REPLAYS = 5
+
+
+def run_rank(rank: int, size: int, store: str, out: str) -> None:
+    """Every check on this rank; writes {"error": traceback or "", **measures} to out.rank."""
+    from openinfer_core.distributed.add_norm import FUSED_NORM_ENV
+    from openinfer_core.distributed.group import TorchTensorParallelGroup
+
+    os.environ[FUSED_NORM_ENV] = "triton"
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    group = TorchTensorParallelGroup(rank, size, device, Path(store), 120.0)
+    result: dict[str, object] = {"error": ""}
+    try:
+        result.update(_checks(group, rank, size, device))
+    except Exception:
+        result["error"] = traceback.format_exc()
+    finally:
+        Path(f"{out}.{rank}").write_text(json.dumps(result))
+        group.close()
+
+
+def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
+    from openinfer_kernels import fused_add_rms_norm
+    from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_ref
+
+    group.enable_add_rms_norm(HIDDEN, torch.bfloat16, kernel=all_reduce_add_rms_norm)
+    fused = group._fused
+    assert isinstance(fused, SymmetricAddNorm), "the Triton fusion did not open (see the log)"
+    g = torch.Generator(device=device).manual_seed(7)  # the same weight on every rank
+    weight = (1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16)
+    worst_unfused = 0.0
+    for t in ROWS:
+        mine = torch.Generator(device=device).manual_seed(1000 * rank + t)
+        x = torch.randn(t, HIDDEN, device=device, generator=mine).to(torch.bfloat16)
+        shared = torch.Generator(device=device).manual_seed(t)  # the residual: every rank's
+        residual = torch.randn(t, HIDDEN, device=device, generator=shared).to(torch.bfloat16)
+        parts = [torch.empty_like(x) for _ in range(size)]
+        torch.distributed.all_gather(parts, x)
+        want_normed, want_summed = all_reduce_add_rms_norm_ref(parts, residual, weight, EPS)
+        for _ in range(2):  # twice: the second meets the peers only if the first left the pads 0
+            got = group.all_reduce_add_rms_norm(x, residual, weight, EPS)
+            assert got is not None, f"{t} rows did not take the fused kernel"
+            normed, summed = got
+            # fp32 sums in rank order, rounded as the reference rounds them.
+            assert torch.equal(summed, want_summed), f"{t} rows: the stream differs"
+            torch.testing.assert_close(normed, want_normed, rtol=2**-6, atol=1e-5)
+            _assert_every_rank_alike(normed, summed, size)
+        # The unfused path sums in bf16 on torch's one-shot (rounding after each add with 4
+        # ranks): a few bf16 ulps of the partial sums apart.
+        un_normed, un_summed = fused_add_rms_norm(group.all_reduce(x.clone()), residual, weight,
+                                                  EPS)
+        torch.testing.assert_close(summed, un_summed, rtol=2**-6, atol=0.1)
+        torch.testing.assert_close(normed, un_normed, rtol=2**-6, atol=0.1)
+        worst_unfused = max(worst_unfused, (summed.float() - un_summed.float()).abs().max().item())
+    _graph_replays(group, fused, weight, rank, device)
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    assert not fused.peers.pads[rank].any(), "flags left on this rank's signal pad"
+    return {"unfused_residual_max_diff": worst_unfused}
+
+
+def _assert_every_rank_alike(normed: torch.Tensor, summed: torch.Tensor, size: int) -> None:
+    for mine in (normed, summed):
+        every = [torch.empty_like(mine) for _ in range(size)]
+        torch.distributed.all_gather(every, mine)
+        assert all(torch.equal(e, every[0]) for e in every), "the ranks disagree"
+
+
+def _graph_replays(group, fused, weight: torch.Tensor, rank: int,  # type: ignore[no-untyped-def]
+                   device: torch.device) -> None:
+    """Ours, torch's one-shot all-reduce (unfused) and ours again captured in one graph, as a
+    decode step interleaves them on the same buffer and pads; replayed, each replay's outputs
+    equal the eager ones."""
+    from openinfer_kernels import fused_add_rms_norm
+
+    g = torch.Generator(device=device).manual_seed(rank)
+    xs = [torch.randn(16, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+          for _ in range(3)]
+    residual = torch.ones(16, HIDDEN, device=device, dtype=torch.bfloat16)
+
+    def step() -> list[torch.Tensor]:
+        a_normed, a_summed = fused(xs[0], residual, weight, EPS)
+        b_normed, b_summed = fused_add_rms_norm(group.all_reduce(xs[1].clone()), a_summed,
+                                                weight, EPS)
+        c_normed, c_summed = fused(xs[2], b_summed, weight, EPS)
+        return [a_normed, a_summed, b_normed, b_summed, c_normed, c_summed]
+
+    eager = step()
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm up on the side stream, as torch's capture recipe does
+        torch.cuda.synchronize()
+        torch.distributed.barrier()
+        with torch.cuda.graph(graph):
+            captured = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    for n in range(REPLAYS):
+        for out in captured:
+            out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(captured, eager, strict=True):
+            assert torch.equal(got, want), f"replay {n} differs from the eager run"
+    torch.distributed.barrier()
