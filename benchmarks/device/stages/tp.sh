@@ -101,6 +101,35 @@ stage_tpfused() {
   OPENINFER_TP_FUSED_NORM=flashinfer tp_gate
 }
 
+stage_tptriton() {
+  # Our own all-reduce + add + RMSNorm (OPENINFER_TP_FUSED_NORM=triton: one Triton kernel over
+  # the all-reduce's symmetric memory; no FlashInfer, no JIT wait). First its own 2/4-GPU
+  # check (a hang there stops the stage before anything waits on it), the micro-benchmark
+  # beside the unfused path, then batch-1 TPOT of Qwen3-8B at each TP size unfused and fused
+  # in the same call (TP1 first, the baseline), and the TP gate with the fusion.
+  local tps=${TP_SIZES:-1 2} tp h
+  stage "Triton all-reduce + add + RMSNorm: its GPU check"
+  timeout -s ABRT 300 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
+    tests/gpu/test_tp_add_norm_gpu.py > "$OUT/tp_add_norm_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/tp_add_norm_tests.log" | tail -20
+  grep -q " passed" "$OUT/tp_add_norm_tests.log" && ! grep -q "failed" "$OUT/tp_add_norm_tests.log" \
+    || { echo "tptriton: the kernel's own check did not pass; nothing else run"; return; }
+  for h in 4096 5120; do
+    stage "all-reduce + add + RMSNorm, fused (Triton) against unfused, hidden $h"
+    timeout 300 python3 benchmarks/device/add_norm.py --gpus 2 --hidden $h --fused triton \
+      --json "$OUT/add-norm-triton-$h.json" 2>&1 | grep -v "^\[" | tail -16
+  done
+  for tp in $tps; do
+    if [ "$tp" = 1 ]; then
+      tp_latency 8b $M8 1 auto
+    else
+      tp_latency 8b $M8 $tp unfused OPENINFER_TP_FUSED_NORM=off
+      tp_latency 8b $M8 $tp triton OPENINFER_TP_FUSED_NORM=triton
+    fi
+  done
+  OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=triton tp_gate
+}
+
 stage_tpunfused() {
   # Batch-1 TPOT of Qwen3-8B at TP=2 without the fusion: tpfused's baseline, for a call that
   # cannot also fit FlashInfer's JIT build.
