@@ -91,8 +91,7 @@ class FusedAllReduceAddNorm:
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the fused kernel (the same answer on every rank)."""
-        return (x.dim() == 2 and x.shape[1] == self.hidden and x.dtype == self.dtype
-                and 0 < x.shape[0] <= self.max_tokens)
+        return rows_fit(x, self.hidden, self.dtype, self.max_tokens)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,6 +113,12 @@ class FusedAllReduceAddNorm:
     def close(self) -> None:
         """Unmap the peers' buffers (before the group is left)."""
         _destroy(self.workspace)
+
+
+def rows_fit(x: torch.Tensor, hidden: int, dtype: torch.dtype, max_rows: int) -> bool:
+    """Whether `x` is [T, hidden] of `dtype` with 1 to `max_rows` rows: what a fused
+    all-reduce + add + RMSNorm takes (the same answer on every rank)."""
+    return x.dim() == 2 and x.shape[1] == hidden and x.dtype == dtype and 0 < x.shape[0] <= max_rows
 
 
 def _destroy(workspace: Any) -> None:

@@ -16,6 +16,7 @@ import logging
 
 import torch
 
+from openinfer_core.distributed.add_norm import rows_fit
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers, every_rank
 from openinfer_core.interfaces.model import SymmetricAddNormKernel
 
@@ -71,8 +72,7 @@ class SymmetricAddNorm:
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""
-        return (x.dim() == 2 and x.shape[1] == self.hidden and x.dtype == self.dtype
-                and 0 < x.shape[0] <= self.max_rows)
+        return rows_fit(x, self.hidden, self.dtype, self.max_rows)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:

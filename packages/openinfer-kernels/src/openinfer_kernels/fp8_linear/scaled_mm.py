@@ -35,13 +35,22 @@ def _padded_rows(xq: torch.Tensor, x_scale: torch.Tensor) -> int:
     return padded
 
 
+def _cublas_rows(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
+                 scale: torch.Tensor, out_dtype: torch.dtype) -> int:
+    """The padded row count cuBLASLt's block-scaled FP8 product runs these operands on, or 0
+    where it does not take them."""
+    n, k = w.shape
+    if not (xq.is_cuda and out_dtype == torch.bfloat16 and scale.dtype == torch.float32
+            and n % GROUP == 0 and k % GROUP == 0 and xq.shape[0] > 0
+            and _is_hopper(xq.device)):
+        return 0
+    return _padded_rows(xq, x_scale)
+
+
 def scaled_mm_applies(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
                       scale: torch.Tensor, out_dtype: torch.dtype) -> bool:
     """Whether cuBLASLt's block-scaled FP8 product takes these operands."""
-    n, k = w.shape
-    return (xq.is_cuda and out_dtype == torch.bfloat16 and scale.dtype == torch.float32
-            and n % GROUP == 0 and k % GROUP == 0 and xq.shape[0] > 0
-            and _padded_rows(xq, x_scale) > 0 and _is_hopper(xq.device))
+    return _cublas_rows(xq, x_scale, w, scale, out_dtype) > 0
 
 
 def fp8_w8a8_linear_cuda(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
@@ -51,10 +60,10 @@ def fp8_w8a8_linear_cuda(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tenso
     Triton W8A8 kernel otherwise. cuBLASLt wants the activation scales [M, K/128] with a row
     stride of exactly M, 16-byte aligned: it runs on the rows padded to 4 (the padding rows'
     outputs, made of unwritten inputs, are cut off)."""
-    if not scaled_mm_applies(xq, x_scale, w, scale, out_dtype):
+    padded = _cublas_rows(xq, x_scale, w, scale, out_dtype)
+    if not padded:
         return fp8_w8a8_linear_triton(xq, x_scale, w, scale, out_dtype)
     m, k = xq.shape
-    padded = _padded_rows(xq, x_scale)
     if padded != m:
         xq = xq.as_strided((padded, k), xq.stride())
         x_scale = x_scale.as_strided((padded, x_scale.shape[1]), x_scale.stride())
