@@ -27,7 +27,7 @@ stage_qwen35() {
   stage "Qwen3.5 package tests, compiled: fla kernels vs torch references, and the CPU tests"
   # test_served.py serves on CPU through the openai client, which the image lacks. Every
   # test's outcome and the short tracebacks go to the log; the failures print here.
-  timeout 100 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short -n 4 -m "gpu or not gpu" \
+  timeout 150 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short -n 4 -m "gpu or not gpu" \
     packages/openinfer-qwen35/tests --ignore=packages/openinfer-qwen35/tests/test_served.py \
     > "$OUT/qwen35_tests_full.log" 2>&1
   grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/qwen35_tests_full.log" | head -40

@@ -39,14 +39,14 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (5120, 4096): (Tile(4, 512), None),  # 32B o
     (25600, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
     (5120, 12800): (Tile(16, 512, 2, 8), None),  # 32B down
-    # Qwen3.5-4B (hidden 2560 as Qwen3-4B): the Qwen3-4B tile of the same K, not swept yet (the
-    # `small_linear` op has these cases: `--cases 3.5-4B`). Its o_proj and the linear layers'
-    # out_proj are Qwen3-4B's o shape, (2560, 4096), above.
-    (12352, 2560): (Tile(4, 512), Tile(64, 256)),  # linear layers' in_proj (qkv, z, b, a)
-    (10240, 2560): (Tile(4, 512), Tile(64, 256)),  # attention q, k, v and output gate
-    (18432, 2560): (Tile(8, 256), Tile(32, 128)),  # gate_up + silu
-    (2560, 9216): (Tile(16, 512, 4), None),  # down
-    (248320, 2560): (Tile(4, 512), Tile(64, 256)),  # lm_head (tied to the embedding)
+    # Qwen3.5-4B (hidden 2560 as Qwen3-4B), swept with `--cases 3.5-4B` (gpu_check.sh
+    # qwen35tiles, H100). Its o_proj and the linear layers' out_proj are Qwen3-4B's o shape,
+    # (2560, 4096), above.
+    (12352, 2560): (Tile(4, 512), Tile(32, 128)),  # in_proj: 1.09 vs 1.16, 1.13 vs 1.18
+    (10240, 2560): (Tile(4, 512), Tile(32, 128)),  # q, k, v, gate: 1.11 vs 1.19, 1.16 vs 1.22
+    (18432, 2560): (Tile(8, 512), Tile(32, 128)),  # gate_up + silu: 1.05 vs 1.19, 1.11 vs 1.23
+    (2560, 9216): (Tile(8, 256, 4), Tile(64, 256, 2)),  # down: 1.21 vs 1.32, 1.28 vs 1.37
+    (248320, 2560): (Tile(4, 512), Tile(64, 256)),  # lm_head (tied): 0.97 vs 1.07, 1.01 vs 1.26
 }
 
 

@@ -19,13 +19,15 @@ BLOCK_CHANNELS = 128
 
 
 @triton.jit
-def _tap_inputs(x_ptr, x_row_stride, window_ptr, start, rel, c, c_ok, keep,
+def _tap_inputs(x_ptr, x_row_stride, window_ptr, start, length, rel, c, c_ok, keep,
                 HIST: tl.constexpr):
     """The inputs at row-relative positions `rel` [BT] (negative: the carried window's last
-    -rel-th input) for channels c [BC] -> [BT, BC] fp32."""
+    -rel-th input; `length` or past: zeros, never read, as they may lie past x's end) for
+    channels c [BC] -> [BT, BC] fp32."""
     in_row = rel >= 0
     from_x = tl.load(x_ptr + (start + tl.where(in_row, rel, 0))[:, None] * x_row_stride
-                     + c[None, :], mask=in_row[:, None] & c_ok[None, :], other=0.0)
+                     + c[None, :], mask=(in_row & (rel < length))[:, None] & c_ok[None, :],
+                     other=0.0)
     back = HIST + tl.where(in_row, -1, rel)
     carried = tl.load(window_ptr + c[None, :] * HIST + back[:, None],
                       mask=(~in_row)[:, None] & c_ok[None, :], other=0.0)
@@ -51,8 +53,8 @@ def _conv_prefill_kernel(x_ptr, x_row_stride, w_ptr, state_ptr, slots_ptr, fresh
     window_ptr = state_ptr + slot * channels * HIST
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(HIST + 1):  # tap j reads the input j - HIST tokens back
-        inputs = _tap_inputs(x_ptr, x_row_stride, window_ptr, start, t - HIST + j, c, c_ok,
-                             keep, HIST)
+        inputs = _tap_inputs(x_ptr, x_row_stride, window_ptr, start, length, t - HIST + j, c,
+                             c_ok, keep, HIST)
         tap = tl.load(w_ptr + c * (HIST + 1) + j, mask=c_ok, other=0.0).to(tl.float32)
         acc += inputs * tap[None, :]
     y = acc * tl.sigmoid(acc)
@@ -61,8 +63,9 @@ def _conv_prefill_kernel(x_ptr, x_row_stride, w_ptr, state_ptr, slots_ptr, fresh
              y.to(out_ptr.dtype.element_ty), mask=t_ok[:, None] & c_ok[None, :])
     if block == 0:  # the row's new window: its inputs at length - HIST .. length - 1
         h = tl.arange(0, BLOCK_HIST)
-        rel = length - HIST + h
-        tail = _tap_inputs(x_ptr, x_row_stride, window_ptr, start, rel, c, c_ok, keep, HIST)
+        rel = length - HIST + h  # past the row's end where h >= HIST: masked, never stored
+        tail = _tap_inputs(x_ptr, x_row_stride, window_ptr, start, length, rel, c, c_ok, keep,
+                           HIST)
         tl.debug_barrier()  # every thread's window reads above come before the stores
         tl.store(window_ptr + c[None, :] * HIST + h[:, None],
                  tail.to(state_ptr.dtype.element_ty), mask=(h < HIST)[:, None] & c_ok[None, :])
