@@ -1,7 +1,8 @@
 """`ReplicaRouter` over scripted replicas: least-loaded routing (the engine's count plus this
-router's requests still on their way to it) with ties taken in turn, prefix affinity within
-AFFINITY_MARGIN, dead replicas skipped, aborts to the holder, summed load; and the block keys
-and the bounded prefix map it routes by."""
+router's requests still on their way to it) with ties taken in turn, prefix affinity until the
+holder is too busy (BALANCE_ABS and BALANCE_REL), a prefix table shared by two frontends'
+routers, dead replicas skipped, aborts to the holder, summed load. The table itself:
+test_affinity.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from openinfer_core.events import TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo, supports_replica_loads
 from openinfer_core.interfaces.kv import PrefixCacheStats
 from openinfer_core.ipc import router as router_module
-from openinfer_core.ipc.affinity import PrefixAffinity, block_keys
-from openinfer_core.ipc.router import AFFINITY_MARGIN, ReplicaRouter
+from openinfer_core.ipc.affinity import SharedAffinity
+from openinfer_core.ipc.router import BALANCE_ABS, ReplicaRouter, too_busy
 from openinfer_core.request import GenerateRequest
 
 BLOCK = 4
@@ -72,33 +73,6 @@ def _busy(router: ReplicaRouter, index: int, running: int, waiting: int = 0,
     replica.taken = router.routed[index] if taken is None else taken
 
 
-def test_block_keys_chain_whole_blocks() -> None:
-    ids = list(range(11))
-    keys = block_keys(ids, BLOCK)
-    assert len(keys) == 2  # the partial third block gets none
-    assert block_keys(ids[:8], BLOCK) == keys
-    assert block_keys([*ids[:4], 99, *ids[5:]], BLOCK)[1] != keys[1]  # a key stands for its prefix
-    assert block_keys(ids[4:8], BLOCK) != keys[1:2]  # the same block after another parent
-    assert block_keys(ids[:3], BLOCK) == []
-
-
-def test_prefix_map_matches_the_longest_prefix_and_drops_tails_first() -> None:
-    affinity = PrefixAffinity(capacity=4)
-    a, b = block_keys(range(12), BLOCK), block_keys([*range(8), 50, 51, 52, 53], BLOCK)
-    affinity.record(a, 0)
-    affinity.record(b, 1)  # shares two blocks with a, now last served by 1
-    assert affinity.match(a, {0, 1}) == (0, 3)
-    assert affinity.match(b, {0, 1}) == (1, 3)
-    assert affinity.match(a, {0}) == (0, 3)  # replica 1 dead: 0 still holds a's third block
-    assert affinity.match(b, {0}) == (None, 0)
-    affinity.record(block_keys([7] * 4, BLOCK), 0)  # a fifth key: the oldest goes
-    assert len(affinity) == 4
-    assert affinity.match(a, {0, 1}) == (1, 2)  # a's tail went; the shared root stayed
-    assert affinity.match(b, {0, 1}) == (1, 3)
-    affinity.record(block_keys([8] * 16, BLOCK), 2)
-    assert affinity.match(b, {0, 1}) == (None, 0)
-
-
 def test_least_loaded_wins_ties_taken_in_turn() -> None:
     router, _ = _router(3)
     _busy(router, 2, 2)
@@ -143,18 +117,70 @@ def test_an_idle_replica_forgets_requests_that_never_reached_it(
     assert [router.route([i]) for i in range(3)] == [1, 0, 1]
 
 
-def test_a_conversation_follows_its_prefix_within_the_margin() -> None:
+def test_a_conversation_follows_its_prefix_until_its_replica_is_too_busy() -> None:
     router, _ = _router()
     turn1 = list(range(100, 118))
     first = router.route(turn1)
     turn2 = [*turn1, 7, 8, 9, 10, 11]
     other = 1 - first
-    _busy(router, first, AFFINITY_MARGIN)  # busier, but within the margin
+    _busy(router, first, BALANCE_ABS)  # busier, but not by more than BALANCE_ABS
     assert router.route(turn2) == first
-    _busy(router, first, AFFINITY_MARGIN + 1)
-    assert router.route([*turn2, 12]) == other  # past it: the least loaded
-    assert router.route([*turn2, 12, 13]) == other  # and the prefix now follows there
+    _busy(router, first, BALANCE_ABS + 1)
+    assert router.route([*turn2, 12]) == other  # past both thresholds: the least loaded
+    _busy(router, other, 5)  # both hold the prefix now: the less loaded of them
+    assert router.route([*turn2, 12, 13]) == other
     assert router.route(list(range(300, 320))) == other  # no match: the least loaded
+
+
+def test_of_several_holders_the_least_loaded_and_the_deepest_first() -> None:
+    router, _ = _router(3)
+    shared = list(range(8))  # two blocks every conversation starts with
+    _busy(router, 0, 3)
+    _busy(router, 1, 1)
+    _busy(router, 2, 2)
+    assert router.route([*shared, 50, 51, 52, 53]) == 1
+    _busy(router, 1, 40)
+    assert router.route([*shared, 60, 61, 62, 63]) == 2  # 1 is too busy: the least loaded
+    _busy(router, 1, 9)
+    _busy(router, 2, 7)
+    assert router.route([*shared, 70, 71, 72, 73]) == 2  # holders 1 and 2: the less loaded
+    assert router.route([*shared, 50, 51, 52, 53, 54]) == 1  # the deeper prefix wins
+
+
+@pytest.mark.parametrize(("holder", "least", "moves"), [
+    (BALANCE_ABS, 0, False), (BALANCE_ABS + 1, 0, True),  # idle least: the gap alone
+    (48, 16, False), (49, 16, True),  # both thresholds at once
+    (300, 250, False), (400, 250, True),  # busy: the ratio keeps the prefix
+    (100, 67, False), (101, 67, True),
+])
+def test_the_balance_rule(holder: int, least: int, moves: bool) -> None:
+    assert too_busy(holder, least) is moves
+    router, _ = _router()
+    prompt = list(range(40))
+    first = router.route(prompt)
+    _busy(router, first, holder)
+    _busy(router, 1 - first, least)
+    assert router.route(prompt) == (1 - first if moves else first)
+
+
+def test_a_second_turn_at_another_frontend_finds_the_first_turns_replica() -> None:
+    """Two frontends' routers over one shared table: the second turn reaches the router that
+    never saw the first and still goes where the first went, where with tables of their own
+    it would go to the less loaded replica."""
+    owner = SharedAffinity.create(100)
+    other_frontend = SharedAffinity.attach(owner.name)
+    try:
+        for shared in (True, False):
+            table_b = other_frontend.table if shared else None
+            a = ReplicaRouter([FakeReplica(), FakeReplica()], owner.table)
+            b = ReplicaRouter([FakeReplica(), FakeReplica()], table_b)
+            turn1 = [1000 + i for i in range(4 * BLOCK + 2)]
+            first = a.route(turn1)
+            _busy(b, first, 8)  # at b the first turn's replica is the busier one
+            assert b.route([*turn1, 5, 6, 7]) == (first if shared else 1 - first)
+    finally:
+        other_frontend.close()
+        owner.close()
 
 
 def test_dead_replicas_get_nothing_and_the_router_reports_death() -> None:
@@ -201,5 +227,5 @@ def test_generate_reaches_the_routed_replica() -> None:
 
 
 def test_a_router_needs_two_replicas() -> None:
-    with pytest.raises(ValueError, match="2 or more"):
+    with pytest.raises(ValueError, match="2 to 16 replicas"):
         ReplicaRouter([FakeReplica()])

@@ -1,10 +1,12 @@
 """Two data-parallel replicas behind one app, as `openinfer serve --data-parallel-size 2` runs
 them: greedy output as one engine gives it, requests spread over both replicas, a
 conversation's second turn on its first turn's replica with a prefix-cache hit, /metrics per
-replica; and, as processes, a killed replica failing only its own stream."""
+replica; and, as processes, a killed replica failing only its own stream, and second turns
+that find their first turn's replica through two frontends' shared prefix table."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -15,7 +17,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -29,8 +33,11 @@ from openinfer_core.handle import LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.kv import PrefixCacheStats
 from openinfer_core.interfaces.offload import RESTORE_BUCKETS, OffloadStats, TierStats
 from openinfer_core.ipc import EngineClient, EngineProcess, ReplicaRouter
+from openinfer_core.ipc.affinity import SharedAffinity
 from openinfer_core.text.tokenizer import Tokenizer
+from openinfer_server import frontend as frontend_module
 from openinfer_server.app import build_app
+from openinfer_server.frontend import Frontend
 from openinfer_server.metrics import ServerMetrics
 
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0.0, "extra_body": {"ignore_eos": True}}
@@ -157,6 +164,32 @@ def test_metrics_series_per_replica() -> None:
     assert 'replica="0",tier=' not in text  # replica 0 has no offload tiers
 
 
+def test_the_launcher_removes_the_shared_prefix_table_on_an_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str | None] = []
+
+    def fail(frontend: Frontend, engines: object, count: int, sock: socket.socket,
+             affinity: str | None) -> int:
+        seen.append(affinity)
+        if affinity is not None:
+            SharedAffinity.attach(affinity).close()  # there while the frontends run
+        raise RuntimeError("a frontend could not start")
+
+    monkeypatch.setattr(frontend_module, "_supervise", fail)
+    args = argparse.Namespace(host="127.0.0.1", port=0)
+    engine = SimpleNamespace(model_info=ModelInfo("m", 64, 100, 16, (0,)))
+    front = Frontend(args, "folder", ["m"], False, 0.0)
+    with pytest.raises(RuntimeError, match="could not start"):
+        frontend_module.supervise(front, [engine, engine], 2)  # type: ignore[list-item]
+    [name] = seen
+    assert name is not None
+    with pytest.raises(FileNotFoundError):
+        SharedAffinity.attach(name)
+    with pytest.raises(RuntimeError, match="could not start"):  # one replica: no table
+        frontend_module.supervise(front, [engine], 2)  # type: ignore[list-item]
+    assert seen == [name, None]
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
@@ -238,3 +271,42 @@ def test_a_killed_replica_fails_only_its_own_stream(checkpoint: Path, tmp_path: 
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.slow
+def test_second_turns_find_their_replica_through_either_frontend(checkpoint: Path,
+                                                                  tmp_path: Path) -> None:
+    """Each request on a new connection, which either frontend may take: every second turn
+    hits its first turn's cached blocks, where routers with tables of their own would send
+    about half of those that reach the other frontend to the other replica."""
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "OPENINFER_API_KEY"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*openinfer_command(), "serve", str(checkpoint), "--device", "cpu", "--port",
+             str(_free_port()), "--served-model-name", "m", "--data-parallel-size", "2",
+             "--api-server-count", "2"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        url = wait_for_ready(proc, log, timeout=180)
+        _wait_for(lambda: len(re.findall(r"ready in [\d.]+ s: http", log.read_text())) == 2,
+                  60, "not every frontend came up")
+
+        def complete(prompt: list[int]) -> int:
+            body = {"model": "m", "prompt": prompt, "max_tokens": 1, "temperature": 0}
+            with httpx.Client(timeout=60) as client:  # a new connection each time
+                response = client.post(f"{url}/v1/completions", json=body,
+                                       headers={"Connection": "close"})
+            assert response.status_code == 200, response.text
+            return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+        firsts = [[50 + (97 * c + 13 * j) % 900 for j in range(64)] for c in range(16)]
+        # At once, so that both frontends take connections (one after another, the same one
+        # may take them all); 16 at a time never make a holder too busy.
+        with ThreadPoolExecutor(len(firsts)) as pool:
+            list(pool.map(complete, firsts))
+            cached = list(pool.map(complete, [[*turn1, 1, 2, 3] for turn1 in firsts]))
+        assert cached == [64] * len(firsts), cached  # four whole blocks each
+    finally:
+        proc.terminate()
+        proc.wait(60)

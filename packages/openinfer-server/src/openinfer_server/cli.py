@@ -203,8 +203,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                         metavar="N", help="engine replicas behind one API, each an engine "
                         "process on its own GPU (or tensor-parallel group: replica r takes "
                         "GPUs r*TP..r*TP+TP-1 from --device); requests go to the least loaded "
-                        "replica, or to the one holding their prompt's prefix (one node; "
-                        "default %(default)s)")
+                        "replica, or to the one holding their prompt's prefix unless it is "
+                        "much busier (every --api-server-count frontend routes by one shared "
+                        "prefix table; one node; default %(default)s)")
     nodes = torchrun_defaults(os.environ)
     engine.add_argument("--nnodes", type=int_at_least(1), default=nodes.get("nnodes", 1),
                         metavar="N", help="nodes the tensor-parallel ranks span, "

@@ -5,8 +5,8 @@ one client per replica).
 With one frontend (the default) it runs in the launching process. With `--api-server-count N`
 the launcher binds the port once and supervises N frontend processes that share it; any of them
 may take a connection, and all talk to the one engine (to every replica, each frontend through
-its own router, whose prefix map is its own: a conversation's turns that reach different
-frontends may land on different replicas).
+its own router; the routers share one prefix table in shared memory, which the launcher creates
+and removes, so a conversation's turns reach the same replica whichever frontend takes each).
 
 Failure: if the engine (or one replica) dies, every open request of it ends with an error,
 /health and every new generation request answer 503 with Retry-After, and the frontend stops
@@ -42,6 +42,7 @@ from openinfer_core.errors import OpenInferError
 from openinfer_core.handle import EngineHandle
 from openinfer_core.interfaces.chat import ChatEncoderFactory
 from openinfer_core.ipc import EngineAddresses, EngineClient, EngineProcess, ReplicaRouter
+from openinfer_core.ipc.affinity import SharedAffinity
 from openinfer_core.registry import import_target
 from openinfer_server.availability import SHUTTING_DOWN, Shutdown
 from openinfer_server.parser_choice import ParserChoice
@@ -117,15 +118,20 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def run_frontend(frontend: Frontend, addresses: Sequence[EngineAddresses], *,
                  sentinels: Sequence[int] | None = None,
-                 sock: socket.socket | None = None) -> int:
+                 sock: socket.socket | None = None, affinity: str | None = None) -> int:
     """Serve HTTP until stopped; returns the exit code. `addresses`: the engine's, or each
     data-parallel replica's; `sentinels`: their processes', when this process started them;
-    `sock`: a listening socket shared with other frontends."""
+    `sock`: a listening socket shared with other frontends; `affinity`: the name of the prefix
+    table they share (`SharedAffinity`), with several replicas."""
     clients = _connect(addresses, sentinels)
-    engine: EngineHandle = clients[0] if len(clients) == 1 else ReplicaRouter(clients)
+    shared: SharedAffinity | None = None
     code = 0
     server: _Server | None = None
     try:
+        engine: EngineHandle = clients[0]
+        if len(clients) > 1:
+            shared = None if affinity is None else SharedAffinity.attach(affinity)
+            engine = ReplicaRouter(clients, None if shared is None else shared.table)
         server = _build_server(frontend, engine)
 
         def engine_died(message: str) -> None:
@@ -150,6 +156,8 @@ def run_frontend(frontend: Frontend, addresses: Sequence[EngineAddresses], *,
     finally:
         for client in clients:
             client.close()
+        if shared is not None:
+            shared.close()
     log.info("stopped" if code == 0 else "stopped: the engine died")
     return code
 
@@ -229,13 +237,29 @@ def _build_server(frontend: Frontend, engine: EngineHandle) -> _Server:
 
 # -- several frontends -----------------------------------------------------------------------
 def supervise(frontend: Frontend, engines: Sequence[EngineProcess], count: int) -> int:
-    """Run `count` frontend processes on one port until one of them or an engine ends."""
+    """Run `count` frontend processes on one port until one of them or an engine ends. With
+    several replicas the frontends share one prefix table, removed here on the way out."""
     args = frontend.args
     sock = _listen(args.host, args.port)
+    shared: SharedAffinity | None = None
+    try:
+        if len(engines) > 1 and count > 1:
+            shared = SharedAffinity.create(sum(e.model_info.kv_total_blocks for e in engines))
+        return _supervise(frontend, engines, count, sock,
+                          None if shared is None else shared.name)
+    finally:
+        sock.close()
+        if shared is not None:
+            shared.close()
+
+
+def _supervise(frontend: Frontend, engines: Sequence[EngineProcess], count: int,
+               sock: socket.socket, affinity: str | None) -> int:
+    args = frontend.args
     context = multiprocessing.get_context("spawn")
     addresses = [engine.addresses for engine in engines]
     children = [context.Process(target=_frontend_main, name=f"openinfer-api-{i}",
-                                args=(frontend, addresses, sock, args.log_level))
+                                args=(frontend, addresses, sock, args.log_level, affinity))
                 for i in range(count)]
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
@@ -289,14 +313,14 @@ def _stop_children(children: Sequence[BaseProcess], timeout: float,
 
 
 def _frontend_main(frontend: Frontend, addresses: list[EngineAddresses], sock: socket.socket,
-                   log_level: str) -> None:
+                   log_level: str, affinity: str | None) -> None:
     from openinfer_core.ipc.process import set_process_name
     from openinfer_server.serve import setup_logging
 
     set_process_name("openinfer-api")
     setup_logging(log_level)
     _exit_with_parent()
-    sys.exit(run_frontend(frontend, addresses, sock=sock))
+    sys.exit(run_frontend(frontend, addresses, sock=sock, affinity=affinity))
 
 
 def _exit_with_parent() -> None:

@@ -5,8 +5,14 @@ Each new request goes to one replica, chosen in `route`:
 
     live    = the replicas whose engine is alive
     least   = the live replica with the fewest requests (ties taken in turn)
-    holder  = the live replica that last served the longest whole-block prefix of the prompt
-    holder if its load is within AFFINITY_MARGIN of least's, else least
+    holder  = the live replica that served the longest whole-block prefix of the prompt lately
+              (of several, the least loaded)
+    holder, unless its load is both BALANCE_ABS more than least's and BALANCE_REL times it;
+    then (or without a holder) least
+
+The prefix table (ipc/affinity.py) is the router's own with one frontend; with several
+(`--api-server-count`) the launcher shares one among them (`SharedAffinity`), so that a
+conversation's turns find the same replica whichever frontend each reaches.
 
 A replica's load is the engine's running + waiting count from its latest step (other
 frontends' requests included), plus this router's requests still on their way to it: routed
@@ -32,17 +38,21 @@ from typing import Protocol
 from openinfer_core.events import TokenEvent
 from openinfer_core.handle import EngineHandle, LoadSnapshot, ModelInfo
 from openinfer_core.interfaces.kv import PrefixCacheStats
-from openinfer_core.ipc.affinity import PrefixAffinity, block_keys
+from openinfer_core.ipc.affinity import MAX_REPLICAS, PrefixAffinity, block_keys
 from openinfer_core.request import GenerateRequest
 
 log = logging.getLogger("openinfer")
 
-# How many more requests the replica holding a prompt's prefix may carry than the least loaded
-# one and still get it. A prefix hit saves the matched tokens' whole prefill and a second copy
-# of their KV; a few more requests in a replica's batch cost little (a decode step reads the
-# weights once for the whole batch). Past the margin the balance wins: a long conversation
-# cannot pile every request onto one replica.
-AFFINITY_MARGIN = 16
+# When the replica holding a prompt's prefix is too busy to get it: its load must pass the
+# least loaded one's by both BALANCE_ABS requests and BALANCE_REL times (the form of SGLang's
+# cache-aware router). A prefix hit saves the matched tokens' whole prefill and a second copy of
+# their KV, while a few more sequences in a batch of hundreds cost little (a decode step reads
+# the weights once for the whole batch): 32 is a few percent of a replica's 256-512 sequences.
+# The ratio keeps a busy server on its prefixes (300 against 250 stays), while an idle replica
+# still takes work from a loaded one (40 against 5 moves); 1.5 bounds how lopsided affinity can
+# make the replicas, so one long conversation cannot pile every request onto one replica.
+BALANCE_ABS = 32
+BALANCE_REL = 1.5
 # How long after its last request a replica's count may restart (see the module docstring):
 # a request routed is sent once its handler first awaits its stream, well within a second.
 SETTLE_S = 1.0
@@ -72,15 +82,20 @@ class Replica(EngineHandle, Protocol):
 class ReplicaRouter:
     """Implements `openinfer_core.handle.EngineHandle` and `SupportsReplicaLoads` over two or
     more replicas of one model. `generate` and `abort` run on the server's event loop (the
-    prefix map is not locked); `load`, `replica_loads` and `dead` from any thread."""
+    prefix table is not locked: see ipc/affinity.py); `load`, `replica_loads` and `dead` from
+    any thread."""
 
-    def __init__(self, replicas: Sequence[Replica]) -> None:
-        if len(replicas) < 2:
-            raise ValueError(f"a router needs 2 or more replicas, got {len(replicas)}")
+    def __init__(self, replicas: Sequence[Replica],
+                 affinity: PrefixAffinity | None = None) -> None:
+        """`affinity`: a prefix table shared with other frontends' routers (the caller closes
+        it); by default this router's own, sized for the blocks every replica can cache."""
+        if not 2 <= len(replicas) <= MAX_REPLICAS:
+            raise ValueError(f"a router needs 2 to {MAX_REPLICAS} replicas, got {len(replicas)}")
         self.replicas = list(replicas)
-        # Bounded by the blocks every replica can cache: a block older than that has most
-        # likely left every prefix cache already.
-        self._affinity = PrefixAffinity(sum(r.model_info.kv_total_blocks for r in replicas))
+        if affinity is None:
+            affinity = PrefixAffinity.in_process(sum(r.model_info.kv_total_blocks
+                                                     for r in replicas))
+        self._affinity = affinity
         self._block_size = replicas[0].model_info.kv_block_size
         self._turn = 0  # the replica ties start from, moved on each request
         self.routed = [0] * len(replicas)  # requests this router sent each replica, ever
@@ -136,11 +151,12 @@ class ReplicaRouter:
         loads = {i: self._load_of(i) for i in live}
         count, turn = len(self.replicas), self._turn
         self._turn = (turn + 1) % count
-        least = min(live, key=lambda i: (loads[i], (i - turn) % count))
+        by_load = sorted(live, key=lambda i: (loads[i], (i - turn) % count))
+        least = by_load[0]
         keys = block_keys(prompt_token_ids, self._block_size)
-        holder, _ = self._affinity.match(keys, live)
+        holder, _ = self._affinity.match(keys, by_load)
         chosen = least
-        if holder is not None and loads[holder] <= loads[least] + AFFINITY_MARGIN:
+        if holder is not None and not too_busy(loads[holder], loads[least]):
             chosen = holder
         self._affinity.record(keys, chosen)
         self.routed[chosen] += 1
@@ -155,6 +171,12 @@ class ReplicaRouter:
                 and time.monotonic() - self._last_route[index] > SETTLE_S):
             self.routed[index] = received  # idle: nothing of ours is on its way
         return snapshot.running + snapshot.waiting + max(0, self.routed[index] - received)
+
+
+def too_busy(holder_load: int, least_load: int) -> bool:
+    """Whether the replica holding a prompt's prefix should give the request up to the least
+    loaded one (see BALANCE_ABS)."""
+    return holder_load > least_load + BALANCE_ABS and holder_load > BALANCE_REL * least_load
 
 
 def _log_death(index: int, message: str) -> None:
