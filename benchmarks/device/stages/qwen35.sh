@@ -27,14 +27,14 @@ stage_qwen35() {
   stage "Qwen3.5 package tests, compiled: fla kernels vs torch references, and the CPU tests"
   # test_served.py serves on CPU through the openai client, which the image lacks. Every
   # test's outcome and the short tracebacks go to the log; the failures print here.
-  # One process: under pytest-xdist (-n 4) the run hung past its timeout twice (runs 146-147);
-  # serially it takes about a minute (run 148).
+  # One process: under pytest-xdist (-n 4) the run hung past its timeout on the H100;
+  # serially it takes about a minute.
   timeout 150 python3 -m pytest -p no:cacheprovider -q -rfE --tb=short -m "gpu or not gpu" \
     packages/openinfer-qwen35/tests --ignore=packages/openinfer-qwen35/tests/test_served.py \
     > "$OUT/qwen35_tests_full.log" 2>&1
   grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/qwen35_tests_full.log" | head -40
   stage "Qwen3.5 golden gate vs transformers (4B widths, 8 layers, bf16)"
-  # Launch-blocking only with QWEN35_PROBE=1: it made the gate outlast its 200 s (run 147).
+  # Launch-blocking only with QWEN35_PROBE=1: it made the gate outlast its 200 s on the H100.
   local blocking=0; [ "${QWEN35_PROBE:-0}" = 1 ] && blocking=1
   CUDA_LAUNCH_BLOCKING=$blocking timeout 200 python3 -m pytest -p no:cacheprovider -q -s -rfE \
     --tb=short -m gpu tests/gpu/test_golden_qwen35_gpu.py > "$OUT/qwen35_golden_full.log" 2>&1
