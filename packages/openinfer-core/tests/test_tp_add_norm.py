@@ -8,12 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer_core.distributed.add_norm import FUSED_NORM_ENV, FusedAllReduceAddNorm
+from openinfer_core.distributed.add_norm import (
+    FUSED_NORM_ENV,
+    FusedAllReduceAddNorm,
+    fused_norm_mode,
+)
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers
 from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
 
 
-def test_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flashinfer_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     # Neither needs a process group: nothing is set up, on any rank.
     monkeypatch.delenv(FUSED_NORM_ENV, raising=False)
     assert FusedAllReduceAddNorm.open(0, 2, torch.device("cuda", 0), 4096, torch.bfloat16) is None
@@ -21,9 +25,20 @@ def test_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert FusedAllReduceAddNorm.open(0, 2, torch.device("cpu"), 4096, torch.bfloat16) is None
 
 
+def test_auto_takes_ours_where_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default: our Triton kernel on 2 ranks (measured faster there), nothing on 4 or 8
+    # until measured; an explicit mode holds at every size.
+    monkeypatch.delenv(FUSED_NORM_ENV, raising=False)
+    assert [fused_norm_mode(n) for n in (2, 4, 8)] == ["triton", "off", "off"]
+    monkeypatch.setenv(FUSED_NORM_ENV, "triton")
+    assert [fused_norm_mode(n) for n in (2, 4)] == ["triton", "triton"]
+    monkeypatch.setenv(FUSED_NORM_ENV, "off")
+    assert fused_norm_mode(2) == "off"
+
+
 def test_an_unknown_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_NORM_ENV, "on")
-    with pytest.raises(ValueError, match="off, flashinfer or triton"):
+    with pytest.raises(ValueError, match="auto, off, flashinfer or triton"):
         FusedAllReduceAddNorm.open(0, 2, torch.device("cpu"), 4096, torch.bfloat16)
 
 

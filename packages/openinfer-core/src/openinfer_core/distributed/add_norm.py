@@ -14,11 +14,12 @@ backend "trtllm"): POSIX file descriptors or fabric handles, exchanged over the 
 NVLink multicast (off on the lent machines) and no MPI. It holds `MAX_TOKENS` rows: a larger
 step takes the unfused path. The partials are summed in fp32.
 
-Opt-in (`OPENINFER_TP_FUSED_NORM=flashinfer`) until a GPU run shows it faster than the unfused
-path at the sizes a decode step uses; `off` (the default) never loads FlashInfer here.
-`OPENINFER_TP_FUSED_NORM=triton` takes our own kernel instead, one-shot over the all-reduce's
-symmetric memory (`symmetric_add_norm.py`, no FlashInfer); `benchmarks/device/add_norm.py`
-times both beside the unfused path."""
+`OPENINFER_TP_FUSED_NORM` picks the path: `triton`, our own kernel, one-shot over the
+all-reduce's symmetric memory (`symmetric_add_norm.py`, no FlashInfer); `flashinfer`, this one
+(opt-in: its JIT build takes minutes at first start); `off`, neither. `auto` (the default) is
+`triton` on 2 ranks, where it was measured (Qwen3-8B TP2 batch-1 TPOT 2.97 ms against 3.16 ms
+unfused, the TP gate passing with it, 2 x H200, `gpu_check.sh tptriton`), and `off` on more
+until measured there. `benchmarks/device/add_norm.py` times both beside the unfused path."""
 
 from __future__ import annotations
 
@@ -34,16 +35,20 @@ from openinfer_core.distributed.all_reduce import every_rank
 
 log = logging.getLogger("openinfer")
 
-FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # off (default) | flashinfer | triton
-FUSED_NORM_MODES = ("off", "flashinfer", "triton")
+FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # auto (default) | off | flashinfer | triton
+FUSED_NORM_MODES = ("auto", "off", "flashinfer", "triton")
+AUTO_TRITON_RANKS = (2,)  # group sizes where `auto` takes the Triton kernel: measured there
 MAX_TOKENS = 2048  # rows the workspace holds (SGLang sizes it the same); larger steps: unfused
 
 
-def fused_norm_mode() -> str:
-    """`OPENINFER_TP_FUSED_NORM`: off (the default), flashinfer or triton."""
-    mode = os.environ.get(FUSED_NORM_ENV, "off")
+def fused_norm_mode(size: int) -> str:
+    """`OPENINFER_TP_FUSED_NORM` for a group of `size` ranks: off, flashinfer or triton
+    (`auto`, the default, resolved by the group's size)."""
+    mode = os.environ.get(FUSED_NORM_ENV, "auto")
     if mode not in FUSED_NORM_MODES:
-        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use off, flashinfer or triton")
+        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use auto, off, flashinfer or triton")
+    if mode == "auto":
+        return "triton" if size in AUTO_TRITON_RANKS else "off"
     return mode
 
 
@@ -63,7 +68,7 @@ class FusedAllReduceAddNorm:
              max_tokens: int = MAX_TOKENS) -> FusedAllReduceAddNorm | None:
         """The workspace on every rank, or None on every rank alike (not asked for, not on
         CUDA, FlashInfer missing or refusing these sizes, or any rank failing to set it up)."""
-        if fused_norm_mode() != "flashinfer" or device.type != "cuda":
+        if fused_norm_mode(size) != "flashinfer" or device.type != "cuda":
             return None
         workspace, why = None, ""
         try:

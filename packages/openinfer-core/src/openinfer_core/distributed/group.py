@@ -84,7 +84,7 @@ class TorchTensorParallelGroup:
         capture."""
         if self.size == 1 or self._fused is not None:
             return
-        mode = fused_norm_mode()
+        mode = fused_norm_mode(self.size)
         if mode == "flashinfer":
             self._fused = FusedAllReduceAddNorm.open(self.rank, self.size, self.device, hidden,
                                                      dtype)

@@ -1,14 +1,14 @@
 """All-reduce + residual add + RMSNorm in one kernel of our own, over the group's symmetric
-memory (`OPENINFER_TP_FUSED_NORM=triton`): the one-shot all-reduce's buffer and signal pads
-(`all_reduce.py`), read by `openinfer_kernels.collective.all_reduce_add_rms_norm`.
+memory (`OPENINFER_TP_FUSED_NORM=triton`, the default on 2 ranks): the one-shot all-reduce's
+buffer and signal pads (`all_reduce.py`), read by
+`openinfer_kernels.collective.all_reduce_add_rms_norm`.
 
 Core does not import kernels: the model line hands the kernel in at load
 (`TensorParallelGroup.enable_add_rms_norm(..., kernel=...)`), and this holds it with what it
 needs, every rank's buffer and pad as this rank maps them. The buffer is shared with the
 all-reduce paths; every collective on it, ours and torch's, meets the peers before it writes
 the buffer and again before it returns, in stream order, so they never overlap. A step takes it
-while its rows fit the buffer (2048 rows of 4096 bf16 values on 2 ranks); larger steps take the
-unfused path. Opt-in until a GPU run shows it faster (`benchmarks/device/add_norm.py`)."""
+up to `MAX_ROWS` rows (and while they fit the buffer); larger steps take the unfused path."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ from openinfer_core.interfaces.model import SymmetricAddNormKernel
 log = logging.getLogger("openinfer")
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Past this many rows the one-shot kernel (every rank reads every peer's whole partial) stops
+# beating the two-shot all-reduce + add-norm: 28.1 vs 32.5 us at 512 rows of 4096, even at
+# 1024, 106 vs 92 us at 2048 (`benchmarks/device/add_norm.py --fused triton`, 2 x H200).
+MAX_ROWS = 512
 
 
 class SymmetricAddNorm:
@@ -50,7 +54,8 @@ class SymmetricAddNorm:
             return _unavailable("the model line passed no kernel (is triton installed?)")
         if dtype not in DTYPES:
             return _unavailable(f"{dtype} is not a float dtype")
-        rows = symmetric.buffer.numel() // (hidden * torch.empty(0, dtype=dtype).element_size())
+        width = hidden * torch.empty(0, dtype=dtype).element_size()
+        rows = min(MAX_ROWS, symmetric.buffer.numel() // width)
         if rows < 1:
             return _unavailable(f"rows of {hidden} do not fit the buffer")
         peers, why = None, ""
