@@ -61,12 +61,17 @@ stage_dp() {
     python3 benchmarks/device/replica_balance.py --seconds 300 \
       --json "$OUT/replica-balance-dp$dp.json" > "$OUT/replica-balance-dp$dp.log" 2>&1 &
     local balance=$!
+    # Each role's CPU (engines, frontends, bench client) over 10 s once the load has ramped up.
+    python3 benchmarks/device/process_cpu.py --delay 6 --seconds 10 \
+      --json "$OUT/process-cpu-dp$dp.json" > "$OUT/process-cpu-dp$dp.log" 2>&1 &
+    local cpu=$!
     timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
       --random-output-len 128 --num-prompts 4096 --max-concurrency 1024 --request-rate inf \
       --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-dp$dp.json" \
       | grep -E "throughput|TTFT|TPOT|Failed"
     kill $balance 2>/dev/null; wait $balance 2>/dev/null
-    cat "$OUT/replica-balance-dp$dp.log"
+    wait $cpu 2>/dev/null
+    cat "$OUT/replica-balance-dp$dp.log" "$OUT/process-cpu-dp$dp.log"
     stage "2-turn conversations, --data-parallel-size $dp: second turns' prefix-cache hits"
     timeout 200 python3 benchmarks/device/multiturn_cache.py --conversations 256 \
       --concurrency 128 --first-len 1024 --next-len 128 --output-len 64 \

@@ -114,10 +114,12 @@ stage_tptriton() {
   grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/tp_add_norm_tests.log" | tail -20
   grep -q " passed" "$OUT/tp_add_norm_tests.log" && ! grep -q "failed" "$OUT/tp_add_norm_tests.log" \
     || { echo "tptriton: the kernel's own check did not pass; nothing else run"; return; }
+  local most=2 g
+  for g in $tps; do [ "$g" -gt "$most" ] && most=$g; done
   for h in 4096 5120; do
-    stage "all-reduce + add + RMSNorm, fused (Triton) against unfused, hidden $h"
-    timeout 300 python3 benchmarks/device/add_norm.py --gpus 2 --hidden $h --fused triton \
-      --json "$OUT/add-norm-triton-$h.json" 2>&1 | grep -v "^\[" | tail -16
+    stage "all-reduce + add + RMSNorm on $most GPUs, fused (Triton) against unfused, hidden $h"
+    timeout 300 python3 benchmarks/device/add_norm.py --gpus $most --hidden $h --fused triton \
+      --json "$OUT/add-norm-triton-$h-x$most.json" 2>&1 | grep -v "^\[" | tail -16
   done
   for tp in $tps; do
     if [ "$tp" = 1 ]; then
