@@ -38,9 +38,10 @@ stage_serve() {
 stage_dp() {
   # Data parallelism, Qwen3-8B on 2 GPUs with the `serve` stage's per-engine flags: served
   # 128/128 at concurrency 1024 by one engine (DP1) and by two, one per GPU (DP2), behind the
-  # same DP_API_SERVERS frontends (one frontend streams ~15k tokens/s, less than DP2 makes);
-  # 2-turn conversations whose second turns should hit the prefix cache, under both; then
-  # one DP2 replica killed under load: its streams end with an error within 15 s, the others
+  # same DP_API_SERVERS frontends (one frontend streams ~15k tokens/s, less than DP2 makes).
+  # DP_PROMPTS requests (8192): with 4096 the DP2 run lasted 19 s, four request lifetimes, so
+  # its ramp-up and drain weighed ~10 % of it. Then 2-turn conversations whose second turns
+  # should hit the prefix cache, under both; then one DP2 replica killed under load: its streams end with an error within 15 s, the others
   # finish, the server exits 1 and no openinfer process is left.
   local gpus servers=${DP_API_SERVERS:-4} dp pid
   gpus=$(nvidia-smi -L | wc -l)
@@ -66,8 +67,8 @@ stage_dp() {
       --json "$OUT/process-cpu-dp$dp.json" > "$OUT/process-cpu-dp$dp.log" 2>&1 &
     local cpu=$!
     timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
-      --random-output-len 128 --num-prompts 4096 --max-concurrency 1024 --request-rate inf \
-      --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-dp$dp.json" \
+      --random-output-len 128 --num-prompts ${DP_PROMPTS:-8192} --max-concurrency 1024 \
+      --request-rate inf --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-dp$dp.json" \
       | grep -E "throughput|TTFT|TPOT|Failed"
     kill $balance 2>/dev/null; wait $balance 2>/dev/null
     wait $cpu 2>/dev/null
