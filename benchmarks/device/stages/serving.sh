@@ -41,8 +41,9 @@ stage_dp() {
   # same DP_API_SERVERS frontends (one frontend streams ~15k tokens/s, less than DP2 makes).
   # DP_PROMPTS requests (8192): with 4096 the DP2 run lasted 19 s, four request lifetimes, so
   # its ramp-up and drain weighed ~10 % of it. Then 2-turn conversations whose second turns
-  # should hit the prefix cache, under both; then one DP2 replica killed under load: its streams end with an error within 15 s, the others
-  # finish, the server exits 1 and no openinfer process is left.
+  # should hit the prefix cache, under both; then one DP2 replica killed under load: its
+  # streams end with an error within 15 s, the others finish, the server exits 1 and no
+  # openinfer process is left.
   local gpus servers=${DP_API_SERVERS:-4} dp pid
   gpus=$(nvidia-smi -L | wc -l)
   if [ "$gpus" -lt 2 ]; then echo "dp: needs 2 GPUs, this machine shows $gpus; skipped"; return; fi
