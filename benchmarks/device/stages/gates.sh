@@ -70,3 +70,31 @@ stage_pdl() {
     golden_with pdl tests/gpu OPENINFER_LINEAR=triton OPENINFER_PDL=1
   fi
 }
+
+stage_prefetch() {
+  # The L2 prefetch of weights before `pdl_enter` (OPENINFER_PDL_PREFETCH_MB): the linear kernel
+  # tests compiled with it on, then batch-1 TPOT of Qwen3-4B / 8B (bf16) and Qwen3-8B kept FP8
+  # at each budget in PREFETCH_MBS (0 = off first: the baseline of the same call), the sides
+  # interleaved over PREFETCH_ROUNDS rounds; TP_SIZES > 1 adds Qwen3-8B at those TP sizes.
+  local mbs=${PREFETCH_MBS:-0 24} rounds=${PREFETCH_ROUNDS:-2} m8fp8=/tmp/qwen3-8b-fp8 r mb tp
+  stage "linear kernel tests, compiled, OPENINFER_PDL_PREFETCH_MB=24"
+  OPENINFER_PDL_PREFETCH_MB=24 timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 \
+    -m "gpu or not gpu" packages/openinfer-kernels/tests/kernels/test_gemm.py \
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 | tail -3 \
+    | tee "$OUT/prefetch_kernel_tests.log"
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
+  for r in $(seq "$rounds"); do
+    for mb in $mbs; do
+      for run in 4b:$M4 8b:$M8 8b-fp8:$m8fp8; do
+        stage "batch-1 latency, Qwen3-${run%%:*}, OPENINFER_PDL_PREFETCH_MB=$mb (round $r)"
+        OPENINFER_PDL_PREFETCH_MB=$mb timeout 180 python3 -m openinfer_server.cli bench latency \
+          ${run#*:} --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+          --output-len 256 --num-iters 3 \
+          --result-file "$OUT/latency-qwen3-${run%%:*}-prefetch$mb-r$r.json" | grep -E "TPOT|floor"
+      done
+      for tp in ${TP_SIZES:-1}; do
+        [ "$tp" = 1 ] || tp_latency 8b $M8 $tp "prefetch$mb-r$r" OPENINFER_PDL_PREFETCH_MB=$mb
+      done
+    done
+  done
+}

@@ -10,6 +10,12 @@ scheduled only once the one before has passed its own `pdl_enter`, so the kernel
 finished by then (a kernel launched without PDL lets the next one start when it ends). On by
 default where the GPU has it (compute capability 9.0 and later); OPENINFER_PDL=0 turns it off.
 Elsewhere `pdl_enter` compiles to nothing.
+
+A weight-streaming kernel may also ask L2 for the first lines of its weights before
+`pdl_enter` (`prefetch_l2`, sized by `prefetch_lines`): the DRAM reads then start while the
+kernel before it still runs, which at batch 1 is most of a small kernel's latency (an
+all-reduce, a norm). `OPENINFER_PDL_PREFETCH_MB` is the most weight bytes one launch asks for
+(default 0: off until measured; L2 holds 50 MB on the H100).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _WANTED = os.environ.get("OPENINFER_PDL", "1") != "0"
+PREFETCH_ENV = "OPENINFER_PDL_PREFETCH_MB"
+LINE_BYTES = 128  # an L2 line; `prefetch_l2` asks for one per address
+MAX_PREFETCHES = 4096  # addresses one program may hold for it (registers)
 
 
 @triton.jit
@@ -30,6 +39,50 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask L2 for the line of every address in `ptrs` (a hint: no register is loaded and a bad
+    address does not fault). Call it only where PDL is on: the interpreter has no inline PTX."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_rows(w_ptr, rows, rows_ok, k_start, k_end, stride_row, LINES: tl.constexpr,
+                  LINE: tl.constexpr):
+    """`prefetch_l2` of the first LINES lines (LINE elements each) of weight rows `rows` from
+    column k_start, none at or past k_end (an address outside asks for w_ptr's line again)."""
+    k = k_start + tl.arange(0, LINES) * LINE
+    ok = rows_ok[:, None] & (k < k_end)[None, :]
+    ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_row + k[None, :]
+    prefetch_l2(tl.where(ok, ptrs, w_ptr))
+
+
+def prefetch_budget() -> int:
+    """`OPENINFER_PDL_PREFETCH_MB` in bytes (0: no prefetch)."""
+    raw = os.environ.get(PREFETCH_ENV, "0")
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise ValueError(f"{PREFETCH_ENV}={raw!r}: a number of megabytes (0 turns it "
+                         "off)") from None
+    return max(0, int(mb * 2**20))
+
+
+def prefetch_lines(rows: int, elem_bytes: int, k_share: int, programs_per_row: int,
+                   block_rows: int) -> int:
+    """How many lines of each of its weight rows a program prefetches: a power of two (the
+    kernel's arange) within its K share, the launch's budget and `MAX_PREFETCHES`; 0 for none.
+    `rows`: the weight's rows; `programs_per_row`: the K shares (split-K)."""
+    budget = prefetch_budget()
+    if budget == 0:
+        return 0
+    per_row = budget // (rows * programs_per_row * LINE_BYTES)
+    share = triton.cdiv(k_share * elem_bytes, LINE_BYTES)
+    lines = min(per_row, triton.next_power_of_2(share), MAX_PREFETCHES // block_rows)
+    return 0 if lines < 1 else 1 << (lines.bit_length() - 1)
 
 
 @functools.lru_cache

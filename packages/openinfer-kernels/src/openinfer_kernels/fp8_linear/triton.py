@@ -24,11 +24,18 @@ import triton.language as tl
 
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
-from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.pdl import (
+    LINE_BYTES,
+    pdl_enter,
+    pdl_launch,
+    prefetch_lines,
+    prefetch_rows,
+)
 
 BLOCK = 128  # the FP8 scale block, both ways
 # E8M0 (as bytes or float8_e8m0fnu) or float32 multipliers.
 SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu, torch.float32)
+LINE = tl.constexpr(LINE_BYTES)  # e4m3 elements in an L2 line: one byte each
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +124,11 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
                        k_per_split, rows_per_group, stride_xg, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, E8M0: tl.constexpr,
-                       PDL: tl.constexpr):
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr = 0):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
-    (a tile never straddles groups); one group: rows_per_group = N."""
-    pdl_enter(PDL)
+    (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
+    weight row asked of L2 before `pdl_enter` (by the first block of activation rows)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -130,6 +137,9 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
     n_ok = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    if PREFETCH > 0:  # only set where PDL is on: the weights, never the previous kernel's output
+        prefetch_rows(w_ptr, rn, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH, LINE)
+    pdl_enter(PDL)
     if BLOCK_M == 1:
         acc = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn, n_ok, k_start, k_end,
                      stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
@@ -259,11 +269,15 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     e8m0 = scale.dtype != torch.float32
     s = scale.view(torch.uint8) if e8m0 else scale
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_m), split)
+    pdl = pdl_launch(x)
+    prefetch = 0
+    if pdl["PDL"]:  # e4m3: a byte an element
+        prefetch = prefetch_lines(n, 1, k_per_split, split, tile.block_n)
     _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
                              k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                              SUB=min(tile.block_k, BLOCK), E8M0=e8m0,
                              **dot_options(x), num_warps=tile.num_warps,
-                             num_stages=tile.num_stages, **pdl_launch(x))
+                             num_stages=tile.num_stages, PREFETCH=prefetch, **pdl)
     if split > 1:
         sum_slices(target, out, split, m * n, n)

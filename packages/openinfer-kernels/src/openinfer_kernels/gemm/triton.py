@@ -18,7 +18,13 @@ import triton
 import triton.language as tl
 
 from openinfer_kernels.dot import dot, dot_options
-from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.pdl import (
+    LINE_BYTES,
+    pdl_enter,
+    pdl_launch,
+    prefetch_lines,
+    prefetch_rows,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +80,11 @@ def _silu_mul(gate, up, OUT: tl.constexpr):
 def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
                    k_per_split, M_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GATED: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+                   PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
-    silu(gate) * up, the gate's weight rows first and the up rows N rows after them."""
-    pdl_enter(PDL)
+    silu(gate) * up, the gate's weight rows first and the up rows N rows after them.
+    PREFETCH: lines (LINE elements) of each weight row asked of L2 before `pdl_enter`."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,6 +92,12 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
     n_ok = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    if PREFETCH > 0:  # only set where PDL is on: the weights, never the previous kernel's output
+        prefetch_rows(w_ptr, rn, n_ok, k_start, k_end, stride_wn, PREFETCH, LINE)
+        if GATED:
+            prefetch_rows(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn,
+                          PREFETCH, LINE)
+    pdl_enter(PDL)
     first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
                      M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
@@ -151,11 +164,17 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     split = tile.split_k
     k_per_split = triton.cdiv(triton.cdiv(k, split), tile.block_k) * tile.block_k
     grid = (triton.cdiv(n, tile.block_n), split)
+    pdl = pdl_launch(x)
+    prefetch = 0
+    if pdl["PDL"]:
+        prefetch = prefetch_lines(w.shape[0], w.element_size(), k_per_split, split,
+                                  tile.block_n * (2 if gated else 1))
     _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(-2),
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
                          **dot_options(x), num_warps=tile.num_warps,
-                         num_stages=tile.num_stages, **pdl_launch(x))
+                         num_stages=tile.num_stages, PREFETCH=prefetch,
+                         LINE=LINE_BYTES // w.element_size(), **pdl)
 
 
 def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = False,

@@ -1,0 +1,65 @@
+"""The small-batch linear kernels (bf16 and FP8) with the L2 prefetch of their weights, compiled
+for sm90 down to PTX and through ptxas (no GPU needed): the prefetches come ahead of
+`griddepcontrol.wait`, and none when it is off. Run by test_pdl_prefetch.py in a pytest process
+of its own with TRITON_INTERPRET=0 (the interpreter patches what the compiler needs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import triton
+from triton.compiler import ASTSource
+
+from openinfer_kernels.fp8_linear.triton import _fp8_linear_kernel
+from openinfer_kernels.gemm.triton import _linear_kernel
+from openinfer_kernels.testing.ttir import TARGET
+
+
+def _ptx(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> str:
+    """`kernel` compiled for sm90 down to PTX and through ptxas (no GPU needed)."""
+    signature = {**signature, **{name: "constexpr" for name in constexprs}}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=TARGET)
+    assert compiled.asm["cubin"], "ptxas made no cubin"
+    return str(compiled.asm["ptx"])
+
+
+def _order(ptx: str) -> list[str]:
+    """The prefetch and grid-dependency instructions, in program order."""
+    keep = ("prefetch.global.L2", "griddepcontrol.wait")
+    return [word for line in ptx.splitlines() for word in keep if word in line]
+
+
+LINEAR = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+          "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_om": "i32",
+          "k_per_split": "i32"}
+FP8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16", "M": "i32",
+       "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32",
+       "k_per_split": "i32", "rows_per_group": "i32", "stride_xg": "i32"}
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("prefetch", [0, 16])
+def test_linear_prefetches_before_it_waits(gated: bool, prefetch: int) -> None:
+    ptx = _ptx(_linear_kernel, LINEAR, {
+        "M_PAD": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "GATED": gated,
+        "PRECISION": "ieee", "UPCAST": False, "PDL": True, "PREFETCH": prefetch, "LINE": 64})
+    order = _order(ptx)
+    assert order.count("griddepcontrol.wait") == 1
+    wait = order.index("griddepcontrol.wait")
+    if prefetch == 0:
+        assert order == ["griddepcontrol.wait"]
+    else:
+        # 16 rows x 16 lines (x2 gated) over 128 threads, all before the wait.
+        assert order[:wait] == ["prefetch.global.L2"] * (4 if gated else 2)
+        assert "prefetch.global.L2" not in order[wait:]
+
+
+def test_fp8_linear_prefetches_before_it_waits() -> None:
+    ptx = _ptx(_fp8_linear_kernel, FP8, {
+        "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SUB": 128, "PRECISION": "ieee",
+        "UPCAST": False, "E8M0": True, "PDL": True, "PREFETCH": 8})
+    order = _order(ptx)
+    wait = order.index("griddepcontrol.wait")
+    assert order[:wait] and set(order[:wait]) == {"prefetch.global.L2"}
+    assert "prefetch.global.L2" not in order[wait + 1:]
