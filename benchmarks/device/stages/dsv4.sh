@@ -54,3 +54,55 @@ PY
     --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 2048 \
     --output-len 64 --num-iters 3 --result-file "$OUT/latency-dsv4-cut-quantsim.json" 2>&1 | tail -12
 }
+
+stage_dsv4full() {
+  # V4-Flash at full size (43 layers, FP8 linears and FP4 routed experts, dummy weights) over
+  # every GPU of the machine (tensor parallel; DSV4_EP=1 adds --enable-expert-parallel): the
+  # engine's batch-1 latency against the per-rank read floor of what a decode step reads, then
+  # served: batch-64 TPOT (64 requests of 1024/128 at concurrency 64) and 1,024 prompts of
+  # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it. Two engine
+  # starts; DSV4FULL_PARTS picks them ("latency serve").
+  local d4=/tmp/dsv4-flash tp ep="" part
+  tp=$(nvidia-smi -L | wc -l)
+  [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
+  python3 - "$d4" <<'PY'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "tests/gpu")
+from test_tp_deepseek_v4_gpu import flash_config
+from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+(out / "config.json").write_text(json.dumps(flash_config(43) | {
+    "architectures": ["DeepseekV4ForCausalLM"]}))
+write_tokenizer_files(out)
+PY
+  for part in ${DSV4FULL_PARTS:-latency serve}; do
+    if [ "$part" = latency ]; then
+      stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)}"
+      timeout 420 python3 -m openinfer_server.cli bench latency $d4 --load-format dummy \
+        --tensor-parallel-size $tp $ep --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+        --output-len 64 --num-iters 3 --result-file "$OUT/latency-dsv4-flash-tp$tp.json" \
+        > "$OUT/latency-dsv4-flash-tp$tp.log" 2>&1
+      grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp.log" \
+        || tail -30 "$OUT/latency-dsv4-flash-tp$tp.log"
+      continue
+    fi
+    stage "DeepSeek-V4-Flash (43 layers) served, TP=$tp ${ep:-(experts split by width)}"
+    python3 -m openinfer_server.cli serve $d4 --load-format dummy --tensor-parallel-size $tp \
+      $ep --max-num-seqs 256 --max-model-len 8192 --port 8000 > "$OUT/serve-dsv4-flash.log" 2>&1 &
+    server=$!
+    if ! WAIT_READY_S=420 wait_ready $server; then
+      echo "dsv4full: no server (see serve-dsv4-flash.log)"; tail -20 "$OUT/serve-dsv4-flash.log"
+      stop $server; continue
+    fi
+    grep -E "KV cache:|bytes a token|per token" "$OUT/serve-dsv4-flash.log" | tail -3
+    for run in 64:64 1024:256; do
+      stage "served 1024/128, ${run%%:*} prompts at concurrency ${run#*:}"
+      timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 1024 \
+        --random-output-len 128 --num-prompts ${run%%:*} --max-concurrency ${run#*:} \
+        --request-rate inf --ignore-eos --tokenizer $d4 \
+        --result-file "$OUT/serve-dsv4-flash-c${run#*:}.json" | grep -E "throughput|TTFT|TPOT|Failed"
+    done
+    stop $server
+  done
+}

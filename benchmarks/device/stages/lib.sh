@@ -5,10 +5,12 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 save_jit() { [ -d /tmp/fi-jit ] && rm -f "$OUT"/fi-jit.tgz.part-* \
   && tar -czf - -C /tmp/fi-jit . | split -b 15M - "$OUT/fi-jit.tgz.part-"; }
 # A server runs as a background python (not a subshell) so `kill $server` reaches it.
-wait_ready() {  # $1: the server's pid; until /health answers, it exits, or 180 s pass
-  python3 - "$1" <<'PY'
+wait_ready() {  # $1: the server's pid; until /health answers, it exits, or WAIT_READY_S (180) pass
+  python3 - "$1" "${WAIT_READY_S:-180}" <<'PY'
 import os, sys, time, urllib.request as u
-for _ in range(900):
+limit = float(sys.argv[2])
+end = time.monotonic() + limit
+while time.monotonic() < end:
     try:
         u.urlopen("http://127.0.0.1:8000/health"); sys.exit(0)
     except OSError:
@@ -18,7 +20,7 @@ for _ in range(900):
     except OSError:
         sys.exit("the server exited before it was ready; see its log")
     time.sleep(0.2)
-sys.exit("the server was not ready after 180 s")
+sys.exit(f"the server was not ready after {limit:.0f} s")
 PY
 }
 stop() { kill -TERM "$1"; wait "$1"; }
