@@ -6,15 +6,12 @@ is the device's (`prefetch` stage)."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from openinfer_kernels.pdl import MAX_PREFETCHES, PREFETCH_ENV, prefetch_lines
+from openinfer_kernels.testing.compiled_session import run_compiled_session
 
 
 def test_no_budget_no_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,12 +47,4 @@ def test_a_bad_budget_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_kernels_compile_with_the_prefetch_ahead_of_the_wait() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-         str(Path(__file__).with_name("prefetch_ptx_unit.py"))],
-        env=env, capture_output=True, text=True, timeout=300, check=False)
-    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    passed = re.search(r"(\d+) passed", summary)
-    assert passed and int(passed.group(1)) == 5 and "failed" not in summary, summary
+    run_compiled_session(Path(__file__).with_name("prefetch_ptx_unit.py"), min_passed=5)
