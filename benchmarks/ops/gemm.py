@@ -26,6 +26,10 @@ SMALL_SHAPES = {
     "8B/tp2 qkv": (3072, 4096), "8B/tp2 o": (4096, 2048), "8B/tp2 gate_up": (12288, 4096),
     "8B/tp2 down": (4096, 6144), "32B/tp2 qkv": (5120, 5120), "32B/tp2 o": (5120, 4096),
     "32B/tp2 gate_up": (25600, 5120), "32B/tp2 down": (5120, 12800),
+    # and at tensor-parallel size 4
+    "8B/tp4 qkv": (1536, 4096), "8B/tp4 o": (4096, 1024), "8B/tp4 gate_up": (6144, 4096),
+    "8B/tp4 down": (4096, 3072), "32B/tp4 qkv": (2560, 5120), "32B/tp4 o": (5120, 2048),
+    "32B/tp4 gate_up": (12800, 5120), "32B/tp4 down": (5120, 6400),
     # Qwen3.5-4B (its o_proj / out_proj is 4B o's shape)
     "3.5-4B in_proj": (12352, 2560), "3.5-4B qkvg": (10240, 2560),
     "3.5-4B gate_up": (18432, 2560), "3.5-4B down": (2560, 9216),

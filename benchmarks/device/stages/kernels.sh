@@ -23,6 +23,13 @@ stage_tiles() {
   run_ops 480 30 fused-sum-gemm.json linear_add_norm --sweep
 }
 
+stage_tptiles() {
+  # One rank's linear shards at tensor-parallel sizes 2 and 4 (gemm/tiles.py has the nearest
+  # one-GPU tile for them, unswept): every Triton tile against cuBLAS at one row. One GPU.
+  stage "small-batch linear tiles, Qwen3-8B / 32B shards at TP2 and TP4 (sweep)"
+  run_ops 400 80 small-gemm-tp.json small_linear --sweep --cases /tp
+}
+
 stage_gemm() {
   stage "small-batch linear tiles against cuBLAS and the read floor, Qwen3-4B/8B shapes"
   run_ops 300 60 small-gemm.json small_linear --sweep

@@ -12,7 +12,7 @@ default where the GPU has it (compute capability 9.0 and later); OPENINFER_PDL=0
 Elsewhere `pdl_enter` compiles to nothing.
 
 A weight-streaming kernel may also ask L2 for the first lines of its weights before
-`pdl_enter` (`prefetch_l2`, sized by `prefetch_lines`): the DRAM reads then start while the
+`pdl_enter` (`prefetch_rows`, sized by `prefetch_lines`): the DRAM reads then start while the
 kernel before it still runs, which at batch 1 is most of a small kernel's latency (an
 all-reduce, a norm). `OPENINFER_PDL_PREFETCH_MB` is the most weight bytes one launch asks for
 (default 0: off until measured; L2 holds 50 MB on the H100).
@@ -30,7 +30,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _WANTED = os.environ.get("OPENINFER_PDL", "1") != "0"
 PREFETCH_ENV = "OPENINFER_PDL_PREFETCH_MB"
-LINE_BYTES = 128  # an L2 line; `prefetch_l2` asks for one per address
+LINE_BYTES = 128  # an L2 line; `prefetch_rows` asks for one per address
 MAX_PREFETCHES = 4096  # addresses one program may hold for it (registers)
 
 
@@ -42,22 +42,18 @@ def pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs):
-    """Ask L2 for the line of every address in `ptrs` (a hint: no register is loaded and a bad
-    address does not fault). Call it only where PDL is on: the interpreter has no inline PTX."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def prefetch_rows(w_ptr, rows, rows_ok, k_start, k_end, stride_row, LINES: tl.constexpr,
                   LINE: tl.constexpr):
-    """`prefetch_l2` of the first LINES lines (LINE elements each) of weight rows `rows` from
-    column k_start, none at or past k_end (an address outside asks for w_ptr's line again)."""
-    k = k_start + tl.arange(0, LINES) * LINE
-    ok = rows_ok[:, None] & (k < k_end)[None, :]
-    ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_row + k[None, :]
-    prefetch_l2(tl.where(ok, ptrs, w_ptr))
+    """Ask L2 for the first LINES lines (LINE elements each) of weight rows `rows` from column
+    k_start, none at or past k_end (an address outside asks for w_ptr's line again). A hint: no
+    register is loaded and a bad address does not fault. LINES = 0 does nothing; any other
+    value only where PDL is on (the interpreter has no inline PTX)."""
+    if LINES > 0:
+        k = k_start + tl.arange(0, LINES) * LINE
+        ok = rows_ok[:, None] & (k < k_end)[None, :]
+        ptrs = tl.where(ok, w_ptr + rows[:, None].to(tl.int64) * stride_row + k[None, :], w_ptr)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 def prefetch_budget() -> int:

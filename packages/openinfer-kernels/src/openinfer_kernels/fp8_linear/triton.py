@@ -137,8 +137,8 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
     n_ok = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if PREFETCH > 0:  # only set where PDL is on: the weights, never the previous kernel's output
-        prefetch_rows(w_ptr, rn, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH, LINE)
+    # PREFETCH is set only where PDL is on: the weights, never the previous kernel's output.
+    prefetch_rows(w_ptr, rn, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH, LINE)
     pdl_enter(PDL)
     if BLOCK_M == 1:
         acc = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn, n_ok, k_start, k_end,

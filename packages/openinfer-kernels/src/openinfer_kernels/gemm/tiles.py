@@ -29,7 +29,7 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (24576, 4096): (Tile(4, 512), Tile(32, 128)),  # gate_up + silu: 1.04 vs 1.13, 1.06 vs 1.15
     (4096, 12288): (Tile(16, 512, 2, 8), Tile(32, 256)),  # down: 1.13 vs 1.17, 1.16 vs 1.19
     # One rank's shard at tensor-parallel size 2, at M = 1 only: the tile of the nearest shape
-    # above, not swept yet (the `small_linear` op has these cases); `stage_tp` in
+    # above, not swept yet (`gpu_check.sh tptiles` sweeps them); `stage_tp` in
     # benchmarks/device/stages/tp.sh A/Bs them against cuBLAS end to end (BENCHMARKS.md).
     (3072, 4096): (Tile(4, 512), None),  # 8B qkv
     (4096, 2048): (Tile(4, 512), None),  # 8B o
@@ -39,6 +39,14 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (5120, 4096): (Tile(4, 512), None),  # 32B o
     (25600, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
     (5120, 12800): (Tile(16, 512, 2, 8), None),  # 32B down
+    # At tensor-parallel size 4, the same way (8B's gate_up shard is 8B qkv's shape, above).
+    (1536, 4096): (Tile(4, 512), None),  # 8B qkv
+    (4096, 1024): (Tile(4, 512), None),  # 8B o
+    (4096, 3072): (Tile(16, 512, 2, 8), None),  # 8B down
+    (2560, 5120): (Tile(4, 512), None),  # 32B qkv
+    (5120, 2048): (Tile(4, 512), None),  # 32B o
+    (12800, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
+    (5120, 6400): (Tile(16, 512, 2, 8), None),  # 32B down
     # Qwen3.5-4B (hidden 2560 as Qwen3-4B), swept with `--cases 3.5-4B` (gpu_check.sh
     # qwen35tiles, H100). Its o_proj and the linear layers' out_proj are Qwen3-4B's o shape,
     # (2560, 4096), above.

@@ -92,11 +92,11 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_
     n_ok = rn < N
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    if PREFETCH > 0:  # only set where PDL is on: the weights, never the previous kernel's output
-        prefetch_rows(w_ptr, rn, n_ok, k_start, k_end, stride_wn, PREFETCH, LINE)
-        if GATED:
-            prefetch_rows(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn,
-                          PREFETCH, LINE)
+    # PREFETCH is set only where PDL is on: the weights, never the previous kernel's output.
+    prefetch_rows(w_ptr, rn, n_ok, k_start, k_end, stride_wn, PREFETCH, LINE)
+    if GATED:
+        prefetch_rows(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn, PREFETCH,
+                      LINE)
     pdl_enter(PDL)
     first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
                      M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
