@@ -26,7 +26,7 @@ from openinfer_core.request import GenerateRequest
 from openinfer_core.startup.memory_budget import kv_blocks
 from openinfer_core.startup.model_loader import load_model
 from openinfer_core.weights.checkpoint import Checkpoint
-from openinfer_core.weights.kv_scales import KVScales, read_kv_scales
+from openinfer_core.weights.kv_scales import read_kv_scales
 from openinfer_deepseek_v4.demo import DEMO_CONFIG
 from openinfer_deepseek_v4.model_line import DeepseekV4ModelLine
 from openinfer_qwen3.model_line import Qwen3ModelLine
@@ -115,22 +115,30 @@ def test_scale_names_vllm_reads(qwen3_dir: Path, tmp_path: Path,
                                 names: tuple[str, str]) -> None:
     folder = with_scales(qwen3_dir, tmp_path / "ckpt", scale_tensors(0.25, 3.0, names=names))
     prefixes = [f"model.layers.{n}.self_attn." for n in range(2)]
-    assert read_kv_scales(Checkpoint(folder), prefixes) == [KVScales(0.25, 3.0)] * 2
+    for layer in read_kv_scales(Checkpoint(folder), prefixes, 2):
+        assert layer.per_tensor == (0.25, 3.0)  # one number per layer: every head's
+        assert layer.k.tolist() == [0.25, 0.25] and layer.v.tolist() == [3.0, 3.0]
     # Without scales: 1.0, as vLLM.
-    assert read_kv_scales(Checkpoint(qwen3_dir), prefixes) == [KVScales()] * 2
+    assert [s.per_tensor for s in read_kv_scales(Checkpoint(qwen3_dir), prefixes, 2)] == [
+        (1.0, 1.0)] * 2
 
 
 @pytest.mark.parametrize(("value", "message"), [
-    (torch.tensor([0.5, 0.5]), "must be one number per layer"),
-    (torch.tensor(0.0), "must be > 0"),
-])
+    (torch.tensor([0.5, 0.5, 0.5]), r"must be one number per layer or one per KV head \(2"),
+    (torch.ones(2, 2), r"must be one number per layer or one per KV head"),
+    (torch.tensor(0.0), "must be a finite number > 0"),
+    (torch.tensor([0.5, -1.0]), "holds -1.0: a KV-cache scale must be a finite number > 0"),
+    (torch.tensor([[float("nan")], [1.0]]), "holds nan"),
+    (torch.tensor([1.0, float("inf")]), "holds inf"),
+], ids=["3-of-2-heads", "2x2", "zero", "negative-head", "nan-head", "inf-head"])
 def test_bad_scales_are_refused_naming_the_tensor(qwen3_dir: Path, tmp_path: Path,
                                                   value: torch.Tensor, message: str) -> None:
     tensors = scale_tensors(1.0, 1.0)
     tensors["model.layers.1.self_attn.k_scale"] = value
     folder = with_scales(qwen3_dir, tmp_path / "ckpt", tensors)
     with pytest.raises(WeightLoadError, match=rf"model\.layers\.1\.self_attn\.k_scale.*{message}"):
-        read_kv_scales(Checkpoint(folder), [f"model.layers.{n}.self_attn." for n in range(2)])
+        read_kv_scales(Checkpoint(folder), [f"model.layers.{n}.self_attn." for n in range(2)],
+                       2)
 
 
 def test_twice_the_blocks_of_a_bf16_cache_for_one_budget(qwen3_dir: Path) -> None:

@@ -21,7 +21,7 @@ from paged_cases import (
     step_batch,
 )
 
-from openinfer_core.interfaces.attention import AttentionBackend
+from openinfer_core.interfaces.attention import AttentionBackend, KVScales
 from openinfer_core.plugins import PluginManager
 from openinfer_kernels import plugin
 from openinfer_kernels.attention import flashinfer_backend
@@ -96,6 +96,32 @@ def test_flashinfer_runs_the_long_steps_and_triton_the_graphed_ones(monkeypatch)
     assert all(every.runs_flashinfer(*s) for s in (prompt_at, decodes_over))
     monkeypatch.setenv("OPENINFER_FLASHINFER_EVERY_STEP", "1")
     assert FlashInferAttentionBackend().every_step
+
+
+def test_per_head_fp8_scales_run_the_triton_kernels(monkeypatch):
+    # FlashInfer's paged kernels take one k_scale and one v_scale: an e4m3 cache whose KV heads
+    # have scales of their own runs every step on the Triton kernels (which read a scale per
+    # head), and a backend told to run every step on FlashInfer refuses it, saying what to do.
+    monkeypatch.setitem(sys.modules, "flashinfer", type(sys)("flashinfer"))  # a stand-in
+    hybrid, every = FlashInferAttentionBackend(), FlashInferAttentionBackend(every_step=True)
+    case, _, _, batch = step_batch([Req(GRAPH_TOKENS + 1, GRAPH_TOKENS + 1)], 4, 2, 64,
+                                   torch.bfloat16, seed=0)
+    k_cache = torch.empty(1, 16, 2, 64, dtype=torch.float8_e4m3fn)
+    per_tensor = KVScales.of(torch.tensor([0.5, 0.5]), torch.tensor([2.0, 2.0]))
+    per_head = KVScales.of(torch.tensor([0.5, 0.25]), torch.tensor([2.0, 2.0]))
+    assert hybrid.runs_flashinfer(case.q, k_cache, batch, per_tensor)
+    assert hybrid.runs_flashinfer(case.q, k_cache, batch)  # no scales: 1.0 for every head
+    assert not hybrid.runs_flashinfer(case.q, k_cache, batch, per_head)
+    # bf16 pages read no scales: whatever is passed does not matter.
+    assert hybrid.runs_flashinfer(case.q, case.k_cache, batch, per_head)
+    calls = []
+    monkeypatch.setattr(hybrid._triton, "attend_appended",
+                        lambda *args, **kwargs: calls.append(kwargs) or args[0])
+    hybrid.attend_appended(case.q, k_cache, k_cache, batch, 0.1, kv_scales=per_head)
+    assert calls == [{"kv_scales": per_head}]
+    with pytest.raises(ValueError, match=r"one k_scale and one v_scale per layer.*scale per KV "
+                                         r"head.*--attention-backend triton"):
+        every.attend_appended(case.q, k_cache, k_cache, batch, 0.1, kv_scales=per_head)
 
 
 # --- on the GPU, with flashinfer-python ------------------------------------------------------

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import torch
 
-from openinfer_core.interfaces.attention import AttentionBackend, supports_attend_appended
+from openinfer_core.interfaces.attention import (
+    AttentionBackend,
+    KVScales,
+    supports_attend_appended,
+)
 from openinfer_core.interfaces.capabilities import supports_cuda_graphs
 from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
-from openinfer_core.weights.kv_scales import KVScales
 from openinfer_kernels import (
     embedding,
     fused_add_rms_norm,
@@ -38,7 +41,8 @@ class Qwen3Model:
     """Weights, rotary table and KV buffer of one Qwen3 model on one device; with `tp`, of
     the rank's shard (`shard`; `self.cfg` then has the rank's head counts and MLP width).
     The KV pages are in `kv_cache_dtype` (default: `dtype`); e4m3 pages are written and read
-    with each layer's `kv_scales` (default 1.0)."""
+    with each layer's `kv_scales` (host tensors of all the model's KV heads, default 1.0; a
+    rank keeps its own heads' scales, as it keeps their k/v projections)."""
 
     def __init__(self, cfg: Qwen3Config, weights: Qwen3Weights, attention: AttentionBackend,
                  *, max_model_len: int, device: torch.device, dtype: torch.dtype,
@@ -48,12 +52,14 @@ class Qwen3Model:
         if (tp is None) != (shard is None):
             raise ValueError("a tensor-parallel Qwen3Model needs both `tp` and `shard`")
         self.kv_dtype = kv_cache_dtype or dtype
-        # Per layer, what the attention calls get beside the cache: the scales of e4m3 pages,
-        # nothing for pages in the model's dtype (the backends' plain path).
-        self._kv_scale_args: list[dict[str, float]] = [{} for _ in range(cfg.num_layers)]
+        # Per layer, what the attention calls get beside the cache: the scales of e4m3 pages
+        # on the device, None for pages in the model's dtype (the backends' plain path).
+        self._kv_scales: list[KVScales | None] = [None] * cfg.num_layers
         if self.kv_dtype == torch.float8_e4m3fn:
-            scales = kv_scales or [KVScales()] * cfg.num_layers
-            self._kv_scale_args = [{"k_scale": s.k, "v_scale": s.v} for s in scales]
+            scales = kv_scales or [KVScales.ones(cfg.num_kv_heads)] * cfg.num_layers
+            if shard is not None:
+                scales = [s.heads(shard.heads.kv_heads) for s in scales]
+            self._kv_scales = [s.to(device) for s in scales]
         elif self.kv_dtype != dtype:
             raise ValueError(f"Qwen3 KV pages are in the model's dtype or float8_e4m3fn, not "
                              f"{self.kv_dtype}")
@@ -195,16 +201,17 @@ class Qwen3Model:
         q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        scales = self._kv_scale_args[n]
+        scales = self._kv_scales[n]
         if self._attend_appended is not None:  # K/V go to the cache in the norm/rotary kernel
+            k_scale, v_scale = (None, None) if scales is None else (scales.k, scales.v)
             q = qk_norm_rope_append(q, k, v, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                     batch.positions, self.cos_sin, self.kv.k[n], self.kv.v[n],
-                                    batch.slot_mapping, **scales)
+                                    batch.slot_mapping, k_scale=k_scale, v_scale=v_scale)
             out = self._attend_appended(q, self.kv.k[n], self.kv.v[n], batch, self.scale,
-                                        **scales)
+                                        kv_scales=scales)
         else:
             q, k = qk_norm_rope(q, k, layer.q_norm, layer.k_norm, cfg.rms_norm_eps,
                                 batch.positions, self.cos_sin)
             out = self.attention.attend(q, k, v, self.kv.k[n], self.kv.v[n], batch, self.scale,
-                                        **scales)
+                                        kv_scales=scales)
         return out.reshape(t, cfg.q_size)

@@ -40,7 +40,8 @@ class Qwen3ModelLine:
             if options.kv_cache_dtype is not None:
                 base = "model." if "model.embed_tokens.weight" in ckpt else ""
                 kv_scales = read_kv_scales(
-                    ckpt, [f"{base}layers.{n}.self_attn." for n in range(cfg.num_layers)])
+                    ckpt, [f"{base}layers.{n}.self_attn." for n in range(cfg.num_layers)],
+                    cfg.num_kv_heads)
         finally:
             ckpt.close()
         model = Qwen3Model(cfg, weights, options.attention, max_model_len=max_len,

@@ -136,8 +136,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--kv-cache-dtype", type=_kv_cache_dtype, default="auto",
                        metavar="{auto,fp8,fp8_e4m3}",
                        help="KV cache pages: auto is the model's dtype; fp8 (= fp8_e4m3) stores "
-                            "e4m3 with per-layer k/v scales from the checkpoint (else 1.0), "
-                            "half the bytes, twice the blocks (default %(default)s)")
+                            "e4m3 with per-layer or per-head k/v scales from the checkpoint "
+                            "(else 1.0), half the bytes, twice the blocks (default %(default)s)")
     model.add_argument("--max-model-len", type=int_at_least(2), metavar="N",
                        help="context length, prompt plus output (default: the model's)")
     model.add_argument("--revision", help="hub revision (branch, tag or commit) to download")

@@ -24,7 +24,7 @@ _DTYPES = {  # accepted names -> torch's
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 # `--kv-cache-dtype`, vLLM's names: auto is the model's dtype; fp8 and fp8_e4m3 are
-# float8_e4m3fn pages with per-tensor scales. (vLLM's fp8_e5m2 has no kernels here.)
+# float8_e4m3fn pages with per-tensor or per-head scales. (vLLM's fp8_e5m2 has no kernels here.)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 

@@ -22,22 +22,30 @@ openinfer's own `kv_append` first. The caches are used as they are: FlashInfer's
 planned with `kv_data_type` e4m3 and run with the layer's `k_scale` / `v_scale` (FlashInfer
 folds k_scale into the softmax scale and multiplies the output by v_scale); its prompt steps
 run FlashInfer's FA2 kernels, which read e4m3 pages beside bf16 queries (FA3's FP8 path wants
-FP8 queries too).
+FP8 queries too). FlashInfer takes one k_scale and one v_scale per call: a layer whose scales
+differ between KV heads (`KVScales.per_tensor` None: a per-head checkpoint) runs every step on
+the Triton kernels, which read a scale per head; with OPENINFER_FLASHINFER_EVERY_STEP=1 it is
+refused.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from openinfer_kernels.attention.kv_scales import scale_tensors
 from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 from openinfer_kernels.kv_store import FP8_KV_DTYPE, kv_append
 
 if TYPE_CHECKING:
+    from openinfer_core.interfaces.attention import KVScales
     from openinfer_core.interfaces.model import ForwardBatch
+
+log = logging.getLogger("openinfer")
 
 GRAPH_TOKENS = SPLIT_MAX_TOKENS  # steps up to this size replay from CUDA graphs on Triton's
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended split-K scratch
@@ -73,37 +81,56 @@ class FlashInferAttentionBackend:
         self._planned: ForwardBatch | None = None  # the batch the current plan is for
         self._wrapper: Any = None
         self._plan_copied: torch.cuda.Event | None = None
+        self._told_per_head = False
 
-    def runs_flashinfer(self, q: torch.Tensor, k_cache: torch.Tensor,
-                        batch: ForwardBatch) -> bool:
+    def runs_flashinfer(self, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch,
+                        kv_scales: KVScales | None = None) -> bool:
         """Whether this step runs FlashInfer's kernels, else the Triton ones: prompt steps
-        FlashInfer has kernels for (fp16/bf16, its head sizes); every step with every_step,
-        where the rest is refused."""
+        FlashInfer has kernels for (fp16/bf16, its head sizes; e4m3 pages with one scale for
+        all heads); every step with every_step, where the rest is refused."""
         if self.every_step:
             return True
-        return (batch.max_query_len > 1 and batch.num_tokens > GRAPH_TOKENS
+        if not (batch.max_query_len > 1 and batch.num_tokens > GRAPH_TOKENS
                 and q.dtype in DTYPES and k_cache.dtype in (q.dtype, FP8_KV_DTYPE)
-                and k_cache.shape[-1] in HEAD_DIMS)
+                and k_cache.shape[-1] in HEAD_DIMS):
+            return False
+        if k_cache.dtype == FP8_KV_DTYPE and _per_head(kv_scales):
+            if not self._told_per_head:
+                log.info("flashinfer attention backend: the FP8 KV cache has per-head scales, "
+                         "which FlashInfer's paged kernels do not take: every step runs the "
+                         "Triton kernels")
+                self._told_per_head = True
+            return False
+        return True
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-               scale: float, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               scale: float, *, kv_scales: KVScales | None = None) -> torch.Tensor:
+        k_scale, v_scale = scale_tensors(kv_scales)
         kv_append(k, v, k_cache, v_cache, batch.slot_mapping, k_scale=k_scale, v_scale=v_scale)
-        return self.attend_appended(q, k_cache, v_cache, batch, scale, k_scale=k_scale,
-                                    v_scale=v_scale)
+        return self.attend_appended(q, k_cache, v_cache, batch, scale, kv_scales=kv_scales)
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: ForwardBatch, scale: float, *, k_scale: float = 1.0,
-                        v_scale: float = 1.0) -> torch.Tensor:
-        if not self.runs_flashinfer(q, k_cache, batch):
+                        batch: ForwardBatch, scale: float, *,
+                        kv_scales: KVScales | None = None) -> torch.Tensor:
+        if not self.runs_flashinfer(q, k_cache, batch, kv_scales):
             return self._triton.attend_appended(q, k_cache, v_cache, batch, scale,
-                                                k_scale=k_scale, v_scale=v_scale)
+                                                kv_scales=kv_scales)
+        if k_cache.dtype == FP8_KV_DTYPE and _per_head(kv_scales):
+            raise ValueError(
+                "FlashInfer's paged attention takes one k_scale and one v_scale per layer, and "
+                "this FP8 KV cache has a scale per KV head (the checkpoint's): unset "
+                "OPENINFER_FLASHINFER_EVERY_STEP (such steps then run the Triton kernels), or "
+                "use --attention-backend triton")
         if q.shape[0] == 0:
             return torch.empty_like(q)
         if self._planned is not batch:
             self._plan(q, k_cache, batch, scale)
         if k_cache.dtype != FP8_KV_DTYPE:
             return self._wrapper.run(q, (k_cache, v_cache))
+        # One scale for all heads here (checked above): FlashInfer's numbers.
+        per_tensor = None if kv_scales is None else kv_scales.per_tensor
+        k_scale, v_scale = per_tensor or (1.0, 1.0)
         return self._wrapper.run(q, (k_cache, v_cache), k_scale=k_scale, v_scale=v_scale)
 
     def _plan(self, q: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch,
@@ -157,6 +184,11 @@ class FlashInferAttentionBackend:
                     workspace, "NHD",
                     backend="fa2" if kind == "prefill-fp8" else PREFILL_BACKEND))
         return self._wrappers[kind]
+
+
+def _per_head(kv_scales: KVScales | None) -> bool:
+    """Whether the KV heads have scales of their own (FlashInfer takes one for all)."""
+    return kv_scales is not None and kv_scales.per_tensor is None
 
 
 def paged_layout(batch: ForwardBatch, page: int) -> tuple[torch.Tensor, ...]:

@@ -15,6 +15,8 @@ import triton.language as tl
 
 from openinfer_kernels.attention.tiles import LOG2E, attend_tile
 from openinfer_kernels.dot import dot_options
+from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
+from openinfer_kernels.kv_store.triton import fp8_scale_tensors
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 LONG_PROMPT = 2048  # past this many queries a request's prefill takes 128-query tiles
@@ -23,13 +25,13 @@ LONG_PROMPT = 2048  # past this many queries a request's prefill takes 128-query
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
-    scale_log2, v_scale,
+    k_scale_ptr, v_scale_ptr, scale_log2,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     if HEAVY_FIRST:
@@ -67,6 +69,8 @@ def _prefill_kernel(
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_kh
     v_head_ptr = v_cache_ptr + kv_head * stride_vh
+    if KV_FP8:  # e4m3 pages: the KV head's k scale folds into the softmax scale
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr + kv_head)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -81,7 +85,9 @@ def _prefill_kernel(
                                     stride_kb, stride_ks, stride_vb, stride_vs,
                                     PAGE, BLOCK_N, True, PRECISION, UPCAST)
 
-    out = acc / l_i[:, None] * v_scale
+    out = acc / l_i[:, None]
+    if KV_FP8:  # ...and its v scale multiplies the output
+        out = out * tl.load(v_scale_ptr + kv_head)
     out_ptrs = (out_ptr + (q_start + offs_m)[:, None].to(tl.int64) * stride_ot
                 + head * stride_oh + offs_d[None, :])
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -109,8 +115,8 @@ DEFAULT_PREFILL = PrefillConfig()
 def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
                   query_start_loc: torch.Tensor, scale: float,
-                  max_query_len: int, *, k_scale: float = 1.0,
-                  v_scale: float = 1.0) -> torch.Tensor:
+                  max_query_len: int, *, k_scale: torch.Tensor | None = None,
+                  v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`paged_attention_ref` for any batch; `max_query_len` (the longest request's query count,
     a host int) sizes the grid. Launches at `PrefillConfig`'s defaults."""
     return launch_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
@@ -120,8 +126,8 @@ def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def launch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    block_tables: torch.Tensor, seq_lens: torch.Tensor,
                    query_start_loc: torch.Tensor, scale: float, max_query_len: int,
-                   config: PrefillConfig, *, k_scale: float = 1.0,
-                   v_scale: float = 1.0) -> torch.Tensor:
+                   config: PrefillConfig, *, k_scale: torch.Tensor | None = None,
+                   v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`paged_prefill` at the launch settings `config`; e4m3 caches as `launch_split`'s."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
@@ -140,15 +146,16 @@ def launch_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     grid = (triton.cdiv(max_query_len, block_m), seq_lens.shape[0], num_heads)
     if heavy_first:
         grid = grid[::-1]
+    k_scale_ptr, v_scale_ptr = fp8_scale_tensors(k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
-        scale * k_scale * LOG2E, v_scale,
+        k_scale_ptr, v_scale_ptr, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=num_heads // kv_heads, HEAD_DIM=head_dim, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=block_d, **dot_options(q),
-        num_warps=config.num_warps, num_stages=num_stages, HEAVY_FIRST=heavy_first,
-        **pdl_launch(q),
+        num_warps=config.num_warps, num_stages=num_stages,
+        KV_FP8=k_cache.dtype == FP8_KV_DTYPE, HEAVY_FIRST=heavy_first, **pdl_launch(q),
     )
     return out

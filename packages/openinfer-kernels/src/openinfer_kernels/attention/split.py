@@ -23,6 +23,8 @@ import triton.language as tl
 from openinfer_kernels.attention.tiles import LOG2E, attend_tile
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot_options
+from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
+from openinfer_kernels.kv_store.triton import fp8_scale_tensors
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 MAX_SPLITS = 16
@@ -34,14 +36,14 @@ MAX_SPLITS = 16
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
 def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, v_scale, num_seqs, num_splits,
+    out_ptr, part_out_ptr, part_lse_ptr, k_scale_ptr, v_scale_ptr,
+    scale_log2, num_seqs, num_splits,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr = False,
+    KV_FP8: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     if HEAVY_FIRST:
@@ -105,6 +107,8 @@ def _split_kernel(
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_kh
     v_head_ptr = v_cache_ptr + kv_head * stride_vh
+    if KV_FP8:  # e4m3 pages: the KV head's k scale folds into the softmax scale
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr + kv_head)
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
@@ -122,7 +126,9 @@ def _split_kernel(
     # A row that saw no key here (an empty split, or one past its position) leaves (0, -inf):
     # it adds nothing when merged.
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None] * v_scale  # exact for bf16 caches: v_scale is 1 there
+    out = acc / l_safe[:, None]
+    if KV_FP8:  # ...and its v scale multiplies the output
+        out = out * tl.load(v_scale_ptr + kv_head)
     mask = r_mask[:, None] & d_mask[None, :]
     if not SPLIT:
         out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
@@ -213,8 +219,8 @@ DEFAULT_SPLIT = SplitConfig()
 def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start_loc: torch.Tensor, scale: float,
-                max_query_len: int, *, k_scale: float = 1.0,
-                v_scale: float = 1.0) -> torch.Tensor:
+                max_query_len: int, *, k_scale: torch.Tensor | None = None,
+                v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`paged_attention_ref` for any batch whose longest request has at most `max_query_len`
     queries, with the context split among programs (flash-decoding) and each program holding
     all query heads of one KV group. No host sync, scratch from `torch.empty`, launches that
@@ -227,11 +233,12 @@ def paged_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float, max_query_len: int,
-                 config: SplitConfig, *, k_scale: float = 1.0,
-                 v_scale: float = 1.0) -> torch.Tensor:
-    """`paged_split` at the launch settings `config`. The caches may be e4m3 with per-tensor
-    scales (`kv_store.quantize_kv`): k_scale folds into the softmax scale, v_scale into the
-    output, both exact up to fp32 rounding."""
+                 config: SplitConfig, *, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`paged_split` at the launch settings `config`. The caches may be e4m3 with fp32 scales
+    per KV head (`kv_store.quantize_kv`; 1.0 where None): a program's KV head's k scale
+    folds into its softmax scale, its v scale into its output, both exact up to fp32
+    rounding. Other caches read no scale (a constexpr switch)."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_cache.shape
     batch = seq_lens.shape[0]
@@ -258,17 +265,18 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
                                device=q.device)
     heavy_first = config.heavy_first and not decode
+    k_scale_ptr, v_scale_ptr = fp8_scale_tensors(k_cache, k_scale, v_scale)
     grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
     _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        scale * k_scale * LOG2E, v_scale, batch, splits,
+        k_scale_ptr, v_scale_ptr, scale * LOG2E, batch, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=config.block_n, BLOCK_D=block_d,
         **dot_options(q), num_warps=config.num_warps, num_stages=config.num_stages,
-        HEAVY_FIRST=heavy_first, **pdl_launch(q),
+        KV_FP8=k_cache.dtype == FP8_KV_DTYPE, HEAVY_FIRST=heavy_first, **pdl_launch(q),
     )
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
@@ -282,8 +290,9 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                 query_start_loc: torch.Tensor, scale: float, *, k_scale: float = 1.0,
-                 v_scale: float = 1.0) -> torch.Tensor:
+                 query_start_loc: torch.Tensor, scale: float, *,
+                 k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`paged_split` when every request has at most one query."""
     return paged_split(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, 1,
                        k_scale=k_scale, v_scale=v_scale)

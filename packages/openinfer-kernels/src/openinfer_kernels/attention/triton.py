@@ -23,9 +23,10 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            query_start_loc: torch.Tensor, scale: float, *,
                            max_query_len: int | None = None,
-                           max_seq_len: int | None = None, k_scale: float = 1.0,
-                           v_scale: float = 1.0) -> torch.Tensor:
-    """`paged_attention_ref`'s contract (e4m3 caches with their scales included).
+                           max_seq_len: int | None = None,
+                           k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """`paged_attention_ref`'s contract (e4m3 caches with their per-head scales included).
     `max_query_len` is the longest request's query count (`ForwardBatch.max_query_len`); left
     out, it is read back from `query_start_loc`, a host sync that a CUDA graph cannot hold.
     `max_seq_len` is accepted for symmetry with the batch and not needed: the kernels read

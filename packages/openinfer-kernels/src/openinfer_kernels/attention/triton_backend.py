@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from openinfer_kernels.attention.kv_scales import scale_tensors
 from openinfer_kernels.attention.triton import SPLIT_MAX_TOKENS, paged_attention_triton
 from openinfer_kernels.kv_store import kv_append
 
 if TYPE_CHECKING:
+    from openinfer_core.interfaces.attention import KVScales
     from openinfer_core.interfaces.model import ForwardBatch
 
 
@@ -25,14 +27,15 @@ class TritonAttentionBackend:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-               scale: float, *, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+               scale: float, *, kv_scales: KVScales | None = None) -> torch.Tensor:
+        k_scale, v_scale = scale_tensors(kv_scales)
         kv_append(k, v, k_cache, v_cache, batch.slot_mapping, k_scale=k_scale, v_scale=v_scale)
-        return self.attend_appended(q, k_cache, v_cache, batch, scale, k_scale=k_scale,
-                                    v_scale=v_scale)
+        return self.attend_appended(q, k_cache, v_cache, batch, scale, kv_scales=kv_scales)
 
     def attend_appended(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        batch: ForwardBatch, scale: float, *, k_scale: float = 1.0,
-                        v_scale: float = 1.0) -> torch.Tensor:
+                        batch: ForwardBatch, scale: float, *,
+                        kv_scales: KVScales | None = None) -> torch.Tensor:
+        k_scale, v_scale = scale_tensors(kv_scales)
         return paged_attention_triton(q, k_cache, v_cache, batch.block_tables, batch.seq_lens,
                                       batch.query_start_loc, scale,
                                       max_query_len=batch.max_query_len,

@@ -46,15 +46,49 @@ def quantize_for_cache(x, inv_scale, FP8: tl.constexpr):
     return out
 
 
-def fp8_cache_args(cache: torch.Tensor, k_scale: float, v_scale: float) -> dict[str, object]:
-    """The kernels' quantization arguments for `cache`: the scales' inverses, and FP8."""
-    return {"k_inv_scale": 1.0 / k_scale, "v_inv_scale": 1.0 / v_scale,
-            "FP8": cache.dtype == FP8_KV_DTYPE}
+@triton.jit
+def inverse_scale(scale_ptr, heads, FP8: tl.constexpr):
+    """For an e4m3 cache (FP8), 1 / the scales of `heads` (an index or a tensor of them),
+    rounded once as torch's fp32 division is (the reference's; Triton's `/` may be off by an
+    ulp on the GPU); else 1.0, nothing read."""
+    if FP8:  # noqa: SIM108 (a Triton constexpr branch, kept as statements)
+        inv = tl.math.div_rn(1.0, tl.load(scale_ptr + heads))
+    else:
+        inv = 1.0
+    return inv
+
+
+def fp8_scale_tensors(cache: torch.Tensor, k_scale: torch.Tensor | None,
+                      v_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernels read the scales of `cache` ([..., Hk, D]) from: for an e4m3 cache the
+    fp32 [Hk] scales (1.0 for None: a new tensor each call, so a CUDA graph must be given its
+    own); for any other cache the cache itself, a pointer the kernels never read."""
+    if cache.dtype != FP8_KV_DTYPE:
+        return cache, cache
+    heads = cache.shape[-2]
+    scales = []
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if scale is None:
+            scale = torch.ones(heads, dtype=torch.float32, device=cache.device)
+        if (scale.dtype != torch.float32 or scale.shape != (heads,)
+                or scale.device != cache.device or not scale.is_contiguous()):
+            raise ValueError(f"{name} must be a contiguous fp32 tensor of one scale per KV head "
+                             f"([{heads}]) on {cache.device}, got {scale.dtype} "
+                             f"{list(scale.shape)} on {scale.device}")
+        scales.append(scale)
+    return scales[0], scales[1]
+
+
+def fp8_cache_args(cache: torch.Tensor, k_scale: torch.Tensor | None,
+                   v_scale: torch.Tensor | None) -> dict[str, object]:
+    """The store kernels' quantization arguments for `cache`: the scale pointers, and FP8."""
+    k_ptr, v_ptr = fp8_scale_tensors(cache, k_scale, v_scale)
+    return {"k_scale_ptr": k_ptr, "v_scale_ptr": v_ptr, "FP8": cache.dtype == FP8_KV_DTYPE}
 
 
 @triton.jit
 def _kv_append_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride_t, k_stride_h,
-                      v_stride_t, v_stride_h, cache_stride_slot, k_inv_scale, v_inv_scale,
+                      v_stride_t, v_stride_h, cache_stride_slot, k_scale_ptr, v_scale_ptr,
                       D: tl.constexpr, BLOCK_D: tl.constexpr, FP8: tl.constexpr,
                       PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -67,20 +101,22 @@ def _kv_append_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride
     mask = offs < tl.where(slot >= 0, D, 0)
     dst = slot * cache_stride_slot + h * D + offs
     k = tl.load(k_ptr + t * k_stride_t + h * k_stride_h + offs, mask=mask)
-    k = quantize_for_cache(k, k_inv_scale, FP8)
+    k = quantize_for_cache(k, inverse_scale(k_scale_ptr, h, FP8), FP8)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + t * v_stride_t + h * v_stride_h + offs, mask=mask)
-    v = quantize_for_cache(v, v_inv_scale, FP8)
+    v = quantize_for_cache(v, inverse_scale(v_scale_ptr, h, FP8), FP8)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def kv_append_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, slot_mapping: torch.Tensor, *, k_scale: float = 1.0,
-                     v_scale: float = 1.0) -> None:
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor, *,
+                     k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> None:
     """Store token t's k/v ([T, Hk, D], strided views allowed) at flat slot `slot_mapping[t]` of
     the contiguous caches ([num_blocks, block_size, Hk, D]); slot = block_id * block_size +
-    offset. A negative slot skips its token. An e4m3 cache stores k / k_scale and v / v_scale
-    (`quantize_kv`). Mutates the caches. Unlike the reference, a slot past the end is not
+    offset. A negative slot skips its token. An e4m3 cache stores head h's k / k_scale[h] and
+    v / v_scale[h] (fp32 [Hk] on the device, 1.0 where None; `quantize_kv`). Mutates the
+    caches. Unlike the reference, a slot past the end is not
     checked (it would write out of bounds): slots come from the block manager."""
     t, heads, dim = k.shape
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):

@@ -56,11 +56,11 @@ def qk_norm_rope_append_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                             q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
                             positions: torch.Tensor, cos_sin: torch.Tensor,
                             k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            slot_mapping: torch.Tensor, *, k_scale: float = 1.0,
-                            v_scale: float = 1.0) -> torch.Tensor:
+                            slot_mapping: torch.Tensor, *, k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`qk_norm_rope_ref`, then `kv_append_ref` of the rotated k and of v ([T, Hk, D]) into the
-    caches at `slot_mapping` (e4m3 caches quantized with `k_scale`, `v_scale`): this step's K/V
-    are in the cache, and the rotated q is returned. Mutates the caches."""
+    caches at `slot_mapping` (e4m3 caches quantized with the per-head `k_scale`, `v_scale`):
+    this step's K/V are in the cache, and the rotated q is returned. Mutates the caches."""
     q, k = qk_norm_rope_ref(q, k, q_weight, k_weight, eps, positions, cos_sin)
     kv_append_ref(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
     return q

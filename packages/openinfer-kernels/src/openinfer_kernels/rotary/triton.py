@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.kv_store.triton import fp8_cache_args, quantize_for_cache
+from openinfer_kernels.kv_store.triton import fp8_cache_args, inverse_scale, quantize_for_cache
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
@@ -94,8 +94,8 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, qw_ptr, kw_ptr, q_out_ptr, k_out_ptr, pos
 def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, k_cache_ptr,
                                 v_cache_ptr, slot_ptr, pos_ptr, cos_sin_ptr, q_stride_t,
                                 q_stride_h, k_stride_t, k_stride_h, v_stride_t, v_stride_h,
-                                cos_sin_stride, cache_stride_slot, eps, k_inv_scale,
-                                v_inv_scale, HQ: tl.constexpr, HK: tl.constexpr,
+                                cos_sin_stride, cache_stride_slot, eps, k_scale_ptr,
+                                v_scale_ptr, HQ: tl.constexpr, HK: tl.constexpr,
                                 D: tl.constexpr, BLOCK_HALF: tl.constexpr,
                                 BLOCK_D: tl.constexpr, HEADS: tl.constexpr, FP8: tl.constexpr,
                                 PDL: tl.constexpr):
@@ -124,14 +124,16 @@ def _qk_norm_rope_append_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, q_out_ptr, 
     else:
         h0 = (j - q_tiles) * HEADS
         dst = slot * cache_stride_slot + h0 * D
+        h = tl.arange(0, HEADS)[:, None]
+        # The tile's heads' scales; a tile's padding heads (never stored) read the last one's.
+        heads = tl.minimum(h0 + h, HK - 1)
         _norm_rope_heads(k_ptr + t * k_stride_t + h0 * k_stride_h, k_stride_h, HK - h0, w1, w2,
                          cos, sin, k_cache_ptr + dst, eps, D, BLOCK_HALF, HEADS, slot >= 0,
-                         k_inv_scale, FP8)
-        h = tl.arange(0, HEADS)[:, None]
+                         inverse_scale(k_scale_ptr, heads, FP8), FP8)
         offs = tl.arange(0, BLOCK_D)[None, :]
         mask = (h < HK - h0) & (offs < tl.where(slot >= 0, D, 0))
         v = tl.load(v_ptr + t * v_stride_t + (h0 + h) * v_stride_h + offs, mask=mask)
-        v = quantize_for_cache(v, v_inv_scale, FP8)
+        v = quantize_for_cache(v, inverse_scale(v_scale_ptr, heads, FP8), FP8)
         tl.store(v_cache_ptr + dst + h * D + offs, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
@@ -182,11 +184,12 @@ def qk_norm_rope_append_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                positions: torch.Tensor, cos_sin: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor,
                                slot_mapping: torch.Tensor, *, heads: int | None = None,
-                               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                               k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """`qk_norm_rope_triton`, then `kv_append_triton` of the rotated k and of v ([T, Hk, D],
     strided views allowed) into the contiguous caches at `slot_mapping` (negative: skipped;
-    e4m3 caches quantized with `k_scale`, `v_scale`), in one launch. Returns the rotated q
-    (new, contiguous); mutates the caches."""
+    e4m3 caches quantized with the fp32 [Hk] `k_scale`, `v_scale`, 1.0 where None), in one
+    launch. Returns the rotated q (new, contiguous); mutates the caches."""
     t, hq, d = q.shape
     hk = k.shape[1]
     if d % 2 or k.shape != (t, hk, d) or v.shape != k.shape or cos_sin.shape[-1] != d:
