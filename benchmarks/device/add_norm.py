@@ -1,5 +1,6 @@
 """All-reduce + residual add + RMSNorm on N GPUs, fused (FlashInfer's, `distributed/add_norm.py`;
-ours, one Triton kernel over symmetric memory, `distributed/symmetric_add_norm.py`) against the
+ours, one Triton kernel over symmetric memory, `distributed/symmetric_add_norm.py`, and its
+push form up to 64 rows) against the
 unfused path a row-split layer takes without them (the group's all-reduce, then
 `fused_add_rms_norm`), bf16, rows of `--hidden` values, 1 to 2048 rows. Each path is captured
 in a CUDA graph of `CALLS` back-to-back calls (as a decode step replays them) and timed by
@@ -29,7 +30,7 @@ ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 CALLS = 20  # calls per graph
 REPLAYS = 20  # timed replays of the graph, the best kept
 EPS = 1e-6
-FUSIONS = ("flashinfer", "triton")
+FUSIONS = ("flashinfer", "triton", "push")
 
 
 def _rank(rank: int, size: int, hidden: int, fusions: list[str], store: str, out: str) -> None:
@@ -37,7 +38,7 @@ def _rank(rank: int, size: int, hidden: int, fusions: list[str], store: str, out
     from openinfer_core.distributed.group import TorchTensorParallelGroup
     from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
     from openinfer_kernels import fused_add_rms_norm
-    from openinfer_kernels.collective import all_reduce_add_rms_norm
+    from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
 
     os.environ[FUSED_NORM_ENV] = "flashinfer" if "flashinfer" in fusions else "off"
     torch.cuda.set_device(rank)
@@ -48,6 +49,10 @@ def _rank(rank: int, size: int, hidden: int, fusions: list[str], store: str, out
     if "triton" in fusions:  # ours beside FlashInfer's, on the all-reduce's symmetric memory
         fused["triton"] = SymmetricAddNorm.open(group._symmetric, all_reduce_add_rms_norm,
                                                 hidden, torch.bfloat16, device)
+    if "push" in fusions:  # the push kernel to its rows, then the one-shot (`push` mode)
+        fused["push"] = SymmetricAddNorm.open(group._symmetric, all_reduce_add_rms_norm,
+                                              hidden, torch.bfloat16, device,
+                                              all_reduce_add_rms_norm_push)
     fused = {name: f for name, f in fused.items() if f is not None}
     if not fused:
         if rank == 0:

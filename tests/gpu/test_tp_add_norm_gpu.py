@@ -1,5 +1,6 @@
 """Our all-reduce + residual add + RMSNorm over symmetric memory
-(`OPENINFER_TP_FUSED_NORM=triton`, `openinfer_kernels.collective`) on 2 GPUs, and on 4 where
+(`OPENINFER_TP_FUSED_NORM=triton`, and `push`: the push kernel for up to 64 rows,
+`openinfer_kernels.collective`) on 2 GPUs, and on 4 where
 the machine has them: each rank's random partial products, 1 to 300 rows of 4096 bf16 values,
 twice in a row; the new residual stream bit for bit the reference's of every rank's partials
 (fp32 sums in rank order, rounded once), the norm within a bf16 ulp of it, every rank alike,
@@ -26,14 +27,18 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
 
 SIZES = [2, 4] if torch.cuda.is_available() and torch.cuda.device_count() >= 4 else [2]
-TIMEOUT_S = 300  # a barrier that never meets hangs its ranks: they are killed past this
+TIMEOUT_S = 120  # a barrier that never meets hangs its ranks: they are killed past this (a
+# pass takes ~16 s on 2 H200s)
 
 
+@pytest.mark.parametrize("mode", ["triton", "push"])
 @pytest.mark.parametrize("size", SIZES)
-def test_ours_matches_the_reference_and_the_unfused_path(size: int, tmp_path: Path) -> None:
+def test_ours_matches_the_reference_and_the_unfused_path(size: int, mode: str,
+                                                         tmp_path: Path) -> None:
     context = multiprocessing.get_context("spawn")
     out = str(tmp_path / "rank")
-    ranks = [context.Process(target=run_rank, args=(rank, size, str(tmp_path / "store"), out))
+    ranks = [context.Process(target=run_rank,
+                             args=(rank, size, str(tmp_path / "store"), out, mode))
              for rank in range(size)]
     for process in ranks:
         process.start()
@@ -47,4 +52,5 @@ def test_ours_matches_the_reference_and_the_unfused_path(size: int, tmp_path: Pa
     results = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(size)]
     errors = {rank: r["error"] for rank, r in enumerate(results) if r["error"]}
     assert not errors, "\n".join(f"rank {rank}:\n{e}" for rank, e in errors.items())
-    print(json.dumps({"tp": size, **{k: v for k, v in results[0].items() if k != "error"}}))
+    print(json.dumps({"tp": size, "mode": mode,
+                      **{k: v for k, v in results[0].items() if k != "error"}}))

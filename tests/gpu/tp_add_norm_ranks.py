@@ -1,6 +1,7 @@
 """One rank of test_tp_add_norm_gpu.py: our all-reduce + add + RMSNorm over symmetric memory
-(`OPENINFER_TP_FUSED_NORM=triton`) against the reference of every rank's partials and against
-the unfused path, eagerly and replayed from a CUDA graph. Spawned: importable by name."""
+(`OPENINFER_TP_FUSED_NORM=triton`, or `push`: the push kernel up to its rows, the one-shot
+past them) against the reference of every rank's partials and against the unfused path,
+eagerly and replayed from a CUDA graph. Spawned: importable by name."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ EPS = 1e-6
 REPLAYS = 5
 
 
-def run_rank(rank: int, size: int, store: str, out: str) -> None:
+def run_rank(rank: int, size: int, store: str, out: str, mode: str = "triton") -> None:
     """Every check on this rank; writes {"error": traceback or "", **measures} to out.rank."""
     from openinfer_core.distributed.add_norm import FUSED_NORM_ENV
     from openinfer_core.distributed.group import TorchTensorParallelGroup
 
-    os.environ[FUSED_NORM_ENV] = "triton"
+    os.environ[FUSED_NORM_ENV] = mode
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     group = TorchTensorParallelGroup(rank, size, device, Path(store), 120.0)
@@ -39,11 +40,18 @@ def run_rank(rank: int, size: int, store: str, out: str) -> None:
 def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, object]:  # type: ignore[no-untyped-def]
     from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
     from openinfer_kernels import fused_add_rms_norm
-    from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_ref
+    from openinfer_kernels.collective import (
+        all_reduce_add_rms_norm,
+        all_reduce_add_rms_norm_push,
+        all_reduce_add_rms_norm_ref,
+    )
 
-    group.enable_add_rms_norm(HIDDEN, torch.bfloat16, kernel=all_reduce_add_rms_norm)
+    group.enable_add_rms_norm(HIDDEN, torch.bfloat16, kernel=all_reduce_add_rms_norm,
+                              push_kernel=all_reduce_add_rms_norm_push)
     fused = group._fused
     assert isinstance(fused, SymmetricAddNorm), "the Triton fusion did not open (see the log)"
+    pushing = os.environ.get("OPENINFER_TP_FUSED_NORM") == "push"
+    assert (fused.push is not None) == pushing, "the push kernel's memory did not open"
     g = torch.Generator(device=device).manual_seed(7)  # the same weight on every rank
     weight = (1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16)
     worst_unfused = 0.0

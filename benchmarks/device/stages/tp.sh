@@ -103,23 +103,29 @@ stage_tpfused() {
 
 stage_tptriton() {
   # Our own all-reduce + add + RMSNorm (OPENINFER_TP_FUSED_NORM=triton: one Triton kernel over
-  # the all-reduce's symmetric memory; no FlashInfer, no JIT wait). First its own 2/4-GPU
+  # the all-reduce's symmetric memory; no FlashInfer, no JIT wait), and its push form
+  # (OPENINFER_TP_FUSED_NORM=push, up to 64 rows). First their own 2/4-GPU
   # check (a hang there stops the stage before anything waits on it), the micro-benchmark
   # beside the unfused path, then batch-1 TPOT of Qwen3-8B at each TP size unfused and fused
   # in the same call (TP1 first, the baseline), and the TP gate with the fusion.
-  local tps=${TP_SIZES:-1 2} tp h
-  stage "Triton all-reduce + add + RMSNorm: its GPU check"
-  timeout -s ABRT 300 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
-    tests/gpu/test_tp_add_norm_gpu.py > "$OUT/tp_add_norm_tests.log" 2>&1
-  grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/tp_add_norm_tests.log" | tail -20
-  grep -q " passed" "$OUT/tp_add_norm_tests.log" && ! grep -q "failed" "$OUT/tp_add_norm_tests.log" \
-    || { echo "tptriton: the kernel's own check did not pass; nothing else run"; return; }
-  local most=2 g
+  local tps=${TP_SIZES:-1 2} tp h mode modes=""
+  for mode in triton push; do
+    stage "Triton all-reduce + add + RMSNorm ($mode): its GPU check"
+    timeout -s ABRT 280 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
+      -k "$mode" tests/gpu/test_tp_add_norm_gpu.py > "$OUT/tp_add_norm_tests_$mode.log" 2>&1
+    grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/tp_add_norm_tests_$mode.log" | tail -20
+    grep -q " passed" "$OUT/tp_add_norm_tests_$mode.log" \
+      && ! grep -q "failed" "$OUT/tp_add_norm_tests_$mode.log" && modes="$modes $mode"
+  done
+  [[ " $modes " == *" triton "* ]] \
+    || { echo "tptriton: the one-shot kernel's own check did not pass; nothing else run"; return; }
+  local most=2 g fusions
   for g in $tps; do [ "$g" -gt "$most" ] && most=$g; done
+  fusions=$(echo $modes | tr ' ' ',')
   for h in 4096 5120; do
-    stage "all-reduce + add + RMSNorm on $most GPUs, fused (Triton) against unfused, hidden $h"
-    timeout 300 python3 benchmarks/device/add_norm.py --gpus $most --hidden $h --fused triton \
-      --json "$OUT/add-norm-triton-$h-x$most.json" 2>&1 | grep -v "^\[" | tail -16
+    stage "all-reduce + add + RMSNorm on $most GPUs, fused ($fusions) against unfused, hidden $h"
+    timeout 300 python3 benchmarks/device/add_norm.py --gpus $most --hidden $h \
+      --fused $fusions --json "$OUT/add-norm-triton-$h-x$most.json" 2>&1 | grep -v "^\[" | tail -16
   done
   for tp in $tps; do
     if [ "$tp" = 1 ]; then
@@ -127,6 +133,7 @@ stage_tptriton() {
     else
       tp_latency 8b $M8 $tp unfused OPENINFER_TP_FUSED_NORM=off
       tp_latency 8b $M8 $tp triton OPENINFER_TP_FUSED_NORM=triton
+      [[ " $modes " == *" push "* ]] && tp_latency 8b $M8 $tp push OPENINFER_TP_FUSED_NORM=push
     fi
   done
   OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=triton tp_gate

@@ -14,7 +14,7 @@ from openinfer_core.distributed.add_norm import (
     fused_norm_mode,
 )
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers
-from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
+from openinfer_core.distributed.symmetric_add_norm import PushMemory, SymmetricAddNorm
 
 
 def test_flashinfer_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,7 +38,7 @@ def test_auto_takes_ours_where_measured(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_an_unknown_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_NORM_ENV, "on")
-    with pytest.raises(ValueError, match="auto, off, flashinfer or triton"):
+    with pytest.raises(ValueError, match="auto, off, flashinfer, triton or push"):
         FusedAllReduceAddNorm.open(0, 2, torch.device("cpu"), 4096, torch.bfloat16)
 
 
@@ -74,3 +74,44 @@ def test_ours_takes_the_rows_its_buffer_holds() -> None:
     assert not ours.fits(torch.empty(0, 64, dtype=torch.bfloat16))
     assert not ours.fits(torch.empty(4, 32, dtype=torch.bfloat16))
     assert not ours.fits(torch.empty(4, 64, dtype=torch.float32))
+
+
+class _Push:
+    """A stand-in push kernel that records the rows it was called with."""
+
+    max_rows = 4
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def area_elements(self, world: int, hidden: int) -> int:
+        return 2 * world * self.max_rows * hidden
+
+    def flag_slots(self, world: int) -> int:
+        return self.max_rows * world
+
+    def __call__(self, x, residual, weight, eps, areas, flags, seqs, rank):  # type: ignore[no-untyped-def]
+        self.rows.append(x.shape[0])
+        return x, residual
+
+
+def test_push_takes_its_rows_and_the_pull_kernel_the_rest() -> None:
+    pulled: list[int] = []
+
+    def pull(x, residual, weight, eps, buffers, pads, rank):  # type: ignore[no-untyped-def]
+        pulled.append(x.shape[0])
+        return x, residual
+
+    push = _Push()
+    memory = PushMemory(push, (), (), torch.zeros(4, dtype=torch.int32), None)
+    peers = SymmetricPeers(buffers=(), pads=(), rank=0)
+    ours = SymmetricAddNorm(pull, peers, hidden=8, dtype=torch.float32, max_rows=16, push=memory)
+    w = torch.ones(8)
+    for t in (1, 4, 5, 16):
+        ours(torch.zeros(t, 8), torch.zeros(t, 8), w, 1e-6)
+    assert push.rows == [1, 4] and pulled == [5, 16]
+
+
+def test_push_is_a_mode_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FUSED_NORM_ENV, "push")
+    assert [fused_norm_mode(n) for n in (2, 4)] == ["push", "push"]

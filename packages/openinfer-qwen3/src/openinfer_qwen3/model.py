@@ -23,7 +23,7 @@ from openinfer_kernels import (
     rms_norm,
     rope_cos_sin,
 )
-from openinfer_kernels.collective import all_reduce_add_rms_norm
+from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
@@ -81,8 +81,9 @@ class Qwen3Model:
         # Capturable exactly where the attention backend is (capabilities.SupportsCudaGraphs).
         self.cuda_graph_safe = False
         self.cuda_graph_max_tokens = 0
-        if tp is not None:  # our kernel over symmetric memory, if the group is asked to use it
-            tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm)
+        if tp is not None:  # our kernels over symmetric memory, if the group is asked to use them
+            tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
+                                   push_kernel=all_reduce_add_rms_norm_push)
         if supports_cuda_graphs(attention) and attention.cuda_graph_safe:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens

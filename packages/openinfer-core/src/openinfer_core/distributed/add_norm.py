@@ -15,7 +15,9 @@ NVLink multicast (off on the lent machines) and no MPI. It holds `MAX_TOKENS` ro
 step takes the unfused path. The partials are summed in fp32.
 
 `OPENINFER_TP_FUSED_NORM` picks the path: `triton`, our own kernel, one-shot over the
-all-reduce's symmetric memory (`symmetric_add_norm.py`, no FlashInfer); `flashinfer`, this one
+all-reduce's symmetric memory (`symmetric_add_norm.py`, no FlashInfer); `push`, the same with
+a decode step's few rows pushed into the peers' memory instead (opt-in until measured);
+`flashinfer`, this one
 (opt-in: its JIT build takes minutes at first start); `off`, neither. `auto` (the default) is
 `triton` on 2 ranks, where it was measured (Qwen3-8B TP2 batch-1 TPOT 2.97 ms against 3.16 ms
 unfused, the TP gate passing with it, 2 x H200, `gpu_check.sh tptriton`), and `off` on more
@@ -35,18 +37,19 @@ from openinfer_core.distributed.all_reduce import every_rank
 
 log = logging.getLogger("openinfer")
 
-FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # auto (default) | off | flashinfer | triton
-FUSED_NORM_MODES = ("auto", "off", "flashinfer", "triton")
+FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # auto (default) | off | flashinfer | triton | push
+FUSED_NORM_MODES = ("auto", "off", "flashinfer", "triton", "push")
 AUTO_TRITON_RANKS = (2,)  # group sizes where `auto` takes the Triton kernel: measured there
 MAX_TOKENS = 2048  # rows the workspace holds (SGLang sizes it the same); larger steps: unfused
 
 
 def fused_norm_mode(size: int) -> str:
-    """`OPENINFER_TP_FUSED_NORM` for a group of `size` ranks: off, flashinfer or triton
+    """`OPENINFER_TP_FUSED_NORM` for a group of `size` ranks: off, flashinfer, triton or push
     (`auto`, the default, resolved by the group's size)."""
     mode = os.environ.get(FUSED_NORM_ENV, "auto")
     if mode not in FUSED_NORM_MODES:
-        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use auto, off, flashinfer or triton")
+        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use auto, off, flashinfer, triton or "
+                         "push")
     if mode == "auto":
         return "triton" if size in AUTO_TRITON_RANKS else "off"
     return mode

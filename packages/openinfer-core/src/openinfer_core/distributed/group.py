@@ -19,7 +19,7 @@ import torch.distributed as dist
 from openinfer_core.distributed.add_norm import FusedAllReduceAddNorm, fused_norm_mode
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce
 from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
-from openinfer_core.interfaces.model import SymmetricAddNormKernel
+from openinfer_core.interfaces.model import SymmetricAddNormKernel, SymmetricPushAddNormKernel
 
 log = logging.getLogger("openinfer")
 
@@ -76,7 +76,8 @@ class TorchTensorParallelGroup:
         return x
 
     def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
-                            kernel: SymmetricAddNormKernel | None = None) -> None:
+                            kernel: SymmetricAddNormKernel | None = None,
+                            push_kernel: SymmetricPushAddNormKernel | None = None) -> None:
         """Set up the fused all-reduce + add + RMSNorm for rows of `hidden` values of `dtype`
         where it is asked for and available: FlashInfer's (`add_norm.py`) or the line's
         `kernel` over symmetric memory (`symmetric_add_norm.py`), by
@@ -88,9 +89,10 @@ class TorchTensorParallelGroup:
         if mode == "flashinfer":
             self._fused = FusedAllReduceAddNorm.open(self.rank, self.size, self.device, hidden,
                                                      dtype)
-        elif mode == "triton" and self.device.type == "cuda":
+        elif mode in ("triton", "push") and self.device.type == "cuda":
             self._fused = SymmetricAddNorm.open(self._symmetric, kernel, hidden, dtype,
-                                                self.device)
+                                                self.device,
+                                                push_kernel if mode == "push" else None)
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
                                 weight: torch.Tensor,

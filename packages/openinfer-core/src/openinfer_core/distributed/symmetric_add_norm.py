@@ -8,17 +8,24 @@ Core does not import kernels: the model line hands the kernel in at load
 needs, every rank's buffer and pad as this rank maps them. The buffer is shared with the
 all-reduce paths; every collective on it, ours and torch's, meets the peers before it writes
 the buffer and again before it returns, in stream order, so they never overlap. A step takes it
-up to `MAX_ROWS` rows (and while they fit the buffer); larger steps take the unfused path."""
+up to `MAX_ROWS` rows (and while they fit the buffer); larger steps take the unfused path.
+
+`OPENINFER_TP_FUSED_NORM=push` adds the line's push kernel for steps of up to its `max_rows`
+rows: it writes each rank's rows into its peers' memory and raises flags there (no meeting
+before or after), in a symmetric region of its own that `PushMemory` allocates in the same
+group (zeroed on every rank before any call)."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from openinfer_core.distributed.add_norm import rows_fit
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers, every_rank
-from openinfer_core.interfaces.model import SymmetricAddNormKernel
+from openinfer_core.interfaces.model import SymmetricAddNormKernel, SymmetricPushAddNormKernel
 
 log = logging.getLogger("openinfer")
 
@@ -29,24 +36,70 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_ROWS = 512
 
 
+@dataclass(frozen=True, slots=True)
+class PushMemory:
+    """The push kernel's symmetric region as this rank maps it: every rank's landing area and
+    flags, in rank order, and this rank's call counts."""
+
+    kernel: SymmetricPushAddNormKernel
+    areas: tuple[torch.Tensor, ...]
+    flags: tuple[torch.Tensor, ...]
+    seqs: torch.Tensor
+    handle: Any  # the rendezvous' _SymmetricMemory: keeps the peers' mappings alive
+
+    @classmethod
+    def open(cls, kernel: SymmetricPushAddNormKernel, symmetric: SymmetricAllReduce,
+             hidden: int, dtype: torch.dtype, device: torch.device) -> PushMemory | None:
+        """Allocated, zeroed and mapped on every rank, or None on every rank alike."""
+        world = symmetric.size
+        area_bytes = kernel.area_elements(world, hidden) * torch.empty(0, dtype=dtype).itemsize
+        flags_at = -(-area_bytes // 256) * 256  # the flags start on a 256-byte boundary
+        total = flags_at + 4 * kernel.flag_slots(world)
+        made, why = None, ""
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            region = symm_mem.empty(total, dtype=torch.uint8, device=device)
+            handle = symm_mem.rendezvous(region, symmetric.group_name)  # type: ignore[arg-type]
+            region.zero_()
+            whole = [handle.get_buffer(r, [total], torch.uint8) for r in range(world)]
+            made = cls(kernel, tuple(w[:area_bytes].view(dtype) for w in whole),
+                       tuple(w[flags_at:total].view(torch.int32) for w in whole),
+                       torch.zeros(kernel.max_rows, dtype=torch.int32, device=device), handle)
+            torch.cuda.synchronize(device)  # zeroed before any peer may write
+        except Exception as exc:  # no second rendezvous in this group: the pull kernel alone
+            why = f"{type(exc).__name__}: {exc}"
+            made = None
+        # Also the barrier after the zeroing: no rank pushes before every rank has zeroed.
+        if not every_rank(made is not None, device):
+            log.warning("tensor parallel: the push all-reduce + add + RMSNorm is unavailable "
+                        "(%s); every step takes the one-shot kernel", why or "another rank "
+                        "failed")
+            return None
+        return made
+
+
 class SymmetricAddNorm:
-    """The kernel, every rank's buffer and pad, and the rows they hold. Build with `open`
-    (collective: every rank of the group at once, outside CUDA graph capture)."""
+    """The kernel, every rank's buffer and pad, and the rows they hold; with `push`, the push
+    kernel's memory, for steps of up to its `max_rows` rows. Build with `open` (collective:
+    every rank of the group at once, outside CUDA graph capture)."""
 
     def __init__(self, kernel: SymmetricAddNormKernel, peers: SymmetricPeers, hidden: int,
-                 dtype: torch.dtype, max_rows: int) -> None:
+                 dtype: torch.dtype, max_rows: int, push: PushMemory | None = None) -> None:
         self.kernel = kernel
         self.peers = peers
         self.hidden = hidden
         self.dtype = dtype
         self.max_rows = max_rows
+        self.push = push
 
     @classmethod
     def open(cls, symmetric: SymmetricAllReduce | None, kernel: SymmetricAddNormKernel | None,
-             hidden: int, dtype: torch.dtype,
-             device: torch.device) -> SymmetricAddNorm | None:
+             hidden: int, dtype: torch.dtype, device: torch.device,
+             push_kernel: SymmetricPushAddNormKernel | None = None) -> SymmetricAddNorm | None:
         """Ready on every rank, or None on every rank alike (no symmetric memory, no kernel
-        handed in, a dtype or width the buffer cannot take, or any rank failing to map it)."""
+        handed in, a dtype or width the buffer cannot take, or any rank failing to map it).
+        `push_kernel`: also set up the push form (`PushMemory`), where it can be."""
         # These answers are the same on every rank: no need to agree on them.
         if symmetric is None:
             return _unavailable("no symmetric memory")
@@ -71,9 +124,13 @@ class SymmetricAddNorm:
         if not every_rank(peers is not None, device):
             return _unavailable(why or "another rank failed")
         assert peers is not None
+        push = None
+        if push_kernel is not None:
+            push = PushMemory.open(push_kernel, symmetric, hidden, dtype, device)
         log.info("tensor parallel: all-reduce + residual add + RMSNorm fused (Triton, symmetric "
-                 "memory), up to %d rows of %d", rows, hidden)
-        return cls(kernel, peers, hidden, dtype, rows)
+                 "memory), up to %d rows of %d%s", rows, hidden,
+                 f"; pushed up to {push.kernel.max_rows} rows" if push else "")
+        return cls(kernel, peers, hidden, dtype, rows, push)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""
@@ -83,6 +140,10 @@ class SymmetricAddNorm:
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(sum + residual) * weight, sum + residual), `sum` the sum of `x` over the
         ranks; `fits(x)` must hold. New tensors: `x` and `residual` are left as they were."""
+        push = self.push
+        if push is not None and x.shape[0] <= push.kernel.max_rows:
+            return push.kernel(x, residual, weight, eps, push.areas, push.flags, push.seqs,
+                               self.peers.rank)
         return self.kernel(x, residual, weight, eps, self.peers.buffers, self.peers.pads,
                            self.peers.rank)
 

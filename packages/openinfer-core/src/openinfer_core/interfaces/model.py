@@ -217,6 +217,31 @@ class SymmetricAddNormKernel(Protocol):
         ...
 
 
+class SymmetricPushAddNormKernel(Protocol):
+    """The same sum, add and norm for a decode step's few rows, pushing each rank's rows into
+    its peers' memory (`openinfer_kernels.collective.all_reduce_add_rms_norm_push`): its own
+    symmetric region, which the group allocates by the sizes the kernel gives. Collective as
+    `SymmetricAddNormKernel`."""
+
+    max_rows: int  # the most rows one call takes
+
+    def area_elements(self, world: int, hidden: int) -> int:
+        """The elements (x's dtype) of one rank's landing area."""
+        ...
+
+    def flag_slots(self, world: int) -> int:
+        """The int32 flags of one rank."""
+        ...
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float, areas: Sequence[torch.Tensor], flags: Sequence[torch.Tensor],
+                 seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `SymmetricAddNormKernel`; `areas` / `flags`: every rank's landing area and flags
+        (zeros before the first call), in rank order; `seqs`: this rank's int32 call counts,
+        `max_rows` of them (zeros at first)."""
+        ...
+
+
 @runtime_checkable
 class TensorParallelGroup(Protocol):
     """The ranks a tensor-parallel model is split over, as its model line sees them: each
@@ -236,11 +261,13 @@ class TensorParallelGroup(Protocol):
         ...
 
     def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
-                            kernel: SymmetricAddNormKernel | None = None) -> None:
+                            kernel: SymmetricAddNormKernel | None = None,
+                            push_kernel: SymmetricPushAddNormKernel | None = None) -> None:
         """Let `all_reduce_add_rms_norm` fuse for rows of `hidden` values of `dtype` where the
         group can (collective: every rank calls it at load, outside CUDA graph capture).
         `kernel`: the line's kernel over symmetric memory, which the group may use instead of
-        its own (`OPENINFER_TP_FUSED_NORM=triton`)."""
+        its own (`OPENINFER_TP_FUSED_NORM=triton`); `push_kernel`: the line's push form for
+        few rows (`OPENINFER_TP_FUSED_NORM=push`, `kernel` past its rows)."""
         ...
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,

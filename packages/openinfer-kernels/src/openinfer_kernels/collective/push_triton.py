@@ -1,0 +1,146 @@
+# mypy: disable-error-code="no-untyped-def"
+"""All-reduce + residual add + RMSNorm for a decode step's few rows, pushing instead of
+pulling: each rank writes its partial row straight into every peer's memory and raises a flag
+there, so a rank waits one NVLink crossing (its peers' writes landing) and then reads only its
+own memory. `triton.py`'s one-shot kernel pulls: a compare-and-swap round trip to meet the
+peers, remote reads, and a second meeting before it returns.
+
+The memory is a symmetric region of its own, every rank's mapped into every other's:
+- `areas[r]`: rank r's landing area, [2 parities][world writers][MAX_PROGRAMS][H] in x's dtype;
+- `flags[r]`: int32 [MAX_PROGRAMS][world], flags[r][p][q] the last call whose row rank q's
+  program p has written into rank r's area;
+- `seqs`: this rank's own int32 [MAX_PROGRAMS], how many calls each program has served.
+
+One program per row (at most `MAX_PROGRAMS` rows), so program p of every rank serves row p, and
+the flags count calls per program: call n of program p (n = seqs[p] + 1, the same on every
+rank, since every rank makes the same calls) writes parity n % 2 of its slot in each peer's
+area, then sets the peer's flag to n (release, system scope), waits until its own flags from
+every peer reach n (acquire), and reads the peers' rows from its own area. The flags only grow,
+so nothing is reset and the kernel replays in CUDA graphs. No meeting at the end: a writer
+reuses a parity at call n + 2 only after its own call n + 1 saw the reader's flag n + 1, which
+the reader raises after it has read call n.
+
+The sum runs in fp32 in rank order and is rounded to x's dtype before the add and the norm,
+as `triton.py` does, so both kernels (and the reference) give the same bits.
+(The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.collective.triton import MAX_PROGRAMS
+from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+
+def area_elements(world: int, hidden: int) -> int:
+    """The elements of one rank's landing area: 2 parities x `world` writers x `MAX_PROGRAMS`
+    rows of `hidden`."""
+    return 2 * world * MAX_PROGRAMS * hidden
+
+
+def flag_slots(world: int) -> int:
+    """The int32 flags of one rank: one per program and writer."""
+    return MAX_PROGRAMS * world
+
+
+@triton.jit
+def _push_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, flags, seq_ptr,
+                              H, x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
+                              WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
+                              BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    # areas, flags: every rank's landing area (x's dtype) and flags (int32), in rank order.
+    pdl_enter(PDL)
+    pid = tl.program_id(0)
+    row = tl.cast(pid, tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    seq = tl.load(seq_ptr + pid) + 1
+    tl.debug_barrier()  # every thread has read the count before it moves on
+    tl.store(seq_ptr + pid, seq)
+    parity = tl.cast(seq % 2, tl.int64)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            mine = ((parity * WORLD + RANK) * PROGRAMS + row) * H
+            tl.store(areas[peer] + mine + cols, x, mask=mask)
+    tl.debug_barrier()  # the whole row is written before a flag says so
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            tl.atomic_xchg(flags[peer] + pid * WORLD + RANK, seq, sem="release", scope="sys")
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            while tl.atomic_add(flags[RANK] + pid * WORLD + peer, 0, sem="acquire",
+                                scope="sys") < seq:
+                pass
+    tl.debug_barrier()  # no thread reads the peers' rows before the flags said they landed
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for peer in tl.static_range(WORLD):
+        if peer == RANK:
+            acc += x.to(tl.float32)
+        else:  # written by another GPU: never from a cache
+            theirs = ((parity * WORLD + peer) * PROGRAMS + row) * H
+            acc += tl.load(areas[RANK] + theirs + cols, mask=mask, other=0.0,
+                           volatile=True).to(tl.float32)
+    s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
+
+
+def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
+                                        weight: torch.Tensor, eps: float,
+                                        areas: Sequence[torch.Tensor],
+                                        flags: Sequence[torch.Tensor], seqs: torch.Tensor,
+                                        rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`all_reduce_add_rms_norm_ref`'s (normed, summed) for at most `MAX_PROGRAMS` rows of
+    `x` [..., H], in new tensors. Collective: every rank calls it with the same shapes, in the
+    same order. `areas` / `flags`: every rank's landing area (x's dtype, `area_elements`) and
+    flags (int32, `flag_slots`), zeros before the first call, in rank order; `seqs`: this
+    rank's call counts (int32 [MAX_PROGRAMS], zeros at first); `rank`: this one's index."""
+    world = len(areas)
+    h = x.shape[-1]
+    rows = x.reshape(-1, h).contiguous()
+    t = rows.shape[0]
+    if len(flags) != world or not 0 <= rank < world:
+        raise ValueError(f"{world} areas, {len(flags)} flag arrays, rank {rank}")
+    if t > MAX_PROGRAMS:
+        raise ValueError(f"{t} rows: the push kernel takes at most {MAX_PROGRAMS}")
+    if (areas[rank].numel() < area_elements(world, h) or flags[rank].numel() < flag_slots(world)
+            or seqs.numel() < MAX_PROGRAMS):
+        raise ValueError(f"areas of {areas[rank].numel()}, flags of {flags[rank].numel()} and "
+                         f"counts of {seqs.numel()} are too small for {world} ranks of width "
+                         f"{h}: see area_elements and flag_slots")
+    res = residual.reshape(-1, h)
+    res = res if res.stride(-1) == 1 else res.contiguous()
+    normed = torch.empty_like(rows)
+    summed = torch.empty_like(rows)
+    if t:
+        block, num_warps = row_settings(h)
+        _push_add_rms_norm_kernel[(t,)](
+            rows, res, weight, normed, summed, tuple(areas), tuple(flags), seqs, h,
+            rows.stride(0), res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
+            BLOCK_H=block, num_warps=num_warps, **pdl_launch(x))
+    return normed.view(x.shape), summed.view(x.shape)
+
+
+class PushAddNorm:
+    """openinfer-core's `SymmetricPushAddNormKernel` over this module: the call, its row limit
+    and the sizes of the memory it needs."""
+
+    max_rows = MAX_PROGRAMS
+
+    def area_elements(self, world: int, hidden: int) -> int:
+        return area_elements(world, hidden)
+
+    def flag_slots(self, world: int) -> int:
+        return flag_slots(world)
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float, areas: Sequence[torch.Tensor], flags: Sequence[torch.Tensor],
+                 seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return all_reduce_add_rms_norm_push_triton(x, residual, weight, eps, areas, flags,
+                                                   seqs, rank)

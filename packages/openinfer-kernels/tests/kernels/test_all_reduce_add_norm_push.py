@@ -1,0 +1,112 @@
+"""The push form of the all-reduce + add + RMSNorm (`collective/push_triton.py`) against the
+reference: one rank alone, and 2 and 3 ranks in as many processes whose landing areas and flags
+are CPU shared memory mapped at the same address in each (fork). Under the interpreter the
+ranks' programs really meet through the flags, so the call counting (parities, flags that only
+grow, row counts that change from call to call) is checked here; on GPUs it is
+tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file launches."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+
+from openinfer_kernels.collective.push_triton import (
+    all_reduce_add_rms_norm_push_triton,
+    area_elements,
+    flag_slots,
+)
+from openinfer_kernels.collective.triton import MAX_PROGRAMS
+
+from .test_all_reduce_add_norm import DEVICE, EPS, assert_kernel_alike, inputs
+
+
+def _memory(world: int, h: int, dtype: torch.dtype, shared: bool, device: str = "cpu"):
+    """(every rank's area, every rank's flags, every rank's call counts), zeros."""
+    def made(n: int, kind: torch.dtype) -> torch.Tensor:
+        t = torch.zeros(n, dtype=kind, device=device)
+        return t.share_memory_() if shared else t
+
+    areas = [made(area_elements(world, h), dtype) for _ in range(world)]
+    flags = [made(flag_slots(world), torch.int32) for _ in range(world)]
+    seqs = [made(MAX_PROGRAMS, torch.int32) for _ in range(world)]
+    return areas, flags, seqs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_one_rank_is_the_reference(dtype):
+    h = 60
+    areas, flags, seqs = _memory(1, h, dtype, shared=False, device=DEVICE)
+    for t, seed in ((1, 1), (5, 2), (1, 3)):
+        [x], residual, weight = inputs(1, t, h, dtype, seed=seed, device=DEVICE)
+        x_before, residual_before = x.clone(), residual.clone()
+        got = all_reduce_add_rms_norm_push_triton(x, residual, weight, EPS, areas, flags,
+                                                  seqs[0], 0)
+        assert_kernel_alike(got, [x], residual, weight)
+        assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
+    # Program 0 served three calls, programs 1-4 one (the call of 5 rows).
+    assert seqs[0][:6].tolist() == [3, 1, 1, 1, 1, 0]
+    assert not flags[0].any()  # no peer, no flag
+
+
+def test_more_rows_than_programs_or_small_areas_are_refused():
+    [x], residual, weight = inputs(1, MAX_PROGRAMS + 1, 8, torch.float32)
+    areas, flags, seqs = _memory(1, 8, torch.float32, shared=False)
+    with pytest.raises(ValueError, match="at most"):
+        all_reduce_add_rms_norm_push_triton(x, residual, weight, EPS, areas, flags, seqs[0], 0)
+    [x], residual, weight = inputs(1, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match="too small"):
+        all_reduce_add_rms_norm_push_triton(x, residual, weight, EPS, areas, flags, seqs[0], 0)
+
+
+# Row counts of successive calls: program 0 serves all of them (parities 1, 0, 1, 0, ...),
+# program 2 only the larger ones, so the programs' counts drift apart as on the GPU.
+CALL_ROWS = (3, 1, 3, 1, 1)
+
+
+def _run_rank(rank, calls, areas, flags, seqs, outs):
+    for n, (partials, residual, weight) in enumerate(calls):
+        normed, summed = all_reduce_add_rms_norm_push_triton(
+            partials[rank], residual, weight, EPS, areas, flags, seqs[rank], rank)
+        t = normed.shape[0]
+        outs[rank][n, 0, :t].copy_(normed)
+        outs[rank][n, 1, :t].copy_(summed)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="ranks of CPU shared memory under the "
+                    "interpreter; on GPUs: tests/gpu/test_tp_add_norm_gpu.py")
+@pytest.mark.parametrize(("world", "h"), [(2, 24), (3, 60)], ids=["2-ranks", "3-ranks"])
+def test_ranks_in_processes_meet_through_the_flags(world, h):
+    dtype = torch.bfloat16
+    calls = [inputs(world, t, h, dtype, seed=10 + n) for n, t in enumerate(CALL_ROWS)]
+    areas, flags, seqs = _memory(world, h, dtype, shared=True)
+    most = max(CALL_ROWS)
+    outs = [torch.zeros(len(calls), 2, most, h, dtype=dtype).share_memory_()
+            for _ in range(world)]
+    context = multiprocessing.get_context("fork")
+    peers = [context.Process(target=_run_rank, args=(rank, calls, areas, flags, seqs, outs),
+                             daemon=True) for rank in range(1, world)]
+    for process in peers:
+        process.start()
+    try:
+        _run_rank(0, calls, areas, flags, seqs, outs)  # rank 0 here: the TTIR sweep sees it
+        for process in peers:
+            process.join(60)
+    finally:
+        for process in peers:
+            if process.is_alive():
+                process.kill()
+    assert [p.exitcode for p in peers] == [0] * (world - 1)
+    for n, (partials, residual, weight) in enumerate(calls):
+        t = partials[0].shape[0]
+        for rank in range(world):
+            assert torch.equal(outs[rank][n, :, :t], outs[0][n, :, :t]), "the ranks disagree"
+        assert_kernel_alike((outs[0][n, 0, :t], outs[0][n, 1, :t]), partials, residual, weight)
+    served = [sum(1 for t in CALL_ROWS if t > p) for p in range(most)]
+    for rank in range(world):
+        assert seqs[rank][:most].tolist() == served
+        # Each peer's flag for program p holds the last call it served.
+        want = torch.tensor([[0 if q == rank else served[p] for q in range(world)]
+                             for p in range(most)], dtype=torch.int32)
+        assert torch.equal(flags[rank][:most * world].view(most, world), want)
