@@ -104,6 +104,25 @@ def test_rows_past_the_buffer_are_refused():
                                        [torch.zeros(PAD_SLOTS, dtype=torch.int32)], 0)
 
 
+def run_ranks_forked(world, run_rank, *args):
+    """run_rank(rank, *args) for ranks 1.. in forked processes and rank 0 in this one (so the
+    TTIR sweep sees its launches), then the forked ranks' exit codes."""
+    context = multiprocessing.get_context("fork")
+    peers = [context.Process(target=run_rank, args=(rank, *args), daemon=True)
+             for rank in range(1, world)]
+    for process in peers:
+        process.start()
+    try:
+        run_rank(0, *args)
+        for process in peers:
+            process.join(60)
+    finally:
+        for process in peers:
+            if process.is_alive():
+                process.kill()
+    return [process.exitcode for process in peers]
+
+
 def _run_rank(rank, calls, buffers, pads, outs):
     """Every call of `calls` as rank `rank`, its outputs into outs[rank][call]."""
     for n, (partials, residual, weight) in enumerate(calls):
@@ -125,20 +144,7 @@ def test_ranks_in_processes_meet_through_the_pads(world, t, h):
     buffers = [torch.zeros(t * h, dtype=dtype).share_memory_() for _ in range(world)]
     pads = [torch.zeros(PAD_SLOTS, dtype=torch.int32).share_memory_() for _ in range(world)]
     outs = [torch.zeros(len(calls), 2, t, h, dtype=dtype).share_memory_() for _ in range(world)]
-    context = multiprocessing.get_context("fork")
-    peers = [context.Process(target=_run_rank, args=(rank, calls, buffers, pads, outs),
-                             daemon=True) for rank in range(1, world)]
-    for process in peers:
-        process.start()
-    try:
-        _run_rank(0, calls, buffers, pads, outs)  # rank 0 here: the TTIR sweep sees its launch
-        for process in peers:
-            process.join(60)
-    finally:
-        for process in peers:
-            if process.is_alive():
-                process.kill()
-    assert [p.exitcode for p in peers] == [0] * (world - 1)
+    assert run_ranks_forked(world, _run_rank, calls, buffers, pads, outs) == [0] * (world - 1)
     for n, (partials, residual, weight) in enumerate(calls):
         for rank in range(world):
             assert torch.equal(outs[rank][n], outs[0][n]), "the ranks disagree"

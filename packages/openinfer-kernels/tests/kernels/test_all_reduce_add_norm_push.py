@@ -7,8 +7,6 @@ tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file launch
 
 from __future__ import annotations
 
-import multiprocessing
-
 import pytest
 import torch
 
@@ -19,7 +17,13 @@ from openinfer_kernels.collective.push_triton import (
 )
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 
-from .test_all_reduce_add_norm import DEVICE, EPS, assert_kernel_alike, inputs
+from .test_all_reduce_add_norm import (
+    DEVICE,
+    EPS,
+    assert_kernel_alike,
+    inputs,
+    run_ranks_forked,
+)
 
 
 def _memory(world: int, h: int, dtype: torch.dtype, shared: bool, device: str = "cpu"):
@@ -84,20 +88,8 @@ def test_ranks_in_processes_meet_through_the_flags(world, h):
     most = max(CALL_ROWS)
     outs = [torch.zeros(len(calls), 2, most, h, dtype=dtype).share_memory_()
             for _ in range(world)]
-    context = multiprocessing.get_context("fork")
-    peers = [context.Process(target=_run_rank, args=(rank, calls, areas, flags, seqs, outs),
-                             daemon=True) for rank in range(1, world)]
-    for process in peers:
-        process.start()
-    try:
-        _run_rank(0, calls, areas, flags, seqs, outs)  # rank 0 here: the TTIR sweep sees it
-        for process in peers:
-            process.join(60)
-    finally:
-        for process in peers:
-            if process.is_alive():
-                process.kill()
-    assert [p.exitcode for p in peers] == [0] * (world - 1)
+    exits = run_ranks_forked(world, _run_rank, calls, areas, flags, seqs, outs)
+    assert exits == [0] * (world - 1)
     for n, (partials, residual, weight) in enumerate(calls):
         t = partials[0].shape[0]
         for rank in range(world):
