@@ -60,8 +60,9 @@ stage_dsv4full() {
   # every GPU of the machine (tensor parallel; DSV4_EP=1 adds --enable-expert-parallel): the
   # engine's batch-1 latency against the per-rank read floor of what a decode step reads, then
   # served: batch-64 TPOT (64 requests of 1024/128 at concurrency 64) and 1,024 prompts of
-  # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it. Two engine
-  # starts; DSV4FULL_PARTS picks them ("latency serve").
+  # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it; then the
+  # longest context the KV cache fits, admitted (`longest_context.py`). An engine start each;
+  # DSV4FULL_PARTS picks them ("latency serve longest").
   local d4=/tmp/dsv4-flash tp ep="" part
   tp=$(nvidia-smi -L | wc -l)
   [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
@@ -76,7 +77,25 @@ out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
     "architectures": ["DeepseekV4ForCausalLM"]}))
 write_tokenizer_files(out)
 PY
-  for part in ${DSV4FULL_PARTS:-latency serve}; do
+  for part in ${DSV4FULL_PARTS:-latency serve longest}; do
+    if [ "$part" = longest ]; then
+      # No --max-model-len: the engine lowers the model's 1M to what the KV cache holds (and
+      # logs it); one prompt of that length, admitted or not.
+      stage "DeepSeek-V4-Flash (43 layers): the longest context, admitted, TP=$tp"
+      python3 -m openinfer_server.cli serve $d4 --load-format dummy --tensor-parallel-size $tp \
+        $ep --max-num-seqs 4 --port 8000 > "$OUT/serve-dsv4-flash-longest.log" 2>&1 &
+      server=$!
+      if WAIT_READY_S=420 wait_ready $server; then
+        grep -E "KV cache:|max_model_len lowered" "$OUT/serve-dsv4-flash-longest.log" | tail -2
+        timeout 400 python3 benchmarks/device/longest_context.py \
+          --json "$OUT/longest-context-dsv4-flash.json"
+      else
+        echo "dsv4full: no server (see serve-dsv4-flash-longest.log)"
+        tail -20 "$OUT/serve-dsv4-flash-longest.log"
+      fi
+      stop $server
+      continue
+    fi
     if [ "$part" = latency ]; then
       stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)}"
       timeout 420 python3 -m openinfer_server.cli bench latency $d4 --load-format dummy \
