@@ -67,12 +67,18 @@ def prefetch_budget() -> int:
     return max(0, int(mb * 2**20))
 
 
+# Read once, as OPENINFER_PDL is: the launchers pass it, so no launch reads the environment.
+PREFETCH_BUDGET = prefetch_budget()
+
+
 def prefetch_lines(rows: int, elem_bytes: int, k_share: int, programs_per_row: int,
-                   block_rows: int) -> int:
+                   block_rows: int, budget: int | None = None) -> int:
     """How many lines of each of its weight rows a program prefetches: a power of two (the
     kernel's arange) within its K share, the launch's budget and `MAX_PREFETCHES`; 0 for none.
-    `rows`: the weight's rows; `programs_per_row`: the K shares (split-K)."""
-    budget = prefetch_budget()
+    `rows`: the weight's rows; `programs_per_row`: the K shares (split-K); `budget`: bytes a
+    launch may ask for (default: `OPENINFER_PDL_PREFETCH_MB` as it reads now)."""
+    if budget is None:
+        budget = prefetch_budget()
     if budget == 0:
         return 0
     per_row = budget // (rows * programs_per_row * LINE_BYTES)

@@ -52,7 +52,7 @@ class PushMemory:
              hidden: int, dtype: torch.dtype, device: torch.device) -> PushMemory | None:
         """Allocated, zeroed and mapped on every rank, or None on every rank alike."""
         world = symmetric.size
-        area_bytes = kernel.area_elements(world, hidden) * torch.empty(0, dtype=dtype).itemsize
+        area_bytes = kernel.area_elements(world, hidden) * dtype.itemsize
         flags_at = -(-area_bytes // 256) * 256  # the flags start on a 256-byte boundary
         total = flags_at + 4 * kernel.flag_slots(world)
         made, why = None, ""
@@ -107,8 +107,7 @@ class SymmetricAddNorm:
             return _unavailable("the model line passed no kernel (is triton installed?)")
         if dtype not in DTYPES:
             return _unavailable(f"{dtype} is not a float dtype")
-        width = hidden * torch.empty(0, dtype=dtype).element_size()
-        rows = min(MAX_ROWS, symmetric.buffer.numel() // width)
+        rows = min(MAX_ROWS, symmetric.buffer.numel() // (hidden * dtype.itemsize))
         if rows < 1:
             return _unavailable(f"rows of {hidden} do not fit the buffer")
         peers, why = None, ""

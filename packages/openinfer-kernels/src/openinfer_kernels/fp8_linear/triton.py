@@ -26,6 +26,7 @@ from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
     LINE_BYTES,
+    PREFETCH_BUDGET,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
@@ -272,7 +273,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     pdl = pdl_launch(x)
     prefetch = 0
     if pdl["PDL"]:  # e4m3: a byte an element
-        prefetch = prefetch_lines(n, 1, k_per_split, split, tile.block_n)
+        prefetch = prefetch_lines(n, 1, k_per_split, split, tile.block_n, PREFETCH_BUDGET)
     _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
                              k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
                              BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,

@@ -20,6 +20,7 @@ import triton.language as tl
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
     LINE_BYTES,
+    PREFETCH_BUDGET,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
@@ -168,7 +169,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     prefetch = 0
     if pdl["PDL"]:
         prefetch = prefetch_lines(w.shape[0], w.element_size(), k_per_split, split,
-                                  tile.block_n * (2 if gated else 1))
+                                  tile.block_n * (2 if gated else 1), PREFETCH_BUDGET)
     _linear_kernel[grid](x, w, target, m, n, k, x.stride(0), w.stride(0), out.stride(-2),
                          k_per_split, M_PAD=m_pad, BLOCK_N=tile.block_n,
                          BLOCK_K=tile.block_k, SPLIT_K=split, GATED=gated,
