@@ -1,6 +1,7 @@
 """The Triton kernels of our own against the torch references: the decode kernels
 (`short_conv/decode_triton.py`, `gated_delta_rule/decode_triton.py`), the gated output norm
-(`gated_norm.py`) and the attention prologue (`attention_prologue.py`):
+(`gated_norm.py`), the attention prologue (`attention_prologue.py`) and the attention's output
+gate (`output_gate.py`):
 under the Triton interpreter on CPU at small shapes, compiled at Qwen3.5-4B's head shapes on
 the GPU (`-m gpu`). Rows read and write state slots in place, some starting afresh, one on
 the padding slot, with the others' slots left as they were."""
@@ -19,6 +20,7 @@ from openinfer_qwen35.kernels.attention_prologue import (
 from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen_ref
 from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
 from openinfer_qwen35.kernels.gated_norm import gated_rms_norm_ref, gated_rms_norm_triton
+from openinfer_qwen35.kernels.output_gate import output_gate_ref, output_gate_triton
 from openinfer_qwen35.kernels.short_conv import causal_conv1d_ref
 from openinfer_qwen35.kernels.short_conv.decode_triton import causal_conv1d_decode
 
@@ -117,6 +119,27 @@ def test_gated_norm_matches_reference(device: str, shape: tuple[int, ...], dtype
     assert got.dtype == want.dtype
     # One bf16 rounding step apart at most.
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, width", [
+    pytest.param("cpu", 1100, id="interpreted", marks=CASES[0].marks),  # past one block
+    pytest.param("cuda", 4096, id="4b-compiled", marks=pytest.mark.gpu)])
+def test_output_gate_matches_reference(device: str, width: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator(device=device).manual_seed(4)
+    tokens = 5
+    x = torch.randn(tokens, width, generator=gen, device=device).to(dtype)
+    # The gate as the projection leaves it: the last part of each row of a wider output.
+    projected = torch.randn(tokens, width + 96, generator=gen, device=device).to(dtype)
+    gate = projected[:, 96:]
+    want = output_gate_ref(x, gate)
+    got = output_gate_triton(x, gate)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    # torch rounds the sigmoid to the dtype, then the product: one rounding step apart at most
+    # (the interpreter truncates where the GPU rounds).
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+    with pytest.raises(ValueError, match="dense"):  # channels strided: refused
+        output_gate_triton(x, torch.randn(width, tokens, device=device).to(dtype).t())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

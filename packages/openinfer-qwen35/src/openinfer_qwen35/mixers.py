@@ -14,6 +14,7 @@ from openinfer_qwen35.kernels.attention_prologue import qk_norm_partial_rope
 from openinfer_qwen35.kernels.gated_delta_rule import gated_delta_rule_varlen
 from openinfer_qwen35.kernels.gated_delta_rule.decode_triton import gated_delta_rule_decode
 from openinfer_qwen35.kernels.gated_norm import gated_rms_norm
+from openinfer_qwen35.kernels.output_gate import output_gate
 from openinfer_qwen35.kernels.short_conv import causal_conv1d
 from openinfer_qwen35.kernels.short_conv.decode_triton import causal_conv1d_decode
 from openinfer_qwen35.state_cache import StepRows
@@ -34,7 +35,7 @@ def gated_attention(cfg: Qwen35Config, w: AttentionWeights, x: torch.Tensor,
         v.reshape(t, cfg.num_kv_heads, d), w.q_norm, w.k_norm, cfg.rms_norm_eps,
         batch.positions, cos_sin)
     out = attention.attend(q, k, v, k_cache, v_cache, batch, d ** -0.5)
-    return out.reshape(t, cfg.q_size) * torch.sigmoid(gate)
+    return output_gate(out.reshape(t, cfg.q_size), gate)
 
 
 def gated_delta_net(cfg: Qwen35Config, w: DeltaNetWeights, x: torch.Tensor,
