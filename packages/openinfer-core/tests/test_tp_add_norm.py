@@ -26,10 +26,10 @@ def test_flashinfer_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_auto_takes_ours_where_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The default: our Triton kernel on 2 ranks (measured faster there), nothing on 4 or 8
+    # The default: our push kernel on 2 and 4 ranks (measured faster there), nothing on 8
     # until measured; an explicit mode holds at every size.
     monkeypatch.delenv(FUSED_NORM_ENV, raising=False)
-    assert [fused_norm_mode(n) for n in (2, 4, 8)] == ["triton", "off", "off"]
+    assert [fused_norm_mode(n) for n in (2, 3, 4, 8)] == ["push", "off", "push", "off"]
     monkeypatch.setenv(FUSED_NORM_ENV, "triton")
     assert [fused_norm_mode(n) for n in (2, 4)] == ["triton", "triton"]
     monkeypatch.setenv(FUSED_NORM_ENV, "off")
@@ -110,6 +110,19 @@ def test_push_takes_its_rows_and_the_pull_kernel_the_rest() -> None:
     for t in (1, 4, 5, 16):
         ours(torch.zeros(t, 8), torch.zeros(t, 8), w, 1e-6)
     assert push.rows == [1, 4] and pulled == [5, 16]
+
+
+def test_without_the_pull_kernel_steps_past_the_push_rows_run_unfused() -> None:
+    # Past 2 ranks `open` gives the one-shot kernel no rows (`PULL_RANKS`): a step the push
+    # kernel cannot take is not the fused kernel's at all, and the group runs it unfused.
+    memory = PushMemory(_Push(), (), (), torch.zeros(4, dtype=torch.int32), None)
+    peers = SymmetricPeers(buffers=(), pads=(), rank=0)
+    ours = SymmetricAddNorm(lambda *a: a[:2], peers, hidden=8, dtype=torch.float32, max_rows=0,
+                            push=memory)
+    assert [ours.fits(torch.zeros(t, 8)) for t in (1, 4, 5, 16)] == [True, True, False, False]
+    alone = SymmetricAddNorm(lambda *a: a[:2], peers, hidden=8, dtype=torch.float32,
+                             max_rows=16, push=None)
+    assert [alone.fits(torch.zeros(t, 8)) for t in (1, 16, 17)] == [True, True, False]
 
 
 def test_push_is_a_mode_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:

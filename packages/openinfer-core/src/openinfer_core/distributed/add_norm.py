@@ -16,12 +16,12 @@ step takes the unfused path. The partials are summed in fp32.
 
 `OPENINFER_TP_FUSED_NORM` picks the path: `triton`, our own kernel, one-shot over the
 all-reduce's symmetric memory (`symmetric_add_norm.py`, no FlashInfer); `push`, the same with
-a decode step's few rows pushed into the peers' memory instead (opt-in until measured);
-`flashinfer`, this one
+a decode step's few rows pushed into the peers' memory instead; `flashinfer`, this one
 (opt-in: its JIT build takes minutes at first start); `off`, neither. `auto` (the default) is
-`triton` on 2 ranks, where it was measured (Qwen3-8B TP2 batch-1 TPOT 2.97 ms against 3.16 ms
-unfused, the TP gate passing with it, 2 x H200, `gpu_check.sh tptriton`), and `off` on more
-until measured there. `benchmarks/device/add_norm.py` times both beside the unfused path."""
+`push` on 2 and 4 ranks, where it was measured: Qwen3-8B batch-1 TPOT at TP2 2.85 ms (one-shot
+2.99, unfused 3.17) and at TP4 2.31 ms (one-shot 2.89, unfused 2.47), the TP gate passing with
+it (4 x H200, `TP_SIZES="1 2 4" gpu_check.sh tptriton`); `off` on other sizes until measured
+there. `benchmarks/device/add_norm.py` times each beside the unfused path."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ log = logging.getLogger("openinfer")
 
 FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # auto (default) | off | flashinfer | triton | push
 FUSED_NORM_MODES = ("auto", "off", "flashinfer", "triton", "push")
-AUTO_TRITON_RANKS = (2,)  # group sizes where `auto` takes the Triton kernel: measured there
+AUTO_PUSH_RANKS = (2, 4)  # group sizes where `auto` takes the push kernel: measured there
 MAX_TOKENS = 2048  # rows the workspace holds (SGLang sizes it the same); larger steps: unfused
 
 
@@ -51,7 +51,7 @@ def fused_norm_mode(size: int) -> str:
         raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use auto, off, flashinfer, triton or "
                          "push")
     if mode == "auto":
-        return "triton" if size in AUTO_TRITON_RANKS else "off"
+        return "push" if size in AUTO_PUSH_RANKS else "off"
     return mode
 
 

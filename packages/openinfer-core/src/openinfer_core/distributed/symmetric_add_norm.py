@@ -1,5 +1,5 @@
 """All-reduce + residual add + RMSNorm in one kernel of our own, over the group's symmetric
-memory (`OPENINFER_TP_FUSED_NORM=triton`, the default on 2 ranks): the one-shot all-reduce's
+memory (`OPENINFER_TP_FUSED_NORM=triton`): the one-shot all-reduce's
 buffer and signal pads (`all_reduce.py`), read by
 `openinfer_kernels.collective.all_reduce_add_rms_norm`.
 
@@ -13,7 +13,9 @@ up to `MAX_ROWS` rows (and while they fit the buffer); larger steps take the unf
 `OPENINFER_TP_FUSED_NORM=push` adds the line's push kernel for steps of up to its `max_rows`
 rows: it writes each rank's rows into its peers' memory and raises flags there (no meeting
 before or after), in a symmetric region of its own that `PushMemory` allocates in the same
-group (zeroed on every rank before any call)."""
+group (zeroed on every rank before any call). It is the default on 2 and 4 ranks. On 2 ranks
+larger steps take the one-shot kernel; on more, the unfused path: there the one-shot kernel
+lost to it at every size (`PULL_RANKS`)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # beating the two-shot all-reduce + add-norm: 28.1 vs 32.5 us at 512 rows of 4096, even at
 # 1024, 106 vs 92 us at 2048 (`benchmarks/device/add_norm.py --fused triton`, 2 x H200).
 MAX_ROWS = 512
+# Group sizes where the one-shot kernel also takes the steps past the push kernel's rows. On 4
+# ranks it lost to the unfused path at every size, 16.7 vs 9.1 us at one row of 4096 and 68.8
+# vs 38.3 at 512, while the push kernel won up to its 64 rows, 7.8 and 13.5 us
+# (`benchmarks/device/add_norm.py --gpus 4 --fused triton,push`, 4 x H200).
+PULL_RANKS = (2,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +133,21 @@ class SymmetricAddNorm:
         push = None
         if push_kernel is not None:
             push = PushMemory.open(push_kernel, symmetric, hidden, dtype, device)
+            if symmetric.size not in PULL_RANKS:
+                if push is None:  # (the same answer on every rank)
+                    return _unavailable(f"no push memory, and the one-shot kernel loses on "
+                                        f"{symmetric.size} ranks")
+                rows = 0
+        pulled = f"one-shot up to {rows} rows" if rows else "larger steps unfused"
         log.info("tensor parallel: all-reduce + residual add + RMSNorm fused (Triton, symmetric "
-                 "memory), up to %d rows of %d%s", rows, hidden,
-                 f"; pushed up to {push.kernel.max_rows} rows" if push else "")
+                 "memory), rows of %d: %s", hidden,
+                 f"pushed up to {push.kernel.max_rows} rows, {pulled}" if push else pulled)
         return cls(kernel, peers, hidden, dtype, rows, push)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""
-        return rows_fit(x, self.hidden, self.dtype, self.max_rows)
+        pushed = self.push.kernel.max_rows if self.push is not None else 0
+        return rows_fit(x, self.hidden, self.dtype, max(self.max_rows, pushed))
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:

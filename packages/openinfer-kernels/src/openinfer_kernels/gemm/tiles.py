@@ -28,25 +28,24 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (4096, 4096): (Tile(4, 512), Tile(32, 256)),  # o: 1.27 vs 1.42, 1.29 vs 1.43
     (24576, 4096): (Tile(4, 512), Tile(32, 128)),  # gate_up + silu: 1.04 vs 1.13, 1.06 vs 1.15
     (4096, 12288): (Tile(16, 512, 2, 8), Tile(32, 256)),  # down: 1.13 vs 1.17, 1.16 vs 1.19
-    # One rank's shard at tensor-parallel size 2, at M = 1 only: the tile of the nearest shape
-    # above, not swept yet (`gpu_check.sh tptiles` sweeps them); `stage_tp` in
-    # benchmarks/device/stages/tp.sh A/Bs them against cuBLAS end to end (BENCHMARKS.md).
-    (3072, 4096): (Tile(4, 512), None),  # 8B qkv
-    (4096, 2048): (Tile(4, 512), None),  # 8B o
-    (12288, 4096): (Tile(4, 512), None),  # 8B gate_up + silu
-    (4096, 6144): (Tile(16, 512, 2, 8), None),  # 8B down
-    (5120, 5120): (Tile(4, 512), None),  # 32B qkv
-    (5120, 4096): (Tile(4, 512), None),  # 32B o
-    (25600, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
-    (5120, 12800): (Tile(16, 512, 2, 8), None),  # 32B down
-    # At tensor-parallel size 4, the same way (8B's gate_up shard is 8B qkv's shape, above).
-    (1536, 4096): (Tile(4, 512), None),  # 8B qkv
-    (4096, 1024): (Tile(4, 512), None),  # 8B o
-    (4096, 3072): (Tile(16, 512, 2, 8), None),  # 8B down
-    (2560, 5120): (Tile(4, 512), None),  # 32B qkv
-    (5120, 2048): (Tile(4, 512), None),  # 32B o
-    (12800, 5120): (Tile(4, 512), None),  # 32B gate_up + silu
-    (5120, 6400): (Tile(16, 512, 2, 8), None),  # 32B down
+    # One rank's shard at tensor-parallel sizes 2 and 4, at M = 1 only, swept on one H200 of the
+    # lent nvidia-h100-x4 (`gpu_check.sh tptiles`); M > 1 stays on cuBLAS. Comments: Triton vs
+    # cuBLAS, time / read floor. 8B's gate_up shard at TP4 is 8B qkv's shape, above.
+    (3072, 4096): (Tile(32, 256, 4, 8), None),  # 8B TP2 qkv: 1.42x vs 1.85x
+    (4096, 2048): (Tile(4, 512, 1, 8), None),  # 8B TP2 o: 1.56 vs 1.76
+    (12288, 4096): (Tile(8, 256, 2), None),  # 8B TP2 gate_up + silu: 1.10 vs 1.22
+    (4096, 6144): (Tile(8, 512, 2), None),  # 8B TP2 down: 1.20 vs 1.36
+    (5120, 5120): (Tile(16, 512, 2), None),  # 32B TP2 qkv: 1.20 vs 1.24
+    (5120, 4096): (Tile(16, 512, 2), None),  # 32B TP2 o: 1.23 vs 1.33
+    (25600, 5120): (Tile(32, 256, 1, 8), None),  # 32B TP2 gate_up + silu: 1.01 vs 1.12
+    (5120, 12800): (Tile(16, 512, 2), None),  # 32B TP2 down: 1.05 vs 1.20
+    (1536, 4096): (Tile(4, 512, 4), None),  # 8B TP4 qkv: 1.85 vs 2.49
+    (4096, 1024): (Tile(4, 512, 1, 8), None),  # 8B TP4 o: 1.83 vs 2.57
+    (4096, 3072): (Tile(16, 256, 4), None),  # 8B TP4 down: 1.39 vs 1.71
+    (2560, 5120): (Tile(8, 512, 4), None),  # 32B TP4 qkv: 1.41 vs 1.73
+    (5120, 2048): (Tile(4, 512), None),  # 32B TP4 o: 1.44 vs 1.58
+    (12800, 5120): (Tile(16, 256, 2), None),  # 32B TP4 gate_up + silu: 1.07 vs 1.14
+    (5120, 6400): (Tile(16, 512, 2), None),  # 32B TP4 down: 1.16 vs 1.18
     # Qwen3.5-4B (hidden 2560 as Qwen3-4B), swept with `--cases 3.5-4B` (gpu_check.sh
     # qwen35tiles, H100). Its o_proj and the linear layers' out_proj are Qwen3-4B's o shape,
     # (2560, 4096), above.
