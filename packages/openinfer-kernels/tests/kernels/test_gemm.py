@@ -9,6 +9,7 @@ import torch
 import openinfer_kernels
 from openinfer_kernels.activation import silu_and_mul_ref
 from openinfer_kernels.gemm import linear_ref, tiles
+from openinfer_kernels.gemm import triton as gemm_triton
 from openinfer_kernels.gemm.triton import Tile, linear_triton
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
@@ -58,6 +59,26 @@ def test_split_k_is_deterministic() -> None:
     first = linear_triton(x, w, TILES["n16-k32-split3"])
     assert all(torch.equal(first, linear_triton(x, w, TILES["n16-k32-split3"]))
                for _ in range(3))
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("tile", ["n16-k32-split3", "n32-k64-split4"])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_the_last_share_sums_as_the_sum_kernel_does(monkeypatch, m: int, tile: str,
+                                                    gated: bool) -> None:
+    """A split launch's last program per column block adds the shares (the default) to the
+    same bits as the separate sum kernel (OPENINFER_SPLIT_SUM=kernel), and leaves every
+    arrival count at 0, so the next launch (or a CUDA graph's replay) starts from zero."""
+    g = torch.Generator().manual_seed(m * 7 + len(tile))
+    x = torch.randn((m, 100), generator=g).bfloat16().to(DEVICE)
+    w = torch.randn((80 if gated else 40, 100), generator=g).bfloat16().to(DEVICE)
+    monkeypatch.setattr(gemm_triton, "SERIAL_SUM", True)
+    serial = [linear_triton(x, w, TILES[tile], gated=gated) for _ in range(2)]
+    counts = gemm_triton.split_counters(x.device)
+    assert counts is not None and not counts.any()
+    monkeypatch.setattr(gemm_triton, "SERIAL_SUM", False)
+    kernel = linear_triton(x, w, TILES[tile], gated=gated)
+    assert torch.equal(serial[0], kernel) and torch.equal(serial[1], kernel)
 
 
 def test_a_strided_weight_is_refused() -> None:
