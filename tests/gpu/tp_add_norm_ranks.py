@@ -1,7 +1,8 @@
 """One rank of test_tp_add_norm_gpu.py: our all-reduce + add + RMSNorm over symmetric memory
 (`OPENINFER_TP_FUSED_NORM=triton`, or `push`: the push kernel up to its rows, the one-shot
-past them) against the reference of every rank's partials and against the unfused path,
-eagerly and replayed from a CUDA graph. Spawned: importable by name."""
+past them on 2 ranks; `push-data`: the same, its rows signalling by themselves,
+`OPENINFER_TP_PUSH_SIGNAL=data`) against the reference of every rank's partials and against
+the unfused path, eagerly and replayed from a CUDA graph. Spawned: importable by name."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def run_rank(rank: int, size: int, store: str, out: str, mode: str = "triton") -
     from openinfer_core.distributed.add_norm import FUSED_NORM_ENV
     from openinfer_core.distributed.group import TorchTensorParallelGroup
 
-    os.environ[FUSED_NORM_ENV] = mode
+    fused_mode, _, signal = mode.partition("-")
+    os.environ[FUSED_NORM_ENV] = fused_mode
+    if signal:  # read when openinfer_kernels.collective loads, in _checks
+        os.environ["OPENINFER_TP_PUSH_SIGNAL"] = signal
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     group = TorchTensorParallelGroup(rank, size, device, Path(store), 120.0)
@@ -63,8 +67,14 @@ def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, obje
         parts = [torch.empty_like(x) for _ in range(size)]
         torch.distributed.all_gather(parts, x)
         want_normed, want_summed = all_reduce_add_rms_norm_ref(parts, residual, weight, EPS)
+        # Past the push kernel's rows on more than 2 ranks, the unfused path (PULL_RANKS).
+        pushed = fused.push.kernel.max_rows if fused.push is not None else 0
+        taken = t <= max(fused.max_rows, pushed)
         for _ in range(2):  # twice: the second meets the peers only if the first left the pads 0
             got = group.all_reduce_add_rms_norm(x, residual, weight, EPS)
+            if not taken:
+                assert got is None, f"{t} rows took the fused kernel past its rows"
+                continue
             assert got is not None, f"{t} rows did not take the fused kernel"
             normed, summed = got
             # fp32 sums in rank order, rounded as the reference rounds them.

@@ -104,15 +104,18 @@ stage_tpfused() {
 stage_tptriton() {
   # Our own all-reduce + add + RMSNorm (OPENINFER_TP_FUSED_NORM=triton: one Triton kernel over
   # the all-reduce's symmetric memory; no FlashInfer, no JIT wait), and its push form
-  # (OPENINFER_TP_FUSED_NORM=push, up to 64 rows). First their own 2/4-GPU
+  # (OPENINFER_TP_FUSED_NORM=push, up to 64 rows; push-data: OPENINFER_TP_PUSH_SIGNAL=data,
+  # the rows their own flags). First their own 2/4-GPU
   # check (a hang there stops the stage before anything waits on it), the micro-benchmark
   # beside the unfused path, then batch-1 TPOT of Qwen3-8B at each TP size unfused and fused
   # in the same call (TP1 first, the baseline), and the TP gate with the fusion.
-  local tps=${TP_SIZES:-1 2} tp h mode modes=""
-  for mode in triton push; do
+  local tps=${TP_SIZES:-1 2} tp h mode pick modes=""
+  # mode:the test ids it selects (push-data's ids hold "data"; push's the rest of "push")
+  for pick in "triton:triton" "push:push and not data" "push-data:data"; do
+    mode=${pick%%:*}
     stage "Triton all-reduce + add + RMSNorm ($mode): its GPU check"
     timeout -s ABRT 280 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
-      -k "$mode" tests/gpu/test_tp_add_norm_gpu.py > "$OUT/tp_add_norm_tests_$mode.log" 2>&1
+      -k "${pick#*:}" tests/gpu/test_tp_add_norm_gpu.py > "$OUT/tp_add_norm_tests_$mode.log" 2>&1
     grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$OUT/tp_add_norm_tests_$mode.log" | tail -20
     grep -q " passed" "$OUT/tp_add_norm_tests_$mode.log" \
       && ! grep -q "failed" "$OUT/tp_add_norm_tests_$mode.log" && modes="$modes $mode"
@@ -127,16 +130,30 @@ stage_tptriton() {
     timeout 300 python3 benchmarks/device/add_norm.py --gpus $most --hidden $h \
       --fused $fusions --json "$OUT/add-norm-triton-$h-x$most.json" 2>&1 | grep -v "^\[" | tail -16
   done
+  # TPTRITON_TPOT: the paths timed at each TP size past 1 (each only where its check passed);
+  # TPTRITON_GATE: the path the TP gate runs with (`none`: no gate; default `auto`'s choice).
+  local timed=${TPTRITON_TPOT:-unfused triton push push-data} name
   for tp in $tps; do
     if [ "$tp" = 1 ]; then
       tp_latency 8b $M8 1 auto
-    else
-      tp_latency 8b $M8 $tp unfused OPENINFER_TP_FUSED_NORM=off
-      tp_latency 8b $M8 $tp triton OPENINFER_TP_FUSED_NORM=triton
-      [[ " $modes " == *" push "* ]] && tp_latency 8b $M8 $tp push OPENINFER_TP_FUSED_NORM=push
+      continue
     fi
+    for name in $timed; do
+      case $name in
+        unfused) tp_latency 8b $M8 $tp unfused OPENINFER_TP_FUSED_NORM=off ;;
+        push-data) [[ " $modes " == *" push-data "* ]] && tp_latency 8b $M8 $tp push-data \
+          OPENINFER_TP_FUSED_NORM=push OPENINFER_TP_PUSH_SIGNAL=data ;;
+        *) [[ " $modes " == *" $name "* ]] \
+          && tp_latency 8b $M8 $tp $name OPENINFER_TP_FUSED_NORM=$name ;;
+      esac
+    done
   done
-  OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=triton tp_gate
+  case ${TPTRITON_GATE:-auto} in
+    none) ;;
+    push-data) OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=push \
+      OPENINFER_TP_PUSH_SIGNAL=data tp_gate ;;
+    *) OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=${TPTRITON_GATE:-auto} tp_gate ;;
+  esac
 }
 
 stage_tpunfused() {

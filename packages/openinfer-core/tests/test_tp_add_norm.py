@@ -80,6 +80,7 @@ class _Push:
     """A stand-in push kernel that records the rows it was called with."""
 
     max_rows = 4
+    area_fill = 0
 
     def __init__(self) -> None:
         self.rows: list[int] = []

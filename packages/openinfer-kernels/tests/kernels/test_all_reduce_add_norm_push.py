@@ -2,8 +2,10 @@
 reference: one rank alone, and 2 and 3 ranks in as many processes whose landing areas and flags
 are CPU shared memory mapped at the same address in each (fork). Under the interpreter the
 ranks' programs really meet through the flags, so the call counting (parities, flags that only
-grow, row counts that change from call to call) is checked here; on GPUs it is
-tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file launches."""
+grow, row counts that change from call to call) is checked here, for both signals: flags, and
+the rows themselves (`signal="data"`: slots empty as all-ones bits, emptied again once read);
+on GPUs it is tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file
+launches."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import pytest
 import torch
 
 from openinfer_kernels.collective.push_triton import (
+    EMPTY_BYTE,
+    PushAddNorm,
     all_reduce_add_rms_norm_push_triton,
     area_elements,
     flag_slots,
@@ -25,28 +29,35 @@ from .test_all_reduce_add_norm import (
     run_ranks_forked,
 )
 
+SIGNALS = ["flags", "data"]
 
-def _memory(world: int, h: int, dtype: torch.dtype, shared: bool, device: str = "cpu"):
-    """(every rank's area, every rank's flags, every rank's call counts), zeros."""
+
+def _memory(world: int, h: int, dtype: torch.dtype, shared: bool, device: str = "cpu",
+            signal: str = "flags"):
+    """(every rank's area, every rank's flags, every rank's call counts): zeros, and areas
+    empty as `signal` wants them."""
     def made(n: int, kind: torch.dtype) -> torch.Tensor:
         t = torch.zeros(n, dtype=kind, device=device)
         return t.share_memory_() if shared else t
 
     areas = [made(area_elements(world, h), dtype) for _ in range(world)]
+    for area in areas:
+        area.view(torch.uint8).fill_(PushAddNorm(signal).area_fill)
     flags = [made(flag_slots(world), torch.int32) for _ in range(world)]
     seqs = [made(MAX_PROGRAMS, torch.int32) for _ in range(world)]
     return areas, flags, seqs
 
 
+@pytest.mark.parametrize("signal", SIGNALS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_one_rank_is_the_reference(dtype):
+def test_one_rank_is_the_reference(dtype, signal):
     h = 60
-    areas, flags, seqs = _memory(1, h, dtype, shared=False, device=DEVICE)
+    areas, flags, seqs = _memory(1, h, dtype, shared=False, device=DEVICE, signal=signal)
     for t, seed in ((1, 1), (5, 2), (1, 3)):
         [x], residual, weight = inputs(1, t, h, dtype, seed=seed, device=DEVICE)
         x_before, residual_before = x.clone(), residual.clone()
         got = all_reduce_add_rms_norm_push_triton(x, residual, weight, EPS, areas, flags,
-                                                  seqs[0], 0)
+                                                  seqs[0], 0, signal)
         assert_kernel_alike(got, [x], residual, weight)
         assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
     # Program 0 served three calls, programs 1-4 one (the call of 5 rows).
@@ -69,10 +80,10 @@ def test_more_rows_than_programs_or_small_areas_are_refused():
 CALL_ROWS = (3, 1, 3, 1, 1)
 
 
-def _run_rank(rank, calls, areas, flags, seqs, outs):
+def _run_rank(rank, calls, areas, flags, seqs, outs, signal):
     for n, (partials, residual, weight) in enumerate(calls):
         normed, summed = all_reduce_add_rms_norm_push_triton(
-            partials[rank], residual, weight, EPS, areas, flags, seqs[rank], rank)
+            partials[rank], residual, weight, EPS, areas, flags, seqs[rank], rank, signal)
         t = normed.shape[0]
         outs[rank][n, 0, :t].copy_(normed)
         outs[rank][n, 1, :t].copy_(summed)
@@ -80,15 +91,16 @@ def _run_rank(rank, calls, areas, flags, seqs, outs):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="ranks of CPU shared memory under the "
                     "interpreter; on GPUs: tests/gpu/test_tp_add_norm_gpu.py")
+@pytest.mark.parametrize("signal", SIGNALS)
 @pytest.mark.parametrize(("world", "h"), [(2, 24), (3, 60)], ids=["2-ranks", "3-ranks"])
-def test_ranks_in_processes_meet_through_the_flags(world, h):
+def test_ranks_in_processes_meet_through_the_flags(world, h, signal):
     dtype = torch.bfloat16
     calls = [inputs(world, t, h, dtype, seed=10 + n) for n, t in enumerate(CALL_ROWS)]
-    areas, flags, seqs = _memory(world, h, dtype, shared=True)
+    areas, flags, seqs = _memory(world, h, dtype, shared=True, signal=signal)
     most = max(CALL_ROWS)
     outs = [torch.zeros(len(calls), 2, most, h, dtype=dtype).share_memory_()
             for _ in range(world)]
-    exits = run_ranks_forked(world, _run_rank, calls, areas, flags, seqs, outs)
+    exits = run_ranks_forked(world, _run_rank, calls, areas, flags, seqs, outs, signal)
     assert exits == [0] * (world - 1)
     for n, (partials, residual, weight) in enumerate(calls):
         t = partials[0].shape[0]
@@ -98,7 +110,27 @@ def test_ranks_in_processes_meet_through_the_flags(world, h):
     served = [sum(1 for t in CALL_ROWS if t > p) for p in range(most)]
     for rank in range(world):
         assert seqs[rank][:most].tolist() == served
+        if signal == "data":  # no flag raised; every slot read out and empty again
+            assert not flags[rank].any()
+            assert bool((areas[rank].view(torch.uint8) == EMPTY_BYTE).all())
+            continue
         # Each peer's flag for program p holds the last call it served.
         want = torch.tensor([[0 if q == rank else served[p] for q in range(world)]
                              for p in range(most)], dtype=torch.int32)
         assert torch.equal(flags[rank][:most * world].view(most, world), want)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="ranks of CPU shared memory under the "
+                    "interpreter; on GPUs: tests/gpu/test_tp_add_norm_gpu.py")
+def test_a_row_value_with_the_empty_bits_still_lands():
+    """A partial whose value has the empty mark's bits (an all-ones NaN) is pushed as another
+    NaN: the peer does not wait for it forever, and the sum is NaN where it should be."""
+    world, h, dtype = 2, 16, torch.bfloat16
+    calls = [inputs(world, 1, h, dtype, seed=3)]
+    calls[0][0][1][0, 5] = torch.tensor(-1, dtype=torch.int16).view(torch.bfloat16)
+    areas, flags, seqs = _memory(world, h, dtype, shared=True, signal="data")
+    outs = [torch.zeros(1, 2, 1, h, dtype=dtype).share_memory_() for _ in range(world)]
+    assert run_ranks_forked(world, _run_rank, calls, areas, flags, seqs, outs, "data") == [0]
+    for rank in range(world):
+        summed = outs[rank][0, 1, 0]
+        assert summed[5].isnan() and not summed[torch.arange(h) != 5].isnan().any()

@@ -13,7 +13,7 @@ up to `MAX_ROWS` rows (and while they fit the buffer); larger steps take the unf
 `OPENINFER_TP_FUSED_NORM=push` adds the line's push kernel for steps of up to its `max_rows`
 rows: it writes each rank's rows into its peers' memory and raises flags there (no meeting
 before or after), in a symmetric region of its own that `PushMemory` allocates in the same
-group (zeroed on every rank before any call). It is the default on 2 and 4 ranks. On 2 ranks
+group (emptied on every rank before any call). It is the default on 2 and 4 ranks. On 2 ranks
 larger steps take the one-shot kernel; on more, the unfused path: there the one-shot kernel
 lost to it at every size (`PULL_RANKS`)."""
 
@@ -57,7 +57,8 @@ class PushMemory:
     @classmethod
     def open(cls, kernel: SymmetricPushAddNormKernel, symmetric: SymmetricAllReduce,
              hidden: int, dtype: torch.dtype, device: torch.device) -> PushMemory | None:
-        """Allocated, zeroed and mapped on every rank, or None on every rank alike."""
+        """Allocated, mapped and emptied on every rank (areas of `kernel.area_fill` bytes,
+        flags zero), or None on every rank alike."""
         world = symmetric.size
         area_bytes = kernel.area_elements(world, hidden) * dtype.itemsize
         flags_at = -(-area_bytes // 256) * 256  # the flags start on a 256-byte boundary
@@ -69,15 +70,16 @@ class PushMemory:
             region = symm_mem.empty(total, dtype=torch.uint8, device=device)
             handle = symm_mem.rendezvous(region, symmetric.group_name)  # type: ignore[arg-type]
             region.zero_()
+            region[:area_bytes].fill_(kernel.area_fill)  # the landing areas' empty state
             whole = [handle.get_buffer(r, [total], torch.uint8) for r in range(world)]
             made = cls(kernel, tuple(w[:area_bytes].view(dtype) for w in whole),
                        tuple(w[flags_at:total].view(torch.int32) for w in whole),
                        torch.zeros(kernel.max_rows, dtype=torch.int32, device=device), handle)
-            torch.cuda.synchronize(device)  # zeroed before any peer may write
+            torch.cuda.synchronize(device)  # emptied before any peer may write
         except Exception as exc:  # no second rendezvous in this group: the pull kernel alone
             why = f"{type(exc).__name__}: {exc}"
             made = None
-        # Also the barrier after the zeroing: no rank pushes before every rank has zeroed.
+        # Also the barrier after the emptying: no rank pushes before every rank has emptied.
         if not every_rank(made is not None, device):
             log.warning("tensor parallel: the push all-reduce + add + RMSNorm is unavailable "
                         "(%s); every step takes the one-shot kernel", why or "another rank "

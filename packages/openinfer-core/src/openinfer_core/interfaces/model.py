@@ -224,6 +224,7 @@ class SymmetricPushAddNormKernel(Protocol):
     `SymmetricAddNormKernel`."""
 
     max_rows: int  # the most rows one call takes
+    area_fill: int  # the byte every landing area holds before the first call (flags: zeros)
 
     def area_elements(self, world: int, hidden: int) -> int:
         """The elements (x's dtype) of one rank's landing area."""
@@ -236,9 +237,9 @@ class SymmetricPushAddNormKernel(Protocol):
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float, areas: Sequence[torch.Tensor], flags: Sequence[torch.Tensor],
                  seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """As `SymmetricAddNormKernel`; `areas` / `flags`: every rank's landing area and flags
-        (zeros before the first call), in rank order; `seqs`: this rank's int32 call counts,
-        `max_rows` of them (zeros at first)."""
+        """As `SymmetricAddNormKernel`; `areas` / `flags`: every rank's landing area (bytes of
+        `area_fill` before the first call) and flags (zeros), in rank order; `seqs`: this
+        rank's int32 call counts, `max_rows` of them (zeros at first)."""
         ...
 
 

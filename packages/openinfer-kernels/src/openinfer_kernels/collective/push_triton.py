@@ -20,12 +20,22 @@ so nothing is reset and the kernel replays in CUDA graphs. No meeting at the end
 reuses a parity at call n + 2 only after its own call n + 1 saw the reader's flag n + 1, which
 the reader raises after it has read call n.
 
+With `signal="data"` (`OPENINFER_TP_PUSH_SIGNAL=data`) the rows are their own flags, as in
+TensorRT-LLM's Lamport all-reduce: a landing slot holds all-ones bits (a NaN) while empty, a
+writer stores its row there (a row value with those bits is stored as another NaN), the reader
+polls its own memory until no element of the row is empty, adds it, and empties the slot again
+for the call two later. No flag, no release fence: one NVLink crossing of the data itself. A
+slot is refilled only after its reader emptied it: a writer's call n + 2 follows its call
+n + 1, which waited for the reader's row of call n + 1, which the reader pushes in a later
+launch than the one that emptied the slot (after `pdl_enter`, so after that launch ended).
+
 The sum runs in fp32 in rank order and is rounded to x's dtype before the add and the norm,
 as `triton.py` does, so both kernels (and the reference) give the same bits.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -35,6 +45,18 @@ import triton.language as tl
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+SIGNAL_ENV = "OPENINFER_TP_PUSH_SIGNAL"  # flags (default) | data; read when the module loads
+SIGNALS = ("flags", "data")
+EMPTY_BYTE = 0xFF  # every byte of an empty slot, with signal="data": all-ones, a NaN
+
+
+def push_signal() -> str:
+    """`OPENINFER_TP_PUSH_SIGNAL`: how a pushed row says it landed."""
+    signal = os.environ.get(SIGNAL_ENV, "flags")
+    if signal not in SIGNALS:
+        raise ValueError(f"{SIGNAL_ENV}={signal!r}: use flags or data")
+    return signal
 
 
 def area_elements(world: int, hidden: int) -> int:
@@ -91,16 +113,65 @@ def _push_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, fl
     _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
 
 
+@triton.jit
+def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, seq_ptr, H,
+                                   x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
+                                   WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
+                                   BITS: tl.constexpr, BLOCK_H: tl.constexpr,
+                                   PDL: tl.constexpr):
+    # areas: every rank's landing area (x's dtype), in rank order; empty slots all-ones bits.
+    pdl_enter(PDL)
+    pid = tl.program_id(0)
+    row = tl.cast(pid, tl.int64)
+    cols = tl.arange(0, BLOCK_H)
+    mask = cols < H
+    seq = tl.load(seq_ptr + pid) + 1
+    tl.debug_barrier()  # every thread has read the count before it moves on
+    tl.store(seq_ptr + pid, seq)
+    parity = tl.cast(seq % 2, tl.int64)
+    bits_type = tl.int16 if BITS == 16 else tl.int32
+    nan = 0x7FFF if BITS == 16 else 0x7FFFFFFF  # a NaN that is not the empty mark
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
+    x_bits = x.to(bits_type, bitcast=True)
+    sent = tl.where(x_bits == -1, nan, x_bits).to(bits_type).to(x.dtype, bitcast=True)
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            mine = ((parity * WORLD + RANK) * PROGRAMS + row) * H
+            tl.store(areas[peer] + mine + cols, sent, mask=mask)
+    empty = tl.full([BLOCK_H], -1, bits_type).to(x.dtype, bitcast=True)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for peer in tl.static_range(WORLD):
+        if peer == RANK:
+            acc += x.to(tl.float32)
+        else:  # written by another GPU: polled past the caches until every value landed
+            slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + row) * H + cols
+            theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
+            waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
+            while waiting > 0:
+                theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
+                waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask)
+                                 .to(tl.int32))
+            acc += theirs.to(tl.float32)
+            # The loop's sum needed every thread's last read: the slot is read out.
+            tl.store(slot, empty, mask=mask)
+    s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
+    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
+
+
 def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
                                         weight: torch.Tensor, eps: float,
                                         areas: Sequence[torch.Tensor],
                                         flags: Sequence[torch.Tensor], seqs: torch.Tensor,
-                                        rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+                                        rank: int, signal: str = "flags",
+                                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """`all_reduce_add_rms_norm_ref`'s (normed, summed) for at most `MAX_PROGRAMS` rows of
     `x` [..., H], in new tensors. Collective: every rank calls it with the same shapes, in the
     same order. `areas` / `flags`: every rank's landing area (x's dtype, `area_elements`) and
-    flags (int32, `flag_slots`), zeros before the first call, in rank order; `seqs`: this
-    rank's call counts (int32 [MAX_PROGRAMS], zeros at first); `rank`: this one's index."""
+    flags (int32, `flag_slots`), in rank order, zeros before the first call (with
+    `signal="data"` the areas' bytes are `EMPTY_BYTE` instead, and the flags unused); `seqs`:
+    this rank's call counts (int32 [MAX_PROGRAMS], zeros at first); `rank`: this one's
+    index."""
     world = len(areas)
     h = x.shape[-1]
     rows = x.reshape(-1, h).contiguous()
@@ -118,7 +189,15 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
     res = res if res.stride(-1) == 1 else res.contiguous()
     normed = torch.empty_like(rows)
     summed = torch.empty_like(rows)
-    if t:
+    if t and signal == "data":
+        if x.element_size() not in (2, 4):
+            raise ValueError(f"signal='data' needs 16- or 32-bit rows, got {x.dtype}")
+        block, num_warps = row_settings(h)
+        _push_data_add_rms_norm_kernel[(t,)](
+            rows, res, weight, normed, summed, tuple(areas), seqs, h, rows.stride(0),
+            res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
+            BITS=8 * x.element_size(), BLOCK_H=block, num_warps=num_warps, **pdl_launch(x))
+    elif t:
         block, num_warps = row_settings(h)
         _push_add_rms_norm_kernel[(t,)](
             rows, res, weight, normed, summed, tuple(areas), tuple(flags), seqs, h,
@@ -128,10 +207,17 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
 
 
 class PushAddNorm:
-    """openinfer-core's `SymmetricPushAddNormKernel` over this module: the call, its row limit
-    and the sizes of the memory it needs."""
+    """openinfer-core's `SymmetricPushAddNormKernel` over this module: the call, its row limit,
+    the sizes of the memory it needs and the byte that memory starts as; `signal`: how a row
+    says it landed (`push_signal()`)."""
 
     max_rows = MAX_PROGRAMS
+
+    def __init__(self, signal: str = "flags") -> None:
+        if signal not in SIGNALS:
+            raise ValueError(f"signal {signal!r}: use flags or data")
+        self.signal = signal
+        self.area_fill = EMPTY_BYTE if signal == "data" else 0
 
     def area_elements(self, world: int, hidden: int) -> int:
         return area_elements(world, hidden)
@@ -143,4 +229,4 @@ class PushAddNorm:
                  eps: float, areas: Sequence[torch.Tensor], flags: Sequence[torch.Tensor],
                  seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         return all_reduce_add_rms_norm_push_triton(x, residual, weight, eps, areas, flags,
-                                                   seqs, rank)
+                                                   seqs, rank, self.signal)
