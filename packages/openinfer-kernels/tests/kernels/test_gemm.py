@@ -117,6 +117,30 @@ def test_a_fused_sum_takes_its_own_tile(monkeypatch):
     assert tiles.tile_for(1, *other, sum_fused=True) == tiles.TILES[other][0]
 
 
+def test_a_gated_product_takes_its_own_tile() -> None:
+    """`GATED_TILES` overrides `TILES` for the gated form (`linear_silu_mul`) only."""
+    for (n, k), (one, _) in tiles.GATED_TILES.items():
+        assert tiles.tile_for(1, n, k, gated=True) == one
+        plain = tiles.TILES.get((n, k))
+        assert tiles.tile_for(1, n, k) == (plain[0] if plain else None)
+
+
+@pytest.mark.parametrize("shape", list(tiles.GATED_TILES))
+def test_every_gated_tile_is_correct_at_its_shape_scaled_down(shape: tuple[int, int]) -> None:
+    inter, k = 24, shape[1]  # 2 x 24 rows of [gate; up], fewer than a tile's multiple
+    g = torch.Generator().manual_seed(k + 1)
+    # Unit-sized products (weights scaled by 1/sqrt(K)): silu's rounding at large values
+    # would swamp the comparison.
+    w = (torch.randn((2 * inter, k), generator=g) / k**0.5).bfloat16().to(DEVICE)
+    tile = tiles.GATED_TILES[shape][0]
+    assert tile is not None
+    x = torch.randn((1, k), generator=g).bfloat16().to(DEVICE)
+    want = silu_and_mul_ref(linear_ref(x, w))
+    # A few ulps through silu and the product, as in the gated test above.
+    torch.testing.assert_close(linear_triton(x, w, tile, gated=True).float(), want.float(),
+                               rtol=2**-5, atol=5e-2)
+
+
 @pytest.mark.parametrize(("shape", "m", "tile"), [
     (shape, m, tile) for shape, pair in tiles.SUM_FUSED_TILES.items()
     for m, tile in zip((1, 5), pair, strict=True) if tile is not None])

@@ -34,16 +34,17 @@ def triton_linear_on(device_index: int) -> bool:
     return _kernels is not None and torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def small_batch_tile(x: torch.Tensor, w: torch.Tensor, *, sum_fused: bool = False
-                     ) -> Tile | None:
+def small_batch_tile(x: torch.Tensor, w: torch.Tensor, *, sum_fused: bool = False,
+                     gated: bool = False) -> Tile | None:
     """The Triton tile for this product, or None where cuBLAS runs it; `sum_fused`: as
-    `linear_add_rms_norm` runs it (`tiles.SUM_FUSED_TILES`)."""
+    `linear_add_rms_norm` runs it (`tiles.SUM_FUSED_TILES`); `gated`: as `linear_silu_mul`
+    does (`tiles.GATED_TILES`)."""
     if not (_kernels is not None and x.is_cuda and x.dim() == 2 and x.stride(1) == 1
             and w.is_contiguous() and triton_linear_on(x.device.index or 0)):
         return None
     from openinfer_kernels.gemm.tiles import tile_for
 
-    return tile_for(x.shape[0], *w.shape, sum_fused=sum_fused)
+    return tile_for(x.shape[0], *w.shape, sum_fused=sum_fused, gated=gated)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -79,7 +80,7 @@ def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor
 def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """`silu_and_mul(linear(x, w))` for a gated MLP's [gate; up] weight ([2I, K]) -> [M, I],
     in one kernel where `linear` would run Triton."""
-    tile = small_batch_tile(x, w)
+    tile = small_batch_tile(x, w, gated=True)
     if tile is not None:
         assert _kernels is not None
         return _kernels.linear_triton(x, w, tile, gated=True)

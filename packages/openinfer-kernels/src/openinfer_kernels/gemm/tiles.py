@@ -30,7 +30,7 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (4096, 12288): (Tile(16, 512, 2, 8), Tile(32, 256)),  # down: 1.13 vs 1.17, 1.16 vs 1.19
     # One rank's shard at tensor-parallel sizes 2 and 4, at M = 1 only, swept on one H200 of the
     # lent nvidia-h100-x4 (`gpu_check.sh tptiles`); M > 1 stays on cuBLAS. Comments: Triton vs
-    # cuBLAS, time / read floor. 8B's gate_up shard at TP4 is 8B qkv's shape, above.
+    # cuBLAS, time / read floor. 8B's gate_up shard at TP4 is 8B qkv's shape (GATED_TILES).
     (3072, 4096): (Tile(32, 256, 4, 8), None),  # 8B TP2 qkv: 1.42x vs 1.85x
     (4096, 2048): (Tile(4, 512, 1, 8), None),  # 8B TP2 o: 1.56 vs 1.76
     (12288, 4096): (Tile(8, 256, 2), None),  # 8B TP2 gate_up + silu: 1.10 vs 1.22
@@ -68,10 +68,21 @@ SUM_FUSED_TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
 }
 
 
-def tile_for(m: int, n: int, k: int, *, sum_fused: bool = False) -> Tile | None:
+# (N, K): (tile at M = 1, tile at M = 16) for the gated form (`linear_silu_mul`) where a plain
+# product of the same shape wants another tile: Qwen3-8B's gate_up shard at TP4 is 8B qkv's
+# shape. Swept on one H200 of the lent nvidia-h100-x4 (`gpu_check.sh tptiles`).
+GATED_TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
+    (6144, 4096): (Tile(4, 512, 2), None),  # 8B TP4 gate_up + silu: 1.23x vs cuBLAS 1.43x
+}
+
+
+def tile_for(m: int, n: int, k: int, *, sum_fused: bool = False,
+             gated: bool = False) -> Tile | None:
     """The table's tile for an [m, k] x [n, k]^T product, or None (cuBLAS). `sum_fused`: the
-    product's split-K shares are summed by the add + norm kernel after it."""
+    product's split-K shares are summed by the add + norm kernel after it; `gated`: it is the
+    gated form's [gate; up] product."""
     pair = SUM_FUSED_TILES.get((n, k)) if sum_fused else None
+    pair = pair or (GATED_TILES.get((n, k)) if gated else None)
     pair = pair or TILES.get((n, k))
     if pair is None or m > 16:
         return None
