@@ -71,6 +71,15 @@ def flag_slots(world: int) -> int:
 
 
 @triton.jit
+def _count_call(count_ptr):
+    """This program's call number (1 at the first call), counted in at `count_ptr`."""
+    seq = tl.load(count_ptr) + 1
+    tl.debug_barrier()  # every thread has read the count before it moves on
+    tl.store(count_ptr, seq)
+    return seq
+
+
+@triton.jit
 def _push_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, flags, seq_ptr,
                               H, x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
                               WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
@@ -81,9 +90,7 @@ def _push_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, fl
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    seq = tl.load(seq_ptr + pid) + 1
-    tl.debug_barrier()  # every thread has read the count before it moves on
-    tl.store(seq_ptr + pid, seq)
+    seq = _count_call(seq_ptr + pid)
     parity = tl.cast(seq % 2, tl.int64)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
     for peer in tl.static_range(WORLD):
@@ -125,9 +132,7 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    seq = tl.load(seq_ptr + pid) + 1
-    tl.debug_barrier()  # every thread has read the count before it moves on
-    tl.store(seq_ptr + pid, seq)
+    seq = _count_call(seq_ptr + pid)
     parity = tl.cast(seq % 2, tl.int64)
     bits_type = tl.int16 if BITS == 16 else tl.int32
     nan = 0x7FFF if BITS == 16 else 0x7FFFFFFF  # a NaN that is not the empty mark
