@@ -11,9 +11,10 @@
 # from bf16 (fp8_drift.py).
 
 stage_fp8() {
-  stage "kernel tests: fp8_block_linear and W8A8 compiled (E8M0 and float32 scales), Qwen3 kept FP8"
+  stage "kernel tests: fp8_block_linear, its fused forms and W8A8 compiled (E8M0 and float32 scales), Qwen3 kept FP8"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" -rf --tb=short \
     packages/openinfer-kernels/tests/kernels/test_fp8_linear.py \
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear_fused.py \
     packages/openinfer-kernels/tests/kernels/test_fp8_w8a8.py \
     packages/openinfer-qwen3/tests/test_fp8_kept.py > "$OUT/fp8_tests_full.log" 2>&1
   grep -E "^E  |^FAILED|passed|failed" "$OUT/fp8_tests_full.log" | head -40

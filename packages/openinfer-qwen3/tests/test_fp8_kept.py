@@ -7,8 +7,10 @@ engine decodes the dequantized model's greedy tokens.
 `keep` runs on CUDA only; here the tests let it run on the CPU (`KEEP_DEVICES`) with the
 Triton kernels of `fp8_dynamic_linear` in the forward (under the interpreter; compiled where a
 GPU is), so the kernels that a GPU runs are the ones checked: the weight-only linear for
-decode-size products, and activations quantized to e4m3 (W8A8) for prompt-size ones, whose
-prompt logprobs stay within a measured bound of the dequantized model's."""
+decode-size products (gate_up's with silu * mul fused in, o_proj's and down's with the add +
+norm after them: the same numbers as the unfused ops), and activations quantized to e4m3
+(W8A8) for prompt-size ones, whose prompt logprobs stay within a measured bound of the
+dequantized model's."""
 
 from __future__ import annotations
 
@@ -24,16 +26,27 @@ import openinfer_kernels.fp8_linear.dynamic as dynamic
 import openinfer_qwen3.fp8_weights as fp8_weights
 import openinfer_qwen3.linears as linears
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
-from openinfer_core.events import PromptLogprobs
+from openinfer_core.events import PromptLogprobs, Token
 from openinfer_core.testing import run_staggered, tokens_of
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_core.weights.fp8_checkpoint import Fp8BlockWeight
-from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref, fp8_dynamic_linear
-from openinfer_kernels.fp8_linear.triton import fp8_block_linear_triton
+from openinfer_kernels.activation.triton import silu_and_mul_triton
+from openinfer_kernels.fp8_linear import (
+    dequant_fp8_blocks_ref,
+    fp8_block_linear_add_rms_norm,
+    fp8_block_linear_silu_mul,
+    fp8_dynamic_linear,
+)
+from openinfer_kernels.fp8_linear.triton import (
+    fp8_block_linear_add_rms_norm_triton,
+    fp8_block_linear_silu_mul_triton,
+    fp8_block_linear_triton,
+)
 from openinfer_kernels.fp8_linear.w8a8_triton import (
     fp8_group_quant_triton,
     fp8_w8a8_linear_triton,
 )
+from openinfer_kernels.norm.triton import fused_add_rms_norm_triton
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import Qwen3Shard, Qwen3Weights, load_weights
@@ -51,7 +64,8 @@ KEPT = {
     ("whole-blocks", (0, 2)): {"o_proj", "gate_up", "down"},
     ("whole-blocks", (1, 2)): {"o_proj", "gate_up", "down"},
 }
-# (M, N, K, path) of each FP8 product in the forward; path "weight-only" or "w8a8".
+# (M, N, K, path) of each FP8 product in the forward; path "weight-only", "w8a8", or the
+# weight-only product's fusions "silu-mul" (gate_up) and "add-norm" (o_proj, down).
 CALLS: list[tuple[int, int, int, str]] = []
 ON_GPU = torch.cuda.is_available()
 
@@ -77,6 +91,34 @@ def quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fp8_group_quant_triton(_gpu(x))
 
 
+def counted_silu_mul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    CALLS.append((x.shape[0], *w.shape, "silu-mul"))
+    return fp8_block_linear_silu_mul_triton(_gpu(x), _gpu(w), _gpu(scale)).to(x.device)
+
+
+def counted_add_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                     residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    CALLS.append((x.shape[0], *w.shape, "add-norm"))
+    normed, summed = fp8_block_linear_add_rms_norm_triton(
+        _gpu(x), _gpu(w), _gpu(scale), _gpu(residual), _gpu(norm_weight), eps)
+    return normed.to(x.device), summed.to(x.device)
+
+
+def unfused_silu_mul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The weight-only product, then `silu_and_mul`: two Triton ops."""
+    return silu_and_mul_triton(counted_block(x, w, scale)).to(x.device)
+
+
+def unfused_add_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                     residual: torch.Tensor, norm_weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight-only product, then `fused_add_rms_norm`: two Triton ops."""
+    normed, summed = fused_add_rms_norm_triton(_gpu(counted_block(x, w, scale)),
+                                               _gpu(residual), _gpu(norm_weight), eps)
+    return normed.to(x.device), summed.to(x.device)
+
+
 @pytest.fixture
 def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "keep")
@@ -84,6 +126,8 @@ def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(fp8_weights, "KEEP_DEVICES", frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(linears, "fp8_dynamic_linear",
                         dynamic.dynamic_linear(counted_block, quant, counted_w8a8))
+    monkeypatch.setattr(linears, "fp8_block_linear_silu_mul", counted_silu_mul)
+    monkeypatch.setattr(linears, "fp8_block_linear_add_rms_norm", counted_add_norm)
     CALLS.clear()
     yield
 
@@ -163,8 +207,47 @@ def test_kept_model_decodes_the_dequantized_tokens(pairs: dict[str, tuple[Path, 
     assert _greedy(engine, 4) == want
     rows = {m for m, _, _, _ in CALLS}
     assert 1 in rows and max(rows) > 1  # the one-row path and the tl.dot path ran
-    # No product reached W8A8_MIN_ROWS: every one the weight-only kernel's, as before W8A8.
-    assert max(rows) < dynamic.W8A8_MIN_ROWS and {c[3] for c in CALLS} == {"weight-only"}
+    # No product reached W8A8_MIN_ROWS: every one the weight-only kernel's, as before W8A8,
+    # each fused product's in its fused form (the last layer's down has no add + norm after
+    # it: a plain product).
+    assert max(rows) < dynamic.W8A8_MIN_ROWS
+    assert {c[3] for c in CALLS} == FUSED_PATHS[spec]
+
+
+# The paths a decode-size product takes, by which linears stay FP8 (KEPT).
+FUSED_PATHS = {"partial-blocks": {"weight-only", "add-norm"},
+               "whole-blocks": {"weight-only", "add-norm", "silu-mul"}}
+
+
+def _greedy_logprobs(engine: Engine) -> tuple[list[list[int]], torch.Tensor]:
+    """Two staggered prompts' greedy tokens and their logprobs: steps of 3, 9, 2 and 1 rows."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=0)
+    requests = [GenerateRequest(f"p{i}", tuple(p), params) for i, p in enumerate(PROMPTS[:2])]
+    events = run_staggered(engine, requests, arrival_step=lambda i: i)
+    tokens = [[e for e in events[f"p{i}"] if isinstance(e, Token)] for i in range(2)]
+    return ([[t.token_id for t in row] for row in tokens],
+            torch.tensor([t.logprob for row in tokens for t in row], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_fused_products_decode_as_the_unfused_ones(pairs: dict[str, tuple[Path, Path]],
+                                                   spec: str, keep: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused decode products (silu * mul in gate_up's kernel or split sum, o_proj's and
+    down's split shares summed by the add + norm kernel) against the weight-only product
+    followed by the unfused ops: the same tokens, logprobs equal to fp32's summation-order
+    noise. Staggered prompts give one-row steps (K unsplit) and steps of a few rows (split)."""
+    fp8_dir = pairs[spec][0]
+    fused = _greedy_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
+    assert {c[3] for c in CALLS} == FUSED_PATHS[spec]
+    assert {m for m, _, _, path in CALLS if path == "add-norm"} == {1, 2, 3, 9}
+    CALLS.clear()
+    monkeypatch.setattr(linears, "fp8_block_linear_silu_mul", unfused_silu_mul)
+    monkeypatch.setattr(linears, "fp8_block_linear_add_rms_norm", unfused_add_norm)
+    unfused = _greedy_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
+    assert {c[3] for c in CALLS} == {"weight-only"}
+    assert fused[0] == unfused[0]
+    torch.testing.assert_close(fused[1], unfused[1], rtol=0, atol=2e-2 if ON_GPU else 1e-4)
 
 
 PROMPT = [(29 * j + 5) % 384 for j in range(40)]
@@ -201,8 +284,11 @@ def test_w8a8_prefill_stays_near_the_dequantized_model(
         want = _prompt_logprobs(Engine(EngineConfig(model=str(plain_dir), device="cpu")))
     monkeypatch.setattr(dynamic, "W8A8_MIN_ROWS", 16)
     got = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
-    assert {(m, path) for m, _, _, path in CALLS} == {(len(PROMPT), "w8a8"), (1, "weight-only")}
+    decode = {(1, path) for path in FUSED_PATHS[spec]}
+    assert {(m, path) for m, _, _, path in CALLS} == {(len(PROMPT), "w8a8"), *decode}
     monkeypatch.setattr(linears, "fp8_dynamic_linear", fp8_dynamic_linear)
+    monkeypatch.setattr(linears, "fp8_block_linear_silu_mul", fp8_block_linear_silu_mul)
+    monkeypatch.setattr(linears, "fp8_block_linear_add_rms_norm", fp8_block_linear_add_rms_norm)
     reference = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
     # The kernels' fp32 sums in another order (compiled: FP8 MMA sums of ~14 bits a step).
     torch.testing.assert_close(got, reference, rtol=0, atol=2e-2 if ON_GPU else 1e-3)

@@ -156,7 +156,8 @@ class Qwen3Model:
     def _project_add_norm(self, x: torch.Tensor, w: Linear, residual: torch.Tensor,
                           norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(x @ w.T + residual), x @ w.T + residual). On one device in one
-        `linear_add_rms_norm` (a kept FP8 weight: its product, then the add + norm); under
+        `linear_add_rms_norm` (a kept FP8 weight: `fp8_block_linear_add_rms_norm` at decode
+        sizes, the W8A8 product then the add + norm at prompt sizes); under
         tensor parallelism the ranks' partial products meet in an all-reduce first, fused with
         the add + norm where the group has that kernel (`all_reduce_add_rms_norm`)."""
         eps = self.cfg.rms_norm_eps

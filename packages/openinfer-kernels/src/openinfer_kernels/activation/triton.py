@@ -16,6 +16,16 @@ BLOCK = 1024  # columns per program: 12 column blocks a row for Qwen3-8B
 
 
 @triton.jit
+def silu_mul(gate, up, OUT: tl.constexpr):
+    """silu(gate) * up in fp32 from a product's fp32 gate and up columns, with
+    `silu_and_mul`'s roundings: both rounded to OUT as an unfused product would store them,
+    silu rounded before the product (the epilogue of the gated linear kernels)."""
+    g = gate.to(OUT).to(tl.float32)
+    u = up.to(OUT).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g))).to(OUT).to(tl.float32) * u
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, x_row_stride, inter, BLOCK_I: tl.constexpr,
                          PDL: tl.constexpr):
     pdl_enter(PDL)

@@ -1,12 +1,15 @@
 """Linear layers over block-scaled FP8 weights (e4m3, one scale per 128 x 128 block: E8M0, or
 float32 as HF's `weight_scale_inv`) that keep the weight quantized on the GPU:
-`fp8_block_linear` (activations bf16 or fp32, the weight dequantized in registers), and
-`fp8_grouped_linear` for a block-diagonal one; the W8A8 pair for many rows, `fp8_group_quant`
-(activations to e4m3 per row and 128-column group) and `fp8_w8a8_linear` (e4m3 x e4m3 on the
-FP8 tensor cores: cuBLASLt's block-scaled product where it applies, `scaled_mm.py`, else
-Triton); and `fp8_dynamic_linear`, which picks between the two by the row count
-(`dynamic.py`). The references on CPU, the Triton kernels on CUDA.
-`dequant_fp8_blocks_ref` dequantizes a weight."""
+`fp8_block_linear` (activations bf16 or fp32, the weight dequantized in registers), its
+decode-step fusions `fp8_block_linear_silu_mul` (a gated MLP's [gate; up] product and its
+activation) and `fp8_block_linear_add_rms_norm` (the product, then the residual add +
+RMSNorm, a split product's shares summed by the norm kernel), and `fp8_grouped_linear` for a
+block-diagonal one; the W8A8 pair for many rows, `fp8_group_quant` (activations to e4m3 per
+row and 128-column group) and `fp8_w8a8_linear` (e4m3 x e4m3 on the FP8 tensor cores:
+cuBLASLt's block-scaled product where it applies, `scaled_mm.py`, else Triton); and
+`fp8_dynamic_linear`, which picks between the two by the row count (`dynamic.py`). The
+references on CPU, the Triton kernels on CUDA. `dequant_fp8_blocks_ref` dequantizes a
+weight."""
 
 from openinfer_kernels.dispatch import by_device, triton_kernels
 from openinfer_kernels.fp8_linear.dynamic import (
@@ -18,7 +21,9 @@ from openinfer_kernels.fp8_linear.reference import (
     block_scales_to_float,
     dequant_fp8_blocks_ref,
     e8m0_to_float,
+    fp8_block_linear_add_rms_norm_ref,
     fp8_block_linear_ref,
+    fp8_block_linear_silu_mul_ref,
     fp8_group_quant_ref,
     fp8_grouped_linear_ref,
     fp8_w8a8_linear_ref,
@@ -30,6 +35,11 @@ _scaled_mm = triton_kernels("openinfer_kernels.fp8_linear.scaled_mm")
 
 fp8_block_linear = by_device(fp8_block_linear_ref,
                              _kernels.fp8_block_linear_triton if _kernels else None)
+fp8_block_linear_silu_mul = by_device(
+    fp8_block_linear_silu_mul_ref, _kernels.fp8_block_linear_silu_mul_triton if _kernels else None)
+fp8_block_linear_add_rms_norm = by_device(
+    fp8_block_linear_add_rms_norm_ref,
+    _kernels.fp8_block_linear_add_rms_norm_triton if _kernels else None)
 fp8_grouped_linear = by_device(fp8_grouped_linear_ref,
                                _kernels.fp8_grouped_linear_triton if _kernels else None)
 fp8_group_quant = by_device(fp8_group_quant_ref,
@@ -41,7 +51,9 @@ fp8_w8a8_linear = by_device(fp8_w8a8_linear_ref,
 fp8_dynamic_linear = dynamic_linear(fp8_block_linear, fp8_group_quant, fp8_w8a8_linear)
 
 __all__ = ["FP8_LINEAR_ENV", "block_scales_to_float", "dequant_fp8_blocks_ref",
-           "dynamic_linear", "e8m0_to_float", "fp8_block_linear", "fp8_block_linear_ref",
+           "dynamic_linear", "e8m0_to_float", "fp8_block_linear",
+           "fp8_block_linear_add_rms_norm", "fp8_block_linear_add_rms_norm_ref",
+           "fp8_block_linear_ref", "fp8_block_linear_silu_mul", "fp8_block_linear_silu_mul_ref",
            "fp8_dynamic_linear", "fp8_group_quant", "fp8_group_quant_ref", "fp8_grouped_linear",
            "fp8_grouped_linear_ref", "fp8_w8a8_linear", "fp8_w8a8_linear_ref",
            "quantizes_activations"]

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from openinfer_kernels.activation.reference import silu_and_mul_ref
+from openinfer_kernels.norm.reference import fused_add_rms_norm_ref
+
 
 def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
     """E8M0 scales (float8_e8m0fnu, or their bytes as uint8) -> fp32 powers of two."""
@@ -45,6 +48,21 @@ def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     [M, N] in `out_dtype` (default x's). The product in fp32, rounded once."""
     weight = dequant_fp8_blocks_ref(w, scale, dtype=torch.float32)
     return (x.float() @ weight.t()).to(out_dtype or x.dtype)
+
+
+def fp8_block_linear_silu_mul_ref(x: torch.Tensor, w: torch.Tensor,
+                                  scale: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's activation over an FP8 [gate; up] weight (w [2I, K]): silu(x @ gate.T) *
+    (x @ up.T) -> [M, I] in x's dtype, each product rounded to x's dtype first."""
+    return silu_and_mul_ref(fp8_block_linear_ref(x, w, scale))
+
+
+def fp8_block_linear_add_rms_norm_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                                      residual: torch.Tensor, norm_weight: torch.Tensor,
+                                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x @ w.T + residual), x @ w.T + residual): the FP8 product (rounded to x's
+    dtype), then the pre-norm residual stream's add + norm."""
+    return fused_add_rms_norm_ref(fp8_block_linear_ref(x, w, scale), residual, norm_weight, eps)
 
 
 def fp8_grouped_linear_ref(x: torch.Tensor, w: torch.Tensor,

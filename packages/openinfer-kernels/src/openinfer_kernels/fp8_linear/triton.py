@@ -12,6 +12,12 @@ row per step, so enough bytes are in flight to stream the weight at the bandwidt
 rows use `tl.dot` with the weight tile as the left operand (its rows fill the MMA's 64-row
 side, the few activation rows its narrow side). With SPLIT_K > 1 the shares land in an fp32
 workspace that `sum_slices` adds in a fixed order: no atomics, the same bits every run.
+
+Two fused forms save a decode step's launches. The gated one (`fp8_block_linear_silu_mul`, a
+gated MLP's [gate; up] weight) gives each program gate rows n and the up rows n + I beside
+them and writes silu(gate) * up; split, its shares are the plain product's and the sum applies
+silu * mul. The add + norm one (`fp8_block_linear_add_rms_norm`) hands a split product's
+shares to the norm kernel, which sums them in the same order as `sum_slices`.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -22,8 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
+from openinfer_kernels.norm.triton import (
+    fused_add_rms_norm_triton,
+    split_sum_add_rms_norm_triton,
+)
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
@@ -42,7 +53,8 @@ LINE = tl.constexpr(LINE_BYTES)  # e4m3 elements in an L2 line: one byte each
 @dataclass(frozen=True, slots=True)
 class Fp8Tile:
     """BLOCK_M = 1 takes the CUDA-core path (any BLOCK_K that is a power of two); otherwise
-    BLOCK_K divides 128, so a K step sits inside one scale block."""
+    BLOCK_K divides 128, so a K step sits inside one scale block. `block_n`: the weight rows a
+    program reads (the gated product's unsplit programs: half gate rows, half up rows)."""
 
     block_m: int
     block_n: int
@@ -125,11 +137,14 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
                        k_per_split, rows_per_group, stride_xg, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, E8M0: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH: tl.constexpr = 0):
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                       GATED: tl.constexpr = False):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
-    weight row asked of L2 before `pdl_enter` (by the first block of activation rows)."""
+    weight row asked of L2 before `pdl_enter` (by the first block of activation rows).
+    GATED (K not split, one group): N is the width of silu(gate) * up, gate row n's up row is
+    n + N, and out[m, n] = silu(gate) * up."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -140,10 +155,17 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
     k_end = tl.minimum(k_start + k_per_split, K)
     # PREFETCH is set only where PDL is on: the weights, never the previous kernel's output.
     prefetch_rows(w_ptr, rn, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH, LINE)
+    if GATED:
+        prefetch_rows(w_ptr, rn + N, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH,
+                      LINE)
     pdl_enter(PDL)
     if BLOCK_M == 1:
         acc = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn, n_ok, k_start, k_end,
                      stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
+        if GATED:
+            up = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn + N, n_ok, k_start, k_end,
+                        stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
+            acc = silu_mul(acc, up, out_ptr.dtype.element_ty)
         out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
     else:
@@ -152,32 +174,44 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
         acc2 = _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm,
                       stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST,
                       E8M0)
+        if GATED:
+            up2 = _tiles(x_ptr, w_ptr, s_ptr, rn + N, n_ok, rm, m_ok, k_start, k_end,
+                         stride_xm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+                         UPCAST, E8M0)
+            acc2 = silu_mul(acc2, up2, out_ptr.dtype.element_ty)
         out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
         tl.store(out2, acc2.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
 @triton.jit
 def _sum_slices_kernel(part_ptr, out_ptr, ROWS, COLS, stride_s, stride_r, SLICES: tl.constexpr,
-                       BLOCK: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr = False):
     pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < ROWS * COLS
     row = offs // COLS
     col = offs % COLS
     total = tl.zeros([BLOCK], dtype=tl.float32)
+    up = tl.zeros([BLOCK], dtype=tl.float32)
     for s in range(SLICES):  # a fixed order: the same sum every run
-        total += tl.load(part_ptr + s * stride_s + row * stride_r + col, mask=ok, other=0.0)
+        slot = part_ptr + s * stride_s + row * stride_r + col
+        total += tl.load(slot, mask=ok, other=0.0)
+        if GATED:
+            up += tl.load(slot + COLS, mask=ok, other=0.0)
+    if GATED:
+        total = silu_mul(total, up, out_ptr.dtype.element_ty)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def sum_slices(part: torch.Tensor, out: torch.Tensor, slices: int, stride_s: int,
-               stride_r: int) -> None:
+               stride_r: int, gated: bool = False) -> None:
     """out [R, C] contiguous = sum over s < slices of part[s * stride_s + r * stride_r + c]
-    (fp32 elements), added in the order of s."""
+    (fp32 elements), added in the order of s; `gated`: silu of that sum times the same sum
+    of the up column C columns after it, rounded as `silu_and_mul` rounds."""
     rows, cols = out.shape
     block = 1024
     _sum_slices_kernel[(triton.cdiv(rows * cols, block),)](
-        part, out, rows, cols, stride_s, stride_r, SLICES=slices, BLOCK=block,
+        part, out, rows, cols, stride_s, stride_r, SLICES=slices, BLOCK=block, GATED=gated,
         **pdl_launch(out))
 
 
@@ -237,6 +271,53 @@ def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
     return out
 
 
+def fp8_block_linear_silu_mul_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                                     tile: Fp8Tile | None = None) -> torch.Tensor:
+    """`silu_and_mul(fp8_block_linear_triton(x, w, scale))` for a gated MLP's [gate; up]
+    weight (w [2I, K]) -> [M, I] in x's dtype, in one launch when K is not split (two when it
+    is: the shares' sum applies silu * mul). `tile`: as `fp8_block_linear` picks for [2I, K]
+    when not given; unsplit, a program's block_n rows are half gate rows, half up rows."""
+    _check(x, w, scale)
+    (m, k), rows = x.shape, w.shape[0]
+    if rows % 2:
+        raise ValueError(f"fp8_block_linear_silu_mul: w must be [gate; up], an even number "
+                         f"of rows, got {tuple(w.shape)}")
+    tile = tile or fp8_tile(m, rows, k, x.dtype, sm_count(x.device))
+    if tile.block_m > 1 and tile.block_n < 32:  # each half's tl.dot needs 16 rows
+        raise ValueError(f"fp8_block_linear_silu_mul: a tl.dot tile needs block_n >= 32 (16 "
+                         f"gate and 16 up rows), got {tile}")
+    out = torch.empty((m, rows // 2), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    _launch(x, w, scale, out, tile, rows, 0, gated=True)
+    return out
+
+
+def fp8_block_linear_add_rms_norm_triton(x: torch.Tensor, w: torch.Tensor,
+                                         scale: torch.Tensor, residual: torch.Tensor,
+                                         norm_weight: torch.Tensor, eps: float,
+                                         tile: Fp8Tile | None = None
+                                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm(fp8_block_linear_triton(x, w, scale), residual, norm_weight, eps)`
+    -> (normed, summed), x's dtype. Where the tile splits K, the norm kernel sums the fp32
+    shares in `sum_slices`'s order and rounds the sum as the linear would: one launch fewer,
+    the same numbers. `tile`: as `fp8_block_linear` picks when not given."""
+    _check(x, w, scale)
+    (m, k), n = x.shape, w.shape[0]
+    if residual.shape != (m, n) or norm_weight.shape != (n,):
+        raise ValueError(f"fp8_block_linear_add_rms_norm: residual must be [{m}, {n}] and "
+                         f"norm_weight [{n}], got {tuple(residual.shape)} and "
+                         f"{tuple(norm_weight.shape)}")
+    tile = tile or fp8_tile(m, n, k, x.dtype, sm_count(x.device))
+    k_per_split, split = _shares(k, tile)
+    if split == 1 or m == 0 or residual.dtype != x.dtype:
+        return fused_add_rms_norm_triton(fp8_block_linear_triton(x, w, scale, tile=tile),
+                                         residual, norm_weight, eps)
+    shares = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _launch_shares(x, w, scale, shares, tile, k_per_split, split, n, 0)
+    return split_sum_add_rms_norm_triton(shares, residual, norm_weight, eps)
+
+
 def fp8_grouped_linear_triton(x: torch.Tensor, w: torch.Tensor,
                               scale: torch.Tensor) -> torch.Tensor:
     """`fp8_grouped_linear_ref`'s contract in one launch (two when K is split): x [M, G, K]
@@ -259,26 +340,46 @@ def fp8_grouped_linear_triton(x: torch.Tensor, w: torch.Tensor,
     return out
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-            tile: Fp8Tile, rows_per_group: int, stride_xg: int) -> None:
-    """out [M, N] contiguous = x W^T; grouped when rows_per_group < N."""
-    m, k, n = x.shape[0], x.shape[-1], w.shape[0]
+def _shares(k: int, tile: Fp8Tile) -> tuple[int, int]:
+    """(K columns a share, shares) for `tile`: whole K steps a share, no empty shares."""
     k_per_split = triton.cdiv(triton.cdiv(k, tile.split_k), tile.block_k) * tile.block_k
-    split = triton.cdiv(k, k_per_split)  # no empty shares
-    target = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32,
-                                                device=x.device)
+    return k_per_split, triton.cdiv(k, k_per_split)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+            tile: Fp8Tile, rows_per_group: int, stride_xg: int, gated: bool = False) -> None:
+    """out [M, N] contiguous = x W^T (`gated`: [M, N / 2], silu(gate) * up of W = [gate; up]);
+    grouped when rows_per_group < N. Split, the fp32 shares then `sum_slices`."""
+    m, n = x.shape[0], w.shape[0]
+    k_per_split, split = _shares(x.shape[-1], tile)
+    if split == 1:
+        _launch_shares(x, w, scale, out, tile, k_per_split, split, rows_per_group, stride_xg,
+                       gated)
+        return
+    shares = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group, stride_xg)
+    sum_slices(shares, out, split, m * n, n, gated)
+
+
+def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                   target: torch.Tensor, tile: Fp8Tile, k_per_split: int, split: int,
+                   rows_per_group: int, stride_xg: int, gated: bool = False) -> None:
+    """The kernel into `target`: [M, N] (`gated`: [M, N / 2], a program reading block_n / 2
+    gate rows and as many up rows) when split == 1, else the fp32 shares [split, M, N]."""
+    m, k = x.shape[0], x.shape[-1]
+    n = w.shape[0] // 2 if gated else w.shape[0]
+    block_n = tile.block_n // 2 if gated else tile.block_n
     e8m0 = scale.dtype != torch.float32
     s = scale.view(torch.uint8) if e8m0 else scale
-    grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_m), split)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, tile.block_m), split)
     pdl = pdl_launch(x)
     prefetch = 0
     if pdl["PDL"]:  # e4m3: a byte an element
-        prefetch = prefetch_lines(n, 1, k_per_split, split, tile.block_n, PREFETCH_BUDGET)
+        prefetch = prefetch_lines(w.shape[0], 1, k_per_split, split, tile.block_n,
+                                  PREFETCH_BUDGET)
     _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
                              k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
-                             BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                             BLOCK_N=block_n, BLOCK_K=tile.block_k,
                              SUB=min(tile.block_k, BLOCK), E8M0=e8m0,
                              **dot_options(x), num_warps=tile.num_warps,
-                             num_stages=tile.num_stages, PREFETCH=prefetch, **pdl)
-    if split > 1:
-        sum_slices(target, out, split, m * n, n)
+                             num_stages=tile.num_stages, PREFETCH=prefetch, GATED=gated, **pdl)

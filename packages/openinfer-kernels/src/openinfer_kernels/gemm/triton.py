@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
     LINE_BYTES,
@@ -90,15 +91,6 @@ def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn
         return acc2
 
 
-@triton.jit
-def _silu_mul(gate, up, OUT: tl.constexpr):
-    """silu(gate) * up with `silu_and_mul`'s roundings: the GEMM's outputs rounded to OUT as
-    an unfused GEMM would store them, silu rounded before the product."""
-    g = gate.to(OUT).to(tl.float32)
-    u = up.to(OUT).to(tl.float32)
-    return (g / (1.0 + tl.exp(-g))).to(OUT).to(tl.float32) * u
-
-
 # M follows the batch size: not specialized on (1, multiples of 16), so every CUDA-graph size
 # of up to 16 rows shares its tile's one compiled variant.
 @triton.jit(do_not_specialize=["M"])
@@ -133,7 +125,7 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
         second = _partial(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start, k_end,
                           stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
         if SPLIT_K == 1:
-            first = _silu_mul(first, second, out_ptr.dtype.element_ty)
+            first = silu_mul(first, second, out_ptr.dtype.element_ty)
         else:  # the workspace row is [gate | up], 2N wide
             tl.store(out_ptr + (split * M + rm[:, None]) * 2 * N + N + rn[None, :], second,
                      mask=mask)
@@ -191,7 +183,7 @@ def _sum_splits_kernel(part_ptr, out_ptr, MN, N, stride_om, SPLIT_K: tl.constexp
         if GATED:
             up += tl.load(row + N + n, mask=ok, other=0.0)
     if GATED:
-        total = _silu_mul(total, up, out_ptr.dtype.element_ty)
+        total = silu_mul(total, up, out_ptr.dtype.element_ty)
     tl.store(out_ptr + m * stride_om + n, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
