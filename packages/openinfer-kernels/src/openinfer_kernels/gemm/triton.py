@@ -160,7 +160,7 @@ def _sum_if_last(part_ptr, final_ptr, count_ptr, rm, rn, mask, M, N, width, stri
             if GATED:
                 up += tl.load(row + N + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg")
         if GATED:
-            total = _silu_mul(total, up, final_ptr.dtype.element_ty)
+            total = silu_mul(total, up, final_ptr.dtype.element_ty)
         tl.store(final_ptr + rm[:, None] * stride_om + rn[None, :],
                  total.to(final_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
