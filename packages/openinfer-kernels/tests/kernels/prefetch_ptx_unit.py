@@ -33,7 +33,8 @@ def _order(ptx: str) -> list[str]:
 LINEAR = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "final_ptr": "*bf16",
           "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
           "stride_wn": "i32", "stride_om": "i32", "k_per_split": "i32"}
-FP8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16", "M": "i32",
+FP8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16",
+       "final_ptr": "*bf16", "count_ptr": "*i32", "M": "i32",
        "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32",
        "k_per_split": "i32", "rows_per_group": "i32", "stride_xg": "i32"}
 
@@ -59,7 +60,8 @@ def test_linear_prefetches_before_it_waits(gated: bool, prefetch: int) -> None:
 def test_fp8_linear_prefetches_before_it_waits() -> None:
     ptx = _ptx(_fp8_linear_kernel, FP8, {
         "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SUB": 128, "PRECISION": "ieee",
-        "UPCAST": False, "E8M0": True, "PDL": True, "PREFETCH": 8})
+        "UPCAST": False, "E8M0": True, "PDL": True, "PREFETCH": 8, "GATED": False,
+        "SERIAL": False})
     order = _order(ptx)
     wait = order.index("griddepcontrol.wait")
     assert order[:wait] and set(order[:wait]) == {"prefetch.global.L2"}

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import openinfer_kernels.fp8_linear as fp8_linear
+from openinfer_kernels import split_k
 from openinfer_kernels.fp8_linear import (
     dequant_fp8_blocks_ref,
     fp8_block_linear_ref,
@@ -135,6 +136,22 @@ def test_split_k_is_deterministic() -> None:
     first = fp8_block_linear_triton(x, w, scale, tile=tile)
     assert all(torch.equal(first, fp8_block_linear_triton(x, w, scale, tile=tile))
                for _ in range(3))
+
+
+@pytest.mark.parametrize("tile", ["rows1-k512-split2", "rows1-k64-split3", "dot-n32-k64-split3"])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_the_last_share_sums_as_sum_slices_does(monkeypatch, m: int, tile: str) -> None:
+    """A split launch's last program per output block adds the shares (the default) to the
+    same bits as `sum_slices` (OPENINFER_SPLIT_SUM=kernel), and leaves every arrival count at
+    0 for the next launch (or a CUDA graph's replay)."""
+    x, w, scale = make(m, 100, 300, torch.bfloat16, seed=m)
+    monkeypatch.setattr(split_k, "SERIAL_SUM", True)
+    serial = [fp8_block_linear_triton(x, w, scale, tile=TILES[tile]) for _ in range(2)]
+    counts = split_k.split_counters(x.device)
+    assert counts is not None and not counts.any()
+    monkeypatch.setattr(split_k, "SERIAL_SUM", False)
+    kernel = fp8_block_linear_triton(x, w, scale, tile=TILES[tile])
+    assert torch.equal(serial[0], kernel) and torch.equal(serial[1], kernel)
 
 
 def test_bad_operands_are_refused() -> None:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import openinfer_kernels
+from openinfer_kernels import split_k
 from openinfer_kernels.activation import silu_and_mul_ref
 from openinfer_kernels.gemm import linear_ref, tiles
-from openinfer_kernels.gemm import triton as gemm_triton
 from openinfer_kernels.gemm.triton import Tile, linear_triton
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
@@ -72,11 +72,11 @@ def test_the_last_share_sums_as_the_sum_kernel_does(monkeypatch, m: int, tile: s
     g = torch.Generator().manual_seed(m * 7 + len(tile))
     x = torch.randn((m, 100), generator=g).bfloat16().to(DEVICE)
     w = torch.randn((80 if gated else 40, 100), generator=g).bfloat16().to(DEVICE)
-    monkeypatch.setattr(gemm_triton, "SERIAL_SUM", True)
+    monkeypatch.setattr(split_k, "SERIAL_SUM", True)
     serial = [linear_triton(x, w, TILES[tile], gated=gated) for _ in range(2)]
-    counts = gemm_triton.split_counters(x.device)
+    counts = split_k.split_counters(x.device)
     assert counts is not None and not counts.any()
-    monkeypatch.setattr(gemm_triton, "SERIAL_SUM", False)
+    monkeypatch.setattr(split_k, "SERIAL_SUM", False)
     kernel = linear_triton(x, w, TILES[tile], gated=gated)
     assert torch.equal(serial[0], kernel) and torch.equal(serial[1], kernel)
 

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels import split_k
 from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
@@ -43,6 +44,7 @@ from openinfer_kernels.pdl import (
     prefetch_lines,
     prefetch_rows,
 )
+from openinfer_kernels.split_k import sum_if_last
 
 BLOCK = 128  # the FP8 scale block, both ways
 # E8M0 (as bytes or float8_e8m0fnu) or float32 multipliers.
@@ -133,18 +135,20 @@ def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, s
 
 # M follows the batch size: not specialized, so every CUDA-graph size shares one variant.
 @triton.jit(do_not_specialize=["M"])
-def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn,
-                       k_per_split, rows_per_group, stride_xg, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, E8M0: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                       GATED: tl.constexpr = False):
+def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_xm,
+                       stride_wn, stride_sn, k_per_split, rows_per_group, stride_xg,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       SUB: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                       E8M0: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                       GATED: tl.constexpr = False, SERIAL: tl.constexpr = False):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
     weight row asked of L2 before `pdl_enter` (by the first block of activation rows).
     GATED (K not split, one group): N is the width of silu(gate) * up, gate row n's up row is
-    n + N, and out[m, n] = silu(gate) * up."""
+    n + N, and out[m, n] = silu(gate) * up. SERIAL (split, not gated): the output block's last
+    share to arrive sums the shares into `final_ptr` [M, N] (`split_k.sum_if_last`);
+    `count_ptr`: the arrival counts, zeros before and after."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -168,6 +172,11 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
             acc = silu_mul(acc, up, out_ptr.dtype.element_ty)
         out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+        if SERIAL:
+            rm1 = pid_m + tl.arange(0, 1)
+            sum_if_last(out_ptr, final_ptr, count_ptr + pid_m * tl.num_programs(0) + pid_n,
+                        rm1, rn, (rm1 < M)[:, None] & n_ok[None, :], M, N, N, N,
+                        tl.num_programs(2), False, 1, BLOCK_N)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
@@ -181,6 +190,10 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, stride_xm, stride_
             acc2 = silu_mul(acc2, up2, out_ptr.dtype.element_ty)
         out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
         tl.store(out2, acc2.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+        if SERIAL:
+            sum_if_last(out_ptr, final_ptr, count_ptr + pid_m * tl.num_programs(0) + pid_n,
+                        rm, rn, m_ok[:, None] & n_ok[None, :], M, N, N, N,
+                        tl.num_programs(2), False, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -349,7 +362,9 @@ def _shares(k: int, tile: Fp8Tile) -> tuple[int, int]:
 def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
             tile: Fp8Tile, rows_per_group: int, stride_xg: int, gated: bool = False) -> None:
     """out [M, N] contiguous = x W^T (`gated`: [M, N / 2], silu(gate) * up of W = [gate; up]);
-    grouped when rows_per_group < N. Split, the fp32 shares then `sum_slices`."""
+    grouped when rows_per_group < N. Split, the fp32 shares, summed by the kernel's last
+    share per output block (`split_k`) or, gated or with `OPENINFER_SPLIT_SUM=kernel`, by
+    `sum_slices`."""
     m, n = x.shape[0], w.shape[0]
     k_per_split, split = _shares(x.shape[-1], tile)
     if split == 1:
@@ -357,15 +372,21 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
                        gated)
         return
     shares = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group, stride_xg)
-    sum_slices(shares, out, split, m * n, n, gated)
+    blocks = triton.cdiv(n, tile.block_n) * triton.cdiv(m, tile.block_m)
+    counts = split_k.counts_for(x.device, blocks) if split_k.SERIAL_SUM and not gated else None
+    _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group, stride_xg,
+                   serial=(out, counts) if counts is not None else None)
+    if counts is None:
+        sum_slices(shares, out, split, m * n, n, gated)
 
 
 def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                    target: torch.Tensor, tile: Fp8Tile, k_per_split: int, split: int,
-                   rows_per_group: int, stride_xg: int, gated: bool = False) -> None:
+                   rows_per_group: int, stride_xg: int, gated: bool = False,
+                   serial: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The kernel into `target`: [M, N] (`gated`: [M, N / 2], a program reading block_n / 2
-    gate rows and as many up rows) when split == 1, else the fp32 shares [split, M, N]."""
+    gate rows and as many up rows) when split == 1, else the fp32 shares [split, M, N];
+    `serial`: (the [M, N] output, the arrival counts) for the last share to sum into."""
     m, k = x.shape[0], x.shape[-1]
     n = w.shape[0] // 2 if gated else w.shape[0]
     block_n = tile.block_n // 2 if gated else tile.block_n
@@ -377,9 +398,12 @@ def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     if pdl["PDL"]:  # e4m3: a byte an element
         prefetch = prefetch_lines(w.shape[0], 1, k_per_split, split, tile.block_n,
                                   PREFETCH_BUDGET)
-    _fp8_linear_kernel[grid](x, w, s, target, m, n, k, x.stride(0), w.stride(0), s.stride(0),
-                             k_per_split, rows_per_group, stride_xg, BLOCK_M=tile.block_m,
+    final, counts = serial if serial is not None else (target, target)
+    _fp8_linear_kernel[grid](x, w, s, target, final, counts, m, n, k, x.stride(0), w.stride(0),
+                             s.stride(0), k_per_split, rows_per_group, stride_xg,
+                             BLOCK_M=tile.block_m,
                              BLOCK_N=block_n, BLOCK_K=tile.block_k,
                              SUB=min(tile.block_k, BLOCK), E8M0=e8m0,
                              **dot_options(x), num_warps=tile.num_warps,
-                             num_stages=tile.num_stages, PREFETCH=prefetch, GATED=gated, **pdl)
+                             num_stages=tile.num_stages, PREFETCH=prefetch, GATED=gated,
+                             SERIAL=serial is not None, **pdl)

@@ -4,9 +4,9 @@ their weights, so the kernels are built to keep enough weight bytes in flight ra
 FLOPs. A program owns BLOCK_N output columns (weight rows) and a 1/SPLIT_K share of K, and
 streams [BLOCK_N, BLOCK_K] weight tiles; with SPLIT_K > 1 the shares land in an fp32 workspace
 and are added in a fixed order, so results do not depend on timing: by the last of a column
-block's programs to finish (it counts arrivals in `split_counters`, then resets the count, so
-CUDA graphs replay it), or, with `OPENINFER_SPLIT_SUM=kernel`, by a second kernel (one launch
-more: at batch 1 a launch costs about what a small shard's product does).
+block's programs to finish (`split_k.sum_if_last`), or, with `OPENINFER_SPLIT_SUM=kernel`, by a
+second kernel (one launch more: at batch 1 a launch costs about what a small shard's product
+does).
 M = 1 multiplies on the CUDA cores (a row dot per column); larger M pads the rows to 16 and
 uses `tl.dot`. The gated form computes an MLP's gate and up columns side by side and writes
 silu(gate) * up, so the [M, 2I] product never goes to memory. (The mypy line above:
@@ -14,13 +14,13 @@ silu(gate) * up, so the [M, 2I] product never goes to memory. (The mypy line abo
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels import split_k
 from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
@@ -31,26 +31,7 @@ from openinfer_kernels.pdl import (
     prefetch_lines,
     prefetch_rows,
 )
-
-SPLIT_SUM_ENV = "OPENINFER_SPLIT_SUM"  # serial (default) | kernel; read once, at import
-SERIAL_SUM = os.environ.get(SPLIT_SUM_ENV, "serial") != "kernel"
-COUNTERS = 1 << 16  # column blocks one split launch may have (int32 counts, 256 KB a device)
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def split_counters(device: torch.device) -> torch.Tensor | None:
-    """The arrival counts of split launches on `device`, zeros between launches: each
-    launch's last program per column block puts its count back to 0. Launches never overlap
-    at the counts (the count is touched after `pdl_enter`, which waits for the kernel before
-    to finish, and the engine runs one step at a time), so one array serves them all. Made
-    on first use outside CUDA graph capture (the engine's eager warm-up comes first); None
-    while a capture would have to make it: that launch sums with the second kernel."""
-    counts = _counters.get(device)
-    if counts is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counts = _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return counts
+from openinfer_kernels.split_k import sum_if_last
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,34 +117,8 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
         width = 2 * N if GATED else N
         tl.store(out_ptr + (split * M + rm[:, None]) * width + rn[None, :], first, mask=mask)
         if SERIAL:
-            _sum_if_last(out_ptr, final_ptr, count_ptr + pid_n, rm, rn, mask, M, N, width,
-                         stride_om, SPLIT_K, GATED, M_PAD, BLOCK_N)
-
-
-@triton.jit
-def _sum_if_last(part_ptr, final_ptr, count_ptr, rm, rn, mask, M, N, width, stride_om,
-                 SPLIT_K: tl.constexpr, GATED: tl.constexpr, M_PAD: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """After this program stored its share: count it in; the block's last share sums all of
-    them in share order (the bits `_sum_splits_kernel` gives) into `final_ptr` and puts the
-    count back to 0. The pattern of a semaphore: every thread's stores, a CTA barrier, then
-    one atomic with release and acquire at GPU scope (Triton issues a scalar atomic from one
-    thread and hands its result to all)."""
-    tl.debug_barrier()  # the whole share is stored before it is counted
-    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:
-        total = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-        up = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-        for s in range(SPLIT_K):  # the other shares' rows come from L2 (.cg), never from a
-            row = part_ptr + (s * M + rm[:, None]) * width  # stale line of this SM's L1
-            total += tl.load(row + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-            if GATED:
-                up += tl.load(row + N + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-        if GATED:
-            total = silu_mul(total, up, final_ptr.dtype.element_ty)
-        tl.store(final_ptr + rm[:, None] * stride_om + rn[None, :],
-                 total.to(final_ptr.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+            sum_if_last(out_ptr, final_ptr, count_ptr + pid_n, rm, rn, mask, M, N, width,
+                        stride_om, SPLIT_K, GATED, M_PAD, BLOCK_N)
 
 
 @triton.jit
@@ -219,7 +174,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     if pdl["PDL"]:
         prefetch = prefetch_lines(w.shape[0], w.element_size(), k_per_split, split,
                                   tile.block_n * (2 if gated else 1), PREFETCH_BUDGET)
-    counts = split_counters(x.device) if serial and split > 1 and grid[0] <= COUNTERS else None
+    counts = split_k.counts_for(x.device, grid[0]) if serial and split > 1 else None
     serial = counts is not None
     _linear_kernel[grid](x, w, target, out, target if counts is None else counts, m, n, k,
                          x.stride(0), w.stride(0), out.stride(-2), k_per_split, M_PAD=m_pad,
@@ -251,7 +206,7 @@ def linear_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile, gated: bool = Fa
     split = tile.split_k
     target = out if split == 1 else torch.empty(
         (split, m, 2 * n if gated else n), dtype=torch.float32, device=x.device)
-    if _launch_linear(x, w, target, out, tile, gated, serial=SERIAL_SUM):
+    if _launch_linear(x, w, target, out, tile, gated, serial=split_k.SERIAL_SUM):
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](target, out, m * n, n, out.stride(0),
                                                          SPLIT_K=split, GATED=gated,
