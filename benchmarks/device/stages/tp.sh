@@ -92,7 +92,7 @@ stage_tpfused() {
   # The first fused start builds FlashInfer's trtllm_comm module: more than 300 s on 16 cores.
   TP_LATENCY_TIMEOUT=540 tp_latency 8b $M8 2 fused OPENINFER_TP_FUSED_NORM=flashinfer
   save_jit
-  for h in 4096 5120; do
+  for h in ${TPTRITON_HIDDEN:-4096 5120}; do
     stage "all-reduce + add + RMSNorm on 2 GPUs, fused (FlashInfer, Triton) against unfused, hidden $h"
     timeout 400 python3 benchmarks/device/add_norm.py --gpus 2 --hidden $h \
       --json "$OUT/add-norm-$h.json" 2>&1 | grep -v "^\[" | tail -16
@@ -110,6 +110,12 @@ stage_tptriton() {
   # beside the unfused path, then batch-1 TPOT of Qwen3-8B at each TP size unfused and fused
   # in the same call (TP1 first, the baseline), and the TP gate with the fusion.
   local tps=${TP_SIZES:-1 2} tp h mode pick modes=""
+  # The split linears' in-kernel sum (split_k.py) first: its memory ordering is only real on
+  # a GPU, and every TP shard tile that splits K takes it.
+  stage "split-K shares summed by the last share, compiled: bitwise against the sum kernel"
+  timeout 240 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" -k last_share \
+    packages/openinfer-kernels/tests/kernels/test_gemm.py \
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 | tail -3
   # mode:the test ids it selects (push-data's ids hold "data"; push's the rest of "push")
   for pick in "triton:triton" "push:push and not data" "push-data:data"; do
     mode=${pick%%:*}
@@ -125,11 +131,12 @@ stage_tptriton() {
   local most=2 g fusions
   for g in $tps; do [ "$g" -gt "$most" ] && most=$g; done
   fusions=$(echo $modes | tr ' ' ',')
-  for h in 4096 5120; do
+  for h in ${TPTRITON_HIDDEN:-4096 5120}; do
     stage "all-reduce + add + RMSNorm on $most GPUs, fused ($fusions) against unfused, hidden $h"
     timeout 300 python3 benchmarks/device/add_norm.py --gpus $most --hidden $h \
       --fused $fusions --json "$OUT/add-norm-triton-$h-x$most.json" 2>&1 | grep -v "^\[" | tail -16
   done
+  # TPTRITON_HIDDEN: the micro-benchmark's widths (default "4096 5120");
   # TPTRITON_TPOT: the paths timed at each TP size past 1 (each only where its check passed);
   # TPTRITON_GATE: the path the TP gate runs with (`none`: no gate; default `auto`'s choice).
   local timed=${TPTRITON_TPOT:-unfused triton push push-data} name
