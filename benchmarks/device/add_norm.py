@@ -1,6 +1,6 @@
 """All-reduce + residual add + RMSNorm on N GPUs, fused (FlashInfer's, `distributed/add_norm.py`;
 ours, one Triton kernel over symmetric memory, `distributed/symmetric_add_norm.py`, and its
-push form up to 64 rows, flag-signalled and data-signalled, `push-data`) against the
+push form up to 64 rows, data-signalled and flag-signalled, `push-flags`) against the
 unfused path a row-split layer takes without them (the group's all-reduce, then
 `fused_add_rms_norm`), bf16, rows of `--hidden` values, 1 to 2048 rows. Each path is captured
 in a CUDA graph of `CALLS` back-to-back calls (as a decode step replays them) and timed by
@@ -30,7 +30,7 @@ ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
 CALLS = 20  # calls per graph
 REPLAYS = 20  # timed replays of the graph, the best kept
 EPS = 1e-6
-FUSIONS = ("flashinfer", "triton", "push", "push-data")
+FUSIONS = ("flashinfer", "triton", "push", "push-flags")
 
 
 def _rank(rank: int, size: int, hidden: int, fusions: list[str], store: str, out: str) -> None:
@@ -53,12 +53,12 @@ def _rank(rank: int, size: int, hidden: int, fusions: list[str], store: str, out
         fused["push"] = SymmetricAddNorm.open(group._symmetric, all_reduce_add_rms_norm,
                                               hidden, torch.bfloat16, device,
                                               all_reduce_add_rms_norm_push)
-    if "push-data" in fusions:  # the same, its rows signalling by themselves (no flags)
+    if "push-flags" in fusions:  # the same, its rows signalled by flags
         from openinfer_kernels.collective.push_triton import PushAddNorm
 
-        fused["push-data"] = SymmetricAddNorm.open(group._symmetric, all_reduce_add_rms_norm,
-                                                   hidden, torch.bfloat16, device,
-                                                   PushAddNorm("data"))
+        fused["push-flags"] = SymmetricAddNorm.open(group._symmetric, all_reduce_add_rms_norm,
+                                                    hidden, torch.bfloat16, device,
+                                                    PushAddNorm("flags"))
     fused = {name: f for name, f in fused.items() if f is not None}
     if not fused:
         if rank == 0:

@@ -1,7 +1,7 @@
 """One rank of test_tp_add_norm_gpu.py: our all-reduce + add + RMSNorm over symmetric memory
 (`OPENINFER_TP_FUSED_NORM=triton`, or `push`: the push kernel up to its rows, the one-shot
-past them on 2 ranks; `push-data`: the same, its rows signalling by themselves,
-`OPENINFER_TP_PUSH_SIGNAL=data`) against the reference of every rank's partials and against
+past them on 2 ranks, its rows signalling by themselves; `push-flags`: the same with flags,
+`OPENINFER_TP_PUSH_SIGNAL=flags`) against the reference of every rank's partials and against
 the unfused path, eagerly and replayed from a CUDA graph. Spawned: importable by name."""
 
 from __future__ import annotations

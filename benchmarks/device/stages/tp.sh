@@ -104,8 +104,8 @@ stage_tpfused() {
 stage_tptriton() {
   # Our own all-reduce + add + RMSNorm (OPENINFER_TP_FUSED_NORM=triton: one Triton kernel over
   # the all-reduce's symmetric memory; no FlashInfer, no JIT wait), and its push form
-  # (OPENINFER_TP_FUSED_NORM=push, up to 64 rows; push-data: OPENINFER_TP_PUSH_SIGNAL=data,
-  # the rows their own flags). First their own 2/4-GPU
+  # (OPENINFER_TP_FUSED_NORM=push, up to 64 rows, the rows their own flags; push-flags:
+  # OPENINFER_TP_PUSH_SIGNAL=flags). First their own 2/4-GPU
   # check (a hang there stops the stage before anything waits on it), the micro-benchmark
   # beside the unfused path, then batch-1 TPOT of Qwen3-8B at each TP size unfused and fused
   # in the same call (TP1 first, the baseline), and the TP gate with the fusion.
@@ -116,8 +116,8 @@ stage_tptriton() {
   timeout 240 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" -k last_share \
     packages/openinfer-kernels/tests/kernels/test_gemm.py \
     packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 | tail -3
-  # mode:the test ids it selects (push-data's ids hold "data"; push's the rest of "push")
-  for pick in "triton:triton" "push:push and not data" "push-data:data"; do
+  # mode:the test ids it selects (push-flags's ids hold "flags"; push's the rest of "push")
+  for pick in "triton:triton" "push:push and not flags" "push-flags:flags"; do
     mode=${pick%%:*}
     stage "Triton all-reduce + add + RMSNorm ($mode): its GPU check"
     timeout -s ABRT 280 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
@@ -139,7 +139,7 @@ stage_tptriton() {
   # TPTRITON_HIDDEN: the micro-benchmark's widths (default "4096 5120");
   # TPTRITON_TPOT: the paths timed at each TP size past 1 (each only where its check passed);
   # TPTRITON_GATE: the path the TP gate runs with (`none`: no gate; default `auto`'s choice).
-  local timed=${TPTRITON_TPOT:-unfused triton push push-data} name
+  local timed=${TPTRITON_TPOT:-unfused triton push push-flags} name
   for tp in $tps; do
     if [ "$tp" = 1 ]; then
       tp_latency 8b $M8 1 auto
@@ -148,8 +148,8 @@ stage_tptriton() {
     for name in $timed; do
       case $name in
         unfused) tp_latency 8b $M8 $tp unfused OPENINFER_TP_FUSED_NORM=off ;;
-        push-data) [[ " $modes " == *" push-data "* ]] && tp_latency 8b $M8 $tp push-data \
-          OPENINFER_TP_FUSED_NORM=push OPENINFER_TP_PUSH_SIGNAL=data ;;
+        push-flags) [[ " $modes " == *" push-flags "* ]] && tp_latency 8b $M8 $tp push-flags \
+          OPENINFER_TP_FUSED_NORM=push OPENINFER_TP_PUSH_SIGNAL=flags ;;
         *) [[ " $modes " == *" $name "* ]] \
           && tp_latency 8b $M8 $tp $name OPENINFER_TP_FUSED_NORM=$name ;;
       esac
@@ -157,8 +157,8 @@ stage_tptriton() {
   done
   case ${TPTRITON_GATE:-auto} in
     none) ;;
-    push-data) OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=push \
-      OPENINFER_TP_PUSH_SIGNAL=data tp_gate ;;
+    push-flags) OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=push \
+      OPENINFER_TP_PUSH_SIGNAL=flags tp_gate ;;
     *) OPENINFER_TP_GATE_FP32=0 OPENINFER_TP_FUSED_NORM=${TPTRITON_GATE:-auto} tp_gate ;;
   esac
 }

@@ -20,14 +20,15 @@ so nothing is reset and the kernel replays in CUDA graphs. No meeting at the end
 reuses a parity at call n + 2 only after its own call n + 1 saw the reader's flag n + 1, which
 the reader raises after it has read call n.
 
-With `signal="data"` (`OPENINFER_TP_PUSH_SIGNAL=data`) the rows are their own flags, as in
-TensorRT-LLM's Lamport all-reduce: a landing slot holds all-ones bits (a NaN) while empty, a
-writer stores its row there (a row value with those bits is stored as another NaN), the reader
-polls its own memory until no element of the row is empty, adds it, and empties the slot again
-for the call two later. No flag, no release fence: one NVLink crossing of the data itself. A
-slot is refilled only after its reader emptied it: a writer's call n + 2 follows its call
-n + 1, which waited for the reader's row of call n + 1, which the reader pushes in a later
-launch than the one that emptied the slot (after `pdl_enter`, so after that launch ended).
+With `signal="data"` (the default; `OPENINFER_TP_PUSH_SIGNAL=flags` keeps the flags above) the rows
+are their own flags, as in TensorRT-LLM's Lamport all-reduce (on 4 H200s, one row of 4096: 5.2 us
+against the flags' 7.6, `benchmarks/device/add_norm.py`): a landing slot holds all-ones bits (a
+NaN) while empty, a writer stores its row there (a row value with those bits is stored as another
+NaN), the reader polls its own memory until no element of the row is empty, adds it, and empties
+the slot again for the call two later. No flag, no release fence: one NVLink crossing of the data
+itself. A slot is refilled only after its reader emptied it: a writer's call n + 2 follows its call
+n + 1, which waited for the reader's row of call n + 1, which the reader pushes in a later launch
+than the one that emptied the slot (after `pdl_enter`, so after that launch ended).
 
 The sum runs in fp32 in rank order and is rounded to x's dtype before the add and the norm,
 as `triton.py` does, so both kernels (and the reference) give the same bits.
@@ -46,14 +47,14 @@ from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
-SIGNAL_ENV = "OPENINFER_TP_PUSH_SIGNAL"  # flags (default) | data; read when the module loads
+SIGNAL_ENV = "OPENINFER_TP_PUSH_SIGNAL"  # data (default) | flags; read when the module loads
 SIGNALS = ("flags", "data")
 EMPTY_BYTE = 0xFF  # every byte of an empty slot, with signal="data": all-ones, a NaN
 
 
 def push_signal() -> str:
     """`OPENINFER_TP_PUSH_SIGNAL`: how a pushed row says it landed."""
-    signal = os.environ.get(SIGNAL_ENV, "flags")
+    signal = os.environ.get(SIGNAL_ENV, "data")
     if signal not in SIGNALS:
         raise ValueError(f"{SIGNAL_ENV}={signal!r}: use flags or data")
     return signal
@@ -168,13 +169,14 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
                                         weight: torch.Tensor, eps: float,
                                         areas: Sequence[torch.Tensor],
                                         flags: Sequence[torch.Tensor], seqs: torch.Tensor,
-                                        rank: int, signal: str = "flags",
+                                        rank: int, signal: str = "data",
                                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """`all_reduce_add_rms_norm_ref`'s (normed, summed) for at most `MAX_PROGRAMS` rows of
     `x` [..., H], in new tensors. Collective: every rank calls it with the same shapes, in the
     same order. `areas` / `flags`: every rank's landing area (x's dtype, `area_elements`) and
     flags (int32, `flag_slots`), in rank order, zeros before the first call (with
-    `signal="data"` the areas' bytes are `EMPTY_BYTE` instead, and the flags unused); `seqs`:
+    `signal="data"`, the default, the areas' bytes are `EMPTY_BYTE` instead, and the flags
+    unused); `seqs`:
     this rank's call counts (int32 [MAX_PROGRAMS], zeros at first); `rank`: this one's
     index."""
     world = len(areas)
@@ -218,7 +220,7 @@ class PushAddNorm:
 
     max_rows = MAX_PROGRAMS
 
-    def __init__(self, signal: str = "flags") -> None:
+    def __init__(self, signal: str = "data") -> None:
         if signal not in SIGNALS:
             raise ValueError(f"signal {signal!r}: use flags or data")
         self.signal = signal
