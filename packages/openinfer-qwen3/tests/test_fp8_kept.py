@@ -107,7 +107,7 @@ def counted_add_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
 
 def unfused_silu_mul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The weight-only product, then `silu_and_mul`: two Triton ops."""
-    return silu_and_mul_triton(counted_block(x, w, scale)).to(x.device)
+    return silu_and_mul_triton(_gpu(counted_block(x, w, scale))).to(x.device)
 
 
 def unfused_add_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
@@ -258,6 +258,7 @@ PROMPT = [(29 * j + 5) % 384 for j in range(40)]
 # "partial-blocks", whose qkv and gate_up stay dequantized, measured under the interpreter;
 # the bounds are about twice that.
 W8A8_DRIFT = {"max": 0.25, "mean": 0.06}
+W8A8_SPREAD_GPU = 0.06
 
 
 def _prompt_logprobs(engine: Engine) -> torch.Tensor:
@@ -290,8 +291,15 @@ def test_w8a8_prefill_stays_near_the_dequantized_model(
     monkeypatch.setattr(linears, "fp8_block_linear_silu_mul", fp8_block_linear_silu_mul)
     monkeypatch.setattr(linears, "fp8_block_linear_add_rms_norm", fp8_block_linear_add_rms_norm)
     reference = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
-    # The kernels' fp32 sums in another order (compiled: FP8 MMA sums of ~14 bits a step).
-    torch.testing.assert_close(got, reference, rtol=0, atol=2e-2 if ON_GPU else 1e-3)
-    drift = (got - want).abs() / want.abs().mean()
+    scale = want.abs().mean()
+    if ON_GPU:
+        # Compiled, the FP8 MMA sums ~14 bits a step and each layer's output, a few ulps off
+        # the reference's, can round its next activation to a neighbouring e4m3 value; that
+        # flip compounds over the layers (0.34 nats at worst, 3.1% of the logprobs' mean
+        # magnitude, on an H200 in gpu_check.sh's fp8 stage): about twice that.
+        assert (got - reference).abs().max() / scale <= W8A8_SPREAD_GPU
+    else:  # the interpreter: the same roundings, the sums in another order
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-3)
+    drift = (got - want).abs() / scale
     assert drift.max() <= W8A8_DRIFT["max"] and drift.mean() <= W8A8_DRIFT["mean"]
     assert drift.max() > 1e-3
