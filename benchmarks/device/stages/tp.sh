@@ -110,12 +110,13 @@ stage_tptriton() {
   # beside the unfused path, then batch-1 TPOT of Qwen3-8B at each TP size unfused and fused
   # in the same call (TP1 first, the baseline), and the TP gate with the fusion.
   local tps=${TP_SIZES:-1 2} tp h mode pick modes=""
-  # The split linears' in-kernel sum (split_k.py) first: its memory ordering is only real on
-  # a GPU, and every TP shard tile that splits K takes it.
+  # The split linears' in-kernel sum and the split attention's in-kernel merge (split_k.py's
+  # counts) first: their memory ordering is only real on a GPU, and every step takes them.
   stage "split-K shares summed by the last share, compiled: bitwise against the sum kernel"
   timeout 240 python3 -m pytest -p no:cacheprovider -q -m "gpu or not gpu" -k last_share \
     packages/openinfer-kernels/tests/kernels/test_gemm.py \
-    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 | tail -3
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py \
+    packages/openinfer-kernels/tests/kernels/test_paged_attention_triton.py 2>&1 | tail -3
   # mode:the test ids it selects (push-flags's ids hold "flags"; push's the rest of "push")
   for pick in "triton:triton" "push:push and not flags" "push-flags:flags"; do
     mode=${pick%%:*}

@@ -29,6 +29,7 @@ from paged_cases import (
 import openinfer_kernels
 from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_kernels.attention.prefill import PrefillConfig, launch_prefill, paged_prefill
+import openinfer_kernels.attention.split as split_module
 from openinfer_kernels.attention.split import (
     SplitConfig,
     launch_split,
@@ -43,6 +44,7 @@ from openinfer_kernels.attention.triton import (
 )
 from openinfer_kernels.attention.triton_backend import TritonAttentionBackend
 from openinfer_kernels.kv_store import kv_append
+from openinfer_kernels.split_k import split_counters
 
 gpu = pytest.mark.gpu
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -187,8 +189,30 @@ def test_split_tiles():
     assert split_tiles(2048, 4) == (16, 4)  # a graph's long steps hold decodes too
 
 
+@pytest.mark.parametrize("queries", [1, 8], ids=["decode", "short"])
+@pytest.mark.parametrize("num_splits", [2, 5])
+def test_the_last_share_merges_the_splits_as_the_merge_kernel_does(num_splits, queries,
+                                                                   monkeypatch):
+    """The splits merged by their last program (the default) against `_merge_kernel`: the
+    same weights in another summation order, and every arrival count back to 0 after the
+    launch (a CUDA graph's next replay starts from there). Compiled on the GPU too, where the
+    counting's memory ordering is real."""
+    reqs = SHORT_QUERIES["hits-and-decodes"] if queries > 1 else DECODES["b7-mixed-lengths"]
+    case = build(reqs, 4, 2, 24, torch.float32, seed=5)
+    config = SplitConfig(num_splits=num_splits)
+    serial = launch_split(*case.args(0.2), case.max_query_len, config)
+    assert not split_counters(serial.device).any()
+    monkeypatch.setattr(split_module, "SERIAL_SUM", False)
+    merged = launch_split(*case.args(0.2), case.max_query_len, config)
+    torch.testing.assert_close(serial, merged, rtol=1e-5, atol=1e-6)
+    check(serial, case, 0.2)
+
+
+@pytest.mark.parametrize("serial", [True, False], ids=["last-share", "merge-kernel"])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_split_kernel_leaves_padding_tokens_and_requests_alone(num_splits):
+def test_split_kernel_leaves_padding_tokens_and_requests_alone(num_splits, serial,
+                                                               monkeypatch):
+    monkeypatch.setattr(split_module, "SERIAL_SUM", serial)
     # A CUDA graph bucket: 7 tokens more than the requests own, and 3 requests of no query.
     reqs = SHORT_QUERIES["hits-and-decodes"]
     case = build([*reqs, Req(context=1, queries=0), Req(context=1, queries=0),

@@ -5,7 +5,10 @@ chunks), and its launchers.
 `_split_kernel` + `_merge_kernel`: the context is split (flash-decoding); program = (query
 block of one request, kv head, split) attends BLOCK_Q queries x all query heads of one KV group,
 reading K/V through the block table one tile at a time (`tiles.attend_tile`), and the merge
-weighs the splits by their log-sum-exp. The launch depends on T, B and the head counts only:
+weighs the splits by their log-sum-exp. By default the merge is the split kernel's own: each
+split stores its part, then counts itself in on its (query block, kv head)'s arrival count
+(`split_k.py`'s semaphore), and the last to arrive merges the parts and zeroes the count, so a
+step launches one kernel, not two (`OPENINFER_SPLIT_SUM=kernel` keeps `_merge_kernel`). The launch depends on T, B and the head counts only:
 each program finds its request (binary search over `query_start_loc`) and its share of the
 context on the device, so one captured CUDA graph replays correctly for any lengths.
 `paged_split` launches it at `SplitConfig`'s defaults.
@@ -26,6 +29,7 @@ from openinfer_kernels.dot import dot_options
 from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
 from openinfer_kernels.kv_store.triton import fp8_scale_tensors
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.split_k import SERIAL_SUM, counts_for
 
 MAX_SPLITS = 16
 
@@ -33,17 +37,18 @@ MAX_SPLITS = 16
 # Integer arguments that vary from step to step are not specialized on (Triton would compile a
 # variant for 1, for multiples of 16 and for the rest): a step must never wait on the JIT. The
 # split count is one of them (it follows the batch size): every CUDA-graph size shares a variant.
-@triton.jit(do_not_specialize=["num_seqs", "num_splits"])
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "num_tokens"])
 def _split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr, k_scale_ptr, v_scale_ptr,
-    scale_log2, num_seqs, num_splits,
+    out_ptr, part_out_ptr, part_lse_ptr, k_scale_ptr, v_scale_ptr, count_ptr,
+    scale_log2, num_seqs, num_splits, num_tokens,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, SPLIT: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
     KV_FP8: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
+    SERIAL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     if HEAVY_FIRST:
@@ -57,6 +62,12 @@ def _split_kernel(
         kv_head = tl.program_id(1)
         kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
+    if SERIAL:
+        if (pid == 0) & (split == 0):
+            # Padding past the requests' tokens (a CUDA graph's bucket): no request owns those
+            # rows; zeroed here, one KV group's heads by each kv head's first program.
+            _zero_rows(out_ptr, tl.load(query_start_loc_ptr + num_seqs), num_tokens, kv_head,
+                       stride_ot, stride_oh, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D)
     if DECODE:  # one program per request, which has at most one query
         seq = pid
         q_block = 0
@@ -139,6 +150,60 @@ def _split_kernel(
         part = (tokens * GROUP * kv_heads + heads) * num_splits + split
         tl.store(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=mask)
         tl.store(part_lse_ptr + part, m_i + tl.log2(l_safe), mask=r_mask)
+        if SERIAL:
+            # Every split of this (query block, kv head) counts in after its part is stored;
+            # the last merges them all (its peers' parts read from L2, `.cg`, never from a
+            # stale line of this SM's L1) and puts the count back to 0 for the next launch.
+            count = count_ptr + pid * kv_heads + kv_head
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh \
+                    + offs_d[None, :]
+                merged = _merge_parts(part_out_ptr, part_lse_ptr, part - split, offs_d, mask,
+                                      r_mask, num_splits, BLOCK_Q * BLOCK_G, BLOCK_D)
+                tl.store(out_ptrs, merged.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _merge_parts(part_out_ptr, part_lse_ptr, first_part, offs_d, mask, r_mask, num_splits,
+                 ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The rows' splits (parts first_part + 0..num_splits-1 of each row) weighed by their
+    log-sum-exp, as `_merge_kernel` weighs them: splits that saw no key weigh 0, and a row
+    whose splits all saw none comes out 0, not NaN."""
+    lse_max = tl.full([ROWS], float("-inf"), tl.float32)
+    for s in range(num_splits):
+        lse = tl.load(part_lse_ptr + first_part + s, mask=r_mask, other=float("-inf"),
+                      cache_modifier=".cg")
+        lse_max = tl.maximum(lse_max, lse)
+    lse_max = tl.maximum(lse_max, -1e30)
+    total = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for s in range(num_splits):
+        lse = tl.load(part_lse_ptr + first_part + s, mask=r_mask, other=float("-inf"),
+                      cache_modifier=".cg")
+        weight = tl.exp2(lse - lse_max)
+        parts = tl.load(part_out_ptr + (first_part + s)[:, None] * BLOCK_D + offs_d[None, :],
+                        mask=mask, other=0.0, cache_modifier=".cg")
+        total += weight
+        acc += weight[:, None] * parts
+    return acc / tl.where(total == 0.0, 1.0, total)[:, None]
+
+
+@triton.jit
+def _zero_rows(out_ptr, first_token, num_tokens, kv_head, stride_ot, stride_oh,
+               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """Zeroes query heads kv_head * GROUP .. + GROUP of tokens first_token .. num_tokens."""
+    g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    zeros = tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty)
+    heads = kv_head * GROUP + g
+    for token in range(first_token, num_tokens):
+        tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh
+                 + offs_d[None, :], zeros, mask=mask)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_splits"])
@@ -266,19 +331,23 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                device=q.device)
     heavy_first = config.heavy_first and not decode
     k_scale_ptr, v_scale_ptr = fp8_scale_tensors(k_cache, k_scale, v_scale)
+    # The splits merged by their last program (one launch), where the counts are at hand.
+    counts = counts_for(q.device, programs * kv_heads) if splits > 1 and SERIAL_SUM else None
     grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
     _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
-        k_scale_ptr, v_scale_ptr, scale * LOG2E, batch, splits,
+        k_scale_ptr, v_scale_ptr, out if counts is None else counts, scale * LOG2E, batch,
+        splits, num_tokens,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, SPLIT=splits > 1, DECODE=decode,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=config.block_n, BLOCK_D=block_d,
         **dot_options(q), num_warps=config.num_warps, num_stages=config.num_stages,
-        KV_FP8=k_cache.dtype == FP8_KV_DTYPE, HEAVY_FIRST=heavy_first, **pdl_launch(q),
+        KV_FP8=k_cache.dtype == FP8_KV_DTYPE, HEAVY_FIRST=heavy_first,
+        SERIAL=counts is not None, **pdl_launch(q),
     )
-    if splits > 1:
+    if splits > 1 and counts is None:
         _merge_kernel[(num_tokens, num_heads)](
             query_start_loc, part_out, part_lse, out, batch, splits, out.stride(0),
             out.stride(1), HEAD_DIM=head_dim,
