@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openinfer_deepseek_v4.kernels.rotary import rms_rotary_ref, rope_frequencies, rope_table
 from openinfer_deepseek_v4.kernels.sparse_attention import (
     sparse_sink_attention,
     sparse_sink_attention_ref,
 )
-from openinfer_deepseek_v4.kernels.rotary import rms_rotary_ref, rope_frequencies, rope_table
 from openinfer_deepseek_v4.kernels.sparse_attention.triton import sparse_sink_attention_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
