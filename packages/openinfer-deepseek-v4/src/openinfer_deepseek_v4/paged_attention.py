@@ -13,7 +13,8 @@ host-known bounds), with the Triton kernels on the GPU and their references on C
 3. per query, its keys as slots: the window's raw entries, and the compressed entries it sees
    (HCA: all; CSA: `indexer_topk_paged`'s picks); the slot arithmetic the layers share is
    made once a step (`StepSlots`);
-4. `sparse_sink_attention` over those slots, then the output projection."""
+4. `sparse_sink_attention` over those slots (its stores rotate the output back), then the
+   output projection."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.kernels.compress import compress_pool
+from openinfer_deepseek_v4.kernels.compress import compress_pool, store_projections
 from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged
 from openinfer_deepseek_v4.kernels.quant_sim import (
     fp8_round_rows,
@@ -67,8 +68,8 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         assert w.indexer is not None
         parts.append((cache.indexer, w.indexer.compressor, True))
     for part, weights, overlap in parts:
-        part.projections.flatten(0, 1)[slots.token_slots(part.projection_group)] = torch.cat(
-            compressor_inputs(x, weights), dim=-1)
+        store_projections(*compressor_inputs(x, weights), part.projections.flatten(0, 1),
+                          slots.token_slots(part.projection_group))
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
                       rope.freqs, batch.group_table(part.projection_group),
                       batch.group_table(part.entry_group),
@@ -86,9 +87,11 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         pool = cache.compressor.entries.flatten(0, 1)
         entry_format = cache.compressor.fmt
         picked = _picked_slots(x, q_residual, batch, w, cfg, cache, rope, slots)
+    # The values carry their keys' rotation: the attention's stores rotate it back.
     out = sparse_sink_attention(q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
-                                cfg.head_dim ** -0.5, entry_format=entry_format)
-    return _output(out, w, cfg, batch.positions, rope)
+                                cfg.head_dim ** -0.5, entry_format=entry_format,
+                                positions=batch.positions, rope_table=rope.table)
+    return _output(out, w, cfg)
 
 
 def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch: ForwardBatch,
@@ -121,12 +124,10 @@ def _round_closed_entries(part: CompressedCache, slots: StepSlots, cfg: Deepseek
         fp8_round_rows(pool, rows, cfg.rope_head_dim)
 
 
-def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
-            positions: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """`reference.attention_output`: the values' rotation undone (one `rms_rotary`), the
-    grouped output projection, then o_b."""
+def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """`reference.attention_output` after the values' rotation is undone (by
+    `sparse_sink_attention`): the grouped output projection, then o_b."""
     t = out.shape[0]
-    out = rms_rotary(out, None, positions, rope.table, eps=None, inverse=True)
     grouped = grouped_linear(out.view(t, cfg.o_groups, -1), w.o_a)
     return linear(grouped.reshape(t, -1), w.o_b)
 

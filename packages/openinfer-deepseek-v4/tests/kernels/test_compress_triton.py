@@ -11,8 +11,16 @@ import pytest
 import torch
 
 from openinfer_core.interfaces.kv import KVGroupSpec
-from openinfer_deepseek_v4.kernels.compress import compress_kv_ref, compress_pool_ref
-from openinfer_deepseek_v4.kernels.compress.triton import compress_pool_triton
+from openinfer_deepseek_v4.kernels.compress import (
+    compress_kv_ref,
+    compress_pool_ref,
+    store_projections,
+    store_projections_ref,
+)
+from openinfer_deepseek_v4.kernels.compress.triton import (
+    compress_pool_triton,
+    store_projections_triton,
+)
 from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
@@ -221,6 +229,34 @@ def test_bad_shapes_are_refused() -> None:
         compress_pool_triton(cache.projections, cache.entries, bias[:, :24], norm, freqs,
                              cache.tables, cache.tables, *step([8], [8]), ratio=4, overlap=True,
                              norm_eps=EPS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("width", [24, 700], ids=["w24", "w700-two-tiles"])
+def test_store_projections_writes_kv_then_gate_into_the_slots(dtype: torch.dtype,
+                                                              width: int) -> None:
+    """kv | gate into rows `slots` of the pool, exactly (a copy); a negative slot and every
+    row not named stay as they were. kv is a strided view, as a matmul's slice may be."""
+    g = torch.Generator().manual_seed(5)
+    kv = torch.randn(5, 2 * width, generator=g).to(dtype)[:, :width]
+    gate = torch.randn(5, width, generator=g).to(dtype)
+    slots = torch.tensor([6, 0, -1, 11, 3])
+    pool = torch.randn(12, 2 * width, generator=g).to(dtype)
+    expected = pool.clone()
+    store_projections_ref(kv, gate, expected, slots)
+    assert torch.equal(expected[11], torch.cat([kv[3], gate[3]]))
+    got = pool.to(DEVICE)
+    store_projections_triton(kv.to(DEVICE), gate.to(DEVICE), got, slots.to(DEVICE))
+    assert torch.equal(got.cpu(), expected)
+    assert torch.equal(got.cpu()[[1, 2, 4, 5, 7, 8, 9, 10]], pool[[1, 2, 4, 5, 7, 8, 9, 10]])
+
+
+def test_store_projections_op_runs_the_reference_on_cpu() -> None:
+    kv, gate = torch.ones(2, 4), torch.full((2, 4), 2.0)
+    pool, expected = torch.zeros(3, 8), torch.zeros(3, 8)
+    store_projections(kv, gate, pool, torch.tensor([2, 0]))
+    expected[2, :4], expected[2, 4:], expected[0, :4], expected[0, 4:] = 1, 2, 1, 2
+    assert torch.equal(pool, expected)
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from openinfer_deepseek_v4.kernels.rotary import rms_rotary_ref, rope_frequencies, rope_table
 from openinfer_deepseek_v4.kernels.sparse_attention import (
     sparse_sink_attention,
     sparse_sink_attention_ref,
@@ -108,6 +109,34 @@ def test_a_large_sink_takes_the_weight() -> None:
     scores = torch.einsum("thd,tkd->thk", q, entries).masked_fill(~valid[:, None], -torch.inf)
     plain = torch.einsum("thk,tkd->thd", torch.softmax(scores * 0.1, -1), entries)
     torch.testing.assert_close(low, plain, **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("rope", [16, 40], ids=["rope16", "all-rope"])
+def test_output_rotated_back_in_the_epilogue(splits: int, rope: int, dtype: torch.dtype) -> None:
+    """With a rope table the stored output is the attention's, rounded, then rotated back at
+    each query's position, in the kernel's store (one split) or the merge's (several); one
+    position lies past the table (a padded row's) and reads its last row."""
+    args = make_case(4, 5, 40, 9, 12, dtype, seed=4)
+    table = rope_table(rope_frequencies(rope, 1e4), 50, dtype).to(DEVICE)
+    positions = torch.tensor([0, 7, 49, 80], device=DEVICE)
+    out = sparse_sink_attention_triton(*args, 0.2, num_splits=splits, positions=positions,
+                                       rope_table=table)
+    plain = sparse_sink_attention_ref(*args, 0.2)
+    clamped = positions.clamp(max=49)
+    ref = sparse_sink_attention_ref(*args, 0.2, positions=clamped, rope_table=table)
+    torch.testing.assert_close(ref, rms_rotary_ref(plain, None, clamped, table, eps=None,
+                                                   inverse=True), rtol=0, atol=0)
+    assert not torch.equal(ref, plain)  # the rotation moved something
+    torch.testing.assert_close(out.float(), ref.float(), **TOLERANCE[dtype])
+
+
+def test_rope_table_needs_positions() -> None:
+    args = make_case(2, 3, 40, 4, 4, torch.float32)
+    table = rope_table(rope_frequencies(16, 1e4), 8, torch.float32).to(DEVICE)
+    with pytest.raises(ValueError, match="positions"):
+        sparse_sink_attention_triton(*args, 0.3, rope_table=table)
 
 
 def test_op_runs_the_reference_on_cpu() -> None:

@@ -139,3 +139,12 @@ def compress_pool_ref(projections: torch.Tensor, entries: torch.Tensor,
         made = made[lo - start // ratio:]
         entries.flatten(0, 1)[slots] = (made.to(entries.dtype) if store is None
                                         else encode_rows(made, store))
+
+
+def store_projections_ref(kv: torch.Tensor, gate: torch.Tensor, pool: torch.Tensor,
+                          slots: torch.Tensor) -> None:
+    """A step's compressor projections into their cache rows: kv and gate [T, w] side by side
+    (the kv | gate row `compress_pool_ref` reads) into rows `slots` [T] of pool [S, 2 w] (a
+    negative slot skips its token), in the pool's dtype; mutates `pool` only."""
+    keep = slots >= 0
+    pool[slots[keep].long()] = torch.cat([kv, gate], dim=-1)[keep].to(pool.dtype)

@@ -178,3 +178,42 @@ def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
         ROPE_BYTES=1 if fp8 is None else fp8.rope_bytes,
         SCALE_OFF=0 if store is None else store.scale_offset, num_warps=4,
         **pdl_launch(projections))
+
+
+@triton.jit
+def _store_kernel(kv_ptr, gate_ptr, pool_ptr, slots_ptr, width, stride_kv, stride_gate,
+                  stride_pool, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (token, tile of BLOCK of the row's 2 width columns): kv's columns, then gate's,
+    into the token's pool row (none for a negative slot)."""
+    pdl_enter(PDL)
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(slots_ptr + token).to(tl.int64)
+    in_kv = cols < width
+    ok = (cols < 2 * width) & (tl.zeros([BLOCK], tl.int64) + slot >= 0)
+    value = tl.where(in_kv,
+                     tl.load(kv_ptr + token * stride_kv + cols, mask=ok & in_kv, other=0.0),
+                     tl.load(gate_ptr + token * stride_gate + cols - width,
+                             mask=ok & (cols >= width), other=0.0))
+    tl.store(pool_ptr + tl.maximum(slot, 0) * stride_pool + cols,
+             value.to(pool_ptr.dtype.element_ty), mask=ok)
+
+
+def store_projections_triton(kv: torch.Tensor, gate: torch.Tensor, pool: torch.Tensor,
+                             slots: torch.Tensor) -> None:
+    """`store_projections_ref` in one launch (the concatenation and the scatter of the torch
+    form): kv and gate [T, w] (rows may be strided, columns contiguous), pool [S, 2 w] with
+    contiguous rows. The grid depends on the shapes only: safe in CUDA graphs."""
+    t, width = kv.shape
+    if (gate.shape != kv.shape or pool.dim() != 2 or pool.shape[1] != 2 * width
+            or slots.shape != (t,) or kv.stride(1) != 1 or gate.stride(1) != 1
+            or pool.stride(1) != 1):
+        raise ValueError(f"store_projections: need kv and gate [T, w], pool [S, 2 w] and slots "
+                         f"[T], columns contiguous; got {tuple(kv.shape)}, {tuple(gate.shape)}, "
+                         f"{tuple(pool.shape)}, {tuple(slots.shape)}")
+    if t == 0:
+        return
+    block = min(1024, triton.next_power_of_2(2 * width))
+    _store_kernel[(t, triton.cdiv(2 * width, block))](
+        kv, gate, pool, slots, width, kv.stride(0), gate.stride(0), pool.stride(0),
+        BLOCK=block, num_warps=4, **pdl_launch(kv))

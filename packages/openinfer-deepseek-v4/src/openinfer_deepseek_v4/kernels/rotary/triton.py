@@ -18,6 +18,33 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
+def rotate_rows(y, token, pos_ptr, table_ptr, max_positions, ty: tl.constexpr,
+                D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                BLOCK_D: tl.constexpr, INVERSE: tl.constexpr):
+    """y [BLOCK_H, BLOCK_D] fp32 (rows of D values, rounded to `ty`) with the last ROPE dims of
+    each row rotated as pairs by token's position (back with INVERSE), cos and sin from the
+    position's table row, the rotated pairs rounded to `ty` (`rms_rotary_ref`'s rotation)."""
+    # pairs (2i, 2i + 1); pair i rotates by table column i - (D - ROPE) / 2
+    pair = tl.arange(0, BLOCK_D // 2)
+    col = pair - (D - ROPE) // 2
+    rot = (col >= 0) & (pair < D // 2)
+    # a position past the table (a padded row's garbage) reads its last row, not memory
+    pos = tl.minimum(tl.load(pos_ptr + token), max_positions - 1).to(tl.int64)
+    row = table_ptr + pos * ROPE + tl.where(rot, col, 0)
+    cos = tl.load(row, mask=rot, other=1.0).to(tl.float32)
+    sin = tl.load(row + ROPE // 2, mask=rot, other=0.0).to(tl.float32)
+    if INVERSE:
+        sin = -sin
+    even, odd = tl.split(tl.reshape(y, [BLOCK_H, BLOCK_D // 2, 2]))
+    turned = tl.join(even * cos[None, :] - odd * sin[None, :],
+                     odd * cos[None, :] + even * sin[None, :])
+    turned = tl.reshape(turned, [BLOCK_H, BLOCK_D]).to(ty).to(tl.float32)
+    rd = tl.arange(0, BLOCK_D)
+    is_rope = (rd >= D - ROPE) & (rd < D)
+    return tl.where(is_rope[None, :], turned, y)
+
+
+@triton.jit
 def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num_heads,
                        max_positions, stride_xt, stride_xh, stride_ot, stride_oh, eps,
                        D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -41,23 +68,8 @@ def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num
     else:
         y = x.to(ty).to(tl.float32)
     if ROPE > 0:
-        # pairs (2i, 2i + 1); pair i rotates by table column i - (D - ROPE) / 2
-        pair = tl.arange(0, BLOCK_D // 2)
-        col = pair - (D - ROPE) // 2
-        rot = (col >= 0) & (pair < D // 2)
-        # a position past the table (a padded row's garbage) reads its last row, not memory
-        pos = tl.minimum(tl.load(pos_ptr + token), max_positions - 1).to(tl.int64)
-        row = table_ptr + pos * ROPE + tl.where(rot, col, 0)
-        cos = tl.load(row, mask=rot, other=1.0).to(tl.float32)
-        sin = tl.load(row + ROPE // 2, mask=rot, other=0.0).to(tl.float32)
-        if INVERSE:
-            sin = -sin
-        even, odd = tl.split(tl.reshape(y, [BLOCK_H, BLOCK_D // 2, 2]))
-        turned = tl.join(even * cos[None, :] - odd * sin[None, :],
-                         odd * cos[None, :] + even * sin[None, :])
-        turned = tl.reshape(turned, [BLOCK_H, BLOCK_D]).to(ty).to(tl.float32)
-        is_rope = (rd >= D - ROPE) & d_ok
-        y = tl.where(is_rope[None, :], turned, y)
+        y = rotate_rows(y, token, pos_ptr, table_ptr, max_positions, ty, D, ROPE, BLOCK_H,
+                        BLOCK_D, INVERSE)
     dst = token
     if SCATTER:
         dst = tl.load(slots_ptr + token).to(tl.int64)

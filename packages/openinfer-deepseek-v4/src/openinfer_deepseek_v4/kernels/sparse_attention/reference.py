@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp8Entries, stored_rows
+from openinfer_deepseek_v4.kernels.rotary.reference import rms_rotary_ref
 
 
 def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor,
@@ -26,14 +27,23 @@ def sink_attention_ref(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor,
 def sparse_sink_attention_ref(q: torch.Tensor, kv_pool: torch.Tensor, entry_pool: torch.Tensor,
                               window_slots: torch.Tensor, picked_slots: torch.Tensor,
                               sinks: torch.Tensor, scale: float, *,
-                              entry_format: Fp8Entries | None = None) -> torch.Tensor:
+                              entry_format: Fp8Entries | None = None,
+                              positions: torch.Tensor | None = None,
+                              rope_table: torch.Tensor | None = None) -> torch.Tensor:
     """`sink_attention_ref` with each query's entries read from two pools of rows: q [T, H, D];
     kv_pool [S1, D] (raw entries) and entry_pool [S2, D] (compressed entries), one dtype;
     window_slots [T, W] and picked_slots [T, K] int, rows of kv_pool and entry_pool, -1 where
     there is none; sinks [H] fp32 -> [T, H, D] in q's dtype. A query with no entry at all
     gives 0: only its sink is left, and the sink carries no value. With `entry_format`,
-    entry_pool holds uint8 rows of that format, decoded to kv_pool's dtype as they are read."""
+    entry_pool holds uint8 rows of that format, decoded to kv_pool's dtype as they are read.
+    With `rope_table` ([max_positions, R], `kernels.rotary.rope_table`), the output's last R
+    dims of each head are rotated back at `positions` [T] (`rms_rotary_ref`'s inverse without
+    a norm): DeepSeek-V4's values carry their keys' rotation, which the output undoes."""
     picked = stored_rows(entry_pool, picked_slots.clamp(min=0), entry_format, kv_pool.dtype)
     entries = torch.cat([kv_pool[window_slots.clamp(min=0).long()], picked], dim=1)
     valid = torch.cat([window_slots >= 0, picked_slots >= 0], dim=1)
-    return sink_attention_ref(q, entries, valid, sinks, scale)
+    out = sink_attention_ref(q, entries, valid, sinks, scale)
+    if rope_table is None:
+        return out
+    assert positions is not None, "a rope table needs the queries' positions"
+    return rms_rotary_ref(out, None, positions, rope_table, eps=None, inverse=True)

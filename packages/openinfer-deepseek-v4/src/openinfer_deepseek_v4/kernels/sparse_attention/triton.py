@@ -21,6 +21,7 @@ import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp8Entries
 from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import load_fp8_rows
+from openinfer_deepseek_v4.kernels.rotary.triton import rotate_rows
 from openinfer_kernels.attention.tiles import LOG2E, online_softmax_step
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
@@ -54,11 +55,13 @@ def _attend_rows(q, acc, m_i, l_i, pool_ptr, slots_ptr, offs, n_mask, stride_row
 @triton.jit(do_not_specialize=["num_splits", "chunk"])
 def _sparse_kernel(
     q_ptr, kv_ptr, entry_ptr, window_ptr, picked_ptr, sinks_ptr, out_ptr, part_out_ptr,
-    part_lse_ptr, scale_log2, num_splits, chunk, num_heads, num_window, num_picked,
-    stride_qt, stride_qh, stride_kv, stride_entry, stride_wt, stride_pt, stride_ot, stride_oh,
+    part_lse_ptr, pos_ptr, table_ptr, max_positions, scale_log2, num_splits, chunk, num_heads,
+    num_window, num_picked, stride_qt, stride_qh, stride_kv, stride_entry, stride_wt,
+    stride_pt, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    ENTRY_FP8: tl.constexpr, NOPE: tl.constexpr, SCALE_OFF: tl.constexpr, PDL: tl.constexpr,
+    ENTRY_FP8: tl.constexpr, NOPE: tl.constexpr, SCALE_OFF: tl.constexpr, ROPE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -103,14 +106,30 @@ def _sparse_kernel(
         top = tl.maximum(m_i, sink)
         alpha = tl.exp2(m_i - top)
         out = acc * alpha[:, None] / (l_i * alpha + tl.exp2(sink - top))[:, None]
+        out = _unrotate(out, token, pos_ptr, table_ptr, max_positions,
+                        out_ptr.dtype.element_ty, HEAD_DIM, ROPE, BLOCK_H, BLOCK_D)
         tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _unrotate(out, token, pos_ptr, table_ptr, max_positions, ty: tl.constexpr,
+              HEAD_DIM: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_D: tl.constexpr):
+    """The output rows [BLOCK_H, BLOCK_D] fp32 as the caller stores them: with ROPE, rounded to
+    `ty` and their last ROPE dims rotated back by the token's position (`rms_rotary`'s inverse
+    rotation, which they would otherwise take in a launch of their own)."""
+    if ROPE > 0:
+        out = rotate_rows(out.to(ty).to(tl.float32), token, pos_ptr, table_ptr,
+                          max_positions, ty, HEAD_DIM, ROPE, BLOCK_H, BLOCK_D, True)
+    return out
+
+
 @triton.jit(do_not_specialize=["num_splits"])
-def _merge_kernel(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, num_splits, num_heads,
-                  stride_ot, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                  BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _merge_kernel(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, pos_ptr, table_ptr,
+                  max_positions, num_splits, num_heads, stride_ot, stride_oh,
+                  HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                  ROPE: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -126,8 +145,10 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, num_splits, nu
     parts = tl.load(part_out_ptr + part[:, None] * BLOCK_D + offs_d[None, :],
                     mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     out = tl.sum(weight[:, None] * parts, 0) / (tl.sum(weight, 0) + tl.exp2(sink - top))
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d,
-             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    out = _unrotate(tl.reshape(out, [1, BLOCK_D]), token, pos_ptr, table_ptr, max_positions,
+                    out_ptr.dtype.element_ty, HEAD_DIM, ROPE, 1, BLOCK_D)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=d_mask[None, :])
 
 
 def plan(num_tokens: int, num_heads: int, head_dim: int, entries: int,
@@ -149,14 +170,21 @@ def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
                                  entry_pool: torch.Tensor, window_slots: torch.Tensor,
                                  picked_slots: torch.Tensor, sinks: torch.Tensor, scale: float,
                                  *, entry_format: Fp8Entries | None = None,
+                                 positions: torch.Tensor | None = None,
+                                 rope_table: torch.Tensor | None = None,
                                  num_splits: int | None = None, block_h: int | None = None,
                                  block_n: int | None = None,
                                  num_warps: int | None = None) -> torch.Tensor:
     """`sparse_sink_attention_ref`'s contract on CUDA (or the interpreter). The pools' rows,
     q's head dim and the slot rows must be contiguous in their last dim. `entry_format`: the
-    entry pool holds uint8 rows of that format. The other keywords override the plan's tiles
-    (tests, benchmarks/device/dsv4_attention_bench.py)."""
+    entry pool holds uint8 rows of that format. With `rope_table`, the stores rotate the output
+    back at `positions` (the epilogue of whichever kernel stores it). The other keywords
+    override the plan's tiles (tests, benchmarks/device/dsv4_attention_bench.py)."""
     num_tokens, num_heads, head_dim = q.shape
+    rope = 0 if rope_table is None else rope_table.shape[1]
+    if rope > head_dim or rope % 2 or (rope and (head_dim % 2 or positions is None)):
+        raise ValueError(f"sparse_sink_attention: a rope table needs positions and at most "
+                         f"head_dim (even) columns; got {rope} for head_dim {head_dim}")
     window, picked = window_slots.shape[1], picked_slots.shape[1]
     out = torch.empty_like(q)
     if num_tokens == 0:
@@ -181,20 +209,24 @@ def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
         part_lse = torch.empty(num_tokens, num_heads, splits, dtype=torch.float32,
                                device=q.device)
     sinks = sinks.float().contiguous()
+    table = out if rope_table is None else rope_table
+    pos = out if positions is None else positions
+    max_positions = 1 if rope_table is None else rope_table.shape[0]
     _sparse_kernel[(num_tokens, triton.cdiv(num_heads, block_h), splits)](
         q, kv_pool, entry_pool, window_slots, picked_slots, sinks, out, part_out, part_lse,
-        scale * LOG2E, splits, chunk, num_heads, window, picked,
+        pos, table, max_positions, scale * LOG2E, splits, chunk, num_heads, window, picked,
         q.stride(0), q.stride(1), kv_pool.stride(0), entry_pool.stride(0),
         window_slots.stride(0), picked_slots.stride(0), out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, SPLIT=splits > 1, BLOCK_H=block_h, BLOCK_N=block_n,
         BLOCK_D=block_d, **dot_options(q), ENTRY_FP8=entry_format is not None,
         NOPE=0 if entry_format is None else entry_format.nope,
-        SCALE_OFF=0 if entry_format is None else entry_format.scale_offset,
+        SCALE_OFF=0 if entry_format is None else entry_format.scale_offset, ROPE=rope,
         num_warps=num_warps, num_stages=2,
         **pdl_launch(q))
     if splits > 1:
         _merge_kernel[(num_tokens, num_heads)](
-            part_out, part_lse, sinks, out, splits, num_heads, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS, BLOCK_D=block_d, num_warps=4,
+            part_out, part_lse, sinks, out, pos, table, max_positions, splits, num_heads,
+            out.stride(0), out.stride(1), HEAD_DIM=head_dim, BLOCK_S=MAX_SPLITS,
+            BLOCK_D=block_d, ROPE=rope, num_warps=4,
             **pdl_launch(q))
     return out
