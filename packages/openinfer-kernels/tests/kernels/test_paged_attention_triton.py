@@ -27,9 +27,9 @@ from paged_cases import (
 )
 
 import openinfer_kernels
+import openinfer_kernels.attention.split as split_module
 from openinfer_core.interfaces.attention import AttentionBackend
 from openinfer_kernels.attention.prefill import PrefillConfig, launch_prefill, paged_prefill
-import openinfer_kernels.attention.split as split_module
 from openinfer_kernels.attention.split import (
     SplitConfig,
     launch_split,

@@ -2,16 +2,16 @@
 """The split kernel for batches of short queries (decode rows, prefix-cache hits, small
 chunks), and its launchers.
 
-`_split_kernel` + `_merge_kernel`: the context is split (flash-decoding); program = (query
-block of one request, kv head, split) attends BLOCK_Q queries x all query heads of one KV group,
+`_split_kernel` + `_merge_kernel`: the context is split (flash-decoding); program = (query block
+of one request, kv head, split) attends BLOCK_Q queries x all query heads of one KV group,
 reading K/V through the block table one tile at a time (`tiles.attend_tile`), and the merge
 weighs the splits by their log-sum-exp. By default the merge is the split kernel's own: each
 split stores its part, then counts itself in on its (query block, kv head)'s arrival count
 (`split_k.py`'s semaphore), and the last to arrive merges the parts and zeroes the count, so a
-step launches one kernel, not two (`OPENINFER_SPLIT_SUM=kernel` keeps `_merge_kernel`). The launch depends on T, B and the head counts only:
-each program finds its request (binary search over `query_start_loc`) and its share of the
-context on the device, so one captured CUDA graph replays correctly for any lengths.
-`paged_split` launches it at `SplitConfig`'s defaults.
+step launches one kernel, not two (`OPENINFER_SPLIT_SUM=kernel` keeps `_merge_kernel`). The
+launch depends on T, B and the head counts only: each program finds its request (binary search
+over `query_start_loc`) and its share of the context on the device, so one captured CUDA graph
+replays correctly for any lengths. `paged_split` launches it at `SplitConfig`'s defaults.
 
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
@@ -62,7 +62,7 @@ def _split_kernel(
         kv_head = tl.program_id(1)
         kv_heads = tl.num_programs(1)
     split = tl.program_id(2)
-    if SERIAL:
+    if SERIAL:  # noqa: SIM102 (a constexpr branch: compiled out, not a runtime test)
         if (pid == 0) & (split == 0):
             # Padding past the requests' tokens (a CUDA graph's bucket): no request owns those
             # rows; zeroed here, one KV group's heads by each kv head's first program.
