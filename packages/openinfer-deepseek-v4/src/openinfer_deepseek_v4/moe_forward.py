@@ -1,7 +1,9 @@
 """The MoE sublayer as the serving path runs it: `reference.moe`'s composition, with the
 router after its logits (`kernels/router`) and the shared expert's clamped SwiGLU
-(`kernels/swiglu`) one Triton launch each on the GPU in place of a dozen and four torch ops.
-On CPU every op is its reference, so the numbers are `reference.moe`'s exactly."""
+(`kernels/swiglu`) one Triton launch each on the GPU in place of a dozen and four torch ops,
+and the shared expert's output added by the FP4 experts' decode kernel (one rounding of the
+sum where `reference.moe` rounds the routed sum first). On CPU every op is its reference, so
+the numbers are `reference.moe`'s exactly."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
                 cfg: DeepseekV4Config) -> torch.Tensor:
     """`reference.moe`: routed experts plus the shared expert, x [T, H] -> [T, H]."""
     weights, ids = route(x, token_ids, w, cfg)
-    routed = routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit)
-    return routed + shared_expert(x, w, cfg)
+    return routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit,
+                          add=shared_expert(x, w, cfg))
 
 
 def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
