@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from openinfer_core.distributed.sharding import split_range
 from openinfer_core.interfaces.model import TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.moe_forward import route, shared_expert
 from openinfer_deepseek_v4.quantized import routed_experts
-from openinfer_deepseek_v4.reference import MoEWeights, route, shared_expert
+from openinfer_deepseek_v4.reference import MoEWeights
 
 
 @dataclass(frozen=True, slots=True)

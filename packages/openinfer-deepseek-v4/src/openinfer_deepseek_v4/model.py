@@ -27,13 +27,13 @@ from openinfer_deepseek_v4.kv_cache import (
     group_bytes_per_block,
     kv_groups,
 )
+from openinfer_deepseek_v4.moe_forward import moe_forward
 from openinfer_deepseek_v4.paged_attention import Rope, paged_attention
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
     layer_freqs,
     logits,
-    moe,
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.step_slots import StepSlots
@@ -163,8 +163,8 @@ class DeepseekV4Model:
                 ffn = partial(expert_parallel_moe, token_ids=batch.input_ids, w=layer.moe,
                               cfg=cfg, starts=self._expert_starts, group=self.tp)
             else:
-                ffn = self._reduced(partial(moe, token_ids=batch.input_ids, w=layer.moe,
-                                            cfg=cfg))
+                ffn = self._reduced(partial(moe_forward, token_ids=batch.input_ids,
+                                            w=layer.moe, cfg=cfg))
             streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg)
         # Only the rows that sample need the head (none in a step of prefill chunks only; the
         # head's ops take no empty batch, and every rank skips the all-gather alike).

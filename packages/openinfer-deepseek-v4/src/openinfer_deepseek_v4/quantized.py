@@ -82,13 +82,15 @@ def grouped_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
 
 def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                    gate_up: torch.Tensor | Fp4Experts, down: torch.Tensor | None,
-                   limit: float) -> torch.Tensor:
+                   limit: float, add: torch.Tensor | None = None) -> torch.Tensor:
     """sum over token t's experts of weights[t, e] * down_e(swiglu(gate_up_e x_t)): x [T, H],
-    ids/weights [T, k] -> [T, H]."""
+    ids/weights [T, k] -> [T, H]; plus `add` [T, H] where given (the shared expert's output:
+    the FP4 experts' decode kernel adds it before its rounding, saving a launch)."""
     if isinstance(gate_up, Fp4Experts):
         from openinfer_deepseek_v4.kernels.moe import fp4_moe_experts
 
         return fp4_moe_experts(x, ids, weights, gate_up.gate_up, gate_up.gate_up_scale,
-                               gate_up.down, gate_up.down_scale, limit)
+                               gate_up.down, gate_up.down_scale, limit, add=add)
     assert down is not None
-    return moe_experts_ref(x, ids, weights, gate_up, down, limit)
+    out = moe_experts_ref(x, ids, weights, gate_up, down, limit)
+    return out if add is None else out + add

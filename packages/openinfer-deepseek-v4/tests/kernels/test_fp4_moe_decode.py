@@ -24,8 +24,9 @@ TILES = {
 }
 
 
-def decode(case: dict[str, torch.Tensor], tile: DecodeTile | None = None) -> torch.Tensor:
-    return fp4_moe_experts_triton(**case, limit=LIMIT, path="decode", tile=tile)
+def decode(case: dict[str, torch.Tensor], tile: DecodeTile | None = None,
+           add: torch.Tensor | None = None) -> torch.Tensor:
+    return fp4_moe_experts_triton(**case, limit=LIMIT, path="decode", tile=tile, add=add)
 
 
 @pytest.mark.parametrize("tile", TILES.values(), ids=TILES.keys())
@@ -48,6 +49,25 @@ def test_decode_matches_grouped_path(dtype: torch.dtype) -> None:
     grouped = fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped")
     torch.testing.assert_close(decode(case).float(), grouped.float(),
                                **tolerance(dtype, grouped.float()))
+
+
+@pytest.mark.parametrize("tile", TILES.values(), ids=TILES.keys())
+@pytest.mark.parametrize("path", ["decode", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_add_joins_the_sum(dtype: torch.dtype, path: str, tile: DecodeTile | None) -> None:
+    """`add` (the shared expert's output, here of the experts' own scale and one row strided)
+    lands in the sum: the decode path adds it in the down kernel (the first K share only)
+    before the one rounding, the grouped path after; the reference adds it to its result."""
+    case = make(3, HIDDEN, INTER, experts=5, k=2, dtype=dtype, seed=17)
+    g = torch.Generator(DEVICE).manual_seed(17)
+    add = (torch.randn((3, 2 * HIDDEN), generator=g, device=DEVICE) * 4).to(dtype)[:, ::2]
+    out = fp4_moe_experts_triton(**case, limit=LIMIT, path=path, tile=tile, add=add)
+    ref = fp4_moe_experts_ref(**{**case, "x": case["x"].float()}, limit=LIMIT,
+                              add=add.float())
+    torch.testing.assert_close(out.float(), ref, **tolerance(dtype, ref))
+    without = fp4_moe_experts_triton(**case, limit=LIMIT, path=path, tile=tile)
+    assert (out.float() - without.float() - add.float()).abs().max() < \
+        (1e-4 if dtype == torch.float32 else 2**-6 * ref.abs().max().item())
 
 
 def test_experts_repeated_across_and_within_tokens() -> None:

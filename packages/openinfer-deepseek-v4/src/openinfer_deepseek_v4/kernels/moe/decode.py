@@ -137,13 +137,15 @@ def _gate_up_kernel(x_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, h_ptr, N, K, top_k, st
 
 
 @triton.jit
-def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, out_ptr, N, K, top_k, steps_per_split,
-                 stride_hm, stride_ids, stride_rw, stride_we, stride_wn, stride_se, stride_sn,
-                 stride_os, stride_om, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr, PDL: tl.constexpr):
+def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, top_k,
+                 steps_per_split, stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
+                 stride_se, stride_sn, stride_am, stride_os, stride_om, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD: tl.constexpr,
+                 PDL: tl.constexpr):
     """out[split, token, block]: over the token's slots in order, the routing weight times
-    the slot's expert's down rows against its row of h, inputs of this K share only. One loop
-    over (slot, step), so loads run ahead across slots; a slot of weight 0 masks its loads."""
+    the slot's expert's down rows against its row of h, inputs of this K share only; ADD: the
+    first share starts from the token's row of `add` instead of 0. One loop over (slot,
+    step), so loads run ahead across slots; a slot of weight 0 masks its loads."""
     pdl_enter(PDL)
     token = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -153,6 +155,10 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, out_ptr, N, K, top_k, ste
     k_end = tl.minimum(k_start + steps_per_split * BLOCK_K, K)
     steps = tl.cdiv(k_end - k_start, BLOCK_K)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if ADD:  # noqa: SIM102 (a compile-time branch around a runtime one)
+        if split == 0:
+            acc += tl.load(add_ptr + token.to(tl.int64) * stride_am + rn, mask=n_ok,
+                           other=0.0).to(tl.float32)
     for i in range(top_k * steps):
         slot = i // steps
         k = k_start + (i - slot * steps) * BLOCK_K
@@ -172,11 +178,13 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, out_ptr, N, K, top_k, ste
 
 def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                    gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
-                   down_scale: torch.Tensor, limit: float,
-                   tile: DecodeTile | None = None) -> torch.Tensor:
+                   down_scale: torch.Tensor, limit: float, tile: DecodeTile | None = None,
+                   add: torch.Tensor | None = None) -> torch.Tensor:
     """`fp4_moe_experts` (shapes as there, checked by the caller; weights and scales as
     uint8 views) by the decode kernels -> [T, H] in x's dtype; `tile` overrides
-    `decode_tile` (benchmarks). No host sync (CUDA-graph capturable)."""
+    `decode_tile` (benchmarks). `add` [T, H] (rows contiguous): added in fp32 to the
+    experts' sum before its one rounding (the shared expert's output: no add launch). No
+    host sync (CUDA-graph capturable)."""
     (t, hidden), top_k = x.shape, ids.shape[1]
     inter = gate_up.shape[1] // 2
     tile = tile or decode_tile(t)
@@ -197,11 +205,12 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     target = out if split == 1 else torch.empty((split, t, hidden), dtype=torch.float32,
                                                 device=x.device)
     _down_kernel[(t, triton.cdiv(hidden, tile.down_block_n), split)](
-        h, ids, weights, down, down_scale, target, hidden, inter, top_k, steps_per_split,
-        h.stride(0), ids.stride(0), weights.stride(0), down.stride(0), down.stride(1),
-        down_scale.stride(0), down_scale.stride(1), t * hidden, hidden,
+        h, ids, weights, down, down_scale, add if add is not None else out, target, hidden,
+        inter, top_k, steps_per_split, h.stride(0), ids.stride(0), weights.stride(0),
+        down.stride(0), down.stride(1), down_scale.stride(0), down_scale.stride(1),
+        add.stride(0) if add is not None else 0, t * hidden, hidden,
         BLOCK_N=tile.down_block_n, BLOCK_K=tile.down_block_k,
-        EVEN_K=inter % tile.down_block_k == 0, **common)
+        EVEN_K=inter % tile.down_block_k == 0, ADD=add is not None, **common)
     if split > 1:
         sum_slices(target, out, split, t * hidden, hidden)
     return out

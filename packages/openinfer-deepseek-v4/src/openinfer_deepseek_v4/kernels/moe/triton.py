@@ -158,21 +158,31 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
                            gate_up: torch.Tensor, gate_up_scale: torch.Tensor,
                            down: torch.Tensor, down_scale: torch.Tensor, limit: float, *,
                            path: Literal["auto", "decode", "grouped"] = "auto",
-                           tile: DecodeTile | None = None) -> torch.Tensor:
+                           tile: DecodeTile | None = None,
+                           add: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H] bf16/fp32, ids [T, k] int, weights [T, k] fp32, gate_up [E, 2I, H/2] and
     down [E, H, I/2] packed e2m1 (uint8/int8), scales [E, 2I, H/32], [E, H, I/32] E8M0
-    (uint8/float8_e8m0fnu) -> [T, H] in x's dtype. No host sync (CUDA-graph capturable).
+    (uint8/float8_e8m0fnu) -> [T, H] in x's dtype; `add` [T, H] in x's dtype, added to it
+    (on the decode path in the down kernel, before the result's rounding). No host sync
+    (CUDA-graph capturable).
     `path` and `tile` (the decode path's) override `takes_decode_path` and `decode_tile`
     (benchmarks, tests)."""
     _check(x, ids, weights, gate_up, gate_up_scale, down, down_scale)
     (t, hidden), top_k = x.shape, ids.shape[1]
+    if add is not None and (add.shape != x.shape or add.dtype != x.dtype):
+        raise ValueError(f"fp4_moe_experts: add must be {tuple(x.shape)} {x.dtype}, got "
+                         f"{tuple(add.shape)} {add.dtype}")
     if t * top_k == 0:
-        return torch.zeros((t, hidden), dtype=x.dtype, device=x.device)
+        out = torch.zeros((t, hidden), dtype=x.dtype, device=x.device)
+        return out if add is None else out + add
     packed = (gate_up.view(torch.uint8), gate_up_scale.view(torch.uint8), down.view(torch.uint8),
               down_scale.view(torch.uint8))
     if path == "decode" or (path == "auto" and takes_decode_path(t * top_k)):
-        return fp4_moe_decode(x, ids, weights, *packed, limit, tile)
-    return _grouped(x, ids, weights, *packed, limit)
+        if add is not None and add.stride(1) != 1:
+            add = add.contiguous()
+        return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add)
+    out = _grouped(x, ids, weights, *packed, limit)
+    return out if add is None else out + add
 
 
 def takes_decode_path(pairs: int) -> bool:

@@ -1,0 +1,40 @@
+"""The MoE sublayer as the serving path runs it: `reference.moe`'s composition, with the
+router after its logits (`kernels/router`) and the shared expert's clamped SwiGLU
+(`kernels/swiglu`) one Triton launch each on the GPU in place of a dozen and four torch ops,
+and the shared expert's output added by the FP4 experts' decode kernel (one rounding of the
+sum where `reference.moe` rounds the routed sum first). On CPU every op is its reference, so
+the numbers are `reference.moe`'s exactly."""
+
+from __future__ import annotations
+
+import torch
+
+from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.kernels.router import route_hash, route_topk
+from openinfer_deepseek_v4.kernels.swiglu import swiglu_clamped
+from openinfer_deepseek_v4.quantized import linear, routed_experts
+from openinfer_deepseek_v4.reference import MoEWeights
+
+
+def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
+                cfg: DeepseekV4Config) -> torch.Tensor:
+    """`reference.moe`: routed experts plus the shared expert, x [T, H] -> [T, H]."""
+    weights, ids = route(x, token_ids, w, cfg)
+    return routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit,
+                          add=shared_expert(x, w, cfg))
+
+
+def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
+          cfg: DeepseekV4Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reference.route`: (weights [T, k] fp32, global expert ids [T, k] int64)."""
+    logits = x @ w.gate.t()
+    if w.tid2eid is not None:
+        return route_hash(logits, w.tid2eid, token_ids, cfg.routed_scaling_factor)
+    assert w.bias is not None
+    return route_topk(logits, w.bias, cfg.top_k, cfg.routed_scaling_factor)
+
+
+def shared_expert(x: torch.Tensor, w: MoEWeights, cfg: DeepseekV4Config) -> torch.Tensor:
+    """`reference.shared_expert`: x [T, H] -> [T, H]."""
+    return linear(swiglu_clamped(linear(x, w.shared_gate_up), cfg.swiglu_limit),
+                  w.shared_down)
