@@ -14,6 +14,14 @@ stage_dsv4() {
   timeout 60 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
   timeout 45 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -15
   has dsv4model || stage_dsv4model  # `dsv4 dsv4model` runs the model part once
+  # The golden gate against DeepSeek's official inference/model.py (fetched, never committed):
+  # a person copies its inference/ files into official-dsv4/ (git-ignored) at the repository
+  # root, and the device call must carry ["official-dsv4", ".whl"]. Without the folder the
+  # gate fails and says so.
+  stage "DeepSeek-V4 golden gate vs the official inference code (V4-Flash widths, 3 layers, bf16)"
+  OPENINFER_DSV4_OFFICIAL=$PWD/official-dsv4 timeout 600 python3 -m pytest -p no:cacheprovider \
+    -q -s -m gpu tests/gpu/test_official_deepseek_v4_gpu.py 2>&1 | tail -40 \
+    | tee "$OUT/dsv4_official_golden.log"
 }
 
 stage_dsv4model() {

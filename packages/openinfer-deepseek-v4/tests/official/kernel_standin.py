@@ -143,4 +143,5 @@ def _sylvester(n: int) -> torch.Tensor:
 def hadamard_transform(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     """The Walsh-Hadamard transform of the last dim in Sylvester order, times `scale`
     (fast_hadamard_transform's contract), in x's dtype."""
-    return (torch.nn.functional.linear(x.float(), _sylvester(x.shape[-1])) * scale).to(x.dtype)
+    h = _sylvester(x.shape[-1]).to(x.device)
+    return (torch.nn.functional.linear(x.float(), h) * scale).to(x.dtype)

@@ -50,13 +50,55 @@ def load_official(inference_dir: Path) -> ModuleType:
     return module
 
 
-def build(module: ModuleType, args: dict[str, Any]) -> torch.nn.Module:
+def build(module: ModuleType, args: dict[str, Any], *, device: str = "cpu",
+          dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The official Transformer of `args` (ModelArgs fields), every linear a plain bf16
-    `F.linear`, cast to fp32; its parameters are uninitialised."""
+    `F.linear`; its parameters are uninitialised. In fp32 (the CPU reference) the whole module is
+    cast to fp32; in bf16 it is built as the official `generate.py` builds it (default dtype
+    bf16 on `device`: the norms, head, hyper-connections, sinks and compressors stay fp32)."""
     model_args = module.ModelArgs(dtype="bf16", expert_dtype=None, scale_dtype="fp8", **args)
-    torch.set_default_dtype(torch.float32)
-    model: torch.nn.Module = module.Transformer(model_args).float().eval()
+    if dtype == torch.float32:
+        torch.set_default_dtype(torch.float32)
+        with torch.device(device):
+            model: torch.nn.Module = module.Transformer(model_args).float().eval()
+        return model
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = module.Transformer(model_args).eval()
+    finally:
+        torch.set_default_dtype(previous)
     return model
+
+
+def model_args(config: dict[str, Any], *, max_seq_len: int,
+               max_batch_size: int = 1) -> dict[str, Any]:
+    """ModelArgs fields from a config.json in DeepSeek's keys (its HF repository's layout:
+    `compress_ratios` one longer than the layers, for the MTP layer, which is left out)."""
+    n = config["num_hidden_layers"]
+    yarn = config.get("rope_scaling") or {}
+    return dict(
+        max_batch_size=max_batch_size, max_seq_len=max_seq_len, n_mtp_layers=0,
+        vocab_size=config["vocab_size"], dim=config["hidden_size"],
+        moe_inter_dim=config["moe_intermediate_size"], n_layers=n,
+        n_hash_layers=config.get("num_hash_layers", 0),
+        n_heads=config["num_attention_heads"], n_routed_experts=config["n_routed_experts"],
+        n_shared_experts=config["n_shared_experts"],
+        n_activated_experts=config["num_experts_per_tok"], score_func=config["scoring_func"],
+        route_scale=config["routed_scaling_factor"], swiglu_limit=config["swiglu_limit"],
+        q_lora_rank=config["q_lora_rank"], head_dim=config["head_dim"],
+        rope_head_dim=config["qk_rope_head_dim"], norm_eps=config["rms_norm_eps"],
+        o_groups=config["o_groups"], o_lora_rank=config["o_lora_rank"],
+        window_size=config["sliding_window"],
+        compress_ratios=tuple(config["compress_ratios"][:n]),
+        compress_rope_theta=config["compress_rope_theta"],
+        original_seq_len=yarn.get("original_max_position_embeddings", 0),
+        rope_theta=config["rope_theta"], rope_factor=yarn.get("factor", 1),
+        beta_fast=yarn.get("beta_fast", 32), beta_slow=yarn.get("beta_slow", 1),
+        index_n_heads=config["index_n_heads"], index_head_dim=config["index_head_dim"],
+        index_topk=config["index_topk"], hc_mult=config["hc_mult"],
+        hc_sinkhorn_iters=config["hc_sinkhorn_iters"], hc_eps=config["hc_eps"])
 
 
 def reset_state(model: torch.nn.Module) -> None:
@@ -136,3 +178,18 @@ def run(model: torch.nn.Module, prompt: list[int], new_tokens: int, margins: Mar
                 steps.append(logits)
     return Run(prefill.float().clone(), torch.tensor(tokens),
                torch.stack(steps).float() if steps else prefill.new_zeros(0, prefill.shape[1]))
+
+
+@torch.inference_mode()
+def forced_logits(model: torch.nn.Module, tokens: list[int], prompt_len: int) -> torch.Tensor:
+    """Teacher-forced logits [len(tokens) - 1, vocab] (fp32, on the model's device): the first
+    `prompt_len` tokens prefilled at position 0 (a row per position), then each later token but
+    the last decoded alone at its position (one row each): the official cache semantics, a
+    call per `start_pos`, batch 1."""
+    reset_state(model)
+    device = next(model.parameters()).device
+    with torch.device(device):
+        rows = [model(torch.tensor([tokens[:prompt_len]]), 0)[0]]
+        for pos in range(prompt_len, len(tokens) - 1):
+            rows.append(model(torch.tensor([[tokens[pos]]]), pos)[0])
+    return torch.cat(rows).float()
