@@ -1,6 +1,7 @@
 """Our all-reduce + residual add + RMSNorm over symmetric memory
 (`OPENINFER_TP_FUSED_NORM=triton`, and `push`: the push kernel for up to 64 rows, its rows
-signalling by themselves or, `push-flags`, by flags; `openinfer_kernels.collective`) on
+signalling by themselves or, `push-flags`, by flags; `linear`: push, and Qwen3-8B's o_proj shard
+pushing its own rows for 1 to 4 rows; `openinfer_kernels.collective`) on
 2 GPUs, and on 4 where
 the machine has them: each rank's random partial products, 1 to 300 rows of 4096 bf16 values,
 twice in a row; the new residual stream bit for bit the reference's of every rank's partials
@@ -32,7 +33,7 @@ TIMEOUT_S = 120  # a barrier that never meets hangs its ranks: they are killed p
 # pass takes ~16 s on 2 H200s)
 
 
-@pytest.mark.parametrize("mode", ["triton", "push", "push-flags"])
+@pytest.mark.parametrize("mode", ["triton", "push", "push-flags", "linear"])
 @pytest.mark.parametrize("size", SIZES)
 def test_ours_matches_the_reference_and_the_unfused_path(size: int, mode: str,
                                                          tmp_path: Path) -> None:

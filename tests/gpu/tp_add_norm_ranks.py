@@ -1,8 +1,9 @@
 """One rank of test_tp_add_norm_gpu.py: our all-reduce + add + RMSNorm over symmetric memory
 (`OPENINFER_TP_FUSED_NORM=triton`, or `push`: the push kernel up to its rows, the one-shot
 past them on 2 ranks, its rows signalling by themselves; `push-flags`: the same with flags,
-`OPENINFER_TP_PUSH_SIGNAL=flags`) against the reference of every rank's partials and against
-the unfused path, eagerly and replayed from a CUDA graph. Spawned: importable by name."""
+`OPENINFER_TP_PUSH_SIGNAL=flags`; `linear`: push, and a row-split linear pushing its own rows,
+checked too) against the reference of every rank's partials and against the unfused path,
+eagerly and replayed from a CUDA graph. Spawned: importable by name."""
 
 from __future__ import annotations
 
@@ -48,13 +49,17 @@ def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, obje
         all_reduce_add_rms_norm,
         all_reduce_add_rms_norm_push,
         all_reduce_add_rms_norm_ref,
+        linear_push_add_rms_norm,
     )
 
     group.enable_add_rms_norm(HIDDEN, torch.bfloat16, kernel=all_reduce_add_rms_norm,
-                              push_kernel=all_reduce_add_rms_norm_push)
+                              push_kernel=all_reduce_add_rms_norm_push,
+                              linear_kernel=linear_push_add_rms_norm)
     fused = group._fused
     assert isinstance(fused, SymmetricAddNorm), "the Triton fusion did not open (see the log)"
-    pushing = os.environ.get("OPENINFER_TP_FUSED_NORM") == "push"
+    linear = os.environ.get("OPENINFER_TP_FUSED_NORM") == "linear"
+    assert (fused.linear is not None) == linear, "the pushing linear did not open"
+    pushing = os.environ.get("OPENINFER_TP_FUSED_NORM") in ("push", "linear")
     assert (fused.push is not None) == pushing, "the push kernel's memory did not open"
     g = torch.Generator(device=device).manual_seed(7)  # the same weight on every rank
     weight = (1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16)
@@ -90,11 +95,50 @@ def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, obje
         torch.testing.assert_close(summed, un_summed, rtol=2**-6, atol=0.1)
         torch.testing.assert_close(normed, un_normed, rtol=2**-6, atol=0.1)
         worst_unfused = max(worst_unfused, (summed.float() - un_summed.float()).abs().max().item())
+    if linear:
+        _linear_checks(group, rank, size, weight, device)
     _graph_replays(group, fused, weight, rank, device)
     torch.cuda.synchronize()
     torch.distributed.barrier()
     assert not fused.peers.pads[rank].any(), "flags left on this rank's signal pad"
     return {"unfused_residual_max_diff": worst_unfused}
+
+
+def _linear_checks(group, rank: int, size: int, weight: torch.Tensor,  # type: ignore[no-untyped-def]
+                   device: torch.device) -> None:
+    """The linear pushing its own rows (Qwen3-8B's o_proj shard: [4096, 4096 / size]), 1 to its
+    rows, each twice and between push kernel calls on the same memory: the stream bit for bit
+    the reference's of every rank's product (`linear`, the same tile and share sums), the norm
+    within a bf16 ulp, every rank alike; past its rows it does nothing."""
+    from openinfer_kernels import linear as small_linear
+    from openinfer_kernels.collective import all_reduce_add_rms_norm_ref
+
+    k = HIDDEN // size
+    g = torch.Generator(device=device).manual_seed(100 + rank)  # this rank's shard
+    w = (0.02 * torch.randn(HIDDEN, k, device=device, generator=g)).to(torch.bfloat16)
+    most = group._fused.linear.max_rows
+    for t in range(1, most + 2):
+        x = torch.randn(t, k, device=device, generator=g).to(torch.bfloat16)
+        shared = torch.Generator(device=device).manual_seed(t)
+        residual = torch.randn(t, HIDDEN, device=device, generator=shared).to(torch.bfloat16)
+        got = group.linear_all_reduce_add_rms_norm(x, w, residual, weight, EPS)
+        if t > most:
+            assert got is None, f"{t} rows took the pushing linear past its rows"
+            continue
+        assert got is not None, f"{t} rows did not take the pushing linear"
+        partial = small_linear(x, w)
+        parts = [torch.empty_like(partial) for _ in range(size)]
+        torch.distributed.all_gather(parts, partial)
+        want_normed, want_summed = all_reduce_add_rms_norm_ref(parts, residual, weight, EPS)
+        for _ in range(2):
+            normed, summed = got
+            assert torch.equal(summed, want_summed), f"{t} rows: the stream differs"
+            torch.testing.assert_close(normed, want_normed, rtol=2**-6, atol=1e-5)
+            _assert_every_rank_alike(normed, summed, size)
+            between = group.all_reduce_add_rms_norm(partial, residual, weight, EPS)
+            assert between is not None and torch.equal(between[1], want_summed)
+            got = group.linear_all_reduce_add_rms_norm(x, w, residual, weight, EPS)
+            assert got is not None
 
 
 def _assert_every_rank_alike(normed: torch.Tensor, summed: torch.Tensor, size: int) -> None:

@@ -118,7 +118,7 @@ stage_tptriton() {
     packages/openinfer-kernels/tests/kernels/test_fp8_linear.py \
     packages/openinfer-kernels/tests/kernels/test_paged_attention_triton.py 2>&1 | tail -3
   # mode:the test ids it selects (push-flags's ids hold "flags"; push's the rest of "push")
-  for pick in "triton:triton" "push:push and not flags" "push-flags:flags"; do
+  for pick in "triton:triton" "push:push and not flags" "push-flags:flags" "linear:linear"; do
     mode=${pick%%:*}
     stage "Triton all-reduce + add + RMSNorm ($mode): its GPU check"
     timeout -s ABRT 280 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
@@ -140,7 +140,7 @@ stage_tptriton() {
   # TPTRITON_HIDDEN: the micro-benchmark's widths (default "4096 5120");
   # TPTRITON_TPOT: the paths timed at each TP size past 1 (each only where its check passed);
   # TPTRITON_GATE: the path the TP gate runs with (`none`: no gate; default `auto`'s choice).
-  local timed=${TPTRITON_TPOT:-unfused triton push push-flags} name
+  local timed=${TPTRITON_TPOT:-unfused triton push push-flags linear} name
   for tp in $tps; do
     if [ "$tp" = 1 ]; then
       tp_latency 8b $M8 1 auto

@@ -38,7 +38,7 @@ def test_auto_takes_ours_where_measured(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_an_unknown_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_NORM_ENV, "on")
-    with pytest.raises(ValueError, match="auto, off, flashinfer, triton or push"):
+    with pytest.raises(ValueError, match="auto, off, flashinfer, triton, push or linear"):
         FusedAllReduceAddNorm.open(0, 2, torch.device("cpu"), 4096, torch.bfloat16)
 
 

@@ -23,7 +23,11 @@ from openinfer_kernels import (
     rms_norm,
     rope_cos_sin,
 )
-from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
+from openinfer_kernels.collective import (
+    all_reduce_add_rms_norm,
+    all_reduce_add_rms_norm_push,
+    linear_push_add_rms_norm,
+)
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
@@ -83,7 +87,8 @@ class Qwen3Model:
         self.cuda_graph_max_tokens = 0
         if tp is not None:  # our kernels over symmetric memory, if the group is asked to use them
             tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
-                                   push_kernel=all_reduce_add_rms_norm_push)
+                                   push_kernel=all_reduce_add_rms_norm_push,
+                                   linear_kernel=linear_push_add_rms_norm)
         if supports_cuda_graphs(attention) and attention.cuda_graph_safe:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens
@@ -159,11 +164,15 @@ class Qwen3Model:
         `linear_add_rms_norm` (a kept FP8 weight: `fp8_block_linear_add_rms_norm` at decode
         sizes, the W8A8 product then the add + norm at prompt sizes); under
         tensor parallelism the ranks' partial products meet in an all-reduce first, fused with
-        the add + norm where the group has that kernel (`all_reduce_add_rms_norm`)."""
+        the add + norm where the group has that kernel (`all_reduce_add_rms_norm`), or with
+        the product too (`linear_all_reduce_add_rms_norm`, a decode step's few rows)."""
         eps = self.cfg.rms_norm_eps
         if self.tp is None:
             return project_add_rms_norm(x, w, residual, norm_weight, eps)
         if self.tp.reduce_dtype is None:  # the all-reduce, add and norm in one kernel, or None
+            fused = self.tp.linear_all_reduce_add_rms_norm(x, w, residual, norm_weight, eps)
+            if fused is not None:
+                return fused
             partial = project(x, w)
             fused = self.tp.all_reduce_add_rms_norm(partial, residual, norm_weight, eps)
             if fused is not None:

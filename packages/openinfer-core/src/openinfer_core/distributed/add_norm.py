@@ -37,19 +37,21 @@ from openinfer_core.distributed.all_reduce import every_rank
 
 log = logging.getLogger("openinfer")
 
-FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"  # auto (default) | off | flashinfer | triton | push
-FUSED_NORM_MODES = ("auto", "off", "flashinfer", "triton", "push")
+# auto (default) | off | flashinfer | triton | push | linear (push, and the row-split linears
+# pushing their own rows where the line's kernel takes them)
+FUSED_NORM_ENV = "OPENINFER_TP_FUSED_NORM"
+FUSED_NORM_MODES = ("auto", "off", "flashinfer", "triton", "push", "linear")
 AUTO_PUSH_RANKS = (2, 4)  # group sizes where `auto` takes the push kernel: measured there
 MAX_TOKENS = 2048  # rows the workspace holds (SGLang sizes it the same); larger steps: unfused
 
 
 def fused_norm_mode(size: int) -> str:
-    """`OPENINFER_TP_FUSED_NORM` for a group of `size` ranks: off, flashinfer, triton or push
-    (`auto`, the default, resolved by the group's size)."""
+    """`OPENINFER_TP_FUSED_NORM` for a group of `size` ranks: off, flashinfer, triton, push or
+    linear (`auto`, the default, resolved by the group's size)."""
     mode = os.environ.get(FUSED_NORM_ENV, "auto")
     if mode not in FUSED_NORM_MODES:
-        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use auto, off, flashinfer, triton or "
-                         "push")
+        raise ValueError(f"{FUSED_NORM_ENV}={mode!r}: use auto, off, flashinfer, triton, push "
+                         "or linear")
     if mode == "auto":
         return "push" if size in AUTO_PUSH_RANKS else "off"
     return mode

@@ -19,7 +19,11 @@ import torch.distributed as dist
 from openinfer_core.distributed.add_norm import FusedAllReduceAddNorm, fused_norm_mode
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce
 from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
-from openinfer_core.interfaces.model import SymmetricAddNormKernel, SymmetricPushAddNormKernel
+from openinfer_core.interfaces.model import (
+    SymmetricAddNormKernel,
+    SymmetricLinearPushKernel,
+    SymmetricPushAddNormKernel,
+)
 
 log = logging.getLogger("openinfer")
 
@@ -77,22 +81,24 @@ class TorchTensorParallelGroup:
 
     def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
                             kernel: SymmetricAddNormKernel | None = None,
-                            push_kernel: SymmetricPushAddNormKernel | None = None) -> None:
+                            push_kernel: SymmetricPushAddNormKernel | None = None,
+                            linear_kernel: SymmetricLinearPushKernel | None = None) -> None:
         """Set up the fused all-reduce + add + RMSNorm for rows of `hidden` values of `dtype`
         where it is asked for and available: FlashInfer's (`add_norm.py`) or the line's
-        `kernel` over symmetric memory (`symmetric_add_norm.py`), by
-        `OPENINFER_TP_FUSED_NORM`. Collective: every rank, at load, outside CUDA graph
-        capture."""
+        `kernel` over symmetric memory (`symmetric_add_norm.py`), with the push kernel (and the
+        line's linear that pushes its own rows, `linear`), by `OPENINFER_TP_FUSED_NORM`.
+        Collective: every rank, at load, outside CUDA graph capture."""
         if self.size == 1 or self._fused is not None:
             return
         mode = fused_norm_mode(self.size)
         if mode == "flashinfer":
             self._fused = FusedAllReduceAddNorm.open(self.rank, self.size, self.device, hidden,
                                                      dtype)
-        elif mode in ("triton", "push") and self.device.type == "cuda":
-            self._fused = SymmetricAddNorm.open(self._symmetric, kernel, hidden, dtype,
-                                                self.device,
-                                                push_kernel if mode == "push" else None)
+        elif mode in ("triton", "push", "linear") and self.device.type == "cuda":
+            self._fused = SymmetricAddNorm.open(
+                self._symmetric, kernel, hidden, dtype, self.device,
+                push_kernel if mode != "triton" else None,
+                linear_kernel if mode == "linear" else None)
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
                                 weight: torch.Tensor,
@@ -102,6 +108,14 @@ class TorchTensorParallelGroup:
         if self._fused is None or not self._fused.fits(x):  # (it exists on CUDA only)
             return None
         return self._fused(x, residual, weight, eps)
+
+    def linear_all_reduce_add_rms_norm(self, x: torch.Tensor, w: object,
+                                       residual: torch.Tensor, weight: torch.Tensor,
+                                       eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """See `interfaces.model.TensorParallelGroup.linear_all_reduce_add_rms_norm`."""
+        if not isinstance(self._fused, SymmetricAddNorm):  # (it exists on CUDA only)
+            return None
+        return self._fused.project(x, w, residual, weight, eps)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

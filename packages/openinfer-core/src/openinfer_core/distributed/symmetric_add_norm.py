@@ -27,7 +27,11 @@ import torch
 
 from openinfer_core.distributed.add_norm import rows_fit
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers, every_rank
-from openinfer_core.interfaces.model import SymmetricAddNormKernel, SymmetricPushAddNormKernel
+from openinfer_core.interfaces.model import (
+    SymmetricAddNormKernel,
+    SymmetricLinearPushKernel,
+    SymmetricPushAddNormKernel,
+)
 
 log = logging.getLogger("openinfer")
 
@@ -94,21 +98,26 @@ class SymmetricAddNorm:
     every rank of the group at once, outside CUDA graph capture)."""
 
     def __init__(self, kernel: SymmetricAddNormKernel, peers: SymmetricPeers, hidden: int,
-                 dtype: torch.dtype, max_rows: int, push: PushMemory | None = None) -> None:
+                 dtype: torch.dtype, max_rows: int, push: PushMemory | None = None,
+                 linear: SymmetricLinearPushKernel | None = None) -> None:
         self.kernel = kernel
         self.peers = peers
         self.hidden = hidden
         self.dtype = dtype
         self.max_rows = max_rows
         self.push = push
+        self.linear = linear if push is not None else None
 
     @classmethod
     def open(cls, symmetric: SymmetricAllReduce | None, kernel: SymmetricAddNormKernel | None,
              hidden: int, dtype: torch.dtype, device: torch.device,
-             push_kernel: SymmetricPushAddNormKernel | None = None) -> SymmetricAddNorm | None:
+             push_kernel: SymmetricPushAddNormKernel | None = None,
+             linear_kernel: SymmetricLinearPushKernel | None = None) -> SymmetricAddNorm | None:
         """Ready on every rank, or None on every rank alike (no symmetric memory, no kernel
         handed in, a dtype or width the buffer cannot take, or any rank failing to map it).
-        `push_kernel`: also set up the push form (`PushMemory`), where it can be."""
+        `push_kernel`: also set up the push form (`PushMemory`), where it can be;
+        `linear_kernel`: with it, the linear that pushes its own rows into the same memory
+        (only where both start their landing areas alike)."""
         # These answers are the same on every rank: no need to agree on them.
         if symmetric is None:
             return _unavailable("no symmetric memory")
@@ -141,10 +150,18 @@ class SymmetricAddNorm:
                                         f"{symmetric.size} ranks")
                 rows = 0
         pulled = f"one-shot up to {rows} rows" if rows else "larger steps unfused"
+        if linear_kernel is not None and (push is None
+                                          or push.kernel.area_fill != linear_kernel.area_fill):
+            log.warning("tensor parallel: the linear that pushes its own rows needs the push "
+                        "kernel's memory with the rows as their signal "
+                        "(OPENINFER_TP_PUSH_SIGNAL=data); the products run apart")
+            linear_kernel = None
         log.info("tensor parallel: all-reduce + residual add + RMSNorm fused (Triton, symmetric "
-                 "memory), rows of %d: %s", hidden,
-                 f"pushed up to {push.kernel.max_rows} rows, {pulled}" if push else pulled)
-        return cls(kernel, peers, hidden, dtype, rows, push)
+                 "memory), rows of %d: %s%s", hidden,
+                 f"pushed up to {push.kernel.max_rows} rows, {pulled}" if push else pulled,
+                 f"; row-split linears push their own rows up to {linear_kernel.max_rows}"
+                 if linear_kernel is not None else "")
+        return cls(kernel, peers, hidden, dtype, rows, push, linear_kernel)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""
@@ -161,6 +178,15 @@ class SymmetricAddNorm:
                                self.peers.rank)
         return self.kernel(x, residual, weight, eps, self.peers.buffers, self.peers.pads,
                            self.peers.rank)
+
+    def project(self, x: torch.Tensor, w: object, residual: torch.Tensor, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`linear_kernel`'s (normed, summed) of x @ w.T, or None where there is none or it does
+        not take these rows or this weight (the same answer on every rank)."""
+        linear, push = self.linear, self.push
+        if linear is None or push is None or not 0 < x.shape[0] <= linear.max_rows:
+            return None
+        return linear(x, w, residual, weight, eps, push.areas, push.seqs, self.peers.rank)
 
     def close(self) -> None:
         """Nothing to free: the buffer is the all-reduce's."""

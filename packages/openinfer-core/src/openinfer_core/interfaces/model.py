@@ -243,6 +243,25 @@ class SymmetricPushAddNormKernel(Protocol):
         ...
 
 
+class SymmetricLinearPushKernel(Protocol):
+    """A row-split linear layer and the push kernel's sum, add and norm in one launch, for a
+    decode step's few rows (`openinfer_kernels.collective.linear_push_add_rms_norm`): each
+    rank's product pushes itself into the peers' landing areas, the push kernel's memory and
+    protocol (same `area_fill`), so no all-reduce kernel follows the product."""
+
+    max_rows: int  # the most rows one call takes
+    area_fill: int  # the landing areas' empty byte: must be the push kernel's
+
+    def __call__(self, x: torch.Tensor, w: object, residual: torch.Tensor,
+                 weight: torch.Tensor, eps: float, areas: Sequence[torch.Tensor],
+                 seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(s + residual) * weight, s + residual), s the sum over the ranks of
+        x @ w.T (this rank's shard `w` [H, K], in the line's own weight type); None, nothing
+        done, where it does not take this weight or shape (the same answer on every rank).
+        `areas`, `seqs`: as `SymmetricPushAddNormKernel`'s."""
+        ...
+
+
 @runtime_checkable
 class TensorParallelGroup(Protocol):
     """The ranks a tensor-parallel model is split over, as its model line sees them: each
@@ -263,12 +282,15 @@ class TensorParallelGroup(Protocol):
 
     def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
                             kernel: SymmetricAddNormKernel | None = None,
-                            push_kernel: SymmetricPushAddNormKernel | None = None) -> None:
+                            push_kernel: SymmetricPushAddNormKernel | None = None,
+                            linear_kernel: SymmetricLinearPushKernel | None = None) -> None:
         """Let `all_reduce_add_rms_norm` fuse for rows of `hidden` values of `dtype` where the
         group can (collective: every rank calls it at load, outside CUDA graph capture).
         `kernel`: the line's kernel over symmetric memory, which the group may use instead of
         its own (`OPENINFER_TP_FUSED_NORM=triton`); `push_kernel`: the line's push form for
-        few rows (`OPENINFER_TP_FUSED_NORM=push`, `kernel` past its rows)."""
+        few rows (`OPENINFER_TP_FUSED_NORM=push`, `kernel` past its rows); `linear_kernel`:
+        the row-split linear fused with the push form (`OPENINFER_TP_FUSED_NORM=linear`, for
+        `linear_all_reduce_add_rms_norm`)."""
         ...
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
@@ -278,6 +300,15 @@ class TensorParallelGroup(Protocol):
         one kernel; or None, nothing done, where the group has no fused kernel for `x` (then
         `all_reduce` and the line's own norm). Every rank gets the same answer for the same
         shape."""
+        ...
+
+    def linear_all_reduce_add_rms_norm(self, x: torch.Tensor, w: object,
+                                       residual: torch.Tensor, weight: torch.Tensor,
+                                       eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`all_reduce_add_rms_norm` of x @ w.T (`w` this rank's shard of a row-split layer) with
+        the product in the same launch; None, nothing done, where the group has no such kernel
+        for these rows and this weight (then the line's product and
+        `all_reduce_add_rms_norm`). Every rank gets the same answer for the same shapes."""
         ...
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
