@@ -118,3 +118,30 @@ def test_v4_flash_shapes(t: int) -> None:
     torch.testing.assert_close(hc_head_triton(streams, fn, base, scale, **args),
                                hc_head_ref(streams, fn, base, scale, **args),
                                **TOL[torch.bfloat16])
+
+
+@DTYPES
+@pytest.mark.parametrize("head", [False, True], ids=["pre", "head"])
+def test_the_last_share_computes_one_tokens_weights_as_the_second_kernel_does(
+        dtype, head, monkeypatch):
+    """At one token the mix kernel's last program computes the weights itself (one launch):
+    the same bits as the separate weights kernel, and its arrival count back to 0. Compiled on
+    the GPU too, where the counting's memory ordering is real."""
+    from openinfer_deepseek_v4.kernels.mhc import triton as mhc_triton
+    from openinfer_kernels.split_k import split_counters
+
+    streams, fn, base, scale, norm_weight = make(1, 64, dtype, head=head, seed=3)
+    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        if head:
+            return (hc_head_triton(streams, fn, base, scale, **args),)
+        return hc_pre_triton(streams, fn, base, scale, norm_weight, sinkhorn_iters=ITERS,
+                             **args)
+
+    assert mhc_triton.SERIAL_TOKENS >= 1
+    serial = run()
+    assert not split_counters(streams.device).any()
+    monkeypatch.setattr(mhc_triton, "SERIAL_TOKENS", 0)
+    for got, want in zip(serial, run(), strict=True):
+        assert torch.equal(got, want)

@@ -1,6 +1,8 @@
 # mypy: disable-error-code="no-untyped-def"
 """mHC around a sublayer in three launches: `hc_pre` (before it) is a split-K mix projection
-plus a per-token kernel, `hc_post` (after it) one kernel.
+plus a per-token kernel, `hc_post` (after it) one kernel. At one token `hc_pre` is one launch:
+the mix projection's last program to arrive (`openinfer_kernels.split_k`'s arrival counts) does
+the token's weights itself, as the second kernel would.
 
 1. `_mix_kernel`: the [T, N D] streams times fn^T ([N D, M], M = (2 + N) N, or N for the head)
    and each row's sum of squares, over a 1/SPLIT share of N D per program, into an fp32
@@ -24,13 +26,25 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels import split_k
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+# Tokens up to which the mix projection's last program computes the weights (one after
+# another) instead of a second launch: a decode step of one request, where a launch costs
+# more than the token's weights do.
+SERIAL_TOKENS = 1
 
 
 @triton.jit
-def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, T, K, K_PER, stride_xt, M: tl.constexpr,
-                M_PAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-                USE_DOT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr, norm_w_ptr,
+                y_ptr, post_ptr, comb_ptr, T, K, K_PER, stride_xt, stride_xn, hc_eps,
+                norm_eps, iters, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
+                N: tl.constexpr, D: tl.constexpr, SPLIT_PAD: tl.constexpr,
+                BLOCK_D: tl.constexpr, HEAD: tl.constexpr, SERIAL: tl.constexpr,
+                PDL: tl.constexpr):
+    # SERIAL: the tile's last program to arrive at count_ptr[pid_t] computes its tokens'
+    # weights (`_token_weights`, the other programs' shares read from L2) and zeroes the count.
     pdl_enter(PDL)
     pid_t, pid_s = tl.program_id(0), tl.program_id(1)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -55,6 +69,17 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, T, K, K_PER, stride_xt, M: tl.
     out = (pid_s * T + rt)[:, None] * M_PAD + rm[None, :]
     tl.store(part_ptr + out, acc, mask=t_ok[:, None])
     tl.store(ssq_ptr + pid_s * T + rt, ssq, mask=t_ok)
+    if SERIAL:
+        tl.debug_barrier()  # the whole share is stored before it is counted
+        count = count_ptr + pid_t
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+            for t in range(pid_t * BLOCK_T, tl.minimum(pid_t * BLOCK_T + BLOCK_T, T)):
+                _token_weights(pid_t * 0 + t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
+                               norm_w_ptr,
+                               y_ptr, post_ptr, comb_ptr, T, tl.num_programs(1), stride_xt,
+                               stride_xn, hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD,
+                               BLOCK_D, HEAD, ".cg")
+            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -77,22 +102,37 @@ def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                     PDL: tl.constexpr):
     pdl_enter(PDL)
-    t = tl.program_id(0)
+    _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
+                   norm_w_ptr, y_ptr, post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn,
+                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, "")
+
+
+@triton.jit
+def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr,
+                   post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
+                   N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
+                   SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
+                   CACHE: tl.constexpr):
+    """Token t's weights from its SPLIT shares (read with cache modifier CACHE: ".cg" where
+    other programs of the same launch wrote them), its collapse and norm."""
     rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
     s_ok, d_ok = rs < SPLIT, rd < D
-    inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0), axis=0)
-                       / (N * D) + norm_eps)
+    inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0,
+                                      cache_modifier=CACHE), axis=0) / (N * D) + norm_eps)
     row = part_ptr + (rs * T + t) * M_PAD  # [SPLIT_PAD] pointers: this token's shares
-    pre = tl.sum(tl.load(row[:, None] + rn[None, :], mask=s_ok[:, None], other=0.0), axis=0)
+    pre = tl.sum(tl.load(row[:, None] + rn[None, :], mask=s_ok[:, None], other=0.0,
+                         cache_modifier=CACHE), axis=0)
     pre = tl.sigmoid(pre * inv_rms * tl.load(scale_ptr) + tl.load(base_ptr + rn)) + hc_eps
     if not HEAD:
-        post = tl.sum(tl.load(row[:, None] + N + rn[None, :], mask=s_ok[:, None], other=0.0), 0)
+        post = tl.sum(tl.load(row[:, None] + N + rn[None, :], mask=s_ok[:, None], other=0.0,
+                              cache_modifier=CACHE), 0)
         post = 2 * tl.sigmoid(post * inv_rms * tl.load(scale_ptr + 1)
                               + tl.load(base_ptr + N + rn))
         tl.store(post_ptr + t * N + rn, post)
         nn = rn[:, None] * N + rn[None, :]
         comb = tl.sum(tl.load(row[:, None, None] + 2 * N + nn[None, :, :],
-                              mask=s_ok[:, None, None], other=0.0), axis=0)
+                              mask=s_ok[:, None, None], other=0.0, cache_modifier=CACHE),
+                      axis=0)
         comb = _sinkhorn(comb * inv_rms * tl.load(scale_ptr + 2)
                          + tl.load(base_ptr + 2 * N + nn), hc_eps, iters)
         tl.store(comb_ptr + t * N * N + nn, comb)
@@ -135,11 +175,8 @@ def _rows(streams: torch.Tensor) -> torch.Tensor:
             else streams.contiguous())
 
 
-def _mixes(streams: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Launch `_mix_kernel`: (shares [SPLIT, T, M_PAD], sums of squares [SPLIT, T], SPLIT)."""
-    t, k = streams.shape[0], streams.shape[1] * streams.shape[2]
-    m = fn.shape[0]
-    m_pad = max(16, triton.next_power_of_2(m))
+def _mix_tiles(t: int, k: int) -> tuple[int, int, bool, int]:
+    """(BLOCK_T, BLOCK_K, USE_DOT, SPLIT K shares) of `_mix_kernel` for T tokens of K inputs."""
     use_dot = t >= 16
     if use_dot:
         block_t, block_k = min(64, triton.next_power_of_2(t)), 64
@@ -150,15 +187,7 @@ def _mixes(streams: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch
     # ~2 programs per SM of an H100, each with at least 4 K blocks.
     split = max(1, min(triton.cdiv(264, tiles), k // (4 * block_k)))
     k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per)
-    part = torch.empty((split, t, m_pad), dtype=torch.float32, device=streams.device)
-    ssq = torch.empty((split, t), dtype=torch.float32, device=streams.device)
-    precision = "tf32x3" if streams.is_cuda else "ieee"
-    _mix_kernel[(tiles, split)](
-        streams, fn, part, ssq, t, k, k_per, streams.stride(0), M=m, M_PAD=m_pad,
-        BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot, PRECISION=precision,
-        num_warps=4, **pdl_launch(streams))
-    return part, ssq, split
+    return block_t, block_k, use_dot, k_per
 
 
 def _check(streams: torch.Tensor, fn: torch.Tensor, *, head: bool) -> None:
@@ -173,7 +202,9 @@ def _check(streams: torch.Tensor, fn: torch.Tensor, *, head: bool) -> None:
 def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
              norm_weight: torch.Tensor | None, hc_eps: float, norm_eps: float,
              sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Both launches of hc_pre (norm_weight given) or hc_head (None): (y, post, comb)."""
+    """hc_pre (norm_weight given) or hc_head (None): `_mix_kernel`'s shares of the mix
+    projection, then `_weights_kernel` per token, or (up to SERIAL_TOKENS tokens, where the
+    arrival counts are at hand) the mix kernel's last program: (y, post, comb)."""
     _check(streams, fn, head=norm_weight is None)
     streams, fn = _rows(streams), fn.contiguous()
     t, n, d = streams.shape
@@ -182,15 +213,31 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     comb = torch.empty((t, n, n), dtype=torch.float32, device=streams.device)
     if t == 0:
         return y, post, comb
-    part, ssq, split = _mixes(streams, fn)
+    k, m = n * d, fn.shape[0]
+    m_pad = max(16, triton.next_power_of_2(m))
+    block_t, block_k, use_dot, k_per = _mix_tiles(t, k)
+    tiles, split = triton.cdiv(t, block_t), triton.cdiv(k, k_per)
+    part = torch.empty((split, t, m_pad), dtype=torch.float32, device=streams.device)
+    ssq = torch.empty((split, t), dtype=torch.float32, device=streams.device)
+    counts = split_k.counts_for(streams.device, tiles) if t <= SERIAL_TOKENS else None
+    base, scale = base.float().contiguous(), scale.float().contiguous()
+    norm = norm_weight if norm_weight is not None else y
     block_d = triton.next_power_of_2(d)
-    _weights_kernel[(t,)](
-        streams, part, ssq, base.float().contiguous(), scale.float().contiguous(),
-        norm_weight if norm_weight is not None else y, y, post, comb, t, split,
-        streams.stride(0), streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d,
-        M_PAD=part.shape[2], SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
-        HEAD=norm_weight is None, num_warps=max(4, min(16, n * block_d // 1024)),
-        **pdl_launch(streams))
+    warps = max(4, min(16, n * block_d // 1024))  # the weights' [N, D] row
+    serial = counts is not None
+    _mix_kernel[(tiles, split)](
+        streams, fn, part, ssq, counts if serial else ssq, base, scale, norm, y, post, comb,
+        t, k, k_per, streams.stride(0), streams.stride(1), hc_eps, norm_eps, sinkhorn_iters,
+        M=m, M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
+        PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
+        SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=norm_weight is None,
+        SERIAL=serial, num_warps=warps if serial else 4, **pdl_launch(streams))
+    if not serial:
+        _weights_kernel[(t,)](
+            streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
+            streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d, M_PAD=m_pad,
+            SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
+            HEAD=norm_weight is None, num_warps=warps, **pdl_launch(streams))
     return y, post, comb
 
 
@@ -198,16 +245,17 @@ def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
                   scale: torch.Tensor, norm_weight: torch.Tensor, *, hc_eps: float,
                   norm_eps: float, sinkhorn_iters: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`hc_pre_ref` in two launches: streams [T, N, D] (bf16 or fp32), fn [(2 + N) N, N D],
-    base [(2 + N) N], scale [3], norm_weight [D] -> (x [T, D] in the streams' dtype, post
-    [T, N] fp32, comb [T, N, N] fp32). No host synchronisation: safe in CUDA graphs."""
+    """`hc_pre_ref` in two launches (one at a single token): streams [T, N, D] (bf16 or
+    fp32), fn [(2 + N) N, N D], base [(2 + N) N], scale [3], norm_weight [D] -> (x [T, D] in
+    the streams' dtype, post [T, N] fp32, comb [T, N, N] fp32). No host synchronisation: safe
+    in CUDA graphs."""
     return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps, sinkhorn_iters)
 
 
 def hc_head_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
                    scale: torch.Tensor, *, hc_eps: float, norm_eps: float) -> torch.Tensor:
-    """`hc_head_ref` in two launches: streams [T, N, D], fn [N, N D], base [N], scale [1] ->
-    [T, D] in the streams' dtype."""
+    """`hc_head_ref` in two launches (one at a single token): streams [T, N, D], fn [N, N D],
+    base [N], scale [1] -> [T, D] in the streams' dtype."""
     return _weights(streams, fn, base, scale, None, hc_eps, norm_eps, 1)[0]
 
 
