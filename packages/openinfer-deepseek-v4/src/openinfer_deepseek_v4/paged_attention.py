@@ -104,10 +104,10 @@ def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch:
     q = rms_rotary(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim), None,
                    positions, rope.table, eps=eps)
     kv_slots = slots.token_slots(cache.kv_group)
+    # With quant_sim, the raw entries as the model rounds them (quant_sim.py), in the store.
     rms_rotary_scatter(linear(x, w.kv), w.kv_norm, positions, rope.table,
-                       cache.kv.flatten(0, 1), kv_slots, eps=eps)
-    if cfg.quant_sim:  # the raw entries as the model rounds them (quant_sim.py)
-        fp8_round_rows(cache.kv.flatten(0, 1), kv_slots, cfg.rope_head_dim)
+                       cache.kv.flatten(0, 1), kv_slots, eps=eps,
+                       fp8_rope_dims=cfg.rope_head_dim if cfg.quant_sim else None)
     return q_residual, q
 
 

@@ -113,6 +113,36 @@ def test_scatter_writes_only_its_rows(t, d, rope, dtype):
     torch.testing.assert_close(got[written.to(DEVICE)].cpu(), want[written], **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("t", "d", "rope"), [(1, 512, 64), (6, 80, 16)], ids=["t1", "t6"])
+def test_scatter_rounds_to_fp8_as_the_rounding_launch_does(t, d, rope, dtype):
+    """`fp8_rope_dims`: the written rows' non-rotary values rounded to e4m3 in the store, the
+    same bits as the scatter followed by `quant_sim`'s own rounding launch."""
+    from openinfer_deepseek_v4.kernels.quant_sim.triton import fp8_round_rows_triton
+
+    x, weight, positions, table = inputs(t, 0, d, rope, dtype, seed=4)
+    slots = torch.randperm(3 * t, generator=torch.Generator().manual_seed(5))[:t].to(DEVICE)
+    if t > 1:
+        slots[-1] = -1  # a skipped token
+    args = [a.to(DEVICE) for a in (x, weight, positions, table)]
+    apart = torch.zeros(3 * t, d, dtype=dtype, device=DEVICE)
+    rms_rotary_scatter_triton(*args, apart, slots, eps=EPS)
+    unrounded = apart.clone()
+    fp8_round_rows_triton(apart, slots, rope)
+    fused = torch.zeros_like(apart)
+    rms_rotary_scatter_triton(*args, fused, slots, eps=EPS, fp8_rope_dims=rope)
+    assert torch.equal(fused, apart)
+    written = slots[slots >= 0]
+    assert not torch.equal(fused[written, :d - rope], unrounded[written, :d - rope])
+    assert torch.equal(fused[:, d - rope:], unrounded[:, d - rope:])  # the rotary dims kept
+    want = torch.zeros(3 * t, d, dtype=dtype)
+    rms_rotary_scatter_ref(x, weight, positions, table, want, slots.cpu(), eps=EPS,
+                           fp8_rope_dims=rope)
+    # the reference rounds from its own normed rows: the kernel's are within TOL of them, and
+    # an e4m3 step (2^-3 relative) may separate a value rounded from either
+    torch.testing.assert_close(fused.cpu(), want, rtol=2**-3, atol=2**-5)
+
+
 def test_rejects_a_table_wider_than_the_rows():
     x = torch.randn(2, 8, device=DEVICE)
     table = rope_table(rope_frequencies(16, 10000.0), 4, torch.float32).to(DEVICE)

@@ -101,10 +101,15 @@ def rms_rotary_ref(x: torch.Tensor, weight: torch.Tensor | None, positions: torc
 def rms_rotary_scatter_ref(x: torch.Tensor, weight: torch.Tensor | None,
                            positions: torch.Tensor, table: torch.Tensor | None,
                            pool: torch.Tensor, slots: torch.Tensor, *,
-                           eps: float | None) -> None:
+                           eps: float | None, fp8_rope_dims: int | None = None) -> None:
     """`rms_rotary_ref` of x [T, D], written into rows `slots` ([T]) of pool [S, D] (mutated;
     nothing else is): the raw entries of a step into the paged cache. A negative slot skips
-    its token (as `kv_append`)."""
+    its token (as `kv_append`). `fp8_rope_dims`: the written rows then rounded as the official
+    code stores them (`quant_sim.fp8_round_rows_ref`, the rotary dims kept)."""
     rows = rms_rotary_ref(x, weight, positions, table, eps=eps).to(pool.dtype)
     keep = slots >= 0
     pool[slots[keep].long()] = rows[keep]
+    if fp8_rope_dims is not None:
+        from openinfer_deepseek_v4.kernels.quant_sim.reference import fp8_round_rows_ref
+
+        fp8_round_rows_ref(pool, slots, fp8_rope_dims)

@@ -4,7 +4,10 @@ BLOCK_H heads), each head's row of D values in registers: the RMSNorm in fp32 (r
 output dtype once, after the weight), then the last R dims rotated as pairs with cos and sin
 read from the position's table row, rounded again; the leading D - R dims are stored as
 normed. The output rows are a new tensor, or with SCATTER the pool rows named by `slots`
-(the raw entries of a step into the paged cache). The launch depends on shapes only: safe
+(the raw entries of a step into the paged cache; with FP8_NOPE > 0 their leading FP8_NOPE
+values rounded to e4m3 in blocks of 64 before they are stored, as `quant_sim`'s
+`fp8_round_rows` rounds them in place, so that needs no launch of its own). The launch
+depends on shapes only: safe
 in CUDA graphs. (The mypy line above: @triton.jit functions annotate only their constexpr
 parameters.)"""
 
@@ -14,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_deepseek_v4.kernels.quant_sim.reference import FP8_BLOCK
+from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import pow2_ceil, round_to_format
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
@@ -49,7 +54,8 @@ def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num
                        max_positions, stride_xt, stride_xh, stride_ot, stride_oh, eps,
                        D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
                        BLOCK_D: tl.constexpr, NORM: tl.constexpr, WEIGHT: tl.constexpr,
-                       INVERSE: tl.constexpr, SCATTER: tl.constexpr, PDL: tl.constexpr):
+                       INVERSE: tl.constexpr, SCATTER: tl.constexpr, PDL: tl.constexpr,
+                       FP8_NOPE: tl.constexpr = 0, FP8_BLOCK: tl.constexpr = 64):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -70,6 +76,13 @@ def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num
     if ROPE > 0:
         y = rotate_rows(y, token, pos_ptr, table_ptr, max_positions, ty, D, ROPE, BLOCK_H,
                         BLOCK_D, INVERSE)
+    if FP8_NOPE > 0:  # as _fp8_rows_kernel rounds the stored (dtype) values
+        blocks = tl.reshape(y, [BLOCK_H, BLOCK_D // FP8_BLOCK, FP8_BLOCK])
+        amax = tl.maximum(tl.max(tl.abs(blocks), axis=2), 1e-4)
+        scale = pow2_ceil(amax * (1.0 / 448.0))[:, :, None]
+        rounded = tl.reshape(round_to_format(blocks / scale, 448.0, -6, 3) * scale,
+                             [BLOCK_H, BLOCK_D])
+        y = tl.where((rd < FP8_NOPE)[None, :], rounded, y)
     dst = token
     if SCATTER:
         dst = tl.load(slots_ptr + token).to(tl.int64)
@@ -80,7 +93,7 @@ def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num
 
 def _launch(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tensor,
             table: torch.Tensor | None, eps: float | None, inverse: bool, out: torch.Tensor,
-            slots: torch.Tensor | None) -> None:
+            slots: torch.Tensor | None, fp8_nope: int = 0) -> None:
     rows = x if x.dim() == 3 else x.unsqueeze(1)
     dst = out if out.dim() == 3 else out.unsqueeze(1)
     t, h, d = rows.shape
@@ -101,7 +114,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tenso
         1 if table is None else table.shape[0], rows.stride(0), rows.stride(1),
         dst.stride(0), dst.stride(1), 0.0 if eps is None else eps, D=d, ROPE=rope,
         BLOCK_H=block_h, BLOCK_D=block_d, NORM=eps is not None, WEIGHT=weight is not None,
-        INVERSE=inverse, SCATTER=slots is not None,
+        INVERSE=inverse, SCATTER=slots is not None, FP8_NOPE=fp8_nope, FP8_BLOCK=FP8_BLOCK,
         num_warps=4 if block_h * block_d <= 2048 else 8, **pdl_launch(x))
 
 
@@ -118,10 +131,14 @@ def rms_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, positions: t
 def rms_rotary_scatter_triton(x: torch.Tensor, weight: torch.Tensor | None,
                               positions: torch.Tensor, table: torch.Tensor | None,
                               pool: torch.Tensor, slots: torch.Tensor, *,
-                              eps: float | None) -> None:
+                              eps: float | None, fp8_rope_dims: int | None = None) -> None:
     """`rms_rotary_scatter_ref`'s contract: x [T, D] into rows `slots` of pool [S, D] (a
-    negative slot skips its token)."""
+    negative slot skips its token), with `fp8_rope_dims` the rows' FP8 rounding too."""
     if x.dim() != 2 or pool.dim() != 2 or pool.shape[1] != x.shape[1]:
         raise ValueError(f"rms_rotary_scatter: need x [T, D] and pool [S, D], got "
                          f"{tuple(x.shape)} and {tuple(pool.shape)}")
-    _launch(x, weight, positions, table, eps, False, pool, slots)
+    nope = 0 if fp8_rope_dims is None else x.shape[1] - fp8_rope_dims
+    if fp8_rope_dims is not None and (nope <= 0 or nope % FP8_BLOCK):
+        raise ValueError(f"FP8 rounding takes rows whose {nope} non-rotary values are whole "
+                         f"blocks of {FP8_BLOCK}")
+    _launch(x, weight, positions, table, eps, False, pool, slots, nope)
