@@ -3,8 +3,9 @@
 slot. The step is batched: no loop over requests and no host sync (the widths are the step's
 host-known bounds), with the Triton kernels on the GPU and their references on CPU:
 
-1. project the queries and raw entries (each norm and rotation one `rms_rotary` op, cos and
-   sin from the layer's position table); write the raw entries and the compressor
+1. project the queries and raw entries (the q lora's norm one `rms_rotary` op, the queries'
+   and raw entries' norms and rotations one `q_kv_rms_rotary` op, cos and sin from the
+   layer's position table); write the raw entries and the compressor
    projections into the step's slots of their window groups (`kv_cache`);
 2. `compress_pool`: the compressed entries whose windows close in this step, from the
    projections (through their window group's table) into the entry pool of their full group,
@@ -31,7 +32,7 @@ from openinfer_deepseek_v4.kernels.quant_sim import (
     indexer_round,
     indexer_round_rows,
 )
-from openinfer_deepseek_v4.kernels.rotary import rms_rotary, rms_rotary_scatter
+from openinfer_deepseek_v4.kernels.rotary import q_kv_rms_rotary, rms_rotary
 from openinfer_deepseek_v4.kernels.sparse_attention import sparse_sink_attention
 from openinfer_deepseek_v4.kv_cache import CompressedCache, LayerCache
 from openinfer_deepseek_v4.quantized import grouped_linear, linear
@@ -101,13 +102,12 @@ def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch:
     (q_residual [T, q_lora_rank], q [T, heads, D] normed per head and rotated)."""
     t, eps, positions = x.shape[0], cfg.rms_norm_eps, batch.positions
     q_residual = rms_rotary(linear(x, w.q_a), w.q_a_norm, positions, None, eps=eps)
-    q = rms_rotary(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim), None,
-                   positions, rope.table, eps=eps)
-    kv_slots = slots.token_slots(cache.kv_group)
-    # With quant_sim, the raw entries as the model rounds them (quant_sim.py), in the store.
-    rms_rotary_scatter(linear(x, w.kv), w.kv_norm, positions, rope.table,
-                       cache.kv.flatten(0, 1), kv_slots, eps=eps,
-                       fp8_rope_dims=cfg.rope_head_dim if cfg.quant_sim else None)
+    # The queries and the raw entries normed and rotated in one op, the entries into their
+    # cache slots (with quant_sim rounded as the model stores them, quant_sim.py).
+    q = q_kv_rms_rotary(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim),
+                        linear(x, w.kv), w.kv_norm, positions, rope.table,
+                        cache.kv.flatten(0, 1), slots.token_slots(cache.kv_group), eps=eps,
+                        fp8_rope_dims=cfg.rope_head_dim if cfg.quant_sim else None)
     return q_residual, q
 
 

@@ -143,6 +143,41 @@ def test_scatter_rounds_to_fp8_as_the_rounding_launch_does(t, d, rope, dtype):
     torch.testing.assert_close(fused.cpu(), want, rtol=2**-3, atol=2**-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("t", "h", "d", "rope", "fp8"),
+                         [(1, 64, 512, 64, True), (5, 3, 80, 16, False), (4, 9, 80, 16, True)],
+                         ids=["t1-h64-d512-fp8", "t5-h3-d80", "t4-h9-d80-fp8"])
+def test_queries_and_entries_in_one_launch_as_in_two(t, h, d, rope, fp8, dtype):
+    """`q_kv_rms_rotary_triton`: the queries as `rms_rotary_triton` (per-head norm, no
+    weight, rotated) and the entries as `rms_rotary_scatter_triton`, bit for bit, and the
+    reference the two references."""
+    from openinfer_deepseek_v4.kernels.rotary import q_kv_rms_rotary_ref
+    from openinfer_deepseek_v4.kernels.rotary.triton import q_kv_rms_rotary_triton
+
+    q, _, positions, table = inputs(t, h, d, rope, dtype, seed=6)
+    kv, weight, _, _ = inputs(t, 0, d, rope, dtype, seed=7)
+    slots = torch.randperm(3 * t, generator=torch.Generator().manual_seed(8))[:t]
+    if t > 1:
+        slots[-1] = -1  # a skipped token
+    fp8_dims = rope if fp8 else None
+    dev = [a.to(DEVICE) for a in (q, kv, weight, positions, table, slots)]
+    q_d, kv_d, weight_d, positions_d, table_d, slots_d = dev
+    pool = torch.zeros(3 * t, d, dtype=dtype, device=DEVICE)
+    got = q_kv_rms_rotary_triton(q_d, kv_d, weight_d, positions_d, table_d, pool, slots_d,
+                                 eps=EPS, fp8_rope_dims=fp8_dims)
+    apart = torch.zeros_like(pool)
+    rms_rotary_scatter_triton(kv_d, weight_d, positions_d, table_d, apart, slots_d, eps=EPS,
+                              fp8_rope_dims=fp8_dims)
+    assert torch.equal(got, rms_rotary_triton(q_d, None, positions_d, table_d, eps=EPS))
+    assert torch.equal(pool, apart)
+    want_pool = torch.zeros(3 * t, d, dtype=dtype)
+    want = q_kv_rms_rotary_ref(q, kv, weight, positions, table, want_pool, slots, eps=EPS,
+                               fp8_rope_dims=fp8_dims)
+    torch.testing.assert_close(got.cpu(), want, **TOL[dtype])
+    if not fp8:
+        torch.testing.assert_close(pool.cpu(), want_pool, **TOL[dtype])
+
+
 def test_rejects_a_table_wider_than_the_rows():
     x = torch.randn(2, 8, device=DEVICE)
     table = rope_table(rope_frequencies(16, 10000.0), 4, torch.float32).to(DEVICE)

@@ -113,3 +113,15 @@ def rms_rotary_scatter_ref(x: torch.Tensor, weight: torch.Tensor | None,
         from openinfer_deepseek_v4.kernels.quant_sim.reference import fp8_round_rows_ref
 
         fp8_round_rows_ref(pool, slots, fp8_rope_dims)
+
+
+def q_kv_rms_rotary_ref(q: torch.Tensor, kv: torch.Tensor, kv_weight: torch.Tensor,
+                        positions: torch.Tensor, table: torch.Tensor, pool: torch.Tensor,
+                        slots: torch.Tensor, *, eps: float,
+                        fp8_rope_dims: int | None = None) -> torch.Tensor:
+    """A layer's queries and raw entries at once: `rms_rotary_ref(q, None, ...)` (per-head norm
+    without weight, then the rotation), returned; and `rms_rotary_scatter_ref(kv, kv_weight,
+    ...)` into rows `slots` of pool."""
+    rms_rotary_scatter_ref(kv, kv_weight, positions, table, pool, slots, eps=eps,
+                           fp8_rope_dims=fp8_rope_dims)
+    return rms_rotary_ref(q, None, positions, table, eps=eps)

@@ -57,8 +57,43 @@ def _rms_rotary_kernel(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, num
                        INVERSE: tl.constexpr, SCATTER: tl.constexpr, PDL: tl.constexpr,
                        FP8_NOPE: tl.constexpr = 0, FP8_BLOCK: tl.constexpr = 64):
     pdl_enter(PDL)
+    _rms_rotary_tile(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr,
+                     tl.program_id(0).to(tl.int64), tl.program_id(1), num_heads,
+                     max_positions, stride_xt, stride_xh, stride_ot, stride_oh, eps, D, ROPE,
+                     BLOCK_H, BLOCK_D, NORM, WEIGHT, INVERSE, SCATTER, FP8_NOPE, FP8_BLOCK)
+
+
+@triton.jit
+def _q_kv_kernel(q_ptr, kv_ptr, kv_w_ptr, table_ptr, pos_ptr, slots_ptr, q_out_ptr, pool_ptr,
+                 num_heads, max_positions, stride_qt, stride_qh, stride_kvt, stride_pool, eps,
+                 D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_D: tl.constexpr, Q_TILES: tl.constexpr, FP8_NOPE: tl.constexpr,
+                 FP8_BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # Tiles 0..Q_TILES-1 of a token: its query heads, normed (no weight) and rotated into a
+    # new tensor; tile Q_TILES: its raw entry, normed with the weight, rotated (and rounded)
+    # into its cache row. The code of `_rms_rotary_kernel`'s two launches, in one.
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    tile = tl.program_id(1)
+    if tile < Q_TILES:
+        _rms_rotary_tile(q_ptr, q_ptr, table_ptr, pos_ptr, pos_ptr, q_out_ptr, token, tile,
+                         num_heads, max_positions, stride_qt, stride_qh, num_heads * D, D, eps,
+                         D, ROPE, BLOCK_H, BLOCK_D, True, False, False, False, 0, FP8_BLOCK)
+    else:
+        _rms_rotary_tile(kv_ptr, kv_w_ptr, table_ptr, pos_ptr, slots_ptr, pool_ptr, token, 0,
+                         1, max_positions, stride_kvt, D, stride_pool, D, eps, D, ROPE, 1,
+                         BLOCK_D, True, True, False, True, FP8_NOPE, FP8_BLOCK)
+
+
+@triton.jit
+def _rms_rotary_tile(x_ptr, w_ptr, table_ptr, pos_ptr, slots_ptr, out_ptr, token, tile,
+                     num_heads, max_positions, stride_xt, stride_xh, stride_ot, stride_oh, eps,
+                     D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                     BLOCK_D: tl.constexpr, NORM: tl.constexpr, WEIGHT: tl.constexpr,
+                     INVERSE: tl.constexpr, SCATTER: tl.constexpr, FP8_NOPE: tl.constexpr,
+                     FP8_BLOCK: tl.constexpr):
+    """Token `token`'s heads tile*BLOCK_H.. (see the module's docstring)."""
+    heads = tile * BLOCK_H + tl.arange(0, BLOCK_H)
     rd = tl.arange(0, BLOCK_D)
     h_ok, d_ok = heads < num_heads, rd < D
     mask = h_ok[:, None] & d_ok[None, :]
@@ -116,6 +151,39 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tenso
         BLOCK_H=block_h, BLOCK_D=block_d, NORM=eps is not None, WEIGHT=weight is not None,
         INVERSE=inverse, SCATTER=slots is not None, FP8_NOPE=fp8_nope, FP8_BLOCK=FP8_BLOCK,
         num_warps=4 if block_h * block_d <= 2048 else 8, **pdl_launch(x))
+
+
+def q_kv_rms_rotary_triton(q: torch.Tensor, kv: torch.Tensor, kv_weight: torch.Tensor,
+                           positions: torch.Tensor, table: torch.Tensor, pool: torch.Tensor,
+                           slots: torch.Tensor, *, eps: float,
+                           fp8_rope_dims: int | None = None) -> torch.Tensor:
+    """`q_kv_rms_rotary_ref`'s contract in one launch: q [T, H, D] (rows may be strided) normed
+    per head and rotated into a new tensor; kv [T, D] normed with kv_weight, rotated (and with
+    `fp8_rope_dims` rounded) into rows `slots` of pool [S, D]."""
+    t, h, d = q.shape
+    if (kv.shape != (t, d) or pool.dim() != 2 or pool.shape[1] != d or q.stride(2) != 1
+            or kv.stride(1) != 1 or pool.stride(1) != 1 or table.shape[1] > d
+            or table.shape[1] % 2 or d % 2 or kv_weight.shape != (d,)):
+        raise ValueError(f"q_kv_rms_rotary: need q [T, H, D], kv [T, D], pool [S, D] with D "
+                         f"contiguous and a table of at most D (even) columns; got "
+                         f"{tuple(q.shape)}, {tuple(kv.shape)}, {tuple(pool.shape)}, "
+                         f"table {tuple(table.shape)}")
+    nope = 0 if fp8_rope_dims is None else d - fp8_rope_dims
+    if fp8_rope_dims is not None and (nope <= 0 or nope % FP8_BLOCK):
+        raise ValueError(f"FP8 rounding takes rows whose {nope} non-rotary values are whole "
+                         f"blocks of {FP8_BLOCK}")
+    out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    if t == 0:
+        return out
+    block_d = triton.next_power_of_2(d)
+    block_h = max(1, min(triton.next_power_of_2(h), 4096 // block_d))
+    q_tiles = triton.cdiv(h, block_h)
+    _q_kv_kernel[(t, q_tiles + 1)](
+        q, kv, kv_weight, table, positions, slots, out, pool, h, table.shape[0], q.stride(0),
+        q.stride(1), kv.stride(0), pool.stride(0), eps, D=d, ROPE=table.shape[1],
+        BLOCK_H=block_h, BLOCK_D=block_d, Q_TILES=q_tiles, FP8_NOPE=nope,
+        FP8_BLOCK=FP8_BLOCK, num_warps=4 if block_h * block_d <= 2048 else 8, **pdl_launch(q))
+    return out
 
 
 def rms_rotary_triton(x: torch.Tensor, weight: torch.Tensor | None, positions: torch.Tensor,
