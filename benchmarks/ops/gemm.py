@@ -1,6 +1,6 @@
-"""Linear layers at Qwen3-4B/8B (and Qwen3.5-4B) shapes: the decode step's small-batch
-products (alone, gated, and feeding the residual add + RMSNorm), the prompt step's products,
-and the vocabulary projection. Each is checked against the package's references
+"""Linear layers at Qwen3-4B/8B (and Qwen3.5-4B, DeepSeek-V4-Flash's bf16) shapes: the decode
+step's small-batch products (alone, gated, and feeding the residual add + RMSNorm), the prompt
+step's products, and the vocabulary projection. Each is checked against the package's references
 (`gemm.reference.linear_ref`, `activation.reference.silu_and_mul_ref`,
 `norm.reference.fused_add_rms_norm_ref`, `lm_head.reference.lm_head_logits_ref`)."""
 
@@ -34,6 +34,11 @@ SMALL_SHAPES = {
     "3.5-4B in_proj": (12352, 2560), "3.5-4B qkvg": (10240, 2560),
     "3.5-4B gate_up": (18432, 2560), "3.5-4B down": (2560, 9216),
     "3.5-4B lm_head": (248320, 2560),
+    # DeepSeek-V4-Flash's bf16 products (every rank's whole weight): the router, the CSA /
+    # HCA / indexer compressors' kv and gate, the indexer's head weights
+    "V4 router": (256, 4096), "V4 csa-compressor": (1024, 4096),
+    "V4 hca-compressor": (512, 4096), "V4 indexer-compressor": (256, 4096),
+    "V4 indexer-weights": (64, 4096),
 }
 
 
@@ -103,8 +108,10 @@ def _small_reference(a: tuple[torch.Tensor, torch.Tensor, bool]) -> torch.Tensor
 def _small_sweep(case: Case) -> dict[str, Impl]:
     from openinfer_kernels.gemm.triton import linear_triton
 
+    # Narrow weights (a few column blocks) need K split further to fill the GPU.
+    splits = (1, 2, 4) if case.params["n"] > 1024 else (2, 4, 8, 16)
     return {_tile_name(t): (lambda a, t=t: lambda: linear_triton(a[0], a[1], t, gated=a[2]))
-            for t in _tiles(case.params["m"], (1, 2, 4))}
+            for t in _tiles(case.params["m"], splits)}
 
 
 register_op(

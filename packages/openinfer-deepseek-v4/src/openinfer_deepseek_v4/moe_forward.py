@@ -27,7 +27,7 @@ def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
 def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
           cfg: DeepseekV4Config) -> tuple[torch.Tensor, torch.Tensor]:
     """`reference.route`: (weights [T, k] fp32, global expert ids [T, k] int64)."""
-    logits = x @ w.gate.t()
+    logits = linear(x, w.gate)
     if w.tid2eid is not None:
         return route_hash(logits, w.tid2eid, token_ids, cfg.routed_scaling_factor)
     assert w.bias is not None

@@ -39,7 +39,6 @@ from openinfer_deepseek_v4.quantized import grouped_linear, linear
 from openinfer_deepseek_v4.reference import (
     AttentionWeights,
     CompressorWeights,
-    compressor_inputs,
 )
 from openinfer_deepseek_v4.step_slots import StepSlots
 
@@ -69,7 +68,9 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
         assert w.indexer is not None
         parts.append((cache.indexer, w.indexer.compressor, True))
     for part, weights, overlap in parts:
-        store_projections(*compressor_inputs(x, weights), part.projections.flatten(0, 1),
+        # `reference.compressor_inputs`' two products, through `linear` (quantized.py)
+        store_projections(linear(x, weights.kv), linear(x, weights.gate),
+                          part.projections.flatten(0, 1),
                           slots.token_slots(part.projection_group))
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
                       rope.freqs, batch.group_table(part.projection_group),

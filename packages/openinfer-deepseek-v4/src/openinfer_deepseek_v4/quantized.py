@@ -14,6 +14,7 @@ import torch
 from openinfer_deepseek_v4.kernels.moe import dequant_fp4_ref, moe_experts_ref
 from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 from openinfer_kernels.gemm import grouped_linear_ref
+from openinfer_kernels.gemm import linear as dense_linear
 
 BLOCK = 128  # FP8 scale block, both dims
 GROUP = 32  # FP4 scale group along the input
@@ -58,12 +59,14 @@ Weight = torch.Tensor | Fp8Linear
 
 
 def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
-    """x [T, I] @ W^T -> [T, O] in x's dtype."""
+    """x [T, I] @ W^T -> [T, O] in x's dtype. A plain weight goes through openinfer-kernels'
+    `linear`: the small-batch Triton kernel where its tile table has the shape (one launch
+    where cuBLAS's split-K takes two), else `F.linear`, the same product as `x @ W^T`."""
     if isinstance(w, Fp8Linear):
         from openinfer_kernels.fp8_linear import fp8_block_linear
 
         return fp8_block_linear(x, w.weight, w.scale)
-    return x @ w.t()
+    return dense_linear(x, w) if x.dim() == 2 else x @ w.t()
 
 
 def grouped_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
