@@ -32,9 +32,15 @@ import triton
 import triton.language as tl
 
 from openinfer_kernels import split_k
-from openinfer_kernels.collective.push_triton import EMPTY_BYTE, area_elements
+from openinfer_kernels.collective.push_triton import (
+    EMPTY_BYTE,
+    area_elements,
+    pushed,
+    take_landed,
+)
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.dot import dot_options
+from openinfer_kernels.gemm import small_batch_tile
 from openinfer_kernels.gemm.triton import Tile, _partial
 from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
@@ -44,36 +50,19 @@ MAX_ROWS = 4
 
 
 @triton.jit
-def _pushed(y, BITS: tl.constexpr):
-    """y (x's dtype) as pushed: a value with the empty mark's bits (all ones) as another NaN."""
-    bits_type = tl.int16 if BITS == 16 else tl.int32
-    nan = 0x7FFF if BITS == 16 else 0x7FFFFFFF
-    y_bits = y.to(bits_type, bitcast=True)
-    return tl.where(y_bits == -1, nan, y_bits).to(bits_type).to(y.dtype, bitcast=True)
-
-
-@triton.jit
 def _add_norm_landed_row(areas, seq_ptr, res_ptr, nw_ptr, out_ptr, sum_ptr, row, H,
                          res_row_stride, eps, RANK: tl.constexpr, WORLD: tl.constexpr,
                          PROGRAMS: tl.constexpr, BITS: tl.constexpr, BLOCK_H: tl.constexpr):
     """Row `row` of every rank, waited for in this rank's landing area, summed in rank order,
     added to the residual and normalised; its slots emptied and its call count stored."""
-    bits_type = tl.int16 if BITS == 16 else tl.int32
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
     seq = tl.load(seq_ptr + row) + 1
     parity = tl.cast(seq % 2, tl.int64)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for writer in tl.static_range(WORLD):  # polled past the caches until every value landed
+    for writer in tl.static_range(WORLD):
         slot = areas[RANK] + ((parity * WORLD + writer) * PROGRAMS + row) * H + cols
-        theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
-        waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
-        while waiting > 0:
-            theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
-            waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
-        acc += theirs.to(tl.float32)
-        tl.store(slot, tl.full([BLOCK_H], -1, bits_type).to(theirs.dtype, bitcast=True),
-                 mask=mask)
+        acc += take_landed(slot, mask, BITS).to(tl.float32)
     s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
     r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     _add_rms_norm_row(s, r, nw_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
@@ -115,7 +104,7 @@ def _linear_push_add_rms_norm_kernel(
                 y += tl.load(part_ptr + (s * M + rm[:, None]) * H + rn[None, :], mask=mask,
                              other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(block_count, 0, sem="relaxed", scope="gpu")
-        sent = _pushed(y.to(x_ptr.dtype.element_ty), BITS)
+        sent = pushed(y.to(x_ptr.dtype.element_ty), BITS)
         parity = tl.cast((tl.load(seq_ptr + rm, mask=m_ok, other=0) + 1) % 2, tl.int64)
         mine = ((parity * WORLD + RANK) * PROGRAMS + rm)[:, None] * H + rn[None, :]
         for peer in tl.static_range(WORLD):
@@ -185,8 +174,6 @@ class LinearPushAddNorm:
     def __call__(self, x: torch.Tensor, w: object, residual: torch.Tensor,
                  weight: torch.Tensor, eps: float, areas: Sequence[torch.Tensor],
                  seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        from openinfer_kernels.gemm import small_batch_tile
-
         if not isinstance(w, torch.Tensor) or w.dtype != x.dtype or x.dim() != 2:
             return None
         tile = small_batch_tile(x, w)

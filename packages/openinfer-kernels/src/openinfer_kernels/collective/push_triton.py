@@ -122,6 +122,32 @@ def _push_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, fl
 
 
 @triton.jit
+def pushed(x, BITS: tl.constexpr):
+    """x as a data-signalled row carries it: a value with the empty mark's bits (all ones) as
+    another NaN, so no landed value reads as empty."""
+    bits_type = tl.int16 if BITS == 16 else tl.int32
+    nan = 0x7FFF if BITS == 16 else 0x7FFFFFFF  # a NaN that is not the empty mark
+    x_bits = x.to(bits_type, bitcast=True)
+    return tl.where(x_bits == -1, nan, x_bits).to(bits_type).to(x.dtype, bitcast=True)
+
+
+@triton.jit
+def take_landed(slot, mask, BITS: tl.constexpr):
+    """The row at `slot` (written by another GPU), polled past the caches until no value is
+    the empty mark; the slot is then emptied again for its next use."""
+    bits_type = tl.int16 if BITS == 16 else tl.int32
+    theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
+    waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
+    while waiting > 0:
+        theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
+        waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
+    # The loop's sum needed every thread's last read: the slot is read out.
+    tl.store(slot, tl.full(theirs.shape, -1, bits_type).to(theirs.dtype, bitcast=True),
+             mask=mask)
+    return theirs
+
+
+@triton.jit
 def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, seq_ptr, H,
                                    x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
                                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
@@ -135,31 +161,19 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
     mask = cols < H
     seq = _count_call(seq_ptr + pid)
     parity = tl.cast(seq % 2, tl.int64)
-    bits_type = tl.int16 if BITS == 16 else tl.int32
-    nan = 0x7FFF if BITS == 16 else 0x7FFFFFFF  # a NaN that is not the empty mark
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
-    x_bits = x.to(bits_type, bitcast=True)
-    sent = tl.where(x_bits == -1, nan, x_bits).to(bits_type).to(x.dtype, bitcast=True)
+    sent = pushed(x, BITS)
     for peer in tl.static_range(WORLD):
         if peer != RANK:
             mine = ((parity * WORLD + RANK) * PROGRAMS + row) * H
             tl.store(areas[peer] + mine + cols, sent, mask=mask)
-    empty = tl.full([BLOCK_H], -1, bits_type).to(x.dtype, bitcast=True)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for peer in tl.static_range(WORLD):
         if peer == RANK:
             acc += x.to(tl.float32)
-        else:  # written by another GPU: polled past the caches until every value landed
+        else:
             slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + row) * H + cols
-            theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
-            waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
-            while waiting > 0:
-                theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
-                waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask)
-                                 .to(tl.int32))
-            acc += theirs.to(tl.float32)
-            # The loop's sum needed every thread's last read: the slot is read out.
-            tl.store(slot, empty, mask=mask)
+            acc += take_landed(slot, mask, BITS).to(tl.float32)
     s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
     r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
     _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
