@@ -2,11 +2,7 @@
 # both).
 
 stage_dsv4() {
-  stage "DeepSeek-V4 kernel tests (its own and the shared FP8 linear), compiled, every size"
-  timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    packages/openinfer-deepseek-v4/tests/kernels \
-    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 \
-    | tail -25 | tee "$OUT/dsv4_kernel_tests.log"
+  dsv4_kernel_tests
   stage "DeepSeek-V4 kernels against their read floors"
   timeout 60 python3 benchmarks/device/dsv4_gemm_bench.py 2>&1 | tee "$OUT/dsv4-gemm.log" | tail -30
   stage "DeepSeek-V4 FP4 experts at decode sizes: grouped vs decode path, candidate tiles"
@@ -14,10 +10,38 @@ stage_dsv4() {
   timeout 60 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
   timeout 45 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -15
   has dsv4model || stage_dsv4model  # `dsv4 dsv4model` runs the model part once
-  # The golden gate against DeepSeek's official inference/model.py (fetched, never committed):
-  # a person copies its inference/ files into official-dsv4/ (git-ignored) at the repository
-  # root, and the device call must carry ["official-dsv4", ".whl"]. Without the folder the
-  # gate fails and says so.
+  dsv4_official_gate
+}
+
+# The correctness half of `dsv4` alone (a call short of device time): the kernel tests
+# compiled, both golden gates, and the small-batch linear sweep at V4-Flash's bf16 shapes.
+stage_dsv4gates() {
+  dsv4_kernel_tests
+  dsv4_transformers_gate
+  dsv4_official_gate
+  stage "small-batch linear tiles at V4-Flash's bf16 shapes (router, compressors, indexer)"
+  run_ops 200 40 small-gemm-v4.json small_linear --sweep --cases V4
+}
+
+dsv4_kernel_tests() {
+  stage "DeepSeek-V4 kernel tests (its own and the shared FP8 linear), compiled, every size"
+  timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-deepseek-v4/tests/kernels \
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 \
+    | tail -25 | tee "$OUT/dsv4_kernel_tests.log"
+}
+
+dsv4_transformers_gate() {
+  stage "DeepSeek-V4 golden gate vs transformers (V4-Flash widths, 3 layers, FP8/FP4 weights, bf16)"
+  timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
+    tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/dsv4_golden.log"
+}
+
+# The golden gate against DeepSeek's official inference/model.py (fetched, never committed): a
+# person copies its inference/ files into official-dsv4/ (git-ignored) at the repository root,
+# and the device call must carry ["official-dsv4", ".whl"]. Without the folder the gate fails
+# and says so.
+dsv4_official_gate() {
   stage "DeepSeek-V4 golden gate vs the official inference code (V4-Flash widths, 3 layers, bf16)"
   OPENINFER_DSV4_OFFICIAL=$PWD/official-dsv4 timeout 600 python3 -m pytest -p no:cacheprovider \
     -q -s -m gpu tests/gpu/test_official_deepseek_v4_gpu.py 2>&1 | tail -40 \
@@ -25,9 +49,7 @@ stage_dsv4() {
 }
 
 stage_dsv4model() {
-  stage "DeepSeek-V4 golden gate vs transformers (V4-Flash widths, 3 layers, FP8/FP4 weights, bf16)"
-  timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu \
-    tests/gpu/test_golden_deepseek_v4_gpu.py 2>&1 | tail -40 | tee "$OUT/dsv4_golden.log"
+  dsv4_transformers_gate
   stage "DeepSeek-V4 decode step, kernel by kernel (3 layers, batch 1 and 64)"
   timeout 150 python3 benchmarks/device/dsv4_profile.py --json "$OUT/dsv4-profile.json" 2>&1 \
     | tee "$OUT/dsv4-profile.log" | tail -70

@@ -193,16 +193,17 @@ def test_split_tiles():
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_the_last_share_merges_the_splits_as_the_merge_kernel_does(num_splits, queries,
                                                                    monkeypatch):
-    """The splits merged by their last program (the default) against `_merge_kernel`: the
-    same weights in another summation order, and every arrival count back to 0 after the
-    launch (a CUDA graph's next replay starts from there). Compiled on the GPU too, where the
-    counting's memory ordering is real."""
+    """The splits merged by their last program (OPENINFER_SPLIT_MERGE=last) against
+    `_merge_kernel` (the default): the same weights in another summation order, and every
+    arrival count back to 0 after the launch (a CUDA graph's next replay starts from there).
+    Compiled on the GPU too, where the counting's memory ordering is real."""
     reqs = SHORT_QUERIES["hits-and-decodes"] if queries > 1 else DECODES["b7-mixed-lengths"]
     case = build(reqs, 4, 2, 24, torch.float32, seed=5)
     config = SplitConfig(num_splits=num_splits)
+    monkeypatch.setattr(split_module, "LAST_MERGES", True)
     serial = launch_split(*case.args(0.2), case.max_query_len, config)
     assert not split_counters(serial.device).any()
-    monkeypatch.setattr(split_module, "SERIAL_SUM", False)
+    monkeypatch.setattr(split_module, "LAST_MERGES", False)
     merged = launch_split(*case.args(0.2), case.max_query_len, config)
     torch.testing.assert_close(serial, merged, rtol=1e-5, atol=1e-6)
     check(serial, case, 0.2)
@@ -212,7 +213,7 @@ def test_the_last_share_merges_the_splits_as_the_merge_kernel_does(num_splits, q
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_split_kernel_leaves_padding_tokens_and_requests_alone(num_splits, serial,
                                                                monkeypatch):
-    monkeypatch.setattr(split_module, "SERIAL_SUM", serial)
+    monkeypatch.setattr(split_module, "LAST_MERGES", serial)
     # A CUDA graph bucket: 7 tokens more than the requests own, and 3 requests of no query.
     reqs = SHORT_QUERIES["hits-and-decodes"]
     case = build([*reqs, Req(context=1, queries=0), Req(context=1, queries=0),

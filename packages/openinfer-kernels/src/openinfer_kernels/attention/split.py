@@ -5,10 +5,13 @@ chunks), and its launchers.
 `_split_kernel` + `_merge_kernel`: the context is split (flash-decoding); program = (query block
 of one request, kv head, split) attends BLOCK_Q queries x all query heads of one KV group,
 reading K/V through the block table one tile at a time (`tiles.attend_tile`), and the merge
-weighs the splits by their log-sum-exp. By default the merge is the split kernel's own: each
-split stores its part, then counts itself in on its (query block, kv head)'s arrival count
-(`split_k.py`'s semaphore), and the last to arrive merges the parts and zeroes the count, so a
-step launches one kernel, not two (`OPENINFER_SPLIT_SUM=kernel` keeps `_merge_kernel`). The
+weighs the splits by their log-sum-exp. With `OPENINFER_SPLIT_MERGE=last` the merge is the
+split kernel's own instead: each split stores its part, then counts itself in on its (query
+block, kv head)'s arrival count (`split_k.py`'s semaphore), and the last to arrive merges the
+parts and zeroes the count (one launch, not two). It is not the default: Qwen3-8B's batch-1
+TPOT at TP2 on 2 of 4 H200s was 2.94 ms with it and 2.76 ms with `_merge_kernel`
+(benchmarks/device/gpu_check.sh tplatency, TP_VARIANTS): the waiting last program costs more
+than the launch it saves. The
 launch depends on T, B and the head counts only: each program finds its request (binary search
 over `query_start_loc`) and its share of the context on the device, so one captured CUDA graph
 replays correctly for any lengths. `paged_split` launches it at `SplitConfig`'s defaults.
@@ -17,6 +20,7 @@ replays correctly for any lengths. `paged_split` launches it at `SplitConfig`'s 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,9 +33,11 @@ from openinfer_kernels.dot import dot_options
 from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
 from openinfer_kernels.kv_store.triton import fp8_scale_tensors
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
-from openinfer_kernels.split_k import SERIAL_SUM, counts_for
+from openinfer_kernels.split_k import counts_for
 
 MAX_SPLITS = 16
+# kernel (default): `_merge_kernel` merges the splits | last: the last split to arrive; read once
+LAST_MERGES = os.environ.get("OPENINFER_SPLIT_MERGE", "kernel") == "last"
 
 
 # Integer arguments that vary from step to step are not specialized on (Triton would compile a
@@ -331,8 +337,9 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                device=q.device)
     heavy_first = config.heavy_first and not decode
     k_scale_ptr, v_scale_ptr = fp8_scale_tensors(k_cache, k_scale, v_scale)
-    # The splits merged by their last program (one launch), where the counts are at hand.
-    counts = counts_for(q.device, programs * kv_heads) if splits > 1 and SERIAL_SUM else None
+    # The splits merged by their last program (one launch) when asked, where the counts are
+    # at hand.
+    counts = counts_for(q.device, programs * kv_heads) if splits > 1 and LAST_MERGES else None
     grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
     _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
