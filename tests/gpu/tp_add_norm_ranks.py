@@ -109,8 +109,11 @@ def _linear_checks(group, rank: int, size: int, weight: torch.Tensor,  # type: i
     """The linear pushing its own rows (Qwen3-8B's o_proj shard: [4096, 4096 / size]), 1 to its
     rows, each twice and between push kernel calls on the same memory: the stream bit for bit
     the reference's of every rank's product (`linear`, the same tile and share sums), the norm
-    within a bf16 ulp, every rank alike; past its rows it does nothing."""
+    within a bf16 ulp, every rank alike. It takes the rows where the small-batch linear has a
+    Triton tile for them (gemm/tiles.py; one row at least: these shards have one at M = 1
+    only) and nothing else: past its rows, or on cuBLAS's rows, it does nothing."""
     from openinfer_kernels import linear as small_linear
+    from openinfer_kernels.gemm import small_batch_tile
     from openinfer_kernels.collective import all_reduce_add_rms_norm_ref
 
     k = HIDDEN // size
@@ -122,8 +125,9 @@ def _linear_checks(group, rank: int, size: int, weight: torch.Tensor,  # type: i
         shared = torch.Generator(device=device).manual_seed(t)
         residual = torch.randn(t, HIDDEN, device=device, generator=shared).to(torch.bfloat16)
         got = group.linear_all_reduce_add_rms_norm(x, w, residual, weight, EPS)
-        if t > most:
-            assert got is None, f"{t} rows took the pushing linear past its rows"
+        if t > most or small_batch_tile(x, w) is None:
+            assert t > 1, "one row did not take the pushing linear"
+            assert got is None, f"{t} rows took the pushing linear past its rows or tiles"
             continue
         assert got is not None, f"{t} rows did not take the pushing linear"
         partial = small_linear(x, w)

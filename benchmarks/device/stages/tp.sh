@@ -118,8 +118,10 @@ stage_tptriton() {
     packages/openinfer-kernels/tests/kernels/test_fp8_linear.py \
     packages/openinfer-kernels/tests/kernels/test_paged_attention_triton.py 2>&1 | tail -3
   # mode:the test ids it selects (push-flags's ids hold "flags"; push's the rest of "push")
+  # TPTRITON_CHECKS: the modes checked (and so timed), default all four.
   for pick in "triton:triton" "push:push and not flags" "push-flags:flags" "linear:linear"; do
     mode=${pick%%:*}
+    [[ " ${TPTRITON_CHECKS:-triton push push-flags linear} " == *" $mode "* ]] || continue
     stage "Triton all-reduce + add + RMSNorm ($mode): its GPU check"
     timeout -s ABRT 280 python3 -m pytest -p no:cacheprovider -q -m gpu -rfE --tb=short \
       -k "${pick#*:}" tests/gpu/test_tp_add_norm_gpu.py > "$OUT/tp_add_norm_tests_$mode.log" 2>&1

@@ -30,9 +30,11 @@ def pow2_ceil(x):
 @triton.jit
 def round_to_format(v, TOP: tl.constexpr, MIN_EXP: tl.constexpr, MANT: tl.constexpr):
     """v (fp32, already divided by its block's scale) clamped to +-TOP and rounded to the
-    format with MANT mantissa bits whose smallest normal exponent is MIN_EXP."""
-    v = tl.minimum(tl.maximum(v, -TOP), TOP)
-    a = tl.abs(v)
+    format with MANT mantissa bits whose smallest normal exponent is MIN_EXP. The sign is v's
+    sign bit put back on the rounded magnitude as bits, so a negative value that rounds to zero
+    keeps -0 (the code torch's cast gives): compiled, a float negation of 0 may lose it."""
+    sign = v.to(tl.uint32, bitcast=True) & 0x80000000
+    a = tl.minimum(tl.abs(v), TOP)
     e = ((a.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32) - 127
     e = tl.maximum(e, MIN_EXP) - MANT
     q = ((e + 127) << 23).to(tl.uint32).to(tl.float32, bitcast=True)
@@ -41,7 +43,7 @@ def round_to_format(v, TOP: tl.constexpr, MIN_EXP: tl.constexpr, MANT: tl.conste
     frac = t - whole.to(tl.float32)
     up = (frac > 0.5) | ((frac == 0.5) & ((whole & 1) == 1))
     r = (whole + up.to(tl.int32)).to(tl.float32) * q
-    return tl.where(v < 0, -r, r)
+    return (r.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
