@@ -54,6 +54,12 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (18432, 2560): (Tile(8, 512), Tile(32, 128)),  # gate_up + silu: 1.05 vs 1.19, 1.11 vs 1.23
     (2560, 9216): (Tile(8, 256, 4), Tile(64, 256, 2)),  # down: 1.21 vs 1.32, 1.28 vs 1.37
     (248320, 2560): (Tile(4, 512), Tile(64, 256)),  # lm_head (tied): 0.97 vs 1.07, 1.01 vs 1.26
+    # DeepSeek-V4-Flash's plain bf16 weights (hidden 4096), swept with `--cases V4` on one
+    # H200 (`gpu_check.sh dsv4gates`). Comments: Triton vs cuBLAS in us, M = 1 and M = 16.
+    (256, 4096): (Tile(16, 256, 16), Tile(16, 256, 8)),  # router, indexer compressor: 3.2/6.2, 3.9/6.3
+    (1024, 4096): (Tile(8, 256, 8), Tile(32, 128, 8)),  # CSA compressor: 4.7/6.9, 5.4/7.1
+    (512, 4096): (Tile(16, 256, 16), Tile(32, 128, 8)),  # HCA compressor: 3.9/6.3, 4.4/6.6
+    (64, 4096): (Tile(4, 512, 8), Tile(16, 256, 16)),  # indexer weights: 2.6/5.8, 3.3/5.9
 }
 
 
