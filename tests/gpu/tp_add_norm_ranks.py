@@ -113,8 +113,8 @@ def _linear_checks(group, rank: int, size: int, weight: torch.Tensor,  # type: i
     Triton tile for them (gemm/tiles.py; one row at least: these shards have one at M = 1
     only) and nothing else: past its rows, or on cuBLAS's rows, it does nothing."""
     from openinfer_kernels import linear as small_linear
-    from openinfer_kernels.gemm import small_batch_tile
     from openinfer_kernels.collective import all_reduce_add_rms_norm_ref
+    from openinfer_kernels.gemm import small_batch_tile
 
     k = HIDDEN // size
     g = torch.Generator(device=device).manual_seed(100 + rank)  # this rank's shard

@@ -56,7 +56,7 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (248320, 2560): (Tile(4, 512), Tile(64, 256)),  # lm_head (tied): 0.97 vs 1.07, 1.01 vs 1.26
     # DeepSeek-V4-Flash's plain bf16 weights (hidden 4096), swept with `--cases V4` on one
     # H200 (`gpu_check.sh dsv4gates`). Comments: Triton vs cuBLAS in us, M = 1 and M = 16.
-    (256, 4096): (Tile(16, 256, 16), Tile(16, 256, 8)),  # router, indexer compressor: 3.2/6.2, 3.9/6.3
+    (256, 4096): (Tile(16, 256, 16), Tile(16, 256, 8)),  # router, indexer compr.: 3.2/6.2, 3.9/6.3
     (1024, 4096): (Tile(8, 256, 8), Tile(32, 128, 8)),  # CSA compressor: 4.7/6.9, 5.4/7.1
     (512, 4096): (Tile(16, 256, 16), Tile(32, 128, 8)),  # HCA compressor: 3.9/6.3, 4.4/6.6
     (64, 4096): (Tile(4, 512, 8), Tile(16, 256, 16)),  # indexer weights: 2.6/5.8, 3.3/5.9
