@@ -24,6 +24,11 @@ from openinfer_core.request import GenerateRequest
 CATEGORIES = [  # first match wins
     ("collective", r"nccl|all_reduce|allreduce|one_shot|two_shot|broadcast|all_gather"),
     ("linear_attn", r"gdn|conv_decode|delta_rule|gated_norm"),
+    # DeepSeek-V4: routed / shared experts and routing, the hyper-connections (mHC), the
+    # compressors and the indexer
+    ("moe", r"gate_up_kernel|_down_kernel|expert|router|swiglu|route"),
+    ("mhc", r"_mix_kernel|_weights_kernel|_expand_kernel|hc_"),
+    ("compress_index", r"_pool_kernel|compress|indexer|_piece_kernel|quant_sim|round_rows"),
     ("attention", r"attn|attention|split_kernel|merge_kernel|prefill_kernel|flash"),
     ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv|linear_kernel|sum_splits"),
     ("norm", r"rms|norm"),
@@ -62,7 +67,7 @@ def marginal_ms(prof: profile, steps: int) -> tuple[dict[str, float], dict[str, 
         by_cat[category(name)] += added / steps / 1e3
         by_kernel[name[:80]] += added / steps / 1e3
     return (dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
-            dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:16]))
+            dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:24]))
 
 
 def graph_replay_ms(engine: Engine, steps: int) -> float | None:
@@ -122,10 +127,12 @@ def main() -> None:
         by_cat[category(evt.key)] += dev_us / args.steps / 1e3
         by_kernel[evt.key] += dev_us / args.steps / 1e3
     gpu_ms = sum(by_cat.values())
+    launches = sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA) / args.steps
     marginal_by_op, marginal_by_kernel = marginal_ms(prof, args.steps)
     weight_bytes = getattr(engine.model, "weight_bytes", 0)
     report = {"step_ms": step_ms, "graph_replay_ms": replay_ms,
               "gpu_busy_ms": gpu_ms, "host_gap_ms": step_ms - gpu_ms,
+              "gpu_work_items_per_step": launches,
               "weight_bytes": weight_bytes, "by_op_ms": dict(sorted(by_cat.items(),
                                                                      key=lambda kv: -kv[1])),
               "top_kernels_ms": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:12]),

@@ -91,8 +91,9 @@ stage_dsv4full() {
   # engine's batch-1 latency against the per-rank read floor of what a decode step reads, then
   # served: batch-64 TPOT (64 requests of 1024/128 at concurrency 64) and 1,024 prompts of
   # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it; then the
-  # longest context the KV cache fits, admitted (`longest_context.py`). An engine start each;
-  # DSV4FULL_PARTS picks them ("latency serve longest").
+  # longest context the KV cache fits, admitted (`longest_context.py`); `profile`: rank 0's
+  # decode step by op and kernel (`decode_breakdown.py`). An engine start each;
+  # DSV4FULL_PARTS picks them (default "latency serve longest").
   local d4=/tmp/dsv4-flash tp ep="" part
   tp=$(nvidia-smi -L | wc -l)
   [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
@@ -124,6 +125,24 @@ PY
         tail -20 "$OUT/serve-dsv4-flash-longest.log"
       fi
       stop $server
+      continue
+    fi
+    if [ "$part" = profile ]; then
+      # Rank 0's batch-1 decode step by op and kernel (CUDA graphs), the collectives apart.
+      stage "DeepSeek-V4-Flash (43 layers) decode step by op, rank 0 of TP=$tp"
+      timeout 400 python3 benchmarks/device/decode_breakdown.py $d4 --tensor-parallel-size $tp \
+        --steps 30 --json "$OUT/decode-breakdown-dsv4-flash-tp$tp.json" \
+        > "$OUT/decode-breakdown-dsv4-flash-tp$tp.log" 2>&1
+      python3 - "$OUT/decode-breakdown-dsv4-flash-tp$tp.json" <<'PY' \
+        || tail -20 "$OUT/decode-breakdown-dsv4-flash-tp$tp.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"step {r['step_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms, "
+      f"{r['gpu_work_items_per_step']:.0f} GPU work items a step; marginal by op:",
+      ", ".join(f"{k} {v:.2f}" for k, v in r["marginal_by_op_ms"].items()))
+for k, v in r["marginal_top_kernels_ms"].items():
+    print(f"  {v:7.3f} ms  {k}")
+PY
       continue
     fi
     if [ "$part" = latency ]; then
