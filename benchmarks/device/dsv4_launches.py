@@ -15,7 +15,7 @@ the ops' Triton paths run under the interpreter (TRITON_INTERPRET=1) in place of
 references; the routed experts run their CPU reference, so the MoE sublayer's count is not
 the GPU's.
 
-Usage: python dsv4_launches.py [--layers 3] [--batches 1] [--context 2048] [--cpu]"""
+Usage: python dsv4_launches.py [--layers 3] [--batches 1] [--context 2048] [--cpu [--where]]"""
 
 from __future__ import annotations
 
@@ -145,10 +145,11 @@ class _AtenCounter(TorchDispatchMode):
     SKIP = ("empty", "new_empty", "lift_fresh", "size", "stride", "sym_", "is_same_size",
             "resolve_", "_has_compatible_shallow_copy_type", "set_")
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], where: bool = False) -> None:
         super().__init__()
         self.names = names
         self.paused = False
+        self.where = where
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
@@ -162,8 +163,18 @@ class _AtenCounter(TorchDispatchMode):
         if name == "_local_scalar_dense":
             self.names.append("HOST SYNC (item)")
         elif not results or any(t.numel() for t in results):
-            self.names.append(f"aten.{name}")
+            self.names.append(f"aten.{name}{_caller() if self.where else ''}")
         return out
+
+
+def _caller() -> str:
+    """' @ file:line' of the innermost frame in the model's or the kernels' package."""
+    import traceback
+
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if "openinfer_deepseek_v4" in frame.filename or "openinfer_kernels" in frame.filename:
+            return f" @ {Path(frame.filename).name}:{frame.lineno}"
+    return ""
 
 
 def _aliases(results: list[torch.Tensor], args: Any) -> bool:
@@ -189,7 +200,8 @@ def _force_triton() -> None:
                 setattr(module, name, cells["triton"])
 
 
-def cpu_counts(layers: int, batch: int, context: int, top: int) -> dict[str, Any]:
+def cpu_counts(layers: int, batch: int, context: int, top: int,
+               where: bool = False) -> dict[str, Any]:
     from dsv4_decode import decode_step
 
     from openinfer_core.engine.config import EngineConfig
@@ -216,7 +228,7 @@ def cpu_counts(layers: int, batch: int, context: int, top: int) -> dict[str, Any
                                  num_kv_blocks=batch * (context // 16 + 8) + 8,
                                  enforce_eager=True))
     names: list[str] = []
-    counter = _AtenCounter(names)
+    counter = _AtenCounter(names, where)
     markers: list[tuple[int, str]] = []
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -250,12 +262,15 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--where", action="store_true",
+                    help="--cpu: name each aten op's line in the model's or kernels' code")
     ap.add_argument("--json")
     args = ap.parse_args()
     start = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
     if args.cpu:
-        results = [cpu_counts(args.layers, b, args.context, args.top) for b in batches]
+        results = [cpu_counts(args.layers, b, args.context, args.top, args.where)
+                   for b in batches]
     else:
         from dsv4_decode import make_engine
 
