@@ -3,10 +3,12 @@
 past them on 2 ranks, its rows signalling by themselves; `push-flags`: the same with flags,
 `OPENINFER_TP_PUSH_SIGNAL=flags`; `linear`: push, and a row-split linear pushing its own rows,
 checked too) against the reference of every rank's partials and against the unfused path,
-eagerly and replayed from a CUDA graph. Spawned: importable by name."""
+eagerly and replayed from a CUDA graph; and the group's plain all-reduce (pushed, sum only,
+up to the push kernel's rows with the rows as their signal). Spawned: importable by name."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import traceback
@@ -86,10 +88,19 @@ def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, obje
             assert torch.equal(summed, want_summed), f"{t} rows: the stream differs"
             torch.testing.assert_close(normed, want_normed, rtol=2**-6, atol=1e-5)
             _assert_every_rank_alike(normed, summed, size)
+        # The plain all-reduce: up to the push kernel's rows with the rows as their signal,
+        # its sum-only form (fp32 in rank order, rounded once: the reference's sum, bit for
+        # bit); else torch's (bf16 adds: a few ulps apart).
+        alone = group.all_reduce(x.clone())
+        exact = functools.reduce(torch.add, [p.float() for p in parts]).to(x.dtype)
+        if fused.push is not None and fused.push.kernel.area_fill == 0xFF and t <= pushed:
+            assert torch.equal(alone, exact), f"{t} rows: the pushed sum differs"
+        else:
+            torch.testing.assert_close(alone, exact, rtol=2**-6, atol=0.1)
+        _assert_every_rank_alike(alone, alone, size)
         if not taken:
             continue
-        # The unfused path sums in bf16 on torch's one-shot (rounding after each add with 4
-        # ranks): a few bf16 ulps of the partial sums apart.
+        # The unfused path: the plain all-reduce above, then the add + norm kernel.
         un_normed, un_summed = fused_add_rms_norm(group.all_reduce(x.clone()), residual, weight,
                                                   EPS)
         torch.testing.assert_close(summed, un_summed, rtol=2**-6, atol=0.1)

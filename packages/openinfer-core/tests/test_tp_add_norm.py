@@ -95,6 +95,27 @@ class _Push:
         self.rows.append(x.shape[0])
         return x, residual
 
+    def all_reduce(self, x, areas, seqs, rank):  # type: ignore[no-untyped-def]
+        self.rows.append(-x.shape[0])  # negative: the sum-only form
+        return x + 1
+
+
+def test_the_plain_all_reduce_takes_the_push_rows_of_its_width_and_dtype() -> None:
+    push = _Push()
+    memory = PushMemory(push, (), (), torch.zeros(4, dtype=torch.int32), None)
+    peers = SymmetricPeers(buffers=(), pads=(), rank=0)
+    ours = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16,
+                            push=memory)
+    assert torch.equal(ours.reduce(torch.zeros(3, 8)), torch.ones(3, 8))
+    assert ours.reduce(torch.zeros(5, 8)) is None  # past the push kernel's rows
+    assert ours.reduce(torch.zeros(0, 8)) is None
+    assert ours.reduce(torch.zeros(2, 16)) is None  # another width
+    assert ours.reduce(torch.zeros(2, 8, dtype=torch.bfloat16)) is None  # another dtype
+    assert ours.reduce(torch.zeros(2, 2, 8)) is None  # not rows
+    assert push.rows == [-3]
+    no_push = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16)
+    assert no_push.reduce(torch.zeros(1, 8)) is None
+
 
 def test_push_takes_its_rows_and_the_pull_kernel_the_rest() -> None:
     pulled: list[int] = []

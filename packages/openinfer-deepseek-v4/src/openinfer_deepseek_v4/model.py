@@ -4,7 +4,9 @@ whole-sequence attention, batched over the step's requests. Its ops are its own 
 and openinfer-kernels' (Triton on the GPU, their plain-torch references on CPU); the weights
 stay in FP8/FP4 on the GPU (`quantized.py`). Under tensor parallelism, one rank's shard
 (`shard.py`): it meets the other ranks' in an all-reduce after the embedding, each attention
-and each MoE (or the exchanges of `expert_parallel.py`), and an all-gather of the logits."""
+and each MoE (or the exchanges of `expert_parallel.py`), and an all-gather of the logits; a
+decode step's all-reduces push their rows into the peers' memory (the group's push kernel,
+sum-only form)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from openinfer_deepseek_v4.reference import (
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.step_slots import StepSlots
+from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_blocks
 
@@ -78,6 +81,12 @@ class DeepseekV4Model:
         self._ropes = [ropes[kind != "window"] for kind in cfg.attention_kinds]
         self._expert_starts = (None if shard is None or not shard.expert_parallel else
                                torch.tensor(shard.expert_starts, device=device))
+        if tp is not None:
+            # The group's push memory (on CUDA, where its mode asks for it): a decode step's
+            # all-reduces, rows of the hidden width with the hyper-connections after them
+            # rather than a norm, take the push kernel's sum-only form.
+            tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
+                                   push_kernel=all_reduce_add_rms_norm_push)
         # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
         # the host and its widths follow `max_seq_len` (the graphs are captured with
         # max_model_len): capturable, decode steps only; under tensor parallelism too (the

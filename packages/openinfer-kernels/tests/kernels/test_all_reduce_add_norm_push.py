@@ -1,11 +1,11 @@
-"""The push form of the all-reduce + add + RMSNorm (`collective/push_triton.py`) against the
-reference: one rank alone, and 2 and 3 ranks in as many processes whose landing areas and flags
-are CPU shared memory mapped at the same address in each (fork). Under the interpreter the
-ranks' programs really meet through the flags, so the call counting (parities, flags that only
-grow, row counts that change from call to call) is checked here, for both signals: flags, and
-the rows themselves (`signal="data"`: slots empty as all-ones bits, emptied again once read);
-on GPUs it is tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file
-launches."""
+"""The push form of the all-reduce + add + RMSNorm (`collective/push_triton.py`), and its
+sum-only form (`all_reduce_push_triton`), against the reference: one rank alone, and 2 and 3
+ranks in as many processes whose landing areas and flags are CPU shared memory mapped at the
+same address in each (fork). Under the interpreter the ranks' programs really meet through the
+flags, so the call counting (parities, flags that only grow, row counts that change from call
+to call) is checked here, for both signals: flags, and the rows themselves (`signal="data"`:
+slots empty as all-ones bits, emptied again once read); on GPUs it is
+tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file launches."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from openinfer_kernels.collective.push_triton import (
     EMPTY_BYTE,
     PushAddNorm,
     all_reduce_add_rms_norm_push_triton,
+    all_reduce_push_triton,
     area_elements,
     flag_slots,
 )
@@ -25,6 +26,7 @@ from .test_all_reduce_add_norm import (
     DEVICE,
     EPS,
     assert_kernel_alike,
+    in_rank_order,
     inputs,
     run_ranks_forked,
 )
@@ -134,3 +136,64 @@ def test_a_row_value_with_the_empty_bits_still_lands():
     for rank in range(world):
         summed = outs[rank][0, 1, 0]
         assert summed[5].isnan() and not summed[torch.arange(h) != 5].isnan().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_sum_alone_of_one_rank_is_its_rows(dtype):
+    h = 60
+    areas, _, seqs = _memory(1, h, dtype, shared=False, device=DEVICE, signal="data")
+    for t, seed in ((1, 1), (5, 2)):
+        [x], _, _ = inputs(1, t, h, dtype, seed=seed, device=DEVICE)
+        x_before = x.clone()
+        assert torch.equal(all_reduce_push_triton(x, areas, seqs[0], 0), x)
+        assert torch.equal(x, x_before)
+    assert seqs[0][:6].tolist() == [2, 1, 1, 1, 1, 0]
+    # The flags form has no sum-only launch: the caller takes another path.
+    assert PushAddNorm("flags").all_reduce(x, areas, seqs[0], 0) is None
+    with pytest.raises(ValueError, match="at most"):
+        all_reduce_push_triton(torch.zeros(MAX_PROGRAMS + 1, h, dtype=dtype, device=DEVICE),
+                               areas, seqs[0], 0)
+
+
+# Successive calls: (rows, sum alone?), interleaving both forms on the same memory and counts.
+MIXED_CALLS = ((3, True), (1, False), (3, False), (1, True), (2, True))
+
+
+def _run_rank_mixed(rank, calls, areas, flags, seqs, outs):
+    for n, ((partials, residual, weight), (_, alone)) in enumerate(zip(calls, MIXED_CALLS,
+                                                                       strict=True)):
+        if alone:
+            summed = all_reduce_push_triton(partials[rank], areas, seqs[rank], rank)
+        else:
+            _, summed = all_reduce_add_rms_norm_push_triton(
+                partials[rank], residual, weight, EPS, areas, flags, seqs[rank], rank, "data")
+            summed = summed - residual  # compared below against the sum plus the residual
+        outs[rank][n, :summed.shape[0]].copy_(summed)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="ranks of CPU shared memory under the "
+                    "interpreter; on GPUs: tests/gpu/test_tp_add_norm_gpu.py")
+@pytest.mark.parametrize(("world", "h"), [(2, 24), (3, 60)], ids=["2-ranks", "3-ranks"])
+def test_the_sum_alone_interleaves_with_the_add_norm_form(world, h):
+    """Ranks in processes calling the sum-only and the add-norm forms in turn on one memory:
+    every sum-only result is the fp32 rank-order sum, bit for bit, on every rank; every slot
+    ends empty and each program's count is the calls it served."""
+    dtype = torch.float32  # the add-norm form's summed less the residual is exact in fp32 here
+    calls = [inputs(world, t, h, dtype, seed=20 + n) for n, (t, _) in enumerate(MIXED_CALLS)]
+    areas, flags, seqs = _memory(world, h, dtype, shared=True, signal="data")
+    most = max(t for t, _ in MIXED_CALLS)
+    outs = [torch.zeros(len(calls), most, h, dtype=dtype).share_memory_() for _ in range(world)]
+    assert run_ranks_forked(world, _run_rank_mixed, calls, areas, flags, seqs, outs) == \
+        [0] * (world - 1)
+    for n, ((partials, _, _), (t, alone)) in enumerate(zip(calls, MIXED_CALLS, strict=True)):
+        want = in_rank_order([p.float() for p in partials]).to(dtype)  # the kernel's sum
+        for rank in range(world):
+            got = outs[rank][n, :t]
+            if alone:
+                assert torch.equal(got, want), f"call {n}: the sum differs on rank {rank}"
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    served = [sum(1 for t, _ in MIXED_CALLS if t > p) for p in range(most)]
+    for rank in range(world):
+        assert seqs[rank][:most].tolist() == served
+        assert bool((areas[rank].view(torch.uint8) == EMPTY_BYTE).all())

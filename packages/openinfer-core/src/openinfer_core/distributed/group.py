@@ -71,7 +71,12 @@ class TorchTensorParallelGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks: x itself summed in place (NCCL, gloo) or a new tensor
-        (symmetric memory); x's contents are undefined after."""
+        (symmetric memory; a decode step's few rows of the fused norm's width: pushed, by the
+        push kernel's sum-only form); x's contents are undefined after."""
+        if isinstance(self._fused, SymmetricAddNorm) and x.is_cuda:
+            pushed = self._fused.reduce(x)
+            if pushed is not None:
+                return pushed
         if self._symmetric is not None and x.is_cuda:
             path = self._symmetric.path(x)
             if path != "nccl":

@@ -15,7 +15,9 @@ rows: it writes each rank's rows into its peers' memory and raises flags there (
 before or after), in a symmetric region of its own that `PushMemory` allocates in the same
 group (emptied on every rank before any call). It is the default on 2 and 4 ranks. On 2 ranks
 larger steps take the one-shot kernel; on more, the unfused path: there the one-shot kernel
-lost to it at every size (`PULL_RANKS`)."""
+lost to it at every size (`PULL_RANKS`). The same memory serves the group's plain all-reduce
+of such rows (`reduce`: the push kernel's sum-only form, rows of `hidden` only), for the
+layers that add no norm after it (DeepSeek-V4's, whose hyper-connections follow)."""
 
 from __future__ import annotations
 
@@ -162,6 +164,16 @@ class SymmetricAddNorm:
                  f"; row-split linears push their own rows up to {linear_kernel.max_rows}"
                  if linear_kernel is not None else "")
         return cls(kernel, peers, hidden, dtype, rows, push, linear_kernel)
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The sum of `x` [T, hidden] over the ranks by the push kernel's sum-only form, or None
+        where it does not take `x` (no push memory, more rows than it takes, another width or
+        dtype, or a kernel without that form): the same answer on every rank."""
+        push = self.push
+        if (push is None or x.dim() != 2 or not 0 < x.shape[0] <= push.kernel.max_rows
+                or x.shape[1] != self.hidden or x.dtype != self.dtype):
+            return None
+        return push.kernel.all_reduce(x, push.areas, push.seqs, self.peers.rank)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""

@@ -242,6 +242,13 @@ class SymmetricPushAddNormKernel(Protocol):
         rank's int32 call counts, `max_rows` of them (zeros at first)."""
         ...
 
+    def all_reduce(self, x: torch.Tensor, areas: Sequence[torch.Tensor], seqs: torch.Tensor,
+                   rank: int) -> torch.Tensor | None:
+        """The sum over the ranks of x [T, hidden] alone (T <= `max_rows`), in a new tensor,
+        over the same memory and counts as the calls above (they interleave); None, nothing
+        done, where this kernel has no such form (the same answer on every rank)."""
+        ...
+
 
 class SymmetricLinearPushKernel(Protocol):
     """A row-split linear layer and the push kernel's sum, add and norm in one launch, for a

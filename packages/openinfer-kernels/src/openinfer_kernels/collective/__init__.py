@@ -3,7 +3,8 @@
 `all_reduce_add_rms_norm`: this rank's share of a row-split layer's all-reduce, the residual add
 and the RMSNorm after it, in one kernel (triton.py); `all_reduce_add_rms_norm_push`: the same
 for a decode step's few rows, pushed into the peers' memory (push_triton.py; how a pushed row
-signals that it landed, by `OPENINFER_TP_PUSH_SIGNAL`, read here); `linear_push_add_rms_norm`:
+signals that it landed, by `OPENINFER_TP_PUSH_SIGNAL`, read here; its `all_reduce`: the sum
+alone, over the same memory, where the rows are their own signal); `linear_push_add_rms_norm`:
 the row-split linear before it in the same launch, its output pushed by itself
 (linear_push_triton.py); None where triton is not installed. Their reference takes every rank's
 partial product at once (reference.py)."""

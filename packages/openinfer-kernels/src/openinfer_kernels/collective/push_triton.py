@@ -152,8 +152,9 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
                                    x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
                                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
                                    BITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                                   PDL: tl.constexpr):
+                                   PDL: tl.constexpr, ADD_NORM: tl.constexpr = True):
     # areas: every rank's landing area (x's dtype), in rank order; empty slots all-ones bits.
+    # ADD_NORM False: the sum alone, into sum_ptr (res_ptr, w_ptr and out_ptr unused).
     pdl_enter(PDL)
     pid = tl.program_id(0)
     row = tl.cast(pid, tl.int64)
@@ -174,9 +175,40 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
         else:
             slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + row) * H + cols
             acc += take_landed(slot, mask, BITS).to(tl.float32)
-    s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
-    r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
+    if ADD_NORM:
+        s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
+        r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
+    else:
+        tl.store(sum_ptr + row * H + cols, acc.to(sum_ptr.dtype.element_ty), mask=mask)
+
+
+def all_reduce_push_triton(x: torch.Tensor, areas: Sequence[torch.Tensor], seqs: torch.Tensor,
+                           rank: int) -> torch.Tensor:
+    """The sum over the ranks of `x` [..., H] (at most `MAX_PROGRAMS` rows), in a new tensor:
+    the data-signalled push kernel without the add and the norm, over the same memory and call
+    counts (`all_reduce_add_rms_norm_push_triton`'s, signal "data"), so the two interleave.
+    Summed in fp32 in rank order, rounded once to x's dtype (the add-norm form's `summed`
+    before its residual). Collective as that one."""
+    world = len(areas)
+    h = x.shape[-1]
+    rows = x.reshape(-1, h).contiguous()
+    t = rows.shape[0]
+    if not 0 <= rank < world or t > MAX_PROGRAMS or x.element_size() not in (2, 4):
+        raise ValueError(f"rank {rank} of {world}, {t} rows (at most {MAX_PROGRAMS}), "
+                         f"{x.dtype} (16- or 32-bit)")
+    if areas[rank].numel() < area_elements(world, h) or seqs.numel() < MAX_PROGRAMS:
+        raise ValueError(f"areas of {areas[rank].numel()} and counts of {seqs.numel()} are too "
+                         f"small for {world} ranks of width {h}: see area_elements")
+    summed = torch.empty_like(rows)
+    if t:
+        block, num_warps = row_settings(h)
+        _push_data_add_rms_norm_kernel[(t,)](
+            rows, rows, rows, rows, summed, tuple(areas), seqs, h, rows.stride(0),
+            rows.stride(0), 0.0, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
+            BITS=8 * x.element_size(), BLOCK_H=block, ADD_NORM=False, num_warps=num_warps,
+            **pdl_launch(x))
+    return summed.view(x.shape)
 
 
 def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
@@ -251,3 +283,10 @@ class PushAddNorm:
                  seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         return all_reduce_add_rms_norm_push_triton(x, residual, weight, eps, areas, flags,
                                                    seqs, rank, self.signal)
+
+    def all_reduce(self, x: torch.Tensor, areas: Sequence[torch.Tensor], seqs: torch.Tensor,
+                   rank: int) -> torch.Tensor | None:
+        """`all_reduce_push_triton` where the rows are their own signal; None with flags."""
+        if self.signal != "data":
+            return None
+        return all_reduce_push_triton(x, areas, seqs, rank)
