@@ -35,10 +35,12 @@ SMALL_SHAPES = {
     "3.5-4B gate_up": (18432, 2560), "3.5-4B down": (2560, 9216),
     "3.5-4B lm_head": (248320, 2560),
     # DeepSeek-V4-Flash's bf16 products (every rank's whole weight): the router, the CSA /
-    # HCA / indexer compressors' kv and gate, the indexer's head weights
+    # HCA / indexer compressors' kv and gate, the indexer's head weights; and as the model
+    # runs them, stacked (openinfer_deepseek_v4/shared_input.py): a CSA layer's five products
+    # of x in one, an HCA layer's two (the CSA compressor's shape)
     "V4 router": (256, 4096), "V4 csa-compressor": (1024, 4096),
     "V4 hca-compressor": (512, 4096), "V4 indexer-compressor": (256, 4096),
-    "V4 indexer-weights": (64, 4096),
+    "V4 indexer-weights": (64, 4096), "V4 csa-stack": (2624, 4096),
 }
 
 

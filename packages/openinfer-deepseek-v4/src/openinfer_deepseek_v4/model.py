@@ -38,6 +38,7 @@ from openinfer_deepseek_v4.reference import (
     logits,
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
+from openinfer_deepseek_v4.shared_input import AttentionProducts, attention_products
 from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
 from openinfer_kernels.sampling import SAMPLING_KERNELS
@@ -59,6 +60,13 @@ class DeepseekV4Model:
             raise ValueError("a tensor-parallel DeepseekV4Model needs both `tp` and `shard`")
         self.cfg = cfg
         self.attn_cfg = cfg if shard is None else shard.local_config(cfg)
+        # Each attention's products of one input stacked by format, one launch a stack; its
+        # weights then views of the stacks (shared_input.py).
+        self._products: list[AttentionProducts] = []
+        for i, layer in enumerate(weights.layers):
+            products, attention = attention_products(layer.attention)
+            weights.layers[i] = dataclasses.replace(layer, attention=attention)
+            self._products.append(products)
         self.w = weights
         self.tp = tp
         self.shard = shard
@@ -162,8 +170,9 @@ class DeepseekV4Model:
         streams = streams.contiguous()
         slots = StepSlots(batch, self.layers[0].kv.shape[1])
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
-            attend = partial(paged_attention, w=layer.attention, cfg=self.attn_cfg, layer=i,
-                             cache=cache, batch=batch, rope=self._ropes[i], slots=slots)
+            attend = partial(paged_attention, w=layer.attention, products=self._products[i],
+                             cfg=self.attn_cfg, layer=i, cache=cache, batch=batch,
+                             rope=self._ropes[i], slots=slots)
             streams = _around(streams, layer.attn_hc, layer.attn_norm, self._reduced(attend),
                               cfg)
             ffn: Callable[[torch.Tensor], torch.Tensor]

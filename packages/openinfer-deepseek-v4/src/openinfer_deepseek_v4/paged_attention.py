@@ -3,7 +3,8 @@
 slot. The step is batched: no loop over requests and no host sync (the widths are the step's
 host-known bounds), with the Triton kernels on the GPU and their references on CPU:
 
-1. project the queries and raw entries (the q lora's norm one `rms_rotary` op, the queries'
+1. project the queries and raw entries (the products of x, and those of the q lora's output,
+   stacked by format: `shared_input.py`; the q lora's norm one `rms_rotary` op, the queries'
    and raw entries' norms and rotations one `q_kv_rms_rotary` op, cos and sin from the
    layer's position table); write the raw entries and the compressor
    projections into the step's slots of their window groups (`kv_cache`);
@@ -40,6 +41,7 @@ from openinfer_deepseek_v4.reference import (
     AttentionWeights,
     CompressorWeights,
 )
+from openinfer_deepseek_v4.shared_input import AttentionProducts
 from openinfer_deepseek_v4.step_slots import StepSlots
 
 
@@ -53,23 +55,26 @@ class Rope:
     table: torch.Tensor  # [max_model_len, R] in the model's dtype
 
 
-def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, layer: int,
-                    cache: LayerCache, batch: ForwardBatch, rope: Rope,
-                    slots: StepSlots) -> torch.Tensor:
-    """x [T, H] (the step's normed collapsed streams) -> [T, H]. Mutates the layer's cache:
-    the step's raw entries, compressor projections and newly closed compressed entries."""
+def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionProducts,
+                    cfg: DeepseekV4Config, layer: int, cache: LayerCache, batch: ForwardBatch,
+                    rope: Rope, slots: StepSlots) -> torch.Tensor:
+    """x [T, H] (the step's normed collapsed streams) -> [T, H]; `products`: the layer's
+    products of x and of the q lora's output, stacked (`shared_input.attention_products` of
+    `w`). Mutates the layer's cache: the step's raw entries, compressor projections and newly
+    closed compressed entries."""
     kind = cfg.attention_kinds[layer]
-    q_residual, q = _project(x, w, cfg, batch, rope, cache, slots)
-    parts: list[tuple[CompressedCache, CompressorWeights, bool]] = []
+    of_x = products.of_x(x)
+    of_q, q = _project(of_x, products, w, cfg, batch, rope, cache, slots)
+    parts: list[tuple[CompressedCache, CompressorWeights, str, bool]] = []
     if cache.compressor is not None:
         assert w.compressor is not None
-        parts.append((cache.compressor, w.compressor, kind == "csa"))
+        parts.append((cache.compressor, w.compressor, "compressor", kind == "csa"))
     if cache.indexer is not None:
         assert w.indexer is not None
-        parts.append((cache.indexer, w.indexer.compressor, True))
-    for part, weights, overlap in parts:
-        # `reference.compressor_inputs`' two products, through `linear` (quantized.py)
-        store_projections(linear(x, weights.kv), linear(x, weights.gate),
+        parts.append((cache.indexer, w.indexer.compressor, "indexer", True))
+    for part, weights, name, overlap in parts:
+        # `reference.compressor_inputs`' two products (of the stacked products of x)
+        store_projections(of_x[f"{name}.kv"], of_x[f"{name}.gate"],
                           part.projections.flatten(0, 1),
                           slots.token_slots(part.projection_group))
         compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
@@ -88,7 +93,7 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
     if cache.compressor is not None:
         pool = cache.compressor.entries.flatten(0, 1)
         entry_format = cache.compressor.fmt
-        picked = _picked_slots(x, q_residual, batch, w, cfg, cache, rope, slots)
+        picked = _picked_slots(of_x, of_q, batch, cfg, cache, rope, slots)
     # The values carry their keys' rotation: the attention's stores rotate it back.
     out = sparse_sink_attention(q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
                                 cfg.head_dim ** -0.5, entry_format=entry_format,
@@ -96,20 +101,22 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config,
     return _output(out, w, cfg)
 
 
-def _project(x: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config, batch: ForwardBatch,
-             rope: Rope, cache: LayerCache, slots: StepSlots
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.project` with the raw entries written straight into their cache slots:
-    (q_residual [T, q_lora_rank], q [T, heads, D] normed per head and rotated)."""
-    t, eps, positions = x.shape[0], cfg.rms_norm_eps, batch.positions
-    q_residual = rms_rotary(linear(x, w.q_a), w.q_a_norm, positions, None, eps=eps)
+def _project(of_x: dict[str, torch.Tensor], products: AttentionProducts, w: AttentionWeights,
+             cfg: DeepseekV4Config, batch: ForwardBatch, rope: Rope, cache: LayerCache,
+             slots: StepSlots) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """`reference.project` from the products of x, with the raw entries written straight into
+    their cache slots: (the products of the normed q lora output, q [T, heads, D] normed per
+    head and rotated)."""
+    t, eps, positions = of_x["q_a"].shape[0], cfg.rms_norm_eps, batch.positions
+    q_residual = rms_rotary(of_x["q_a"], w.q_a_norm, positions, None, eps=eps)
+    of_q = products.of_q(q_residual)
     # The queries and the raw entries normed and rotated in one op, the entries into their
     # cache slots (with quant_sim rounded as the model stores them, quant_sim.py).
-    q = q_kv_rms_rotary(linear(q_residual, w.q_b).view(t, cfg.num_heads, cfg.head_dim),
-                        linear(x, w.kv), w.kv_norm, positions, rope.table,
-                        cache.kv.flatten(0, 1), slots.token_slots(cache.kv_group), eps=eps,
+    q = q_kv_rms_rotary(of_q["q_b"].view(t, cfg.num_heads, cfg.head_dim), of_x["kv"],
+                        w.kv_norm, positions, rope.table, cache.kv.flatten(0, 1),
+                        slots.token_slots(cache.kv_group), eps=eps,
                         fp8_rope_dims=cfg.rope_head_dim if cfg.quant_sim else None)
-    return q_residual, q
+    return of_q, q
 
 
 def _round_closed_entries(part: CompressedCache, slots: StepSlots, cfg: DeepseekV4Config,
@@ -133,8 +140,8 @@ def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config) -> to
     return linear(grouped.reshape(t, -1), w.o_b)
 
 
-def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch,
-                  w: AttentionWeights, cfg: DeepseekV4Config, cache: LayerCache, rope: Rope,
+def _picked_slots(of_x: dict[str, torch.Tensor], of_q: dict[str, torch.Tensor],
+                  batch: ForwardBatch, cfg: DeepseekV4Config, cache: LayerCache, rope: Rope,
                   slots: StepSlots) -> torch.Tensor:
     """[T, K] int32: the compressed-entry slots each query attends to (-1: none). CSA: the
     indexer's top k of the entries it sees; HCA: all it sees. K is bounded by the step's
@@ -143,13 +150,12 @@ def _picked_slots(x: torch.Tensor, q_residual: torch.Tensor, batch: ForwardBatch
     assert part is not None
     if cache.indexer is None:
         return slots.visible_entries(part.ratio, part.entries.shape[1], part.entry_group)
-    assert w.indexer is not None
-    idx = w.indexer
-    q = linear(q_residual, idx.q_b).view(x.shape[0], cfg.index_n_heads, cfg.index_head_dim)
+    q = of_q["indexer.q_b"]
+    q = q.view(q.shape[0], cfg.index_n_heads, cfg.index_head_dim)
     q = rms_rotary(q, None, batch.positions, rope.table, eps=None)
     if cfg.quant_sim:
         q = indexer_round(q)  # [T, heads, d]: each head's row
-    return indexer_topk_paged(q, linear(x, idx.weights_proj), cache.indexer.entries,
+    return indexer_topk_paged(q, of_x["indexer.weights"], cache.indexer.entries,
                               batch.group_table(cache.indexer.entry_group),
                               batch.query_start_loc, batch.positions,
                               ratio=part.ratio, block_size=part.projections.shape[1],
