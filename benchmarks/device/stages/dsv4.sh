@@ -92,8 +92,9 @@ stage_dsv4full() {
   # served: batch-64 TPOT (64 requests of 1024/128 at concurrency 64) and 1,024 prompts of
   # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it; then the
   # longest context the KV cache fits, admitted (`longest_context.py`); `profile`: rank 0's
-  # decode step by op and kernel (`decode_breakdown.py`). An engine start each;
-  # DSV4FULL_PARTS picks them (default "latency serve longest").
+  # decode step by op and kernel (`decode_breakdown.py`); `gate`: TP2 against one GPU at 3
+  # layers (tests/gpu/test_tp_deepseek_v4_gpu.py). An engine start each; DSV4FULL_PARTS picks
+  # them (default "latency serve longest").
   local d4=/tmp/dsv4-flash tp ep="" part
   tp=$(nvidia-smi -L | wc -l)
   [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
@@ -125,6 +126,15 @@ PY
         tail -20 "$OUT/serve-dsv4-flash-longest.log"
       fi
       stop $server
+      continue
+    fi
+    if [ "$part" = gate ]; then
+      # TP2 (and TP2 with expert parallelism) against one GPU, 3 layers at V4-Flash widths,
+      # teacher-forced: the tensor-parallel paths (the pushed all-reduce fused with hc_post
+      # among them) within the one-GPU gate's bounds.
+      stage "DeepSeek-V4 TP2 and TP2+EP against one GPU (3 layers, V4-Flash widths)"
+      timeout -s ABRT 400 python3 -m pytest -p no:cacheprovider -q -s -m gpu -k matches_one_gpu \
+        tests/gpu/test_tp_deepseek_v4_gpu.py 2>&1 | grep -E "^\{|passed|failed|Error" | tail -8
       continue
     fi
     if [ "$part" = profile ]; then

@@ -150,3 +150,20 @@ def test_without_the_pull_kernel_steps_past_the_push_rows_run_unfused() -> None:
 def test_push_is_a_mode_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FUSED_NORM_ENV, "push")
     assert [fused_norm_mode(n) for n in (2, 4)] == ["push", "push"]
+
+
+def test_push_areas_are_handed_out_for_their_width_and_dtype_only() -> None:
+    seqs = torch.zeros(4, dtype=torch.int32)
+    areas = (torch.zeros(64), torch.zeros(64))
+    memory = PushMemory(_Push(), areas, (), seqs, None)
+    peers = SymmetricPeers(buffers=(), pads=(), rank=1)
+    ours = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16,
+                            push=memory)
+    got = ours.push_areas(8, torch.float32)
+    assert got is not None
+    assert got.areas is areas and got.seqs is seqs
+    assert (got.rank, got.max_rows, got.area_fill) == (1, 4, 0)
+    assert ours.push_areas(16, torch.float32) is None
+    assert ours.push_areas(8, torch.bfloat16) is None
+    no_push = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16)
+    assert no_push.push_areas(8, torch.float32) is None

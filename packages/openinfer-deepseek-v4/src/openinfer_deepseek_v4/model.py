@@ -4,9 +4,10 @@ whole-sequence attention, batched over the step's requests. Its ops are its own 
 and openinfer-kernels' (Triton on the GPU, their plain-torch references on CPU); the weights
 stay in FP8/FP4 on the GPU (`quantized.py`). Under tensor parallelism, one rank's shard
 (`shard.py`): it meets the other ranks' in an all-reduce after the embedding, each attention
-and each MoE (or the exchanges of `expert_parallel.py`), and an all-gather of the logits; a
-decode step's all-reduces push their rows into the peers' memory (the group's push kernel,
-sum-only form)."""
+and each MoE (or the exchanges of `expert_parallel.py`), and an all-gather of the logits. A
+decode step's rows are pushed into the peers' memory (the group's push memory): a sublayer's
+sum by its `hc_post` in the same launch (`kernels/mhc/push_post.py`), the embedding's by the
+group's push all-reduce."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from functools import partial
 import torch
 
 from openinfer_core.interfaces.kv import KVManager, KVStepLimits
-from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
+from openinfer_core.interfaces.model import ForwardBatch, PushAreas, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
-from openinfer_deepseek_v4.kernels.mhc import hc_head, hc_post, hc_pre
+from openinfer_deepseek_v4.kernels.mhc import hc_head, hc_post, hc_post_all_reduce, hc_pre
 from openinfer_deepseek_v4.kernels.rotary import rope_table
 from openinfer_deepseek_v4.kv_cache import (
     LayerCache,
@@ -92,9 +93,12 @@ class DeepseekV4Model:
         if tp is not None:
             # The group's push memory (on CUDA, where its mode asks for it): a decode step's
             # all-reduces, rows of the hidden width with the hyper-connections after them
-            # rather than a norm, take the push kernel's sum-only form.
+            # rather than a norm, push their rows (the embedding's: the push kernel's sum-only
+            # form).
             tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
                                    push_kernel=all_reduce_add_rms_norm_push)
+        # The same memory for the sublayers' all-reduce fused with hc_post (kernels/mhc).
+        self._push = None if tp is None else tp.push_areas(cfg.hidden_size, dtype)
         # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
         # the host and its widths follow `max_seq_len` (the graphs are captured with
         # max_model_len): capturable, decode steps only; under tensor parallelism too (the
@@ -173,17 +177,17 @@ class DeepseekV4Model:
             attend = partial(paged_attention, w=layer.attention, products=self._products[i],
                              cfg=self.attn_cfg, layer=i, cache=cache, batch=batch,
                              rope=self._ropes[i], slots=slots)
-            streams = _around(streams, layer.attn_hc, layer.attn_norm, self._reduced(attend),
-                              cfg)
-            ffn: Callable[[torch.Tensor], torch.Tensor]
-            if self._expert_starts is not None:
+            streams = _around(streams, layer.attn_hc, layer.attn_norm, attend, cfg, self.tp,
+                              self._push)
+            if self._expert_starts is not None:  # its exchanges give every rank whole rows
                 assert self.tp is not None
                 ffn = partial(expert_parallel_moe, token_ids=batch.input_ids, w=layer.moe,
                               cfg=cfg, starts=self._expert_starts, group=self.tp)
+                streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg)
             else:
-                ffn = self._reduced(partial(moe_forward, token_ids=batch.input_ids,
-                                            w=layer.moe, cfg=cfg))
-            streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg)
+                ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg)
+                streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg, self.tp,
+                                  self._push)
         # Only the rows that sample need the head (none in a step of prefill chunks only; the
         # head's ops take no empty batch, and every rank skips the all-gather alike).
         rows = streams[batch.logits_indices]
@@ -197,14 +201,6 @@ class DeepseekV4Model:
             return out
         out = self.tp.all_gather(out)  # [S, size * padded part]: the vocabulary, padded
         return out if out.shape[1] == self.vocab_size else out[:, :self.vocab_size].contiguous()
-
-    def _reduced(self, sublayer: Callable[[torch.Tensor], torch.Tensor]
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`sublayer` whose output is a rank's partial sum, summed over the ranks."""
-        tp = self.tp
-        if tp is None:
-            return sublayer
-        return lambda x: tp.all_reduce(sublayer(x))
 
     def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T, H]: under tensor parallelism each rank looks up the ids of its vocabulary part
@@ -248,10 +244,17 @@ def _tensors(obj: object, skip: Sequence[object] | None = None) -> Iterator[torc
 
 
 def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,
-            sublayer: Callable[[torch.Tensor], torch.Tensor],
-            cfg: DeepseekV4Config) -> torch.Tensor:
+            sublayer: Callable[[torch.Tensor], torch.Tensor], cfg: DeepseekV4Config,
+            tp: TensorParallelGroup | None = None, push: PushAreas | None = None
+            ) -> torch.Tensor:
     """`reference.around` in two ops (Triton kernels on the GPU): the mixing weights, collapse
-    and norm before the sublayer, the expansion after."""
+    and norm before the sublayer, the expansion after. With `tp` the sublayer's output is this
+    rank's partial sum: summed over the ranks by the expansion itself where the group's push
+    memory takes the rows (`hc_post_all_reduce`), else by the group's all-reduce first."""
     x, post, comb = hc_pre(streams, hc.fn, hc.base, hc.scale, norm, hc_eps=cfg.hc_eps,
                            norm_eps=cfg.rms_norm_eps, sinkhorn_iters=cfg.hc_sinkhorn_iters)
-    return hc_post(streams, sublayer(x), post, comb)
+    out = sublayer(x)
+    if tp is None:
+        return hc_post(streams, out, post, comb)
+    fused = hc_post_all_reduce(streams, out, post, comb, push)
+    return fused if fused is not None else hc_post(streams, tp.all_reduce(out), post, comb)

@@ -10,7 +10,6 @@ process (one rank alone, rank 0 of 2 and 3)."""
 from __future__ import annotations
 
 import functools
-import multiprocessing
 import operator
 
 import pytest
@@ -19,6 +18,7 @@ import torch
 from openinfer_kernels.collective import all_reduce_add_rms_norm_ref
 from openinfer_kernels.collective.triton import MAX_PROGRAMS, all_reduce_add_rms_norm_triton
 from openinfer_kernels.norm import fused_add_rms_norm_ref, rms_norm_ref
+from openinfer_kernels.testing.ranks import run_ranks_forked
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -102,25 +102,6 @@ def test_rows_past_the_buffer_are_refused():
     with pytest.raises(ValueError, match="do not fit the symmetric buffer"):
         all_reduce_add_rms_norm_triton(x, residual, weight, EPS, [torch.zeros(23)],
                                        [torch.zeros(PAD_SLOTS, dtype=torch.int32)], 0)
-
-
-def run_ranks_forked(world, run_rank, *args):
-    """run_rank(rank, *args) for ranks 1.. in forked processes and rank 0 in this one (so the
-    TTIR sweep sees its launches), then the forked ranks' exit codes."""
-    context = multiprocessing.get_context("fork")
-    peers = [context.Process(target=run_rank, args=(rank, *args), daemon=True)
-             for rank in range(1, world)]
-    for process in peers:
-        process.start()
-    try:
-        run_rank(0, *args)
-        for process in peers:
-            process.join(60)
-    finally:
-        for process in peers:
-            if process.is_alive():
-                process.kill()
-    return [process.exitcode for process in peers]
 
 
 def _run_rank(rank, calls, buffers, pads, outs):

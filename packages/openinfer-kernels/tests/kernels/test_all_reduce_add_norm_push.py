@@ -21,6 +21,7 @@ from openinfer_kernels.collective.push_triton import (
     flag_slots,
 )
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
+from openinfer_kernels.testing.ranks import run_ranks_forked
 
 from .test_all_reduce_add_norm import (
     DEVICE,
@@ -28,7 +29,6 @@ from .test_all_reduce_add_norm import (
     assert_kernel_alike,
     in_rank_order,
     inputs,
-    run_ranks_forked,
 )
 
 SIGNALS = ["flags", "data"]

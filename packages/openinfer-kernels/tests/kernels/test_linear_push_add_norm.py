@@ -25,8 +25,9 @@ from openinfer_kernels.collective.push_triton import (
 )
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.gemm.triton import Tile, linear_triton
+from openinfer_kernels.testing.ranks import run_ranks_forked
 
-from .test_all_reduce_add_norm import DEVICE, EPS, assert_kernel_alike, run_ranks_forked
+from .test_all_reduce_add_norm import DEVICE, EPS, assert_kernel_alike
 
 TILES = {"split-3": Tile(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=2),
          "whole-k": Tile(block_n=32, block_k=64, split_k=1, num_warps=4, num_stages=2)}

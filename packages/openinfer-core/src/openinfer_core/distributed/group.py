@@ -20,6 +20,7 @@ from openinfer_core.distributed.add_norm import FusedAllReduceAddNorm, fused_nor
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce
 from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
 from openinfer_core.interfaces.model import (
+    PushAreas,
     SymmetricAddNormKernel,
     SymmetricLinearPushKernel,
     SymmetricPushAddNormKernel,
@@ -121,6 +122,12 @@ class TorchTensorParallelGroup:
         if not isinstance(self._fused, SymmetricAddNorm):  # (it exists on CUDA only)
             return None
         return self._fused.project(x, w, residual, weight, eps)
+
+    def push_areas(self, hidden: int, dtype: torch.dtype) -> PushAreas | None:
+        """See `interfaces.model.TensorParallelGroup.push_areas`."""
+        if not isinstance(self._fused, SymmetricAddNorm):
+            return None
+        return self._fused.push_areas(hidden, dtype)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()

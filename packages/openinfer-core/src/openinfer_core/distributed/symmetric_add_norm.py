@@ -30,6 +30,7 @@ import torch
 from openinfer_core.distributed.add_norm import rows_fit
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers, every_rank
 from openinfer_core.interfaces.model import (
+    PushAreas,
     SymmetricAddNormKernel,
     SymmetricLinearPushKernel,
     SymmetricPushAddNormKernel,
@@ -174,6 +175,14 @@ class SymmetricAddNorm:
                 or x.shape[1] != self.hidden or x.dtype != self.dtype):
             return None
         return push.kernel.all_reduce(x, push.areas, push.seqs, self.peers.rank)
+
+    def push_areas(self, hidden: int, dtype: torch.dtype) -> PushAreas | None:
+        """See `interfaces.model.TensorParallelGroup.push_areas`."""
+        push = self.push
+        if push is None or hidden != self.hidden or dtype != self.dtype:
+            return None
+        return PushAreas(push.areas, push.seqs, self.peers.rank, push.kernel.max_rows,
+                         push.kernel.area_fill)
 
     def fits(self, x: torch.Tensor) -> bool:
         """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""

@@ -269,6 +269,22 @@ class SymmetricLinearPushKernel(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class PushAreas:
+    """The group's push memory, for a line's own kernels that push a decode step's rows the way
+    `SymmetricPushAddNormKernel` does (one program a row, `seqs[row]` its call count, two
+    parities of landing slots), so their calls interleave with the group's on the same memory:
+    every rank's landing area in rank order, this rank's call counts and index, the most rows a
+    call takes, and the byte an empty landing area holds (the kernel's `area_fill`: how its
+    rows signal that they landed)."""
+
+    areas: tuple[torch.Tensor, ...]
+    seqs: torch.Tensor
+    rank: int
+    max_rows: int
+    area_fill: int
+
+
 @runtime_checkable
 class TensorParallelGroup(Protocol):
     """The ranks a tensor-parallel model is split over, as its model line sees them: each
@@ -316,6 +332,12 @@ class TensorParallelGroup(Protocol):
         the product in the same launch; None, nothing done, where the group has no such kernel
         for these rows and this weight (then the line's product and
         `all_reduce_add_rms_norm`). Every rank gets the same answer for the same shapes."""
+        ...
+
+    def push_areas(self, hidden: int, dtype: torch.dtype) -> PushAreas | None:
+        """The push memory that `enable_add_rms_norm` opened for rows of `hidden` values of
+        `dtype`, or None (none open, or for another width or dtype): the same answer on every
+        rank."""
         ...
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

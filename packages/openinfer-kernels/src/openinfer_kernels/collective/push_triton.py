@@ -72,7 +72,7 @@ def flag_slots(world: int) -> int:
 
 
 @triton.jit
-def _count_call(count_ptr):
+def count_call(count_ptr):
     """This program's call number (1 at the first call), counted in at `count_ptr`."""
     seq = tl.load(count_ptr) + 1
     tl.debug_barrier()  # every thread has read the count before it moves on
@@ -91,7 +91,7 @@ def _push_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, fl
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    seq = _count_call(seq_ptr + pid)
+    seq = count_call(seq_ptr + pid)
     parity = tl.cast(seq % 2, tl.int64)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
     for peer in tl.static_range(WORLD):
@@ -160,7 +160,7 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    seq = _count_call(seq_ptr + pid)
+    seq = count_call(seq_ptr + pid)
     parity = tl.cast(seq % 2, tl.int64)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
     sent = pushed(x, BITS)

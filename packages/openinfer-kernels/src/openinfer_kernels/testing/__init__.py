@@ -7,4 +7,5 @@ to compile on the GPU. `ttir` compiles a launch to TTIR, Triton's first IR, for 
 makes that way instead of running it; `compiled_session` runs a test file in a process with
 the interpreter off (a compiling test cannot share one with interpreted kernels);
 `jit_sources` lists the `@triton.jit` functions a source tree defines, so a check can tell
-which of them no launch reached."""
+which of them no launch reached; `ranks` runs a collective kernel's ranks as forked processes
+over CPU shared memory."""

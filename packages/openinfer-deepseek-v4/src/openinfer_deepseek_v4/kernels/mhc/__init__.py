@@ -1,8 +1,15 @@
 """Manifold-constrained hyper-connections (DeepSeek-V4's residual). `hc_pre` and `hc_post` are
 one sublayer's step on either side of the sublayer (`hc_pre_ref`, `hc_post_ref`), `hc_head` the
-final collapse: Triton kernels on CUDA tensors, the references on CPU. The piecewise references
+final collapse: Triton kernels on CUDA tensors, the references on CPU. `hc_post_all_reduce`:
+`hc_post` of a tensor-parallel sublayer's partial output, summed over the ranks in the same
+launch where the group's push memory takes the rows (`push_post.py`). The piecewise references
 (`hc_weights_ref`, `hc_collapse_ref`, `hc_expand_ref`) are the model reference's vocabulary."""
 
+from __future__ import annotations
+
+import torch
+
+from openinfer_core.interfaces.model import PushAreas
 from openinfer_deepseek_v4.kernels.mhc.reference import (
     hc_collapse_ref,
     hc_expand_ref,
@@ -14,10 +21,26 @@ from openinfer_deepseek_v4.kernels.mhc.reference import (
 from openinfer_kernels.dispatch import by_device, triton_kernels
 
 _kernels = triton_kernels("openinfer_deepseek_v4.kernels.mhc.triton")
+_push = triton_kernels("openinfer_deepseek_v4.kernels.mhc.push_post")
 
 hc_pre = by_device(hc_pre_ref, _kernels.hc_pre_triton if _kernels else None)
 hc_post = by_device(hc_post_ref, _kernels.hc_post_triton if _kernels else None)
 hc_head = by_device(hc_head_ref, _kernels.hc_head_triton if _kernels else None)
 
+
+
+def hc_post_all_reduce(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
+                       comb: torch.Tensor, push: PushAreas | None) -> torch.Tensor | None:
+    """`hc_post(streams, the sum of partial over the ranks, post, comb)` in one launch where
+    `push` (the group's push memory, `TensorParallelGroup.push_areas`) takes these rows: on
+    CUDA, the rows their own signal, at most its rows; None, nothing done, elsewhere (then the
+    group's `all_reduce` and `hc_post`). The same answer on every rank for the same shapes."""
+    if (_push is None or push is None or not partial.is_cuda
+            or push.area_fill != _push.EMPTY_BYTE or not 0 < partial.shape[0] <= push.max_rows):
+        return None
+    return _push.hc_post_all_reduce_triton(streams, partial, post, comb, push.areas, push.seqs,
+                                           push.rank)
+
+
 __all__ = ["hc_collapse_ref", "hc_expand_ref", "hc_head", "hc_head_ref", "hc_post",
-           "hc_post_ref", "hc_pre", "hc_pre_ref", "hc_weights_ref"]
+           "hc_post_all_reduce", "hc_post_ref", "hc_pre", "hc_pre_ref", "hc_weights_ref"]

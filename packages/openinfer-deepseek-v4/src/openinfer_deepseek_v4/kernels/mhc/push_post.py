@@ -1,0 +1,114 @@
+# mypy: disable-error-code="no-untyped-def"
+"""`hc_post` of a row-split sublayer's output summed over the tensor-parallel ranks, in one
+launch for a decode step's few rows: each rank's partial row is pushed into its peers' landing
+areas and read back summed as the group's push all-reduce does
+(`openinfer_kernels.collective.push_triton`: the same memory, call counts and protocol, the
+rows their own signal), and the program that summed token t's row expands it into the token's
+new streams at once, as `_expand_kernel` does. One launch where the all-reduce and the
+expansion took two, per sublayer.
+
+Program t (one per token, at most the push memory's rows): call count seq = seqs[t] + 1,
+parity seq % 2; the partial row goes into slot (parity, this rank, t) of every peer's area;
+the peers' rows are polled in this rank's own area until landed, added in fp32 in rank order
+and rounded to the streams' dtype (the bits of the group's push all-reduce), and the slots are
+emptied again; then H'_k = post_k out + sum_j comb[j, k] H_j with `_expand_kernel`'s
+rounding points. (The mypy line above: @triton.jit functions annotate only their constexpr
+parameters.)"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from openinfer_kernels.collective.push_triton import (
+    EMPTY_BYTE,
+    area_elements,
+    count_call,
+    pushed,
+    take_landed,
+)
+from openinfer_kernels.collective.triton import MAX_PROGRAMS
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
+
+@triton.jit
+def _push_post_kernel(x_ptr, streams_ptr, post_ptr, comb_ptr, new_ptr, areas, seq_ptr, D,
+                      stride_x, stride_st, stride_sn, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      PROGRAMS: tl.constexpr, BITS: tl.constexpr, N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
+    pid = tl.program_id(0)
+    t = tl.cast(pid, tl.int64)
+    rd = tl.arange(0, BLOCK_D)
+    rn = tl.arange(0, N)
+    d_ok = rd < D
+    seq = count_call(seq_ptr + pid)
+    parity = tl.cast(seq % 2, tl.int64)
+    x = tl.load(x_ptr + t * stride_x + rd, mask=d_ok)
+    sent = pushed(x, BITS)
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            tl.store(areas[peer] + ((parity * WORLD + RANK) * PROGRAMS + t) * D + rd, sent,
+                     mask=d_ok)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for peer in tl.static_range(WORLD):
+        if peer == RANK:
+            acc += x.to(tl.float32)
+        else:
+            slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + t) * D + rd
+            acc += take_landed(slot, d_ok, BITS).to(tl.float32)
+    ty = new_ptr.dtype.element_ty
+    out = acc.to(ty).to(tl.float32)  # the all-reduce's result, in the streams' dtype
+    mixed = tl.zeros([N, BLOCK_D], dtype=tl.float32)
+    for j in tl.static_range(N):  # sum_j comb[j, k] H_j, j in order
+        c = tl.load(comb_ptr + t * N * N + j * N + rn).to(ty).to(tl.float32)
+        h = tl.load(streams_ptr + t * stride_st + j * stride_sn + rd, mask=d_ok, other=0.0)
+        mixed += c[:, None] * h.to(tl.float32)[None, :]
+    post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
+    spread = (post[:, None] * out[None, :]).to(ty).to(tl.float32)
+    new = spread + mixed.to(ty).to(tl.float32)
+    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new.to(ty),
+             mask=d_ok[None, :])
+
+
+def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
+                              comb: torch.Tensor, areas: Sequence[torch.Tensor],
+                              seqs: torch.Tensor, rank: int) -> torch.Tensor:
+    """`hc_post_ref(streams, sum over the ranks of partial, post, comb)` in one launch:
+    streams [T, N, D], this rank's partial [T, D] (its dtype; rows may be strided), post
+    [T, N] and comb [T, N, N] fp32 -> new streams [T, N, D]. Collective: every rank calls it
+    with the same shapes, in the same order, interleaved as it likes with the group's push
+    calls on `areas` (every rank's landing area, rows as their signal: empty bytes
+    `EMPTY_BYTE`) and `seqs` (this rank's call counts); T at most `MAX_PROGRAMS`."""
+    t, n, d = streams.shape
+    world = len(areas)
+    if (partial.shape != (t, d) or post.shape != (t, n) or comb.shape != (t, n, n) or n & (n - 1)
+            or partial.dtype != streams.dtype or partial.element_size() not in (2, 4)
+            or not 0 <= rank < world or t > MAX_PROGRAMS):
+        raise ValueError(f"hc_post_all_reduce: need streams [T, N, D] (N a power of two), "
+                         f"partial [T, D] of their dtype (16 or 32 bits), post [T, N], comb "
+                         f"[T, N, N], at most {MAX_PROGRAMS} rows, rank {rank} of {world}; got "
+                         f"{tuple(streams.shape)}, {tuple(partial.shape)} {partial.dtype}, "
+                         f"{tuple(post.shape)}, {tuple(comb.shape)}")
+    if areas[rank].numel() < area_elements(world, d) or seqs.numel() < MAX_PROGRAMS:
+        raise ValueError(f"areas of {areas[rank].numel()} and counts of {seqs.numel()} are too "
+                         f"small for {world} ranks of width {d}: see area_elements")
+    streams = streams if streams.stride(2) == 1 else streams.contiguous()
+    partial = partial if partial.stride(1) == 1 else partial.contiguous()
+    post, comb = post.float().contiguous(), comb.float().contiguous()
+    new = torch.empty((t, n, d), dtype=streams.dtype, device=streams.device)
+    if t == 0:
+        return new
+    block_d = triton.next_power_of_2(d)
+    _push_post_kernel[(t,)](
+        partial, streams, post, comb, new, tuple(areas), seqs, d, partial.stride(0),
+        streams.stride(0), streams.stride(1), RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
+        BITS=8 * partial.element_size(), N=n, BLOCK_D=block_d,
+        num_warps=max(4, min(16, n * block_d // 1024)), **pdl_launch(streams))
+    return new
+
+
+__all__ = ["EMPTY_BYTE", "hc_post_all_reduce_triton"]
