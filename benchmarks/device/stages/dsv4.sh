@@ -156,13 +156,20 @@ PY
       continue
     fi
     if [ "$part" = latency ]; then
-      stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)}"
-      timeout 420 python3 -m openinfer_server.cli bench latency $d4 --load-format dummy \
-        --tensor-parallel-size $tp $ep --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
-        --output-len 64 --num-iters 3 --result-file "$OUT/latency-dsv4-flash-tp$tp.json" \
-        > "$OUT/latency-dsv4-flash-tp$tp.log" 2>&1
-      grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp.log" \
-        || tail -30 "$OUT/latency-dsv4-flash-tp$tp.log"
+      # DSV4FULL_VARIANTS: A/Bs after the default, each VAR=VALUE (e.g.
+      # "OPENINFER_DSV4_STACK=0 OPENINFER_DSV4_PUSH_POST=0"), the same command with it set.
+      local variant name
+      for variant in default ${DSV4FULL_VARIANTS:-}; do
+        name=$([ "$variant" = default ] && echo "" || echo "-${variant//=/-}")
+        stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)} $variant"
+        env $([ "$variant" = default ] || echo "$variant") timeout 420 python3 -m \
+          openinfer_server.cli bench latency $d4 --load-format dummy \
+          --tensor-parallel-size $tp $ep --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+          --output-len 64 --num-iters 3 --result-file "$OUT/latency-dsv4-flash-tp$tp$name.json" \
+          > "$OUT/latency-dsv4-flash-tp$tp$name.log" 2>&1
+        grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp$name.log" \
+          || tail -30 "$OUT/latency-dsv4-flash-tp$tp$name.log"
+      done
       continue
     fi
     stage "DeepSeek-V4-Flash (43 layers) served, TP=$tp ${ep:-(experts split by width)}"

@@ -116,3 +116,13 @@ def test_layers_without_an_indexer(compressed: bool) -> None:
                      else ("q_a", "kv"))
     assert products.of_q.stacks[0][1] == ("q_b",)
     assert (stacked.compressor is None) == (not compressed)
+
+
+def test_unstacked_each_product_is_a_launch_of_its_own() -> None:
+    # OPENINFER_DSV4_STACK=0 (model.py): the A/B against separate products.
+    weights = {"a": _plain(24, 32, 1), "b": _plain(8, 32, 2)}
+    products, views = shared_input(weights, stack=False)
+    assert products.launches == 2
+    assert views["a"] is weights["a"] and views["b"] is weights["b"]
+    x = _plain(2, 32, 3)
+    assert torch.equal(products(x)["b"], linear(x, weights["b"]))

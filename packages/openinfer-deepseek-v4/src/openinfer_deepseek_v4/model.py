@@ -12,6 +12,7 @@ group's push all-reduce."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
@@ -45,6 +46,11 @@ from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_blocks
 
+# A/B switches, read when a model is built: "0" turns the stacked products (shared_input.py)
+# or the all-reduce fused with hc_post (kernels/mhc/push_post.py) off.
+STACK_ENV = "OPENINFER_DSV4_STACK"
+PUSH_POST_ENV = "OPENINFER_DSV4_PUSH_POST"
+
 
 class DeepseekV4Model:
     """Weights and paged cache of one DeepSeek-V4 model on one device; with `tp`, of the
@@ -62,10 +68,11 @@ class DeepseekV4Model:
         self.cfg = cfg
         self.attn_cfg = cfg if shard is None else shard.local_config(cfg)
         # Each attention's products of one input stacked by format, one launch a stack; its
-        # weights then views of the stacks (shared_input.py).
+        # weights then views of the stacks (shared_input.py). STACK_ENV=0: unstacked (A/B).
+        stack = os.environ.get(STACK_ENV, "1") != "0"
         self._products: list[AttentionProducts] = []
         for i, layer in enumerate(weights.layers):
-            products, attention = attention_products(layer.attention)
+            products, attention = attention_products(layer.attention, stack)
             weights.layers[i] = dataclasses.replace(layer, attention=attention)
             self._products.append(products)
         self.w = weights
@@ -97,8 +104,10 @@ class DeepseekV4Model:
             # form).
             tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
                                    push_kernel=all_reduce_add_rms_norm_push)
-        # The same memory for the sublayers' all-reduce fused with hc_post (kernels/mhc).
-        self._push = None if tp is None else tp.push_areas(cfg.hidden_size, dtype)
+        # The same memory for the sublayers' all-reduce fused with hc_post (kernels/mhc);
+        # PUSH_POST_ENV=0: the all-reduce, then hc_post (A/B).
+        self._push = (None if tp is None or os.environ.get(PUSH_POST_ENV, "1") == "0"
+                      else tp.push_areas(cfg.hidden_size, dtype))
         # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
         # the host and its widths follow `max_seq_len` (the graphs are captured with
         # max_model_len): capturable, decode steps only; under tensor parallelism too (the

@@ -71,20 +71,21 @@ def _stacked(weights: list[Weight]) -> tuple[Weight, list[Weight]]:
     return whole, list(whole.split([w.shape[0] for w in plain]))
 
 
-def shared_input(weights: Mapping[str, Weight]) -> tuple[SharedInput, dict[str, Weight]]:
+def shared_input(weights: Mapping[str, Weight],
+                 stack: bool = True) -> tuple[SharedInput, dict[str, Weight]]:
     """The stacks of `weights` (products of one input, by name; stacked by `_kind`, in the
     mapping's order), and each weight as a view of its stack: to put in place of the original,
-    which is then no longer held."""
+    which is then no longer held. `stack` False: each weight a stack of its own (an A/B)."""
     groups: dict[object, list[str]] = {}
     for name, w in weights.items():
-        kind = _kind(w)
+        kind = _kind(w) if stack else None
         groups.setdefault(kind if kind is not None else ("alone", name), []).append(name)
     stacks = []
     views: dict[str, Weight] = {}
     for names in groups.values():
-        stack, parts = _stacked([weights[n] for n in names])
+        stacked, parts = _stacked([weights[n] for n in names])
         views.update(zip(names, parts, strict=True))
-        stacks.append((stack, tuple(names), tuple(_rows(p) for p in parts)))
+        stacks.append((stacked, tuple(names), tuple(_rows(p) for p in parts)))
     return SharedInput(tuple(stacks)), views
 
 
@@ -102,9 +103,10 @@ class AttentionProducts:
     of_q: SharedInput
 
 
-def attention_products(w: AttentionWeights) -> tuple[AttentionProducts, AttentionWeights]:
+def attention_products(w: AttentionWeights,
+                       stack: bool = True) -> tuple[AttentionProducts, AttentionWeights]:
     """The layer's stacked products, and its weights with each stacked one a view of its
-    stack (`shared_input`)."""
+    stack (`shared_input`; `stack` False: none stacked)."""
     of_x: dict[str, Weight] = {"q_a": w.q_a, "kv": w.kv}
     of_q: dict[str, Weight] = {"q_b": w.q_b}
     if w.compressor is not None:
@@ -114,8 +116,8 @@ def attention_products(w: AttentionWeights) -> tuple[AttentionProducts, Attentio
         of_x |= {"indexer.kv": c.kv, "indexer.gate": c.gate,
                  "indexer.weights": w.indexer.weights_proj}
         of_q["indexer.q_b"] = w.indexer.q_b
-    x_stacks, x_views = shared_input(of_x)
-    q_stacks, q_views = shared_input(of_q)
+    x_stacks, x_views = shared_input(of_x, stack)
+    q_stacks, q_views = shared_input(of_q, stack)
     compressor = indexer = None
     if w.compressor is not None:
         compressor = replace(w.compressor, kv=_plain(x_views["compressor.kv"]),
