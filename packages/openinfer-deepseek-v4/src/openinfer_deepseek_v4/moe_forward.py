@@ -1,7 +1,8 @@
 """The MoE sublayer as the serving path runs it: `reference.moe`'s composition, with the
 router after its logits (`kernels/router`) and the shared expert's clamped SwiGLU
-(`kernels/swiglu`) one Triton launch each on the GPU in place of a dozen and four torch ops,
-and the shared expert's output added by the FP4 experts' decode kernel (one rounding of the
+(`kernels/swiglu`; with FP8 weights the epilogue of its [gate; up] product,
+`quantized.swiglu_linear`) one Triton launch each on the GPU in place of a dozen and four torch
+ops, and the shared expert's output added by the FP4 experts' decode kernel (one rounding of the
 sum where `reference.moe` rounds the routed sum first). On CPU every op is its reference, so
 the numbers are `reference.moe`'s exactly."""
 
@@ -11,8 +12,7 @@ import torch
 
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kernels.router import route_hash, route_topk
-from openinfer_deepseek_v4.kernels.swiglu import swiglu_clamped
-from openinfer_deepseek_v4.quantized import linear, routed_experts
+from openinfer_deepseek_v4.quantized import linear, routed_experts, swiglu_linear
 from openinfer_deepseek_v4.reference import MoEWeights
 
 
@@ -36,5 +36,4 @@ def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
 
 def shared_expert(x: torch.Tensor, w: MoEWeights, cfg: DeepseekV4Config) -> torch.Tensor:
     """`reference.shared_expert`: x [T, H] -> [T, H]."""
-    return linear(swiglu_clamped(linear(x, w.shared_gate_up), cfg.swiglu_limit),
-                  w.shared_down)
+    return linear(swiglu_linear(x, w.shared_gate_up, cfg.swiglu_limit), w.shared_down)

@@ -69,6 +69,19 @@ def linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     return dense_linear(x, w) if x.dim() == 2 else x @ w.t()
 
 
+def swiglu_linear(x: torch.Tensor, w: Weight, limit: float) -> torch.Tensor:
+    """`swiglu_clamped(linear(x, w), limit)` for a [gate; up] weight w [2I, I']: x [T, I'] ->
+    [T, I]. FP8: the product and the clamped activation in one launch (the gated epilogue of
+    `fp8_block_linear_silu_mul`, the same roundings)."""
+    if isinstance(w, Fp8Linear):
+        from openinfer_kernels.fp8_linear import fp8_block_linear_silu_mul
+
+        return fp8_block_linear_silu_mul(x, w.weight, w.scale, limit=limit)
+    from openinfer_deepseek_v4.kernels.swiglu import swiglu_clamped
+
+    return swiglu_clamped(linear(x, w), limit)
+
+
 def grouped_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
     """The block-diagonal output projection: x [T, G, K], W [G * R, K] -> [T, G, R] (group g's
     rows g*R.. times its own inputs). With FP8 each group is a linear of its own rows and scales

@@ -93,6 +93,22 @@ def test_silu_mul_matches_reference(m: int, inter: int, tile: str, scales: str,
         assert torch.equal(out, unfused)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("tile", ["rows1-k512", "rows1-k128-split3", "dot-n64-k128",
+                                  "dot-n32-k64-split3"])
+def test_clamped_silu_mul_matches_reference(tile: str, dtype: torch.dtype) -> None:
+    """With a limit (DeepSeek-V4's clamped SwiGLU) in the epilogue and in the split sum: the
+    reference with the same limit, which the products (~100) do reach."""
+    limit = 10.0
+    x, w, scale = operands(3, 256, dtype, "e8m0", seed=7)
+    out = fp8_block_linear_silu_mul_triton(x, w, scale, tile=TILES[tile], limit=limit)
+    want = fp8_block_linear_silu_mul_ref(x.cpu(), w.cpu(), scale.cpu(), limit=limit)
+    torch.testing.assert_close(out.cpu().float(), want.float(), **SILU_TOL[dtype])
+    unclamped = fp8_block_linear_silu_mul_ref(x.cpu(), w.cpu(), scale.cpu())
+    assert (want - unclamped).abs().max() > 1.0  # the limit bites
+    assert want.abs().max() <= limit * limit  # silu(g) <= g <= limit, |up| <= limit
+
+
 @pytest.mark.parametrize(("scales", "dtype"), SCALES_DTYPES)
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize(("m", "n"), [(1, 96), (3, 200)])

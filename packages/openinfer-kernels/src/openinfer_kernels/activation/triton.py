@@ -16,12 +16,17 @@ BLOCK = 1024  # columns per program: 12 column blocks a row for Qwen3-8B
 
 
 @triton.jit
-def silu_mul(gate, up, OUT: tl.constexpr):
+def silu_mul(gate, up, OUT: tl.constexpr, LIMIT: tl.constexpr = 0.0):
     """silu(gate) * up in fp32 from a product's fp32 gate and up columns, with
     `silu_and_mul`'s roundings: both rounded to OUT as an unfused product would store them,
-    silu rounded before the product (the epilogue of the gated linear kernels)."""
+    silu rounded before the product (the epilogue of the gated linear kernels). LIMIT > 0:
+    the gate clamped to at most LIMIT and up to +-LIMIT first, exact on the rounded values
+    (DeepSeek-V4's clamped SwiGLU, `swiglu_limit`)."""
     g = gate.to(OUT).to(tl.float32)
     u = up.to(OUT).to(tl.float32)
+    if LIMIT > 0:
+        g = tl.minimum(g, LIMIT)
+        u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
     return (g / (1.0 + tl.exp(-g))).to(OUT).to(tl.float32) * u
 
 

@@ -50,11 +50,17 @@ def fp8_block_linear_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     return (x.float() @ weight.t()).to(out_dtype or x.dtype)
 
 
-def fp8_block_linear_silu_mul_ref(x: torch.Tensor, w: torch.Tensor,
-                                  scale: torch.Tensor) -> torch.Tensor:
+def fp8_block_linear_silu_mul_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                                  limit: float | None = None) -> torch.Tensor:
     """A gated MLP's activation over an FP8 [gate; up] weight (w [2I, K]): silu(x @ gate.T) *
-    (x @ up.T) -> [M, I] in x's dtype, each product rounded to x's dtype first."""
-    return silu_and_mul_ref(fp8_block_linear_ref(x, w, scale))
+    (x @ up.T) -> [M, I] in x's dtype, each product rounded to x's dtype first. `limit`
+    (finite, > 0): the gate clamped to at most it and up to +-it before (a clamped SwiGLU)."""
+    product = fp8_block_linear_ref(x, w, scale)
+    if limit is None or not 0 < limit < float("inf"):
+        return silu_and_mul_ref(product)
+    gate, up = product.chunk(2, dim=-1)
+    clamped = torch.cat([gate.clamp(max=limit), up.clamp(-limit, limit)], dim=-1)
+    return silu_and_mul_ref(clamped)
 
 
 def fp8_block_linear_add_rms_norm_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,

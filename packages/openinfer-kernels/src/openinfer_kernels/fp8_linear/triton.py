@@ -140,13 +140,14 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        SUB: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                        E8M0: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                       GATED: tl.constexpr = False, SERIAL: tl.constexpr = False):
+                       GATED: tl.constexpr = False, SERIAL: tl.constexpr = False,
+                       LIMIT: tl.constexpr = 0.0):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
     weight row asked of L2 before `pdl_enter` (by the first block of activation rows).
     GATED (K not split, one group): N is the width of silu(gate) * up, gate row n's up row is
-    n + N, and out[m, n] = silu(gate) * up. SERIAL (split, not gated): the output block's last
+    n + N, and out[m, n] = silu(gate) * up (LIMIT > 0: clamped first, `silu_mul`). SERIAL (split, not gated): the output block's last
     share to arrive sums the shares into `final_ptr` [M, N] (`split_k.sum_if_last`);
     `count_ptr`: the arrival counts, zeros before and after."""
     pid_n = tl.program_id(0)
@@ -169,7 +170,7 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
         if GATED:
             up = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn + N, n_ok, k_start, k_end,
                         stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
-            acc = silu_mul(acc, up, out_ptr.dtype.element_ty)
+            acc = silu_mul(acc, up, out_ptr.dtype.element_ty, LIMIT)
         out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
         if SERIAL:
@@ -187,7 +188,7 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
             up2 = _tiles(x_ptr, w_ptr, s_ptr, rn + N, n_ok, rm, m_ok, k_start, k_end,
                          stride_xm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
                          UPCAST, E8M0)
-            acc2 = silu_mul(acc2, up2, out_ptr.dtype.element_ty)
+            acc2 = silu_mul(acc2, up2, out_ptr.dtype.element_ty, LIMIT)
         out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
         tl.store(out2, acc2.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
         if SERIAL:
@@ -198,7 +199,8 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
 
 @triton.jit
 def _sum_slices_kernel(part_ptr, out_ptr, ROWS, COLS, stride_s, stride_r, SLICES: tl.constexpr,
-                       BLOCK: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr = False):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr, GATED: tl.constexpr = False,
+                       LIMIT: tl.constexpr = 0.0):
     pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < ROWS * COLS
@@ -212,20 +214,21 @@ def _sum_slices_kernel(part_ptr, out_ptr, ROWS, COLS, stride_s, stride_r, SLICES
         if GATED:
             up += tl.load(slot + COLS, mask=ok, other=0.0)
     if GATED:
-        total = silu_mul(total, up, out_ptr.dtype.element_ty)
+        total = silu_mul(total, up, out_ptr.dtype.element_ty, LIMIT)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def sum_slices(part: torch.Tensor, out: torch.Tensor, slices: int, stride_s: int,
-               stride_r: int, gated: bool = False) -> None:
+               stride_r: int, gated: bool = False, limit: float = 0.0) -> None:
     """out [R, C] contiguous = sum over s < slices of part[s * stride_s + r * stride_r + c]
     (fp32 elements), added in the order of s; `gated`: silu of that sum times the same sum
-    of the up column C columns after it, rounded as `silu_and_mul` rounds."""
+    of the up column C columns after it, rounded as `silu_and_mul` rounds (`limit` > 0: both
+    clamped first, `silu_mul`)."""
     rows, cols = out.shape
     block = 1024
     _sum_slices_kernel[(triton.cdiv(rows * cols, block),)](
         part, out, rows, cols, stride_s, stride_r, SLICES=slices, BLOCK=block, GATED=gated,
-        **pdl_launch(out))
+        LIMIT=limit, **pdl_launch(out))
 
 
 def fp8_tile(m: int, n: int, k: int, dtype: torch.dtype, sms: int) -> Fp8Tile:
@@ -285,11 +288,14 @@ def fp8_block_linear_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
 
 
 def fp8_block_linear_silu_mul_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
-                                     tile: Fp8Tile | None = None) -> torch.Tensor:
+                                     tile: Fp8Tile | None = None,
+                                     limit: float | None = None) -> torch.Tensor:
     """`silu_and_mul(fp8_block_linear_triton(x, w, scale))` for a gated MLP's [gate; up]
     weight (w [2I, K]) -> [M, I] in x's dtype, in one launch when K is not split (two when it
     is: the shares' sum applies silu * mul). `tile`: as `fp8_block_linear` picks for [2I, K]
-    when not given; unsplit, a program's block_n rows are half gate rows, half up rows."""
+    when not given; unsplit, a program's block_n rows are half gate rows, half up rows.
+    `limit` (finite, > 0): the gate clamped to at most it and up to +-it first (a clamped
+    SwiGLU, as `fp8_block_linear_silu_mul_ref` with the same limit)."""
     _check(x, w, scale)
     (m, k), rows = x.shape, w.shape[0]
     if rows % 2:
@@ -302,7 +308,8 @@ def fp8_block_linear_silu_mul_triton(x: torch.Tensor, w: torch.Tensor, scale: to
     out = torch.empty((m, rows // 2), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    _launch(x, w, scale, out, tile, rows, 0, gated=True)
+    clamp = float(limit) if limit is not None and 0 < limit < float("inf") else 0.0
+    _launch(x, w, scale, out, tile, rows, 0, gated=True, limit=clamp)
     return out
 
 
@@ -360,7 +367,8 @@ def _shares(k: int, tile: Fp8Tile) -> tuple[int, int]:
 
 
 def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
-            tile: Fp8Tile, rows_per_group: int, stride_xg: int, gated: bool = False) -> None:
+            tile: Fp8Tile, rows_per_group: int, stride_xg: int, gated: bool = False,
+            limit: float = 0.0) -> None:
     """out [M, N] contiguous = x W^T (`gated`: [M, N / 2], silu(gate) * up of W = [gate; up]);
     grouped when rows_per_group < N. Split, the fp32 shares, summed by the kernel's last
     share per output block (`split_k`) or, gated or with `OPENINFER_SPLIT_SUM=kernel`, by
@@ -369,7 +377,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     k_per_split, split = _shares(x.shape[-1], tile)
     if split == 1:
         _launch_shares(x, w, scale, out, tile, k_per_split, split, rows_per_group, stride_xg,
-                       gated)
+                       gated, limit=limit)
         return
     shares = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     blocks = triton.cdiv(n, tile.block_n) * triton.cdiv(m, tile.block_m)
@@ -377,13 +385,14 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group, stride_xg,
                    serial=(out, counts) if counts is not None else None)
     if counts is None:
-        sum_slices(shares, out, split, m * n, n, gated)
+        sum_slices(shares, out, split, m * n, n, gated, limit)
 
 
 def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                    target: torch.Tensor, tile: Fp8Tile, k_per_split: int, split: int,
                    rows_per_group: int, stride_xg: int, gated: bool = False,
-                   serial: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                   serial: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   limit: float = 0.0) -> None:
     """The kernel into `target`: [M, N] (`gated`: [M, N / 2], a program reading block_n / 2
     gate rows and as many up rows) when split == 1, else the fp32 shares [split, M, N];
     `serial`: (the [M, N] output, the arrival counts) for the last share to sum into."""
@@ -406,4 +415,4 @@ def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                              SUB=min(tile.block_k, BLOCK), E8M0=e8m0,
                              **dot_options(x), num_warps=tile.num_warps,
                              num_stages=tile.num_stages, PREFETCH=prefetch, GATED=gated,
-                             SERIAL=serial is not None, **pdl)
+                             SERIAL=serial is not None, LIMIT=limit, **pdl)

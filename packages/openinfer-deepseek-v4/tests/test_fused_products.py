@@ -1,6 +1,8 @@
-"""Products of one input stacked by format (`shared_input.py`): one product per stack gives
-each weight's product; the weights left behind are views of the stacks (nothing held twice);
-FP8 weights stack only in whole scale blocks of rows; an attention layer's products by name."""
+"""Products fused so a step launches fewer kernels. Products of one input stacked by format
+(`shared_input.py`): one product per stack gives each weight's product; the weights left
+behind are views of the stacks (nothing held twice); FP8 weights stack only in whole scale
+blocks of rows; an attention layer's products by name. The shared expert's FP8 [gate; up]
+product with its clamped SwiGLU in one (`quantized.swiglu_linear`)."""
 
 from __future__ import annotations
 
@@ -126,3 +128,20 @@ def test_unstacked_each_product_is_a_launch_of_its_own() -> None:
     assert views["a"] is weights["a"] and views["b"] is weights["b"]
     x = _plain(2, 32, 3)
     assert torch.equal(products(x)["b"], linear(x, weights["b"]))
+
+
+@pytest.mark.parametrize("limit", [10.0, float("inf")], ids=["clamped", "unclamped"])
+def test_the_shared_experts_fp8_swiglu_is_the_unfused_one(limit: float) -> None:
+    """`swiglu_linear` on an FP8 [gate; up] weight (the gated FP8 product, its clamp in the
+    epilogue on the GPU) gives the unfused `swiglu_clamped(linear(...))` exactly (here through
+    the references: the roundings are the same points)."""
+    from openinfer_deepseek_v4.kernels.moe import swiglu_clamped_ref
+    from openinfer_deepseek_v4.quantized import swiglu_linear
+
+    w = _fp8(256, 128, 11)
+    x = (4 * _plain(3, 128, 12)).to(torch.bfloat16)
+    got = swiglu_linear(x, w, limit)
+    want = swiglu_clamped_ref(linear(x, w), limit)
+    assert torch.equal(got, want)
+    if limit < float("inf"):
+        assert not torch.equal(got, swiglu_clamped_ref(linear(x, w), float("inf")))
