@@ -147,9 +147,10 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
     weight row asked of L2 before `pdl_enter` (by the first block of activation rows).
     GATED (K not split, one group): N is the width of silu(gate) * up, gate row n's up row is
-    n + N, and out[m, n] = silu(gate) * up (LIMIT > 0: clamped first, `silu_mul`). SERIAL (split, not gated): the output block's last
-    share to arrive sums the shares into `final_ptr` [M, N] (`split_k.sum_if_last`);
-    `count_ptr`: the arrival counts, zeros before and after."""
+    n + N, and out[m, n] = silu(gate) * up (LIMIT > 0: clamped first, `silu_mul`). SERIAL
+    (split, not gated): the output block's last share to arrive sums the shares into
+    `final_ptr` [M, N] (`split_k.sum_if_last`); `count_ptr`: the arrival counts, zeros before
+    and after."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
