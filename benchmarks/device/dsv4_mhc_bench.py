@@ -1,6 +1,7 @@
 """DeepSeek-V4-Flash's mHC and compressor kernels against their bytes floors: hc_pre and hc_post
 at T = 1, 64, 2048 tokens (hidden 4096, N = 4, bf16 streams), beside the torch references on
-the same GPU, and the compressor's pooling for a decode step of 64 requests (every request
+the same GPU (at T = 1 also over the one-token launch's knobs, `MIX_MIN_K_BLOCKS` and
+`SERIAL_WARPS` of kernels/mhc/triton.py), and the compressor's pooling for a decode step of 64 requests (every request
 closing a window: the step's worst case; and none: the usual step). A floor is the bytes the
 op must move (read + written) over the copy bandwidth measured in the same run. Each figure is
 one call's share of a CUDA graph that runs the op back to back over enough distinct copies of
@@ -16,6 +17,7 @@ from functools import partial
 import torch
 from cuda_timing import copy_bandwidth, graph_per_call_us
 
+import openinfer_deepseek_v4.kernels.mhc.triton as mhc_triton
 from openinfer_deepseek_v4.kernels.compress import compress_pool_ref
 from openinfer_deepseek_v4.kernels.compress.triton import compress_pool_triton
 from openinfer_deepseek_v4.kernels.mhc import hc_post_ref, hc_pre_ref
@@ -52,6 +54,8 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
         for name, op in (("hc_pre triton", hc_pre_triton), ("hc_pre torch ref", hc_pre_ref)):
             us = graph_per_call_us([lambda a=a, op=op: op(*a, **HC) for a in inputs])
             rows.append((f"{name} T={t}", us, pre_bytes / gbps * 1e-3, pre_bytes / 1e6))
+        if t == 1:  # the one-token launch's knobs (mhc/triton.py), each checked, then timed
+            rows += knob_rows(inputs, want, pre_bytes, gbps)
         outs = [(a[0], torch.randn(t, D, device="cuda", generator=g).bfloat16(), post, comb)
                 for a in inputs]
         torch.testing.assert_close(hc_post_triton(*outs[0]), hc_post_ref(*outs[0]),
@@ -59,6 +63,26 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
         for name, op in (("hc_post triton", hc_post_triton), ("hc_post torch ref", hc_post_ref)):
             us = graph_per_call_us([lambda a=a, op=op: op(*a) for a in outs])
             rows.append((f"{name} T={t}", us, post_bytes / gbps * 1e-3, post_bytes / 1e6))
+    return rows
+
+
+def knob_rows(inputs: list[tuple[torch.Tensor, ...]], want: tuple[torch.Tensor, ...],
+              nbytes: int, gbps: float) -> list[tuple[str, float, float, float]]:
+    """hc_pre at one token for each MIX_MIN_K_BLOCKS x SERIAL_WARPS (the defaults restored)."""
+    rows = []
+    defaults = mhc_triton.MIX_MIN_K_BLOCKS, mhc_triton.SERIAL_WARPS
+    try:
+        for blocks in (1, 2, 4, 8):
+            for warps in (4, 8, 16):
+                mhc_triton.MIX_MIN_K_BLOCKS, mhc_triton.SERIAL_WARPS = blocks, warps
+                x, _, comb = hc_pre_triton(*inputs[0], **HC)
+                torch.testing.assert_close(x, want[0], rtol=2**-7, atol=2**-4)
+                torch.testing.assert_close(comb, want[2], rtol=1e-5, atol=1e-6)
+                us = graph_per_call_us([lambda a=a: hc_pre_triton(*a, **HC) for a in inputs])
+                rows.append((f"hc_pre T=1 k-blocks {blocks} warps {warps}", us,
+                             nbytes / gbps * 1e-3, nbytes / 1e6))
+    finally:
+        mhc_triton.MIX_MIN_K_BLOCKS, mhc_triton.SERIAL_WARPS = defaults
     return rows
 
 

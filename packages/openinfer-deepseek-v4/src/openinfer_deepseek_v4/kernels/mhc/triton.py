@@ -33,6 +33,11 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 # another) instead of a second launch: a decode step of one request, where a launch costs
 # more than the token's weights do.
 SERIAL_TOKENS = 1
+# The mix projection's K shares hold at least this many BLOCK_K blocks each (fewer: more
+# programs, each one read less deep); the one-token launch's warps (None: enough for the
+# weights' [N, D] row). Tuning knobs: benchmarks/device/dsv4_mhc_bench.py sweeps them.
+MIX_MIN_K_BLOCKS = 4
+SERIAL_WARPS: int | None = None
 
 
 @triton.jit
@@ -184,8 +189,8 @@ def _mix_tiles(t: int, k: int) -> tuple[int, int, bool, int]:
         block_t = triton.next_power_of_2(t)
         block_k = max(16, 128 // block_t)
     tiles = triton.cdiv(t, block_t)
-    # ~2 programs per SM of an H100, each with at least 4 K blocks.
-    split = max(1, min(triton.cdiv(264, tiles), k // (4 * block_k)))
+    # ~2 programs per SM of an H100, each with at least MIX_MIN_K_BLOCKS K blocks.
+    split = max(1, min(triton.cdiv(264, tiles), k // (MIX_MIN_K_BLOCKS * block_k)))
     k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     return block_t, block_k, use_dot, k_per
 
@@ -231,7 +236,8 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
         M=m, M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
         PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
         SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=norm_weight is None,
-        SERIAL=serial, num_warps=warps if serial else 4, **pdl_launch(streams))
+        SERIAL=serial, num_warps=(SERIAL_WARPS or warps) if serial else 4,
+        **pdl_launch(streams))
     if not serial:
         _weights_kernel[(t,)](
             streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
