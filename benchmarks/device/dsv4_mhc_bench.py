@@ -4,8 +4,9 @@ the same GPU (at T = 1 also over the one-token launch's knobs, `MIX_MIN_K_BLOCKS
 `SERIAL_WARPS` of kernels/mhc/triton.py), and the compressor's pooling for a decode step of 64
 requests (every request closing a window: the step's worst case; and none: the usual step). A
 floor is the bytes the op must move (read + written) over the copy bandwidth measured in the
-same run. Each figure is one call's share of a CUDA graph that runs the op back to back over enough distinct copies of
-its inputs (>= 128 MB) that none is still in the 50 MB L2, as across a model's layers.
+same run. Each figure is one call's share of a CUDA graph that runs the op back to back over
+enough distinct copies of its inputs (>= 128 MB) that none is still in the 50 MB L2, as across
+a model's layers.
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=packages/openinfer-kernels/src python benchmarks/device/dsv4_mhc_bench.py"""
