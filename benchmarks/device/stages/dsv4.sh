@@ -14,20 +14,25 @@ stage_dsv4() {
 }
 
 # The correctness half of `dsv4` alone (a call short of device time): the kernel tests
-# compiled, both golden gates, and the small-batch linear sweep at V4-Flash's bf16 shapes.
+# compiled, both golden gates, the small-batch linear sweep at V4-Flash's bf16 shapes and
+# mHC's one-token knobs.
 stage_dsv4gates() {
   dsv4_kernel_tests
   dsv4_transformers_gate
   dsv4_official_gate
   stage "small-batch linear tiles at V4-Flash's bf16 shapes (router, compressors, indexer)"
   run_ops 200 40 small-gemm-v4.json small_linear --sweep --cases V4
+  stage "DeepSeek-V4 mHC at one token: the launch's knobs"
+  timeout 120 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" \
+    | grep -E "copy|hc_pre T=1"
 }
 
 dsv4_kernel_tests() {
   stage "DeepSeek-V4 kernel tests (its own and the shared FP8 linear), compiled, every size"
   timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
     packages/openinfer-deepseek-v4/tests/kernels \
-    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py 2>&1 \
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear.py \
+    packages/openinfer-kernels/tests/kernels/test_fp8_linear_fused.py 2>&1 \
     | tail -25 | tee "$OUT/dsv4_kernel_tests.log"
 }
 
