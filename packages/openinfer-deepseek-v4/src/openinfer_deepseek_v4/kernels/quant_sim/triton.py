@@ -26,11 +26,13 @@ from openinfer_deepseek_v4.kernels.quant_sim.reference import (
     hadamard_matrix,
 )
 from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import pow2_ceil, round_to_format
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
 def _fp8_rows_kernel(pool_ptr, rows_ptr, stride_row, NOPE: tl.constexpr, BLOCKS: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # the rows were written by the kernel before
     row = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
     blocks = tl.arange(0, BLOCKS)
     cols = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
@@ -47,7 +49,9 @@ def _fp8_rows_kernel(pool_ptr, rows_ptr, stride_row, NOPE: tl.constexpr, BLOCKS:
 
 @triton.jit
 def _indexer_kernel(x_ptr, rows_ptr, out_ptr, h_ptr, num_rows, stride_x, stride_out,
-                    D: tl.constexpr, BLOCK_M: tl.constexpr, GATHER: tl.constexpr):
+                    D: tl.constexpr, BLOCK_M: tl.constexpr, GATHER: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_enter(PDL)
     i = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     ok = i < num_rows
     # the rows read and written: the pool rows named (in place) or the i-th (a new tensor)
@@ -77,7 +81,7 @@ def fp8_round_rows_triton(pool: torch.Tensor, rows: torch.Tensor, rope_dims: int
         return
     blocks = triton.next_power_of_2(nope // FP8_BLOCK)
     _fp8_rows_kernel[(rows.numel(),)](pool, rows, pool.stride(0), NOPE=nope, BLOCKS=blocks,
-                                      BLOCK=FP8_BLOCK)
+                                      BLOCK=FP8_BLOCK, **pdl_launch(pool))
 
 
 def _indexer_launch(x: torch.Tensor, rows: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -91,7 +95,7 @@ def _indexer_launch(x: torch.Tensor, rows: torch.Tensor | None, out: torch.Tenso
     block_m = 16
     _indexer_kernel[(triton.cdiv(n, block_m),)](
         x, x if rows is None else rows, out, hadamard_matrix(d, x.device), n, x.stride(0),
-        out.stride(0), D=d, BLOCK_M=block_m, GATHER=rows is not None)
+        out.stride(0), D=d, BLOCK_M=block_m, GATHER=rows is not None, **pdl_launch(x))
 
 
 def indexer_round_triton(x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
 def _scores(logits_row, re, ok):
@@ -32,7 +34,8 @@ def _scores(logits_row, re, ok):
 @triton.jit
 def _route_kernel(logits_ptr, bias_ptr, table_ptr, token_ptr, w_ptr, ids_ptr, E, top_k,
                   stride_l, stride_t, stride_w, stride_i, scale, HASH: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # the logits are the kernel before's
     t = tl.program_id(0).to(tl.int64)
     re = tl.arange(0, BLOCK_E)
     ok = re < E
@@ -76,7 +79,7 @@ def _route(logits: torch.Tensor, bias: torch.Tensor | None, table: torch.Tensor 
         token_ids if token_ids is not None else ids, weights, ids, e, top_k, logits.stride(0),
         table_arg.stride(0), weights.stride(0), ids.stride(0), float(scale), HASH=hashed,
         BLOCK_E=triton.next_power_of_2(e), BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=4 if e > 64 else 1)
+        num_warps=4 if e > 64 else 1, **pdl_launch(logits))
     return weights, ids
 
 

@@ -11,11 +11,15 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.pdl import pdl_enter, pdl_launch
+
 BLOCK = 1024
 
 
 @triton.jit
-def _swiglu_kernel(x_ptr, out_ptr, N, stride_x, stride_o, limit, BLOCK_N: tl.constexpr):
+def _swiglu_kernel(x_ptr, out_ptr, N, stride_x, stride_o, limit, BLOCK_N: tl.constexpr,
+                   PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = rn < N
@@ -39,5 +43,6 @@ def swiglu_clamped_triton(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
     if t:
         block = min(BLOCK, triton.next_power_of_2(n))
         _swiglu_kernel[(t, triton.cdiv(n, block))](gate_up, out, n, gate_up.stride(0),
-                                                   out.stride(0), float(limit), BLOCK_N=block)
+                                                   out.stride(0), float(limit), BLOCK_N=block,
+                                                   **pdl_launch(gate_up))
     return out
