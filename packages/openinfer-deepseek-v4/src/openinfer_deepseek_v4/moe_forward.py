@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.kernels.router import route_hash, route_topk
+from openinfer_deepseek_v4.kernels.router import route_fused, route_hash, route_topk
 from openinfer_deepseek_v4.quantized import linear, routed_experts, swiglu_linear
 from openinfer_deepseek_v4.reference import MoEWeights
 
@@ -26,7 +26,12 @@ def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
 
 def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
           cfg: DeepseekV4Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """`reference.route`: (weights [T, k] fp32, global expert ids [T, k] int64)."""
+    """`reference.route`: (weights [T, k] fp32, global expert ids [T, k] int64); the router's
+    product and the routing in one launch where `route_fused` takes the rows."""
+    fused = route_fused(x, w.gate, w.bias, w.tid2eid, token_ids, cfg.top_k,
+                        cfg.routed_scaling_factor)
+    if fused is not None:
+        return fused
     logits = linear(x, w.gate)
     if w.tid2eid is not None:
         return route_hash(logits, w.tid2eid, token_ids, cfg.routed_scaling_factor)

@@ -1,6 +1,7 @@
 """The router kernel (`kernels/router`) against the references it replaces: biased top-k and
 hash routing over odd expert counts, bf16 and fp32 logits, large logits (softplus's linear
-branch), very negative ones (log1p of a tiny exp), ties (to the earlier expert) and no tokens."""
+branch), very negative ones (log1p of a tiny exp), ties (to the earlier expert) and no tokens;
+and the fused router (the product and the routing in one launch) against the two launches."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import pytest
 import torch
 
 from openinfer_deepseek_v4.kernels.router import route_hash_ref, route_topk_ref
+from openinfer_deepseek_v4.kernels.router.fused import route_fused_triton
 from openinfer_deepseek_v4.kernels.router.triton import route_hash_triton, route_topk_triton
+from openinfer_kernels.gemm.triton import Tile, linear_triton
+from openinfer_kernels.split_k import split_counters
 
 # The kernels run compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,3 +78,41 @@ def test_no_tokens() -> None:
     logits = torch.zeros((0, 8), device=DEVICE)
     weights, ids = route_topk_triton(logits, torch.zeros(8, device=DEVICE), 2, SCALE)
     assert weights.shape == ids.shape == (0, 2)
+
+
+# The fused router (kernels/router/fused.py): K = 192 over a split-K tile of 16 columns.
+FUSED_TILES = {"rows1-split3": Tile(16, 64, 3), "rows1-split2-k32": Tile(16, 32, 2)}
+
+
+@pytest.mark.parametrize("tile", FUSED_TILES)
+@pytest.mark.parametrize("hashed", [False, True], ids=["topk", "hash"])
+@pytest.mark.parametrize(("t", "e"), [(1, 64), (3, 40), (16, 37)])
+def test_fused_router_is_the_linear_then_the_router(t: int, e: int, hashed: bool,
+                                                    tile: str) -> None:
+    """The product and the routing in one launch give the small-batch linear's logits (its
+    tile, shares summed in the same order) routed by the router kernel: the same ids and
+    weights, bit for bit; every arrival count back at 0 (a graph's next replay starts there)."""
+    g = torch.Generator().manual_seed(t * 10 + e)
+    x = torch.randn(t, 192, generator=g).to(torch.bfloat16).to(DEVICE)
+    gate = (0.3 * torch.randn(e, 192, generator=g)).to(torch.bfloat16).to(DEVICE)
+    bias = (0.5 * torch.randn(e, generator=g)).to(DEVICE)
+    table = torch.randint(0, e, (50, 6), generator=g).to(DEVICE)
+    tokens = torch.randint(0, 50, (t,), generator=g).to(DEVICE)
+    logits = linear_triton(x, gate, FUSED_TILES[tile])
+    if hashed:
+        want = route_hash_triton(logits, table, tokens, SCALE)
+        got = route_fused_triton(x, gate, FUSED_TILES[tile], None, table, tokens, 6, SCALE)
+    else:
+        want = route_topk_triton(logits, bias, 6, SCALE)
+        got = route_fused_triton(x, gate, FUSED_TILES[tile], bias, None, None, 6, SCALE)
+    assert got is not None
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    assert not split_counters(x.device).any()
+
+
+def test_fused_router_declines_what_it_does_not_take() -> None:
+    x = torch.zeros(17, 64, dtype=torch.bfloat16, device=DEVICE)
+    gate = torch.zeros(8, 64, dtype=torch.bfloat16, device=DEVICE)
+    bias = torch.zeros(8, device=DEVICE)
+    assert route_fused_triton(x, gate, Tile(16, 32, 2), bias, None, None, 2, SCALE) is None
+    assert route_fused_triton(x[:2], gate, Tile(16, 32, 1), bias, None, None, 2, SCALE) is None

@@ -51,10 +51,12 @@ def sum_if_last(part_ptr, final_ptr, count_ptr, rm, rn, mask, M, N, width, strid
     """After this program stored its share of the output block at rows `rm`, columns `rn`
     (shares at part_ptr + (share * M + row) * width + column; `GATED`: the up column N past
     each, and silu(sum) * up-sum stored): count it in at `count_ptr`; the block's last of
-    `splits` shares sums them into `final_ptr` (row stride stride_om) and zeroes the count."""
+    `splits` shares sums them into `final_ptr` (row stride stride_om) and zeroes the count.
+    Returns whether this program was that last one."""
     tl.debug_barrier()  # the whole share is stored before it is counted
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:
+    last = arrived == splits - 1
+    if last:
         total = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
         up = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
         for s in range(splits):  # the other shares' rows come from L2 (.cg), never from a
@@ -67,3 +69,4 @@ def sum_if_last(part_ptr, final_ptr, count_ptr, rm, rn, mask, M, N, width, strid
         tl.store(final_ptr + rm[:, None] * stride_om + rn[None, :],
                  total.to(final_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")
+    return last

@@ -41,7 +41,7 @@ from openinfer_kernels.collective.push_triton import (
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.dot import dot_options
 from openinfer_kernels.gemm import small_batch_tile
-from openinfer_kernels.gemm.triton import Tile, _partial
+from openinfer_kernels.gemm.triton import Tile, partial_product
 from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -89,7 +89,7 @@ def _linear_push_add_rms_norm_kernel(
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     pdl_enter(PDL)
-    y = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn, M_PAD,
+    y = partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn, M_PAD,
                  BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     block_count = count_ptr + pid_n
     last = True

@@ -44,7 +44,7 @@ class Tile:
 
 
 @triton.jit
-def _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
+def partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
              M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """[M_PAD, BLOCK_N] fp32: rows `rm` of x times weight rows `rn`, over K in
@@ -99,11 +99,11 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
         prefetch_rows(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn, PREFETCH,
                       LINE)
     pdl_enter(PDL)
-    first = _partial(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
+    first = partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
                      M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
     if GATED:
-        second = _partial(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start, k_end,
+        second = partial_product(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start, k_end,
                           stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
         if SPLIT_K == 1:
             first = silu_mul(first, second, out_ptr.dtype.element_ty)

@@ -22,9 +22,9 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
-def _scores(logits_row, re, ok):
+def _scores(logits_row, re, ok, CACHE: tl.constexpr):
     """sqrt(softplus(logits)) [BLOCK_E] fp32; 0 past E."""
-    g = tl.load(logits_row + re, mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(logits_row + re, mask=ok, other=0.0, cache_modifier=CACHE).to(tl.float32)
     y = tl.exp(tl.minimum(g, 20.0))
     u = 1.0 + y
     log1p = tl.where(u == 1.0, y, tl.log(u) * y / (u - 1.0))
@@ -32,16 +32,16 @@ def _scores(logits_row, re, ok):
 
 
 @triton.jit
-def _route_kernel(logits_ptr, bias_ptr, table_ptr, token_ptr, w_ptr, ids_ptr, E, top_k,
-                  stride_l, stride_t, stride_w, stride_i, scale, HASH: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)  # the logits are the kernel before's
-    t = tl.program_id(0).to(tl.int64)
+def route_token(t, logits_row, bias_ptr, table_ptr, token_ptr, w_ptr, ids_ptr, E, top_k,
+                stride_t, stride_w, stride_i, scale, HASH: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK_K: tl.constexpr, CACHE: tl.constexpr):
+    """Token t's experts and weights from its logits row (read with cache modifier CACHE:
+    ".cg" where other programs of the same launch wrote it)."""
     re = tl.arange(0, BLOCK_E)
     ok = re < E
     rk = tl.arange(0, BLOCK_K)
     k_ok = rk < top_k
-    s = _scores(logits_ptr + t * stride_l, re, ok)
+    s = _scores(logits_row, re, ok, CACHE)
     if HASH:
         token = tl.load(token_ptr + t).to(tl.int64)
         ids = tl.load(table_ptr + token * stride_t + rk, mask=k_ok, other=0).to(tl.int64)
@@ -61,6 +61,16 @@ def _route_kernel(logits_ptr, bias_ptr, table_ptr, token_ptr, w_ptr, ids_ptr, E,
     weights = picked / (tl.sum(picked, axis=0) + 1e-20) * scale
     tl.store(w_ptr + t * stride_w + rk, weights, mask=k_ok)
     tl.store(ids_ptr + t * stride_i + rk, ids, mask=k_ok)
+
+
+@triton.jit
+def _route_kernel(logits_ptr, bias_ptr, table_ptr, token_ptr, w_ptr, ids_ptr, E, top_k,
+                  stride_l, stride_t, stride_w, stride_i, scale, HASH: tl.constexpr,
+                  BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)  # the logits are the kernel before's
+    t = tl.program_id(0).to(tl.int64)
+    route_token(t, logits_ptr + t * stride_l, bias_ptr, table_ptr, token_ptr, w_ptr, ids_ptr,
+                E, top_k, stride_t, stride_w, stride_i, scale, HASH, BLOCK_E, BLOCK_K, "")
 
 
 def _route(logits: torch.Tensor, bias: torch.Tensor | None, table: torch.Tensor | None,
