@@ -148,6 +148,33 @@ def take_landed(slot, mask, BITS: tl.constexpr):
 
 
 @triton.jit
+def exchange_row(x_row, areas, seq_ptr, pid, H, cols, mask, RANK: tl.constexpr,
+                 WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr):
+    """Program `pid`'s row at `x_row` (columns `cols` where `mask`) pushed into every peer's
+    landing area, and the ranks' rows summed in fp32 in rank order once landed (the slots
+    emptied again): the data-signalled protocol of this module, for program pid's next call
+    (its count at seq_ptr + pid). Any kernel that pushes rows this way interleaves with these
+    on the same memory."""
+    seq = count_call(seq_ptr + pid)
+    parity = tl.cast(seq % 2, tl.int64)
+    row = tl.cast(pid, tl.int64)
+    x = tl.load(x_row + cols, mask=mask)
+    sent = pushed(x, BITS)
+    for peer in tl.static_range(WORLD):
+        if peer != RANK:
+            mine = ((parity * WORLD + RANK) * PROGRAMS + row) * H
+            tl.store(areas[peer] + mine + cols, sent, mask=mask)
+    acc = tl.zeros(cols.shape, dtype=tl.float32)
+    for peer in tl.static_range(WORLD):
+        if peer == RANK:
+            acc += x.to(tl.float32)
+        else:
+            slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + row) * H + cols
+            acc += take_landed(slot, mask, BITS).to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, areas, seq_ptr, H,
                                    x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
                                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
@@ -160,21 +187,8 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    seq = count_call(seq_ptr + pid)
-    parity = tl.cast(seq % 2, tl.int64)
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask)
-    sent = pushed(x, BITS)
-    for peer in tl.static_range(WORLD):
-        if peer != RANK:
-            mine = ((parity * WORLD + RANK) * PROGRAMS + row) * H
-            tl.store(areas[peer] + mine + cols, sent, mask=mask)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for peer in tl.static_range(WORLD):
-        if peer == RANK:
-            acc += x.to(tl.float32)
-        else:
-            slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + row) * H + cols
-            acc += take_landed(slot, mask, BITS).to(tl.float32)
+    acc = exchange_row(x_ptr + row * x_row_stride, areas, seq_ptr, pid, H, cols, mask, RANK,
+                       WORLD, PROGRAMS, BITS)
     if ADD_NORM:
         s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
         r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)

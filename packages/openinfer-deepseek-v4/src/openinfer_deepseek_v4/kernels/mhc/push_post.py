@@ -23,13 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.collective.push_triton import (
-    EMPTY_BYTE,
-    area_elements,
-    count_call,
-    pushed,
-    take_landed,
-)
+from openinfer_deepseek_v4.kernels.mhc.triton import expand_columns
+from openinfer_kernels.collective.push_triton import EMPTY_BYTE, area_elements, exchange_row
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -43,35 +38,12 @@ def _push_post_kernel(x_ptr, streams_ptr, post_ptr, comb_ptr, new_ptr, areas, se
     pid = tl.program_id(0)
     t = tl.cast(pid, tl.int64)
     rd = tl.arange(0, BLOCK_D)
-    rn = tl.arange(0, N)
     d_ok = rd < D
-    seq = count_call(seq_ptr + pid)
-    parity = tl.cast(seq % 2, tl.int64)
-    x = tl.load(x_ptr + t * stride_x + rd, mask=d_ok)
-    sent = pushed(x, BITS)
-    for peer in tl.static_range(WORLD):
-        if peer != RANK:
-            tl.store(areas[peer] + ((parity * WORLD + RANK) * PROGRAMS + t) * D + rd, sent,
-                     mask=d_ok)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for peer in tl.static_range(WORLD):
-        if peer == RANK:
-            acc += x.to(tl.float32)
-        else:
-            slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + t) * D + rd
-            acc += take_landed(slot, d_ok, BITS).to(tl.float32)
-    ty = new_ptr.dtype.element_ty
-    out = acc.to(ty).to(tl.float32)  # the all-reduce's result, in the streams' dtype
-    mixed = tl.zeros([N, BLOCK_D], dtype=tl.float32)
-    for j in tl.static_range(N):  # sum_j comb[j, k] H_j, j in order
-        c = tl.load(comb_ptr + t * N * N + j * N + rn).to(ty).to(tl.float32)
-        h = tl.load(streams_ptr + t * stride_st + j * stride_sn + rd, mask=d_ok, other=0.0)
-        mixed += c[:, None] * h.to(tl.float32)[None, :]
-    post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
-    spread = (post[:, None] * out[None, :]).to(ty).to(tl.float32)
-    new = spread + mixed.to(ty).to(tl.float32)
-    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new.to(ty),
-             mask=d_ok[None, :])
+    acc = exchange_row(x_ptr + t * stride_x, areas, seq_ptr, pid, D, rd, d_ok, RANK, WORLD,
+                       PROGRAMS, BITS)
+    # the all-reduce's result in the streams' dtype, expanded as `_expand_kernel` does
+    expand_columns(acc.to(new_ptr.dtype.element_ty), streams_ptr, post_ptr, comb_ptr, new_ptr,
+                   t, rd, d_ok, stride_st, stride_sn, N, D)
 
 
 def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,

@@ -152,26 +152,36 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
 
 
 @triton.jit
+def expand_columns(out, streams_ptr, post_ptr, comb_ptr, new_ptr, t, rd, d_ok, stride_st,
+                   stride_sn, N: tl.constexpr, D: tl.constexpr):
+    """Token t's new streams at columns `rd` (where `d_ok`) from the sublayer's output `out`
+    there (in the streams' dtype): the weights rounded to that dtype first, each of the two
+    terms rounded, their sum rounded (the reference's rounding points)."""
+    rn = tl.arange(0, N)
+    ty = new_ptr.dtype.element_ty
+    mixed = tl.zeros([N, rd.shape[0]], dtype=tl.float32)
+    for j in tl.static_range(N):  # sum_j comb[j, k] H_j, j in order
+        c = tl.load(comb_ptr + t * N * N + j * N + rn).to(ty).to(tl.float32)
+        h = tl.load(streams_ptr + t * stride_st + j * stride_sn + rd, mask=d_ok, other=0.0)
+        mixed += c[:, None] * h.to(tl.float32)[None, :]
+    post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
+    spread = (post[:, None] * out.to(tl.float32)[None, :]).to(ty).to(tl.float32)
+    new = spread + mixed.to(ty).to(tl.float32)
+    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new.to(ty),
+             mask=d_ok[None, :])
+
+
+@triton.jit
 def _expand_kernel(x_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, stride_xt, stride_xn,
                    stride_ot, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                    PDL: tl.constexpr):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    rn = tl.arange(0, N)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = rd < D
-    ty = new_ptr.dtype.element_ty
-    mixed = tl.zeros([N, BLOCK_D], dtype=tl.float32)
-    for j in tl.static_range(N):  # sum_j comb[j, k] H_j, j in order
-        c = tl.load(comb_ptr + t * N * N + j * N + rn).to(ty).to(tl.float32)
-        h = tl.load(x_ptr + t * stride_xt + j * stride_xn + rd, mask=d_ok, other=0.0)
-        mixed += c[:, None] * h.to(tl.float32)[None, :]
-    post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
-    out = tl.load(out_ptr + t * stride_ot + rd, mask=d_ok, other=0.0).to(tl.float32)
-    spread = (post[:, None] * out[None, :]).to(ty).to(tl.float32)
-    new = spread + mixed.to(ty).to(tl.float32)
-    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new.to(ty),
-             mask=d_ok[None, :])
+    out = tl.load(out_ptr + t * stride_ot + rd, mask=d_ok, other=0.0)
+    expand_columns(out, x_ptr, post_ptr, comb_ptr, new_ptr, t, rd, d_ok, stride_xt, stride_xn,
+                   N, D)
 
 
 def _rows(streams: torch.Tensor) -> torch.Tensor:
