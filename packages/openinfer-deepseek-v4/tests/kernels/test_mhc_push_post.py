@@ -20,25 +20,12 @@ from openinfer_deepseek_v4.kernels.mhc.triton import hc_post_triton
 from openinfer_kernels.collective.push_triton import (
     EMPTY_BYTE,
     all_reduce_push_triton,
-    area_elements,
 )
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
-from openinfer_kernels.testing.ranks import run_ranks_forked
+from openinfer_kernels.testing.ranks import push_memory, run_ranks_forked
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N = 4
-
-
-def _memory(world: int, d: int, dtype: torch.dtype, shared: bool, device: str = "cpu"):
-    """(every rank's landing area, empty; every rank's call counts, zeros)."""
-    def made(n: int, kind: torch.dtype) -> torch.Tensor:
-        t = torch.zeros(n, dtype=kind, device=device)
-        return t.share_memory_() if shared else t
-
-    areas = [made(area_elements(world, d), dtype) for _ in range(world)]
-    for area in areas:
-        area.view(torch.uint8).fill_(EMPTY_BYTE)
-    return areas, [made(MAX_PROGRAMS, torch.int32) for _ in range(world)]
 
 
 def _inputs(world: int, t: int, d: int, dtype: torch.dtype, seed: int, device: str = "cpu"):
@@ -61,7 +48,7 @@ def _want(partials, streams, post, comb) -> torch.Tensor:  # type: ignore[no-unt
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_one_rank_is_hc_post_of_its_partial(dtype: torch.dtype) -> None:
     d = 48
-    areas, seqs = _memory(1, d, dtype, shared=False, device=DEVICE)
+    areas, _, seqs = push_memory(1, d, dtype, shared=False, device=DEVICE)
     for t, seed in ((1, 1), (5, 2)):
         partials, streams, post, comb = _inputs(1, t, d, dtype, seed, DEVICE)
         got = hc_post_all_reduce_triton(streams, partials[0], post, comb, areas, seqs[0], 0)
@@ -72,7 +59,7 @@ def test_one_rank_is_hc_post_of_its_partial(dtype: torch.dtype) -> None:
 
 def test_wrong_shapes_and_too_many_rows_are_refused() -> None:
     d = 16
-    areas, seqs = _memory(1, d, torch.float32, shared=False)
+    areas, _, seqs = push_memory(1, d, torch.float32, shared=False)
     partials, streams, post, comb = _inputs(1, 2, d, torch.float32, 3)
     with pytest.raises(ValueError, match="partial"):
         hc_post_all_reduce_triton(streams, partials[0][:, :8], post, comb, areas, seqs[0], 0)
@@ -106,7 +93,7 @@ def _run_rank(rank, calls, areas, seqs, outs):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_ranks_in_processes_sum_and_expand(world: int, d: int, dtype: torch.dtype) -> None:
     calls = [_inputs(world, t, d, dtype, seed=30 + n) for n, (t, _) in enumerate(CALLS)]
-    areas, seqs = _memory(world, d, dtype, shared=True)
+    areas, _, seqs = push_memory(world, d, dtype, shared=True)
     most = max(t for t, _ in CALLS)
     outs = [torch.zeros(len(CALLS), most, N, d, dtype=dtype).share_memory_()
             for _ in range(world)]

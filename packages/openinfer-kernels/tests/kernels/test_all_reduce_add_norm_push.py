@@ -17,11 +17,9 @@ from openinfer_kernels.collective.push_triton import (
     PushAddNorm,
     all_reduce_add_rms_norm_push_triton,
     all_reduce_push_triton,
-    area_elements,
-    flag_slots,
 )
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
-from openinfer_kernels.testing.ranks import run_ranks_forked
+from openinfer_kernels.testing.ranks import push_memory, run_ranks_forked
 
 from .test_all_reduce_add_norm import (
     DEVICE,
@@ -38,16 +36,8 @@ def _memory(world: int, h: int, dtype: torch.dtype, shared: bool, device: str = 
             signal: str = "flags"):
     """(every rank's area, every rank's flags, every rank's call counts): zeros, and areas
     empty as `signal` wants them."""
-    def made(n: int, kind: torch.dtype) -> torch.Tensor:
-        t = torch.zeros(n, dtype=kind, device=device)
-        return t.share_memory_() if shared else t
-
-    areas = [made(area_elements(world, h), dtype) for _ in range(world)]
-    for area in areas:
-        area.view(torch.uint8).fill_(PushAddNorm(signal).area_fill)
-    flags = [made(flag_slots(world), torch.int32) for _ in range(world)]
-    seqs = [made(MAX_PROGRAMS, torch.int32) for _ in range(world)]
-    return areas, flags, seqs
+    return push_memory(world, h, dtype, shared=shared, device=device,
+                       fill=PushAddNorm(signal).area_fill)
 
 
 @pytest.mark.parametrize("signal", SIGNALS)

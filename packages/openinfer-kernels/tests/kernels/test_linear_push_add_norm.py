@@ -18,31 +18,16 @@ from openinfer_kernels.collective.linear_push_triton import (
 )
 from openinfer_kernels.collective.push_triton import (
     EMPTY_BYTE,
-    PushAddNorm,
     all_reduce_add_rms_norm_push_triton,
-    area_elements,
     flag_slots,
 )
-from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.gemm.triton import Tile, linear_triton
-from openinfer_kernels.testing.ranks import run_ranks_forked
+from openinfer_kernels.testing.ranks import push_memory, run_ranks_forked
 
 from .test_all_reduce_add_norm import DEVICE, EPS, assert_kernel_alike
 
 TILES = {"split-3": Tile(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=2),
          "whole-k": Tile(block_n=32, block_k=64, split_k=1, num_warps=4, num_stages=2)}
-
-
-def _memory(world: int, h: int, dtype: torch.dtype, shared: bool, device: str = "cpu"):
-    """(every rank's landing area, empty; every rank's call counts, zeros)."""
-    def made(n: int, kind: torch.dtype) -> torch.Tensor:
-        t = torch.zeros(n, dtype=kind, device=device)
-        return t.share_memory_() if shared else t
-
-    areas = [made(area_elements(world, h), dtype) for _ in range(world)]
-    for area in areas:
-        area.view(torch.uint8).fill_(PushAddNorm("data").area_fill)
-    return areas, [made(MAX_PROGRAMS, torch.int32) for _ in range(world)]
 
 
 def _case(world: int, t: int, h: int, k: int, dtype: torch.dtype, seed: int,
@@ -60,7 +45,7 @@ def _case(world: int, t: int, h: int, k: int, dtype: torch.dtype, seed: int,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_one_rank_is_the_linear_then_the_push_reference(dtype, tile):
     h, k = 40, 96
-    areas, seqs = _memory(1, h, dtype, shared=False, device=DEVICE)
+    areas, _, seqs = push_memory(1, h, dtype, shared=False, device=DEVICE)
     for n, t in enumerate((1, 3, 1)):
         [x], [w], residual, weight = _case(1, t, h, k, dtype, seed=n, device=DEVICE)
         got = linear_push_add_rms_norm_triton(x, w, TILES[tile], residual, weight, EPS, areas,
@@ -74,12 +59,12 @@ def test_one_rank_is_the_linear_then_the_push_reference(dtype, tile):
 
 def test_more_rows_than_it_takes_are_left_alone():
     h, k = 40, 96
-    areas, seqs = _memory(1, h, torch.float32, shared=False)
+    areas, _, seqs = push_memory(1, h, torch.float32, shared=False)
     [x], [w], residual, weight = _case(1, MAX_ROWS + 1, h, k, torch.float32, seed=0)
     assert linear_push_add_rms_norm_triton(x, w, TILES["whole-k"], residual, weight, EPS,
                                            areas, seqs[0], 0) is None
     assert not seqs[0].any()
-    small, _ = _memory(1, 8, torch.float32, shared=False)
+    small, _, _ = push_memory(1, 8, torch.float32, shared=False)
     with pytest.raises(ValueError, match="too small"):
         linear_push_add_rms_norm_triton(x[:1], w, TILES["whole-k"], residual[:1], weight, EPS,
                                         small, seqs[0], 0)
@@ -116,7 +101,7 @@ def test_ranks_in_processes_meet_through_their_rows(world, tile):
         if kind == "push":
             xs = [x[:, :h].contiguous() for x in xs]  # partial rows of width H
         calls.append((kind, xs, ws, residual, weight))
-    areas, seqs = _memory(world, h, dtype, shared=True)
+    areas, _, seqs = push_memory(world, h, dtype, shared=True)
     most = max(t for t, _ in CALLS)
     outs = [torch.zeros(len(CALLS), 2, most, h, dtype=dtype).share_memory_()
             for _ in range(world)]

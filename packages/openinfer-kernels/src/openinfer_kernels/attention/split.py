@@ -9,11 +9,11 @@ weighs the splits by their log-sum-exp. With `OPENINFER_SPLIT_MERGE=last` the me
 split kernel's own instead: each split stores its part, then counts itself in on its (query
 block, kv head)'s arrival count (`split_k.py`'s semaphore), and the last to arrive merges the
 parts and zeroes the count (one launch, not two). It is not the default: Qwen3-8B's batch-1
-TPOT at TP2 on 2 of 4 H200s was 2.94 ms with it and 2.76 ms with `_merge_kernel`
-(benchmarks/device/gpu_check.sh tplatency, TP_VARIANTS): the waiting last program costs more
-than the launch it saves. The
-launch depends on T, B and the head counts only: each program finds its request (binary search
-over `query_start_loc`) and its share of the context on the device, so one captured CUDA graph
+TPOT at TP2 on H200s was 2.94 ms with it and 2.77 ms with `_merge_kernel`
+(`benchmarks/device/gpu_check.sh tplatency` with TP_VARIANTS=OPENINFER_SPLIT_MERGE=last runs
+the pair): the waiting last program costs more than the launch it saves. The launch depends on
+T, B and the head counts only: each program finds its request (binary search over
+`query_start_loc`) and its share of the context on the device, so one captured CUDA graph
 replays correctly for any lengths. `paged_split` launches it at `SplitConfig`'s defaults.
 
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""

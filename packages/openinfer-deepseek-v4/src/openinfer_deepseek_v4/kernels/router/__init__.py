@@ -24,7 +24,6 @@ route_topk = by_device(route_topk_ref, _kernels.route_topk_triton if _kernels el
 route_hash = by_device(route_hash_ref, _kernels.route_hash_triton if _kernels else None)
 
 
-
 def route_fused(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None,
                 table: torch.Tensor | None, token_ids: torch.Tensor, top_k: int,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
