@@ -4,6 +4,11 @@ and the GPU tensor-parallel gate."""
 
 from __future__ import annotations
 
+import datetime
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
@@ -56,3 +61,57 @@ def test_open_refuses_an_unknown_path_and_keeps_nccl_off_cuda(
         SymmetricAllReduce.open(2, torch.device("cpu"))
     monkeypatch.setenv(ar.ALL_REDUCE_ENV, "auto")
     assert SymmetricAllReduce.open(2, torch.device("cpu")) is None
+
+
+def _open_rank(rank: int, store: str, opened_before: bool, results: Any) -> None:
+    """One gloo rank of `SymmetricAllReduce._open_on`, torch's symmetric memory stood in for by
+    a rendezvous that is a collective (a barrier), as the real one is; this rank's process set
+    it up for an earlier group where `opened_before` says so (rank 0 only)."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    calls: list[str] = []
+
+    def rendezvous(buffer: torch.Tensor, group_name: str) -> object:
+        calls.append(group_name)
+        dist.barrier()
+        return object()
+
+    symm_mem.empty = lambda n, dtype, device: torch.empty(n, dtype=dtype)  # type: ignore[assignment]
+    symm_mem.rendezvous = rendezvous  # type: ignore[assignment]
+    ar._opened_in_process = opened_before and rank == 0
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))
+    try:
+        made = SymmetricAllReduce._open_on(2, torch.device("cpu"), "auto")
+        results.put((rank, len(calls), made is not None))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("opened_before", [True, False], ids=["rank0-opened-before", "fresh"])
+def test_the_ranks_agree_before_any_starts_a_rendezvous(tmp_path: Path,
+                                                         opened_before: bool) -> None:
+    """A process that builds a second tensor-parallel group (a test comparing layouts) has set
+    symmetric memory up once already and will not again, while its new workers are fresh:
+    every rank then skips the rendezvous (one that started it would wait for rank 0 forever,
+    as the DeepSeek-V4 TP2-then-EP gate did on 2 H200s) and all take NCCL alike."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    ranks = [context.Process(target=_open_rank, args=(r, str(tmp_path / "store"),
+                                                     opened_before, results))
+             for r in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(60)
+        if process.is_alive():
+            process.kill()
+    assert [p.exitcode for p in ranks] == [0, 0]
+    got = sorted(results.get(timeout=5) for _ in ranks)
+    if opened_before:
+        assert got == [(0, 0, False), (1, 0, False)]  # nobody waits in a rendezvous
+    else:
+        # Both ranks meet in the rendezvous; whether they keep the buffer then depends on
+        # the build's symm_mem ops, but they agree.
+        assert [g[1] for g in got] == [1, 1] and got[0][2] == got[1][2]

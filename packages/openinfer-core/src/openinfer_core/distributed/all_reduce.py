@@ -47,7 +47,8 @@ ALIGN_BYTES = 16  # two-shot splits the message into per-rank parts of whole 16-
 # symmetric-memory state per group name, and every default group is named "0": a later group
 # in the same process would meet the first one's state (a second group's rendezvous never
 # returned on 2 H100s). Only the first group of a process takes this path; the engine makes
-# one per process.
+# one per process, but a process that builds a second engine (a test comparing TP layouts)
+# meets fresh workers: the ranks agree on it before any of them starts a rendezvous.
 _opened_in_process = False
 
 
@@ -88,16 +89,25 @@ class SymmetricAllReduce:
                              "two_shot")
         if forced == "nccl" or device.type != "cuda":
             return None
+        return cls._open_on(size, device, forced)
+
+    @classmethod
+    def _open_on(cls, size: int, device: torch.device,
+                 forced: str) -> SymmetricAllReduce | None:
+        """`open` past its checks of the path and the device (the CPU tests call it on gloo)."""
+        global _opened_in_process
+        # A rendezvous is collective: where one rank's process has set symmetric memory up
+        # already (and so will not), no rank starts one (a rank in it would wait forever).
+        if not every_rank(not _opened_in_process, device):
+            log.warning("tensor parallel: a rank's process set up symmetric memory for an "
+                        "earlier group; every all-reduce of this group goes through NCCL")
+            return None
         group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
         nbytes = max(TWO_SHOT_MAX.get(size, DEFAULT_TWO_SHOT_MAX),
                      ONE_SHOT_MAX.get(size, DEFAULT_ONE_SHOT_MAX))
-        global _opened_in_process
         buffer, handle = None, None
         why = ""
         try:
-            if _opened_in_process:
-                raise RuntimeError("an earlier tensor-parallel group of this process set up "
-                                   "symmetric memory under the same group name")
             import torch.distributed._symmetric_memory as symm_mem
 
             buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
