@@ -1,18 +1,19 @@
 """DeepSeek-V4-Flash's mHC and compressor kernels against their bytes floors: hc_pre and hc_post
 at T = 1, 64, 2048 tokens (hidden 4096, N = 4, bf16 streams), beside the torch references on
-the same GPU (at T = 1 also over the one-token launch's knobs, `MIX_MIN_K_BLOCKS` and
-`SERIAL_WARPS` of kernels/mhc/triton.py), and the compressor's pooling for a decode step of 64
-requests (every request closing a window: the step's worst case; and none: the usual step). A
-floor is the bytes the op must move (read + written) over the copy bandwidth measured in the
-same run. Each figure is one call's share of a CUDA graph that runs the op back to back over
-enough distinct copies of its inputs (>= 128 MB) that none is still in the 50 MB L2, as across
-a model's layers.
+the same GPU (at T = 1 also over the one-token launch's knobs, `MIX_MIN_K_BLOCKS`,
+`SERIAL_WARPS` and `SINKHORN_SPREAD` of kernels/mhc/triton.py; at T = 64 the last one), and
+the compressor's pooling for a decode step of 64 requests (every request closing a window:
+the step's worst case; and none: the usual step). A floor is the bytes the op must move (read
++ written) over the copy bandwidth measured in the same run. Each figure is one call's share
+of a CUDA graph that runs the op back to back over enough distinct copies of its inputs
+(>= 128 MB) that none is still in the 50 MB L2, as across a model's layers.
 
 Usage (on the GPU machine, from the repo root):
     PYTHONPATH=packages/openinfer-kernels/src python benchmarks/device/dsv4_mhc_bench.py"""
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 
 import torch
@@ -57,6 +58,16 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
             rows.append((f"{name} T={t}", us, pre_bytes / gbps * 1e-3, pre_bytes / 1e6))
         if t == 1:  # the one-token launch's knobs (mhc/triton.py), each checked, then timed
             rows += knob_rows(inputs, want, pre_bytes, gbps)
+        if t == 64:  # the weights kernel's Sinkhorn-Knopp spread over copies of its tile
+            mhc_triton.SINKHORN_SPREAD = True
+            try:
+                torch.testing.assert_close(hc_pre_triton(*inputs[0], **HC)[2], want[2],
+                                           rtol=1e-5, atol=1e-6)
+                us = graph_per_call_us([lambda a=a: hc_pre_triton(*a, **HC) for a in inputs])
+                rows.append((f"hc_pre triton T={t} spread", us, pre_bytes / gbps * 1e-3,
+                             pre_bytes / 1e6))
+            finally:
+                mhc_triton.SINKHORN_SPREAD = False
         outs = [(a[0], torch.randn(t, D, device="cuda", generator=g).bfloat16(), post, comb)
                 for a in inputs]
         torch.testing.assert_close(hc_post_triton(*outs[0]), hc_post_ref(*outs[0]),
@@ -69,21 +80,25 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
 
 def knob_rows(inputs: list[tuple[torch.Tensor, ...]], want: tuple[torch.Tensor, ...],
               nbytes: int, gbps: float) -> list[tuple[str, float, float, float]]:
-    """hc_pre at one token for each MIX_MIN_K_BLOCKS x SERIAL_WARPS (the defaults restored)."""
+    """hc_pre at one token for each MIX_MIN_K_BLOCKS x SERIAL_WARPS x SINKHORN_SPREAD (the
+    defaults restored)."""
     rows = []
-    defaults = mhc_triton.MIX_MIN_K_BLOCKS, mhc_triton.SERIAL_WARPS
+    knobs = ("MIX_MIN_K_BLOCKS", "SERIAL_WARPS", "SINKHORN_SPREAD")
+    defaults = [getattr(mhc_triton, k) for k in knobs]
     try:
-        for blocks in (1, 2, 4, 8):
-            for warps in (4, 8, 16):
-                mhc_triton.MIX_MIN_K_BLOCKS, mhc_triton.SERIAL_WARPS = blocks, warps
-                x, _, comb = hc_pre_triton(*inputs[0], **HC)
-                torch.testing.assert_close(x, want[0], rtol=2**-7, atol=2**-4)
-                torch.testing.assert_close(comb, want[2], rtol=1e-5, atol=1e-6)
-                us = graph_per_call_us([lambda a=a: hc_pre_triton(*a, **HC) for a in inputs])
-                rows.append((f"hc_pre T=1 k-blocks {blocks} warps {warps}", us,
-                             nbytes / gbps * 1e-3, nbytes / 1e6))
+        for values in itertools.product((1, 2, 4, 8), (4, 8, 16), (False, True)):
+            for knob, value in zip(knobs, values, strict=True):
+                setattr(mhc_triton, knob, value)
+            x, _, comb = hc_pre_triton(*inputs[0], **HC)
+            torch.testing.assert_close(x, want[0], rtol=2**-7, atol=2**-4)
+            torch.testing.assert_close(comb, want[2], rtol=1e-5, atol=1e-6)
+            us = graph_per_call_us([lambda a=a: hc_pre_triton(*a, **HC) for a in inputs])
+            blocks, warps, spread = values
+            rows.append((f"hc_pre T=1 k-blocks {blocks} warps {warps} spread {int(spread)}",
+                         us, nbytes / gbps * 1e-3, nbytes / 1e6))
     finally:
-        mhc_triton.MIX_MIN_K_BLOCKS, mhc_triton.SERIAL_WARPS = defaults
+        for knob, value in zip(knobs, defaults, strict=True):
+            setattr(mhc_triton, knob, value)
     return rows
 
 

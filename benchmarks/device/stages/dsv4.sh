@@ -8,7 +8,7 @@ stage_dsv4() {
   stage "DeepSeek-V4 FP4 experts at decode sizes: grouped vs decode path, candidate tiles"
   timeout 180 python3 benchmarks/device/dsv4_moe_sweep.py 2>&1 | tee "$OUT/dsv4-moe-sweep.log" | tail -22
   timeout 60 python3 benchmarks/device/dsv4_attention_bench.py --json "$OUT/dsv4-attention.json" 2>&1 | tail -20
-  timeout 120 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -30
+  timeout 240 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" | tail -30
   has dsv4model || stage_dsv4model  # `dsv4 dsv4model` runs the model part once
   dsv4_official_gate
 }
@@ -23,8 +23,8 @@ stage_dsv4gates() {
   stage "small-batch linear tiles at V4-Flash's bf16 shapes (router, compressors, indexer)"
   run_ops 200 40 small-gemm-v4.json small_linear --sweep --cases V4
   stage "DeepSeek-V4 mHC at one token: the launch's knobs"
-  timeout 120 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" \
-    | grep -E "copy|hc_pre T=1"
+  timeout 240 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" \
+    | grep -E "copy|hc_pre T=1|hc_pre triton T=64"
 }
 
 dsv4_kernel_tests() {

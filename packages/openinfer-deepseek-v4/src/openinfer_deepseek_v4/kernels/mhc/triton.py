@@ -38,6 +38,12 @@ SERIAL_TOKENS = 1
 # weights' [N, D] row). Tuning knobs: benchmarks/device/dsv4_mhc_bench.py sweeps them.
 MIX_MIN_K_BLOCKS = 4
 SERIAL_WARPS: int | None = None
+# Sinkhorn-Knopp on the [N, N] tile as one tensor of that shape (False), or spread over a
+# [R, N, N] tile (R copies, about one value a thread) so that its row and column sums stay
+# within a warp: as one [N, N] tensor across many warps each of the 2 x iters normalisations
+# may go through shared memory and a barrier. The same values either way. A knob until
+# benchmarks/device/dsv4_mhc_bench.py has timed both.
+SINKHORN_SPREAD = False
 
 
 @triton.jit
@@ -47,7 +53,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                 BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
                 N: tl.constexpr, D: tl.constexpr, SPLIT_PAD: tl.constexpr,
                 BLOCK_D: tl.constexpr, HEAD: tl.constexpr, SERIAL: tl.constexpr,
-                PDL: tl.constexpr):
+                SPREAD: tl.constexpr, PDL: tl.constexpr):
     # SERIAL: the tile's last program to arrive at count_ptr[pid_t] computes its tokens'
     # weights (`_token_weights`, the other programs' shares read from L2) and zeroes the count.
     pdl_enter(PDL)
@@ -83,21 +89,41 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                                norm_w_ptr,
                                y_ptr, post_ptr, comb_ptr, T, tl.num_programs(1), stride_xt,
                                stride_xn, hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD,
-                               BLOCK_D, HEAD, ".cg")
+                               BLOCK_D, HEAD, SPREAD, ".cg")
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _sinkhorn(logits, hc_eps, iters):
-    """[N, N] logits -> rows softmaxed (+ hc_eps), then columns and rows normalised in turn,
-    `iters` column passes in all."""
-    e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    c = e / tl.sum(e, axis=1)[:, None] + hc_eps
-    c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+    """[..., N, N] logits (the last two axes a matrix's rows and columns) -> rows softmaxed
+    (+ hc_eps), then columns and rows normalised in turn, `iters` column passes in all."""
+    e = tl.exp(logits - tl.expand_dims(tl.max(logits, axis=-1), -1))
+    c = e / tl.expand_dims(tl.sum(e, axis=-1), -1) + hc_eps
+    c = c / (tl.expand_dims(tl.sum(c, axis=-2), -2) + hc_eps)
     for _ in range(iters - 1):
-        c = c / (tl.sum(c, axis=1)[:, None] + hc_eps)
-        c = c / (tl.sum(c, axis=0)[None, :] + hc_eps)
+        c = c / (tl.expand_dims(tl.sum(c, axis=-1), -1) + hc_eps)
+        c = c / (tl.expand_dims(tl.sum(c, axis=-2), -2) + hc_eps)
     return c
+
+
+@triton.jit
+def _sinkhorn_store(logits, comb_ptr, hc_eps, iters, N: tl.constexpr, SPREAD: tl.constexpr):
+    """`_sinkhorn(logits)` of one token's [N, N] logits, stored at comb_ptr (N * N fp32).
+    SPREAD > 1: through a [SPREAD, N, N] tile of copies, read back from comb_ptr after the
+    logits are stored there (a fresh load takes the default layout of its shape, which keeps
+    each copy's N x N values within a warp); the first copy is stored."""
+    rn = tl.arange(0, N)
+    nn = rn[:, None] * N + rn[None, :]
+    if SPREAD > 1:
+        tl.store(comb_ptr + nn, logits)
+        tl.debug_barrier()  # the logits stored before any thread reads them back
+        copies = tl.arange(0, SPREAD)[:, None, None]
+        spread = tl.load(comb_ptr + copies * 0 + nn[None, :, :])
+        tl.debug_barrier()  # every read done before the weights overwrite the logits
+        tl.store(comb_ptr + copies * 0 + nn[None, :, :], _sinkhorn(spread, hc_eps, iters),
+                 mask=copies == 0)
+    else:
+        tl.store(comb_ptr + nn, _sinkhorn(logits, hc_eps, iters))
 
 
 @triton.jit
@@ -105,11 +131,11 @@ def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y
                     comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
                     N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                    PDL: tl.constexpr):
+                    SPREAD: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
     _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                    norm_w_ptr, y_ptr, post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn,
-                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, "")
+                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, SPREAD, "")
 
 
 @triton.jit
@@ -117,9 +143,10 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
                    post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                   CACHE: tl.constexpr):
+                   SPREAD: tl.constexpr, CACHE: tl.constexpr):
     """Token t's weights from its SPLIT shares (read with cache modifier CACHE: ".cg" where
-    other programs of the same launch wrote them), its collapse and norm."""
+    other programs of the same launch wrote them), its collapse and norm. SPREAD: see
+    `_sinkhorn_store`."""
     rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
     s_ok, d_ok = rs < SPLIT, rd < D
     inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0,
@@ -138,9 +165,8 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
         comb = tl.sum(tl.load(row[:, None, None] + 2 * N + nn[None, :, :],
                               mask=s_ok[:, None, None], other=0.0, cache_modifier=CACHE),
                       axis=0)
-        comb = _sinkhorn(comb * inv_rms * tl.load(scale_ptr + 2)
-                         + tl.load(base_ptr + 2 * N + nn), hc_eps, iters)
-        tl.store(comb_ptr + t * N * N + nn, comb)
+        _sinkhorn_store(comb * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + nn),
+                        comb_ptr + t * N * N, hc_eps, iters, N, SPREAD)
     h = tl.load(x_ptr + t.to(tl.int64) * stride_xt + rn[:, None] * stride_xn + rd[None, :],
                 mask=d_ok[None, :], other=0.0)
     out_ty = y_ptr.dtype.element_ty
@@ -240,21 +266,29 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     block_d = triton.next_power_of_2(d)
     warps = max(4, min(16, n * block_d // 1024))  # the weights' [N, D] row
     serial = counts is not None
+    mix_warps = (SERIAL_WARPS or warps) if serial else 4
     _mix_kernel[(tiles, split)](
         streams, fn, part, ssq, counts if serial else ssq, base, scale, norm, y, post, comb,
         t, k, k_per, streams.stride(0), streams.stride(1), hc_eps, norm_eps, sinkhorn_iters,
         M=m, M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
         PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
         SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=norm_weight is None,
-        SERIAL=serial, num_warps=(SERIAL_WARPS or warps) if serial else 4,
+        SERIAL=serial, SPREAD=_spread(n, mix_warps) if serial else 0, num_warps=mix_warps,
         **pdl_launch(streams))
     if not serial:
         _weights_kernel[(t,)](
             streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
             streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d, M_PAD=m_pad,
             SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
-            HEAD=norm_weight is None, num_warps=warps, **pdl_launch(streams))
+            HEAD=norm_weight is None, SPREAD=_spread(n, warps), num_warps=warps,
+            **pdl_launch(streams))
     return y, post, comb
+
+
+def _spread(n: int, warps: int) -> int:
+    """`_sinkhorn_store`'s copies for an N x N tile in a launch of `warps` warps: about one
+    value a thread where SINKHORN_SPREAD is on, else 0 (the [N, N] tile)."""
+    return max(2, warps * 32 // (n * n)) if SINKHORN_SPREAD else 0
 
 
 def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
