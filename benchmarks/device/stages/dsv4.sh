@@ -119,7 +119,8 @@ PY
       # No --max-model-len: the engine lowers the model's 1M to what the KV cache holds (and
       # logs it); one prompt of that length, admitted or not.
       stage "DeepSeek-V4-Flash (43 layers): the longest context, admitted, TP=$tp"
-      python3 -m openinfer_server.cli serve $d4 --load-format dummy --tensor-parallel-size $tp \
+      OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $d4 \
+        --load-format dummy --tensor-parallel-size $tp \
         $ep --max-num-seqs 4 --port 8000 > "$OUT/serve-dsv4-flash-longest.log" 2>&1 &
       server=$!
       if WAIT_READY_S=420 wait_ready $server; then
@@ -182,7 +183,8 @@ PY
       continue
     fi
     stage "DeepSeek-V4-Flash (43 layers) served, TP=$tp ${ep:-(experts split by width)}"
-    python3 -m openinfer_server.cli serve $d4 --load-format dummy --tensor-parallel-size $tp \
+    OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $d4 \
+      --load-format dummy --tensor-parallel-size $tp \
       $ep --max-num-seqs 256 --max-model-len 8192 --port 8000 > "$OUT/serve-dsv4-flash.log" 2>&1 &
     server=$!
     if ! WAIT_READY_S=420 wait_ready $server; then

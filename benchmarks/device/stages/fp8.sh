@@ -122,7 +122,8 @@ stage_fp8serve() {
       --output-len 128 --result-file "$OUT/throughput-8b-$side-128.json" 2>&1 | tail -6
   done
   stage "served throughput, Qwen3-8B FP8, 1024 x 128/128 at concurrency 512"
-  python3 -m openinfer_server.cli serve $m8fp8 --load-format dummy --max-num-seqs 512 \
+  OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $m8fp8 \
+    --load-format dummy --max-num-seqs 512 \
     --max-model-len 4608 --port 8000 >> "$OUT/serve-fp8.log" 2>&1 &
   local server=$!
   if wait_ready $server; then

@@ -21,7 +21,8 @@ stage_fp8kv() {
   # time and the bf16 figure comes from an earlier run on the same GPU).
   for kv in ${FP8KV_SERVED:-fp8 auto}; do
     stage "served 2048/2048 at concurrency 128, Qwen3-8B, --kv-cache-dtype $kv"
-    python3 -m openinfer_server.cli serve $M8 --load-format dummy --kv-cache-dtype $kv \
+    OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $M8 \
+      --load-format dummy --kv-cache-dtype $kv \
       --max-num-seqs 512 --max-model-len 4608 --port 8000 >> "$OUT/serve-fp8kv.log" 2>&1 &
     local server=$!
     if ! wait_ready $server; then

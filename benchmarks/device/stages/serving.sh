@@ -14,7 +14,8 @@ stage_serve() {
   for servers in $API_SERVERS; do
     tag=""; [ "$servers" != 1 ] && tag="-a$servers"
     stage "served throughput, Qwen3-8B, --api-server-count $servers"
-    python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+    OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $M8 \
+      --load-format dummy --max-num-seqs 512 \
       --max-model-len 4608 --port 8000 --api-server-count $servers \
       >> "$OUT/serve.log" 2>&1 &
     server=$!
@@ -50,7 +51,8 @@ stage_dp() {
   for dp in 1 2; do
     stage "served throughput, Qwen3-8B, 128/128 at concurrency 1024, --data-parallel-size $dp"
     echo "=== --data-parallel-size $dp" >> "$OUT/serve-dp.log"
-    python3 -m openinfer_server.cli serve $M8 --load-format dummy --max-num-seqs 512 \
+    OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $M8 \
+      --load-format dummy --max-num-seqs 512 \
       --max-model-len 4608 --port 8000 --data-parallel-size $dp --api-server-count $servers \
       >> "$OUT/serve-dp.log" 2>&1 &
     server=$!

@@ -203,7 +203,8 @@ stage_tpserve() {
   kill -9 $server 2>/dev/null; wait $server 2>/dev/null
   tail -5 "$OUT/serve-tp-kill.log"
   stage "served throughput, Qwen3-32B, TP=2: 128/128 at concurrency 256, 2048/2048 at 64"
-  python3 -m openinfer_server.cli serve $m32 --load-format dummy --tensor-parallel-size 2 \
+  OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $m32 \
+    --load-format dummy --tensor-parallel-size 2 \
     --max-num-seqs 256 --max-model-len 4608 --port 8000 >> "$OUT/serve-tp.log" 2>&1 &
   server=$!
   if wait_ready $server; then
