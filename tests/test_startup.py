@@ -1,6 +1,6 @@
 """Fast start: the start-up cache of the step's memory, the compile-ahead stamps, the CUDA
 graphs left for idle time, and the engine's idle work (all on CPU: graphs and kernels are
-stood in for by fakes)."""
+stood in for by fakes), and the pending graphs a step under load captures."""
 
 from __future__ import annotations
 
@@ -9,17 +9,20 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.cuda_graphs import (
+    CudaGraphRunner,
     graph_buckets,
     mixed_buckets,
     pick_bucket,
     start_buckets,
 )
 from openinfer_core.engine.engine import Engine
+from openinfer_core.params import SamplingParams
 from openinfer_core.plugins import PluginManager
 from openinfer_core.request import GenerateRequest
 from openinfer_core.startup import bring_up as bring_up_module
@@ -185,6 +188,72 @@ def test_idle_work_frees_host_memory_then_captures_one_graph_per_call(qwen3_dir:
     assert engine.idle_work() and fake.captured == [("decode", 32)]
     assert not engine.idle_work() and fake.captured == [("decode", 32), ("mixed", 64)]
     assert not engine.idle_work()
+
+
+def _bucket_logic_runner(pending: list[tuple[str, int]]) -> Any:
+    """A CudaGraphRunner's bucket bookkeeping without its device buffers (CPU): buckets up
+    to 256 rows and 512 mixed tokens, tables 8 blocks wide; captures recorded, not made."""
+    runner: Any = object.__new__(CudaGraphRunner)
+    runner.buckets, runner.mixed, runner.max_batch = graph_buckets(256), mixed_buckets(512), 256
+    runner.block_tables = torch.zeros(256, 8, dtype=torch.int32)
+    runner.pending = list(pending)
+    runner.captured = []
+
+    def capture_pending(key: tuple[str, int]) -> None:
+        runner.pending.remove(key)
+        runner.captured.append(key)
+
+    runner._capture_pending = capture_pending
+    return runner
+
+
+def _step(seqs: int, tokens: int | None = None, width: int = 8) -> SimpleNamespace:
+    return SimpleNamespace(is_decode=tokens is None, num_seqs=seqs,
+                           input_ids=np.zeros(tokens or seqs, dtype=np.int64),
+                           block_tables=np.zeros((seqs, width), dtype=np.int32))
+
+
+def test_a_step_under_load_captures_its_own_pending_bucket_once() -> None:
+    runner = _bucket_logic_runner([("decode", 32), ("decode", 48), ("mixed", 64)])
+    assert runner.own_key(_step(20)) == ("decode", 32)
+    assert runner.own_key(_step(3, tokens=40)) == ("mixed", 64)
+    assert runner.own_key(_step(3, tokens=600)) is None  # past the largest mixed graph
+    assert runner.own_key(_step(3, tokens=40, width=9)) is None  # tables wider than the graph's
+    assert runner.own_key(_step(300)) is None  # past the largest decode bucket
+    assert runner.capture_for(_step(20)) and runner.captured == [("decode", 32)]
+    assert not runner.capture_for(_step(17))  # the same bucket: captured already
+    assert not runner.capture_for(_step(8))  # a start bucket, never pending
+    assert runner.capture_for(_step(3, tokens=40))
+    assert runner.captured == [("decode", 32), ("mixed", 64)]
+    assert runner.pending == [("decode", 48)]
+
+
+class _StepGraphs:
+    """Stands in for CudaGraphRunner's per-step interface: records what the runner asks, and
+    has no graph for any step (so every step runs eagerly)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int]] = []
+
+    def capture_for(self, batch: Any) -> bool:
+        self.asked.append(("capture_for", batch.num_seqs))
+        return False
+
+    def can_run(self, batch: Any) -> bool:
+        self.asked.append(("can_run", batch.num_seqs))
+        return False
+
+
+def test_each_step_offers_its_bucket_for_capture_before_it_picks_a_graph(
+        qwen3_dir: Path) -> None:
+    engine = Engine(EngineConfig(model=str(qwen3_dir), device="cpu", num_kv_blocks=64))
+    graphs = _StepGraphs()
+    engine.runner.graphs = graphs  # type: ignore[assignment]
+    engine.add_request(GenerateRequest("r", (1, 2, 3), SamplingParams(max_tokens=3)))
+    while engine.has_work():
+        engine.step()
+    assert graphs.asked and graphs.asked[:2] == [("capture_for", 1), ("can_run", 1)]
+    assert [kind for kind, _ in graphs.asked[::2]] == ["capture_for"] * (len(graphs.asked) // 2)
 
 
 def test_a_cached_step_memory_that_runs_out_is_dropped(

@@ -18,9 +18,11 @@ than the GPU spends on them: a warm prefix-cache hit is such a step.
 Capturing every bucket at start costs ~0.1 s each. `capture(start_only=True)` captures the
 buckets a start needs most (`start_buckets`: small decodes, and the largest decode and mixed
 graphs, which also size the shared memory pool) and leaves the rest pending; the engine thread
-captures them one at a time when idle (`capture_next`), never while a step is in flight. Until
-a step's bucket is captured it replays a captured one at most `PAD_RATIO` times as large, or
-runs eagerly."""
+captures them one at a time when idle (`capture_next`). A server loaded from its first second
+is never idle, so a step whose own bucket is still pending captures it first (`capture_for`,
+each bucket once; the step in flight, if any, is ordered before the capture on the stream).
+Until a bucket is captured a step replays a captured one at most `PAD_RATIO` times as large,
+or runs eagerly."""
 
 from __future__ import annotations
 
@@ -80,10 +82,15 @@ def start_buckets(decode: Sequence[int], mixed: Sequence[int]) -> set[tuple[str,
     return keep | ({("mixed", mixed[-1])} if mixed else set())
 
 
+def own_bucket(buckets: Sequence[int], n: int) -> int | None:
+    """The bucket a step of `n` rows (or tokens) belongs to: the smallest >= n, if any."""
+    return next((s for s in buckets if s >= n), None)
+
+
 def pick_bucket(buckets: Sequence[int], captured: Collection[int], n: int) -> int | None:
     """The captured bucket a step of `n` rows (or tokens) replays: the smallest captured one
     >= n, if it is at most `PAD_RATIO` times the bucket n belongs to; else None (eager)."""
-    own = next((s for s in buckets if s >= n), None)
+    own = own_bucket(buckets, n)
     if own is None:
         return None
     if own in captured:
@@ -168,11 +175,42 @@ class CudaGraphRunner:
 
     def capture_next(self) -> bool:
         """Capture the next pending bucket; whether more are pending. Engine thread, between
-        steps, with no step in flight: the warm-up forward runs over the graph buffers (reset
-        to padding first, so it writes only into the padding block 0)."""
+        steps, with no step in flight."""
         if not self.pending:
             return False
-        key = self.pending.pop(0)
+        self._capture_pending(self.pending[0])
+        return bool(self.pending)
+
+    def capture_for(self, batch: HostBatch) -> bool:
+        """Capture the bucket `batch` belongs to if it is still pending (whether it did):
+        engine thread, before the step's forward, a step possibly in flight. Its replay and
+        sampling are queued before the capture on the stream, so they read the shared tables
+        and logits buffer before the capture's forwards write them, and the capture
+        synchronises with the device before it starts."""
+        key = self.own_key(batch)
+        if key is None or key not in self.pending:
+            return False
+        self._capture_pending(key)
+        return True
+
+    def own_key(self, batch: HostBatch) -> tuple[str, int] | None:
+        """The graph `batch` belongs to (whether captured or not): a decode step's batch-size
+        bucket, a mixed step's token bucket where its requests and block tables fit it; None
+        where none does (it runs eagerly)."""
+        if batch.is_decode:
+            own = own_bucket(self.buckets, batch.num_seqs)
+            return None if own is None else ("decode", own)
+        tokens = len(batch.input_ids)
+        own = own_bucket(self.mixed, tokens) if tokens else None
+        if (own is None or batch.num_seqs > min(own, self.max_batch)
+                or batch.block_tables.shape[1] > self.block_tables.shape[1]):
+            return None
+        return ("mixed", own)
+
+    def _capture_pending(self, key: tuple[str, int]) -> None:
+        """Capture pending `key`: the warm-up forward runs over its graph buffers, reset to
+        padding first, so it writes only into the padding block 0."""
+        self.pending.remove(key)
         started = time.perf_counter()
         self._inputs[key].reset()
         self._zero_tables()
@@ -181,7 +219,6 @@ class CudaGraphRunner:
         log.debug("CUDA graph %s %d captured in %.3f s", *key, time.perf_counter() - started)
         if not self.pending:
             log.info("CUDA graphs: every bucket captured")
-        return bool(self.pending)
 
     def _capture_all(self, keys: list[tuple[str, int]], collect: bool = True,
                      reset: bool = False) -> None:

@@ -85,7 +85,15 @@ class ModelRunner:
         num_sampling = len(host.logits_indices)
         if plan is not None:
             host.logits_indices = np.concatenate([host.logits_indices, plan.flat])
-        if plan is None and self.graphs is not None and self.graphs.can_run(host):
+        graphed = False
+        if plan is None and self.graphs is not None:
+            # A server under load never idles to capture its pending graphs: a step whose own
+            # bucket is pending captures it first, rather than replay one up to twice its
+            # size or run eagerly (each bucket once).
+            self.graphs.capture_for(host)
+            graphed = self.graphs.can_run(host)
+        if graphed:
+            assert self.graphs is not None
             logits = self.graphs.run(host, fill)
         else:
             batch = host.to_device(self.model.device)
