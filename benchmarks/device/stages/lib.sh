@@ -1,9 +1,8 @@
 # Helpers every stage file uses; gpu_check.sh sources this first.
 # The throughput-serving stages' servers capture every CUDA graph before ready, as vLLM and
-# SGLang do: with the default (only the start buckets, the rest when idle) a server under load
-# from the first second never idles, and its steps replay a bucket up to twice their size or
-# run eagerly (run 171: DeepSeek-V4-Flash's batch-64 steps ran eagerly through the whole c64
-# bench). SERVE_GRAPHS=start measures the default instead.
+# SGLang do, so that no capture falls inside a measured window (by default a server captures
+# its start buckets, then the others when idle or before the first step that needs one).
+# SERVE_GRAPHS=start measures the default instead.
 SERVE_GRAPHS=${SERVE_GRAPHS:-all}
 stage() { echo "=== $1 ($(date +%T))"; }
 has() { [[ " $stages " == *" $1 "* ]]; }
