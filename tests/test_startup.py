@@ -22,6 +22,7 @@ from openinfer_core.engine.cuda_graphs import (
     start_buckets,
 )
 from openinfer_core.engine.engine import Engine
+from openinfer_core.interfaces.model import ModelFailedError
 from openinfer_core.params import SamplingParams
 from openinfer_core.plugins import PluginManager
 from openinfer_core.request import GenerateRequest
@@ -168,6 +169,7 @@ class _FakeGraphs:
     def __init__(self, pending: list[tuple[str, int]]) -> None:
         self.pending = list(pending)
         self.captured: list[tuple[str, int]] = []
+        self.captured_under_load = False
 
     def capture_next(self) -> bool:
         self.captured.append(self.pending.pop(0))
@@ -198,6 +200,8 @@ def _bucket_logic_runner(pending: list[tuple[str, int]]) -> Any:
     runner.block_tables = torch.zeros(256, 8, dtype=torch.int32)
     runner.pending = list(pending)
     runner.captured = []
+    runner.captured_under_load = False
+    runner.capture_seconds = 0.0
 
     def capture_pending(key: tuple[str, int]) -> None:
         runner.pending.remove(key)
@@ -225,7 +229,26 @@ def test_a_step_under_load_captures_its_own_pending_bucket_once() -> None:
     assert not runner.capture_for(_step(8))  # a start bucket, never pending
     assert runner.capture_for(_step(3, tokens=40))
     assert runner.captured == [("decode", 32), ("mixed", 64)]
-    assert runner.pending == [("decode", 48)]
+    assert runner.pending == [("decode", 48)] and runner.captured_under_load
+
+
+def test_a_capture_that_fails_under_load_leaves_the_step_eager() -> None:
+    runner = _bucket_logic_runner([("decode", 32), ("decode", 48)])
+
+    def out_of_memory(key: tuple[str, int]) -> None:
+        runner.pending.remove(key)
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    runner._capture_pending = out_of_memory
+    assert not runner.capture_for(_step(20))  # the step runs eagerly; the engine goes on
+    assert runner.pending == [("decode", 48)] and not runner.captured_under_load
+
+    def rank_failed(key: tuple[str, int]) -> None:
+        raise ModelFailedError("a tensor-parallel rank died")
+
+    runner._capture_pending = rank_failed
+    with pytest.raises(ModelFailedError):  # no step can run: the engine stops
+        runner.capture_for(_step(40))
 
 
 class _StepGraphs:

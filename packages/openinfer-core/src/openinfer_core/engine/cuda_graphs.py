@@ -45,7 +45,7 @@ from openinfer_core.interfaces.capabilities import (
     supports_kv_groups,
 )
 from openinfer_core.interfaces.kv import KVGroupSpec
-from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model
+from openinfer_core.interfaces.model import ForwardBatch, HostBatch, Model, ModelFailedError
 
 log = logging.getLogger("openinfer")
 
@@ -148,6 +148,9 @@ class CudaGraphRunner:
         self.replays = {"decode": 0, "mixed": 0}
         self._pool: Any = None  # the graphs' shared memory pool
         self.pending: list[tuple[str, int]] = []  # buckets not captured yet, next first
+        # Whether a step captured a bucket since the engine last gave host memory back
+        # (`Engine.idle_work` does, once idle).
+        self.captured_under_load = False
 
     def capture(self, start_only: bool = False) -> None:
         """Warm the buckets up (compiling their kernels), then capture, largest first so the
@@ -190,7 +193,20 @@ class CudaGraphRunner:
         key = self.own_key(batch)
         if key is None or key not in self.pending:
             return False
-        self._capture_pending(key)
+        started = time.perf_counter()
+        try:
+            self._capture_pending(key)
+        except ModelFailedError:
+            raise  # a tensor-parallel rank failed: no step can run
+        except Exception as exc:  # e.g. out of memory: the step runs eagerly; not retried
+            log.warning("CUDA graphs: capturing %s %d under load failed (%s: %s); steps of "
+                        "that size run without it", *key, type(exc).__name__, exc)
+            return False
+        self.captured_under_load = True
+        elapsed = time.perf_counter() - started
+        self.capture_seconds += elapsed
+        log.info("CUDA graphs: %s %d captured under load in %.2f s (%d left)", *key, elapsed,
+                 len(self.pending))
         return True
 
     def own_key(self, batch: HostBatch) -> tuple[str, int] | None:

@@ -123,10 +123,16 @@ class Engine:
             self._host_memory_released = True
             release_host_memory()
             return self.graphs is not None and bool(self.graphs.pending)
-        if self.graphs is None or not self.graphs.pending:
+        if self.graphs is None:
+            return False
+        if not self.graphs.pending:
+            if self.graphs.captured_under_load:  # what the steps' captures left
+                self.graphs.captured_under_load = False
+                release_host_memory()
             return False
         more = self.graphs.capture_next()
         if not more:
+            self.graphs.captured_under_load = False
             release_host_memory()  # what the captures left
         return more
 
