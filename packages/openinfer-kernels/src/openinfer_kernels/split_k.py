@@ -47,12 +47,12 @@ def counts_for(device: torch.device, blocks: int) -> torch.Tensor | None:
 @triton.jit
 def sum_if_last(part_ptr, final_ptr, count_ptr, rm, rn, mask, M, N, width, stride_om,
                  splits, GATED: tl.constexpr, M_PAD: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
+                 BLOCK_N: tl.constexpr, LIMIT: tl.constexpr = 0.0):
     """After this program stored its share of the output block at rows `rm`, columns `rn`
     (shares at part_ptr + (share * M + row) * width + column; `GATED`: the up column N past
-    each, and silu(sum) * up-sum stored): count it in at `count_ptr`; the block's last of
-    `splits` shares sums them into `final_ptr` (row stride stride_om) and zeroes the count.
-    Returns whether this program was that last one."""
+    each, and silu(sum) * up-sum stored; LIMIT > 0: both clamped first, `silu_mul`): count
+    it in at `count_ptr`; the block's last of `splits` shares sums them into `final_ptr` (row
+    stride stride_om) and zeroes the count. Returns whether this program was that last one."""
     tl.debug_barrier()  # the whole share is stored before it is counted
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
     last = arrived == splits - 1
@@ -65,7 +65,7 @@ def sum_if_last(part_ptr, final_ptr, count_ptr, rm, rn, mask, M, N, width, strid
             if GATED:
                 up += tl.load(row + N + rn[None, :], mask=mask, other=0.0, cache_modifier=".cg")
         if GATED:
-            total = silu_mul(total, up, final_ptr.dtype.element_ty)
+            total = silu_mul(total, up, final_ptr.dtype.element_ty, LIMIT)
         tl.store(final_ptr + rm[:, None] * stride_om + rn[None, :],
                  total.to(final_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(count_ptr, 0, sem="relaxed", scope="gpu")

@@ -16,6 +16,7 @@ from test_fp8_linear import DEVICE, float_scales, make
 
 import openinfer_kernels.fp8_linear as fp8_linear
 import openinfer_kernels.fp8_linear.triton as fp8_triton
+from openinfer_kernels import split_k
 from openinfer_kernels.activation.triton import silu_and_mul_triton
 from openinfer_kernels.fp8_linear import (
     fp8_block_linear_add_rms_norm_ref,
@@ -148,8 +149,9 @@ class Launches:
 def test_a_split_product_sums_its_shares_in_the_fused_kernel(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Split K, the add + norm takes the shares (no `sum_slices`, no second norm launch) and
-    the gated product's one sum applies silu * mul; unsplit, the gated product is one launch
-    and the add + norm falls back on the two ops."""
+    the gated product's last share sums and gates them in the same launch (`sum_slices`, which
+    applies silu * mul, only with OPENINFER_SPLIT_SUM=kernel); unsplit, the gated product is
+    one launch and the add + norm falls back on the two ops."""
     launches = Launches(monkeypatch)
     x, w, scale = operands(1, 256, torch.bfloat16, "e8m0", seed=7)
     residual, weight = norm_operands(1, 256, torch.bfloat16, seed=7)
@@ -161,10 +163,34 @@ def test_a_split_product_sums_its_shares_in_the_fused_kernel(
     assert launches.calls == ["fused_add_rms_norm_triton"]
     launches.calls.clear()
     fp8_block_linear_silu_mul_triton(x, w, scale, tile=split)
+    assert launches.calls == []
+    monkeypatch.setattr(split_k, "SERIAL_SUM", False)
+    fp8_block_linear_silu_mul_triton(x, w, scale, tile=split)
     assert launches.calls == ["sum_slices"]
     launches.calls.clear()
     fp8_block_linear_silu_mul_triton(x, w, scale, tile=whole)
     assert launches.calls == []
+
+
+@pytest.mark.parametrize("limit", [None, 0.7], ids=["silu", "clamped"])
+@pytest.mark.parametrize("tile", ["rows1-k128-split3", "dot-n32-k64-split3"])
+@pytest.mark.parametrize("m", [1, 3, 17])
+def test_the_gated_products_last_share_gates_as_sum_slices_does(
+        monkeypatch: pytest.MonkeyPatch, m: int, tile: str, limit: float | None) -> None:
+    """A split gated product summed and gated by its last share per output block (one launch)
+    gives `sum_slices`'s bits (OPENINFER_SPLIT_SUM=kernel), clamped or not, and leaves every
+    arrival count at 0 for the next launch."""
+    x, w, scale = operands(m, 192, torch.bfloat16, "e8m0", seed=11 + m)
+    monkeypatch.setattr(split_k, "SERIAL_SUM", True)
+    serial = [fp8_block_linear_silu_mul_triton(x, w, scale, tile=TILES[tile], limit=limit)
+              for _ in range(2)]
+    counts = split_k.split_counters(x.device)
+    assert counts is not None and not counts.any()
+    monkeypatch.setattr(split_k, "SERIAL_SUM", False)
+    kernel = fp8_block_linear_silu_mul_triton(x, w, scale, tile=TILES[tile], limit=limit)
+    assert torch.equal(serial[0], kernel) and torch.equal(serial[1], kernel)
+    want = fp8_block_linear_silu_mul_ref(x, w, scale, limit=limit)
+    torch.testing.assert_close(kernel, want, **SILU_TOL[torch.bfloat16])
 
 
 def test_bad_operands_are_refused() -> None:

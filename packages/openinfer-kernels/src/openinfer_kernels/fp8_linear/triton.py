@@ -146,11 +146,11 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
     weight row asked of L2 before `pdl_enter` (by the first block of activation rows).
-    GATED (K not split, one group): N is the width of silu(gate) * up, gate row n's up row is
-    n + N, and out[m, n] = silu(gate) * up (LIMIT > 0: clamped first, `silu_mul`). SERIAL
-    (split, not gated): the output block's last share to arrive sums the shares into
-    `final_ptr` [M, N] (`split_k.sum_if_last`); `count_ptr`: the arrival counts, zeros before
-    and after."""
+    GATED (one group): N is the width of silu(gate) * up, gate row n's up row is n + N, and
+    out[m, n] = silu(gate) * up (LIMIT > 0: clamped first, `silu_mul`); split, the shares are
+    [split, M, 2N], each program's gate and up columns. SERIAL (split): the output block's last
+    share to arrive sums the shares into `final_ptr` [M, N] (`split_k.sum_if_last`; gated, the
+    sum's silu(gate) * up); `count_ptr`: the arrival counts, zeros before and after."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -171,31 +171,41 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
         if GATED:
             up = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn + N, n_ok, k_start, k_end,
                         stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
-            acc = silu_mul(acc, up, out_ptr.dtype.element_ty, LIMIT)
-        out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
+            if SERIAL:  # this share's gate and up columns; the last share gates the sum
+                out = out_ptr + (split * M + pid_m).to(tl.int64) * (2 * N) + rn
+                tl.store(out + N, up, mask=n_ok)
+            else:
+                acc = silu_mul(acc, up, out_ptr.dtype.element_ty, LIMIT)
+                out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
+        else:
+            out = out_ptr + (split * M + pid_m).to(tl.int64) * N + rn
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
         if SERIAL:
             rm1 = pid_m + tl.arange(0, 1)
             sum_if_last(out_ptr, final_ptr, count_ptr + pid_m * tl.num_programs(0) + pid_n,
-                        rm1, rn, (rm1 < M)[:, None] & n_ok[None, :], M, N, N, N,
-                        tl.num_programs(2), False, 1, BLOCK_N)
+                        rm1, rn, (rm1 < M)[:, None] & n_ok[None, :], M, N,
+                        2 * N if GATED else N, N, tl.num_programs(2), GATED, 1, BLOCK_N, LIMIT)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
         acc2 = _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm,
                       stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST,
                       E8M0)
+        width = 2 * N if GATED and SERIAL else N  # gated shares: gate and up columns
+        out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * width + rn[:, None]
         if GATED:
             up2 = _tiles(x_ptr, w_ptr, s_ptr, rn + N, n_ok, rm, m_ok, k_start, k_end,
                          stride_xm, stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
                          UPCAST, E8M0)
-            acc2 = silu_mul(acc2, up2, out_ptr.dtype.element_ty, LIMIT)
-        out2 = out_ptr + (split * M + rm[None, :]).to(tl.int64) * N + rn[:, None]
+            if SERIAL:
+                tl.store(out2 + N, up2, mask=n_ok[:, None] & m_ok[None, :])
+            else:
+                acc2 = silu_mul(acc2, up2, out_ptr.dtype.element_ty, LIMIT)
         tl.store(out2, acc2.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
         if SERIAL:
             sum_if_last(out_ptr, final_ptr, count_ptr + pid_m * tl.num_programs(0) + pid_n,
-                        rm, rn, m_ok[:, None] & n_ok[None, :], M, N, N, N,
-                        tl.num_programs(2), False, BLOCK_M, BLOCK_N)
+                        rm, rn, m_ok[:, None] & n_ok[None, :], M, N, width, N,
+                        tl.num_programs(2), GATED, BLOCK_M, BLOCK_N, LIMIT)
 
 
 @triton.jit
@@ -372,8 +382,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
             limit: float = 0.0) -> None:
     """out [M, N] contiguous = x W^T (`gated`: [M, N / 2], silu(gate) * up of W = [gate; up]);
     grouped when rows_per_group < N. Split, the fp32 shares, summed by the kernel's last
-    share per output block (`split_k`) or, gated or with `OPENINFER_SPLIT_SUM=kernel`, by
-    `sum_slices`."""
+    share per output block (`split_k`; gated, each program's shares hold its gate and its up
+    columns, so the last one gates the sum) or, with `OPENINFER_SPLIT_SUM=kernel` or inside
+    a capture that would make the arrival counts, by `sum_slices`."""
     m, n = x.shape[0], w.shape[0]
     k_per_split, split = _shares(x.shape[-1], tile)
     if split == 1:
@@ -381,12 +392,15 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
                        gated, limit=limit)
         return
     shares = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    blocks = triton.cdiv(n, tile.block_n) * triton.cdiv(m, tile.block_m)
-    counts = split_k.counts_for(x.device, blocks) if split_k.SERIAL_SUM and not gated else None
-    _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group, stride_xg,
-                   serial=(out, counts) if counts is not None else None)
-    if counts is None:
-        sum_slices(shares, out, split, m * n, n, gated, limit)
+    block_n = tile.block_n // 2 if gated else tile.block_n
+    blocks = triton.cdiv(n // 2 if gated else n, block_n) * triton.cdiv(m, tile.block_m)
+    counts = split_k.counts_for(x.device, blocks) if split_k.SERIAL_SUM else None
+    if counts is not None:
+        _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group,
+                       stride_xg, gated, serial=(out, counts), limit=limit)
+        return
+    _launch_shares(x, w, scale, shares, tile, k_per_split, split, rows_per_group, stride_xg)
+    sum_slices(shares, out, split, m * n, n, gated, limit)
 
 
 def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
