@@ -11,13 +11,15 @@ activation row (decode) multiplies on the CUDA cores, BLOCK_K up to 512 bytes of
 row per step, so enough bytes are in flight to stream the weight at the bandwidth floor; more
 rows use `tl.dot` with the weight tile as the left operand (its rows fill the MMA's 64-row
 side, the few activation rows its narrow side). With SPLIT_K > 1 the shares land in an fp32
-workspace that `sum_slices` adds in a fixed order: no atomics, the same bits every run.
+workspace, added in a fixed order (the same bits every run) by the last share of each output
+block to arrive (`split_k.sum_if_last`), or by `sum_slices`, a second launch, with
+OPENINFER_SPLIT_SUM=kernel or inside a CUDA-graph capture that would make the arrival counts.
 
 Two fused forms save a decode step's launches. The gated one (`fp8_block_linear_silu_mul`, a
 gated MLP's [gate; up] weight) gives each program gate rows n and the up rows n + I beside
-them and writes silu(gate) * up; split, its shares are the plain product's and the sum applies
-silu * mul. The add + norm one (`fp8_block_linear_add_rms_norm`) hands a split product's
-shares to the norm kernel, which sums them in the same order as `sum_slices`.
+them and writes silu(gate) * up; split, each program's shares hold its gate and up columns
+and the sum applies silu * mul. The add + norm one (`fp8_block_linear_add_rms_norm`) hands a
+split product's shares to the norm kernel, which sums them in the same order as `sum_slices`.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -302,8 +304,9 @@ def fp8_block_linear_silu_mul_triton(x: torch.Tensor, w: torch.Tensor, scale: to
                                      tile: Fp8Tile | None = None,
                                      limit: float | None = None) -> torch.Tensor:
     """`silu_and_mul(fp8_block_linear_triton(x, w, scale))` for a gated MLP's [gate; up]
-    weight (w [2I, K]) -> [M, I] in x's dtype, in one launch when K is not split (two when it
-    is: the shares' sum applies silu * mul). `tile`: as `fp8_block_linear` picks for [2I, K]
+    weight (w [2I, K]) -> [M, I] in x's dtype, in one launch (split, the last share per
+    output block sums the shares and applies silu * mul; `sum_slices` does, a second launch,
+    where `_launch` says). `tile`: as `fp8_block_linear` picks for [2I, K]
     when not given; unsplit, a program's block_n rows are half gate rows, half up rows.
     `limit` (finite, > 0): the gate clamped to at most it and up to +-it first (a clamped
     SwiGLU, as `fp8_block_linear_silu_mul_ref` with the same limit)."""
