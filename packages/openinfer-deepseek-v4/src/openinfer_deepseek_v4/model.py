@@ -37,7 +37,7 @@ from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
     layer_freqs,
-    logits,
+    project_logits,
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.shared_input import AttentionProducts, attention_products
@@ -202,10 +202,11 @@ class DeepseekV4Model:
         rows = streams[batch.logits_indices]
         if rows.shape[0] == 0:
             return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
+        # The head's collapse and the last norm in one op (one launch at a token on the GPU).
         w = self.w.hc_head
-        collapsed = hc_head(rows, w.fn, w.base, w.scale, hc_eps=cfg.hc_eps,
-                            norm_eps=cfg.rms_norm_eps)
-        out = logits(collapsed, self.w, cfg)
+        normed = hc_head(rows, w.fn, w.base, w.scale, hc_eps=cfg.hc_eps,
+                         norm_eps=cfg.rms_norm_eps, norm_weight=self.w.norm)
+        out = project_logits(normed, self.w)
         if self.tp is None:
             return out
         out = self.tp.all_gather(out)  # [S, size * padded part]: the vocabulary, padded

@@ -286,7 +286,12 @@ def head_logits(streams: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -
 
 def logits(last: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:
     """The collapsed last hidden states [T, H] -> fp32 logits [T, vocab]: norm, projection."""
-    return (rms_norm(last, w.norm, cfg.rms_norm_eps) @ w.lm_head.t()).float()
+    return project_logits(rms_norm(last, w.norm, cfg.rms_norm_eps), w)
+
+
+def project_logits(normed: torch.Tensor, w: ModelWeights) -> torch.Tensor:
+    """The normed last hidden states [T, H] -> fp32 logits [T, vocab]."""
+    return (normed @ w.lm_head.t()).float()
 
 
 def forward(token_ids: torch.Tensor, w: ModelWeights, cfg: DeepseekV4Config) -> torch.Tensor:

@@ -79,14 +79,23 @@ def test_hc_post_matches_reference(case: str, dtype: torch.dtype) -> None:
 
 
 @DTYPES
+@pytest.mark.parametrize("normed", [False, True], ids=["collapse", "collapse-norm"])
 @pytest.mark.parametrize("case", ["t1-d64", "t9-d48", "t17-d40"])
-def test_hc_head_matches_reference(case: str, dtype: torch.dtype) -> None:
+def test_hc_head_matches_reference(case: str, dtype: torch.dtype, normed: bool) -> None:
+    """The head's collapse, and with the model's last norm folded in (its weight given)."""
     t, d = CASES[case]
-    streams, fn, base, scale, _ = make(t, d, dtype, head=True)
-    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS)
+    streams, fn, base, scale, norm_weight = make(t, d, dtype, head=True)
+    args: dict = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS,
+                      norm_weight=norm_weight if normed else None)
     got = hc_head_triton(streams, fn, base, scale, **args)
     assert got.dtype == dtype and got.shape == (t, d)
-    torch.testing.assert_close(got, hc_head_ref(streams, fn, base, scale, **args), **TOL[dtype])
+    want = hc_head_ref(streams, fn, base, scale, **args)
+    torch.testing.assert_close(got, want, **TOL[dtype])
+    if normed:  # the reference's fold is the model's two ops exactly
+        from openinfer_deepseek_v4.reference import rms_norm
+
+        plain = hc_head_ref(streams, fn, base, scale, hc_eps=HC_EPS, norm_eps=NORM_EPS)
+        assert torch.equal(want, rms_norm(plain, norm_weight, NORM_EPS))
 
 
 def test_strided_streams_and_no_tokens() -> None:

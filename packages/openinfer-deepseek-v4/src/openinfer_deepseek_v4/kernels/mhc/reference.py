@@ -60,11 +60,20 @@ def hc_expand_ref(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
 
 
 def hc_head_ref(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
-                scale: torch.Tensor, *, hc_eps: float, norm_eps: float) -> torch.Tensor:
-    """The final collapse before the last norm: pre = sigmoid(mix * scale + base) + hc_eps
-    (fn [N, N D], base [N], scale [1]), then `hc_collapse_ref`: [T, N, D] -> [T, D]."""
+                scale: torch.Tensor, *, hc_eps: float, norm_eps: float,
+                norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The final collapse: pre = sigmoid(mix * scale + base) + hc_eps (fn [N, N D], base [N],
+    scale [1]), then `hc_collapse_ref`: [T, N, D] -> [T, D]; with `norm_weight` [D] also the
+    model's last RMSNorm of it (`rms_norm_ref`)."""
     pre = torch.sigmoid(_mixes(streams, fn, norm_eps) * scale.float() + base.float()) + hc_eps
-    return hc_collapse_ref(streams, pre)
+    collapsed = hc_collapse_ref(streams, pre)
+    return collapsed if norm_weight is None else rms_norm_ref(collapsed, norm_weight, norm_eps)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm: in fp32, times the fp32 weight, rounded to x's dtype once."""
+    normed = x.float() * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps)
+    return (weight.float() * normed).to(x.dtype)
 
 
 def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
@@ -77,9 +86,7 @@ def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scal
     fp32). `norm_eps` serves both norms, as in the model."""
     pre, post, comb = hc_weights_ref(streams, fn, base, scale, hc_eps=hc_eps, norm_eps=norm_eps,
                                      sinkhorn_iters=sinkhorn_iters)
-    collapsed = hc_collapse_ref(streams, pre).float()
-    normed = collapsed * torch.rsqrt(collapsed.square().mean(-1, keepdim=True) + norm_eps)
-    return (norm_weight.float() * normed).to(streams.dtype), post, comb
+    return rms_norm_ref(hc_collapse_ref(streams, pre), norm_weight, norm_eps), post, comb
 
 
 def hc_post_ref(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,

@@ -53,7 +53,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                 BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
                 N: tl.constexpr, D: tl.constexpr, SPLIT_PAD: tl.constexpr,
                 BLOCK_D: tl.constexpr, HEAD: tl.constexpr, SERIAL: tl.constexpr,
-                SPREAD: tl.constexpr, PDL: tl.constexpr):
+                SPREAD: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr = True):
     # SERIAL: the tile's last program to arrive at count_ptr[pid_t] computes its tokens'
     # weights (`_token_weights`, the other programs' shares read from L2) and zeroes the count.
     pdl_enter(PDL)
@@ -89,7 +89,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                                norm_w_ptr,
                                y_ptr, post_ptr, comb_ptr, T, tl.num_programs(1), stride_xt,
                                stride_xn, hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD,
-                               BLOCK_D, HEAD, SPREAD, ".cg")
+                               BLOCK_D, HEAD, NORM, SPREAD, ".cg")
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
@@ -131,11 +131,12 @@ def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y
                     comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
                     N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                    SPREAD: tl.constexpr, PDL: tl.constexpr):
+                    SPREAD: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr = True):
     pdl_enter(PDL)
     _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                    norm_w_ptr, y_ptr, post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn,
-                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, SPREAD, "")
+                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, SPREAD,
+                   "")
 
 
 @triton.jit
@@ -143,10 +144,10 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
                    post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                   SPREAD: tl.constexpr, CACHE: tl.constexpr):
+                   NORM: tl.constexpr, SPREAD: tl.constexpr, CACHE: tl.constexpr):
     """Token t's weights from its SPLIT shares (read with cache modifier CACHE: ".cg" where
-    other programs of the same launch wrote them), its collapse and norm. SPREAD: see
-    `_sinkhorn_store`."""
+    other programs of the same launch wrote them), its collapse and (NORM) the RMSNorm of it
+    by norm_w_ptr. HEAD: the head's form, `pre` only. SPREAD: see `_sinkhorn_store`."""
     rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
     s_ok, d_ok = rs < SPLIT, rd < D
     inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0,
@@ -171,7 +172,7 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
                 mask=d_ok[None, :], other=0.0)
     out_ty = y_ptr.dtype.element_ty
     u = tl.sum(pre[:, None] * h.to(tl.float32), axis=0).to(out_ty).to(tl.float32)
-    if not HEAD:
+    if NORM:
         w = tl.load(norm_w_ptr + rd, mask=d_ok, other=0.0).to(tl.float32)
         u = w * (u * tl.rsqrt(tl.sum(u * u, axis=0) / D + norm_eps))
     tl.store(y_ptr + t.to(tl.int64) * D + rd, u.to(out_ty), mask=d_ok)
@@ -242,11 +243,13 @@ def _check(streams: torch.Tensor, fn: torch.Tensor, *, head: bool) -> None:
 
 def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
              norm_weight: torch.Tensor | None, hc_eps: float, norm_eps: float,
-             sinkhorn_iters: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """hc_pre (norm_weight given) or hc_head (None): `_mix_kernel`'s shares of the mix
-    projection, then `_weights_kernel` per token, or (up to SERIAL_TOKENS tokens, where the
-    arrival counts are at hand) the mix kernel's last program: (y, post, comb)."""
-    _check(streams, fn, head=norm_weight is None)
+             sinkhorn_iters: int, head: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hc_pre or (`head`) hc_head, its collapse normed where `norm_weight` is given:
+    `_mix_kernel`'s shares of the mix projection, then `_weights_kernel` per token, or (up to
+    SERIAL_TOKENS tokens, where the arrival counts are at hand) the mix kernel's last
+    program: (y, post, comb)."""
+    _check(streams, fn, head=head)
     streams, fn = _rows(streams), fn.contiguous()
     t, n, d = streams.shape
     y = torch.empty((t, d), dtype=streams.dtype, device=streams.device)
@@ -272,16 +275,17 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
         t, k, k_per, streams.stride(0), streams.stride(1), hc_eps, norm_eps, sinkhorn_iters,
         M=m, M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
         PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
-        SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=norm_weight is None,
-        SERIAL=serial, SPREAD=_spread(n, mix_warps) if serial else 0, num_warps=mix_warps,
+        SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=head,
+        NORM=norm_weight is not None, SERIAL=serial,
+        SPREAD=_spread(n, mix_warps) if serial and not head else 0, num_warps=mix_warps,
         **pdl_launch(streams))
     if not serial:
         _weights_kernel[(t,)](
             streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
             streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d, M_PAD=m_pad,
             SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
-            HEAD=norm_weight is None, SPREAD=_spread(n, warps), num_warps=warps,
-            **pdl_launch(streams))
+            HEAD=head, NORM=norm_weight is not None, SPREAD=0 if head else _spread(n, warps),
+            num_warps=warps, **pdl_launch(streams))
     return y, post, comb
 
 
@@ -303,10 +307,12 @@ def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
 
 
 def hc_head_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
-                   scale: torch.Tensor, *, hc_eps: float, norm_eps: float) -> torch.Tensor:
+                   scale: torch.Tensor, *, hc_eps: float, norm_eps: float,
+                   norm_weight: torch.Tensor | None = None) -> torch.Tensor:
     """`hc_head_ref` in two launches (one at a single token): streams [T, N, D], fn [N, N D],
-    base [N], scale [1] -> [T, D] in the streams' dtype."""
-    return _weights(streams, fn, base, scale, None, hc_eps, norm_eps, 1)[0]
+    base [N], scale [1] (norm_weight [D]: the last norm too) -> [T, D] in the streams'
+    dtype."""
+    return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps, 1, head=True)[0]
 
 
 def hc_post_triton(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
