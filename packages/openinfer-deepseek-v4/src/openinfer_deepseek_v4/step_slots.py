@@ -6,8 +6,13 @@ from __future__ import annotations
 import torch
 
 from openinfer_core.interfaces.model import ForwardBatch
-from openinfer_deepseek_v4.kernels.indexer import paged_entry_slots, token_requests
-from openinfer_deepseek_v4.reference import window_positions
+from openinfer_deepseek_v4.kernels.slots import (
+    closed_entry_slots,
+    token_requests,
+    token_slots,
+    visible_entry_slots,
+    window_slots,
+)
 
 
 class StepSlots:
@@ -15,8 +20,8 @@ class StepSlots:
     request, its slot in each KV group's pool, each query's window of raw-entry slots, the
     compressed-entry slots a query sees (HCA), the entries the step closes (rounded where the
     model rounds them). Made when a layer first asks, then shared by the step's other layers
-    (a forward makes one; on the GPU each is a few small torch ops, captured with the step).
-    Reads the batch only.
+    (a forward makes one; on the GPU each is one launch of kernels/slots, captured with the
+    step). Reads the batch only.
 
     Group 0 is the full group, whose table is `batch.block_tables` and whose slots are
     `batch.slot_mapping`; a window group's come from `batch.group_table(g)` (which is
@@ -47,24 +52,19 @@ class StepSlots:
         if group == 0:
             return self.batch.slot_mapping
         if group not in self._tokens:
-            batch, block_size = self.batch, self.block_size
-            blocks = batch.group_table(group).long()[self.requests.long(),
-                                                     batch.positions // block_size]
-            slots = blocks * block_size + batch.positions % block_size
-            padding = batch.slot_mapping < block_size
-            self._tokens[group] = torch.where(padding, batch.slot_mapping, slots)
+            batch = self.batch
+            self._tokens[group] = token_slots(batch.group_table(group), self.requests,
+                                              batch.positions, batch.slot_mapping,
+                                              self.block_size)
         return self._tokens[group]
 
     def window(self, size: int, group: int) -> torch.Tensor:
         """[T, size] int32: the raw-entry slots, in group `group`'s pool, of each query's
         sliding window (-1 before position 0)."""
         if (size, group) not in self._windows:
-            batch, block_size = self.batch, self.block_size
-            window, real = window_positions(batch.positions, size)
-            blocks = batch.group_table(group).long()[self.requests.long()[:, None],
-                                                     window // block_size]
-            self._windows[size, group] = torch.where(
-                real, blocks * block_size + window % block_size, -1).to(torch.int32)
+            batch = self.batch
+            self._windows[size, group] = window_slots(batch.group_table(group), self.requests,
+                                                      batch.positions, size, self.block_size)
         return self._windows[size, group]
 
     def visible_entries(self, ratio: int, slots_per_block: int, group: int) -> torch.Tensor:
@@ -74,13 +74,10 @@ class StepSlots:
         key = (ratio, slots_per_block, group)
         if key not in self._visible:
             batch = self.batch
-            entries = torch.arange(batch.max_seq_len // ratio, device=batch.positions.device)
-            entries = entries.expand(batch.positions.shape[0], -1)
-            entries = torch.where(entries < ((batch.positions + 1) // ratio)[:, None], entries,
-                                  -1)
-            self._visible[key] = paged_entry_slots(
-                batch.group_table(group), self.requests, entries, ratio=ratio,
-                block_size=self.block_size, slots_per_block=slots_per_block)
+            self._visible[key] = visible_entry_slots(
+                batch.group_table(group), self.requests, batch.positions,
+                batch.max_seq_len // ratio, ratio=ratio, block_size=self.block_size,
+                slots_per_block=slots_per_block)
         return self._visible[key]
 
     def closed_entries(self, ratio: int, slots_per_block: int, group: int) -> torch.Tensor:
@@ -89,11 +86,7 @@ class StepSlots:
         others."""
         key = (ratio, slots_per_block, group)
         if key not in self._closed:
-            batch = self.batch
-            closes = (batch.positions + 1) % ratio == 0
-            entry = torch.where(closes, (batch.positions + 1) // ratio - 1, -1)
-            slots = paged_entry_slots(batch.group_table(group), self.requests, entry[:, None],
-                                      ratio=ratio, block_size=self.block_size,
-                                      slots_per_block=slots_per_block)
-            self._closed[key] = slots[:, 0]
+            self._closed[key] = closed_entry_slots(
+                self.batch.group_table(group), self.requests, self.batch.positions, ratio=ratio,
+                block_size=self.block_size, slots_per_block=slots_per_block)
         return self._closed[key]
