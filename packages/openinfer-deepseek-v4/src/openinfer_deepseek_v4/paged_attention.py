@@ -8,7 +8,8 @@ host-known bounds), with the Triton kernels on the GPU and their references on C
    and raw entries' norms and rotations one `q_kv_rms_rotary` op, cos and sin from the
    layer's position table); write the raw entries and the compressor
    projections into the step's slots of their window groups (`kv_cache`);
-2. `compress_pool`: the compressed entries whose windows close in this step, from the
+2. `store_and_pool` (`compress_pool` after the projections' store; at a decode step both in
+   one launch): the compressed entries whose windows close in this step, from the
    projections (through their window group's table) into the entry pool of their full group,
    plain or periodic (with the official rounding on, stored as its codes:
    `kv_cache.entry_formats`);
@@ -26,7 +27,7 @@ import torch
 
 from openinfer_core.interfaces.model import ForwardBatch
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.kernels.compress import compress_pool, store_projections
+from openinfer_deepseek_v4.kernels.compress import store_and_pool
 from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged
 from openinfer_deepseek_v4.kernels.quant_sim import (
     fp8_round_rows,
@@ -73,16 +74,15 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionPro
         assert w.indexer is not None
         parts.append((cache.indexer, w.indexer.compressor, "indexer", True))
     for part, weights, name, overlap in parts:
-        # `reference.compressor_inputs`' two products (of the stacked products of x)
-        store_projections(of_x[f"{name}.kv"], of_x[f"{name}.gate"],
-                          part.projections.flatten(0, 1),
-                          slots.token_slots(part.projection_group))
-        compress_pool(part.projections, part.entries, weights.position_bias, weights.norm,
-                      rope.freqs, batch.group_table(part.projection_group),
-                      batch.group_table(part.entry_group),
-                      batch.seq_lens, batch.query_start_loc, batch.max_query_len,
-                      ratio=part.ratio, overlap=overlap, norm_eps=cfg.rms_norm_eps,
-                      store=part.fmt)
+        # `reference.compressor_inputs`' two products (of the stacked products of x) into
+        # their rows, then the pooling of the windows that close (one launch at decode)
+        store_and_pool(of_x[f"{name}.kv"], of_x[f"{name}.gate"],
+                       slots.token_slots(part.projection_group), part.projections,
+                       part.entries, weights.position_bias, weights.norm, rope.freqs,
+                       batch.group_table(part.projection_group),
+                       batch.group_table(part.entry_group), batch.seq_lens,
+                       batch.query_start_loc, batch.max_query_len, ratio=part.ratio,
+                       overlap=overlap, norm_eps=cfg.rms_norm_eps, store=part.fmt)
         if cfg.quant_sim and part.fmt is None:
             _round_closed_entries(part, slots, cfg, indexer=part is cache.indexer)
 

@@ -14,11 +14,13 @@ from openinfer_core.interfaces.kv import KVGroupSpec
 from openinfer_deepseek_v4.kernels.compress import (
     compress_kv_ref,
     compress_pool_ref,
+    store_and_pool_ref,
     store_projections,
     store_projections_ref,
 )
 from openinfer_deepseek_v4.kernels.compress.triton import (
     compress_pool_triton,
+    store_and_pool_triton,
     store_projections_triton,
 )
 from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
@@ -104,6 +106,50 @@ def test_pool_matches_reference(case: str, dtype: torch.dtype) -> None:
     expected = sum(n // ratio - (n - q) // ratio for n, q in zip(lens, new, strict=True))
     assert int(written.sum()) == expected
     torch.testing.assert_close(got[written], want[written], **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("ratio", "overlap", "block_size"), [(4, True, 4), (8, False, 16)])
+def test_a_decode_steps_store_and_pool_in_one_launch_as_in_two(ratio: int, overlap: bool,
+                                                                block_size: int,
+                                                                dtype: torch.dtype) -> None:
+    """At a decode step each request's pooling program stores its token's row first: the
+    same projections and entries, bit for bit, as `store_projections` then `compress_pool`
+    (requests that close a window and ones that do not, one without a token, one whose slot
+    is negative)."""
+    g = torch.Generator().manual_seed(ratio + block_size)
+    c, d = (2 if overlap else 1), D[ratio]
+    lens = [4 * ratio, 3 * ratio - 1, 2 * ratio, 5, ratio]  # the 4th: no token this step
+    cache = make_cache(lens, block_size, ratio, c, d, dtype, g)
+    bias, norm, freqs = weights(ratio, c, d, dtype, g)
+    new = [1, 1, 1, 0, 1]
+    seq_lens, qsl, _ = step(lens, new)
+    rows = [b for b, n in enumerate(new) if n]
+    kv = torch.randn(len(rows), c * d, generator=g).to(dtype).to(DEVICE)
+    gate = torch.randn(len(rows), c * d, generator=g).to(dtype).to(DEVICE)
+    tables = cache.tables.cpu()
+    slots = torch.tensor([int(tables[b, (lens[b] - 1) // block_size]) * block_size
+                          + (lens[b] - 1) % block_size for b in rows])
+    slots[-1] = -1  # a token that writes nowhere
+    slots = slots.to(DEVICE)
+    args = dict(ratio=ratio, overlap=overlap, norm_eps=EPS)
+    two = (cache.projections.clone(), cache.entries.clone())
+    store_projections_triton(kv, gate, two[0].flatten(0, 1), slots)
+    compress_pool_triton(*two, bias, norm, freqs, cache.tables, cache.tables, seq_lens, qsl, 1,
+                         **args)
+    one = (cache.projections.clone(), cache.entries.clone())
+    store_and_pool_triton(kv, gate, slots, *one, bias, norm, freqs, cache.tables, cache.tables,
+                          seq_lens, qsl, 1, **args)
+    assert torch.equal(one[0], two[0])
+    assert torch.equal(one[1].isnan(), two[1].isnan())
+    assert torch.equal(one[1].nan_to_num(), two[1].nan_to_num())
+    assert int((~one[1].isnan().any(-1)).sum()) == 3  # the 1st, 3rd and 5th close one
+    want = (cache.projections.clone(), cache.entries.clone())
+    store_and_pool_ref(kv, gate, slots, *want, bias, norm, freqs, cache.tables, cache.tables,
+                       seq_lens, qsl, 1, **args)
+    assert torch.equal(one[0], want[0])
+    written = ~want[1].isnan().any(-1)
+    torch.testing.assert_close(one[1][written], want[1][written], **TOL[dtype])
 
 
 @pytest.mark.parametrize(("ratio", "overlap", "block_size"),

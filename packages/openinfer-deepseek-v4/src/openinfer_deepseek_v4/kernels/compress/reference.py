@@ -148,3 +148,20 @@ def store_projections_ref(kv: torch.Tensor, gate: torch.Tensor, pool: torch.Tens
     negative slot skips its token), in the pool's dtype; mutates `pool` only."""
     keep = slots >= 0
     pool[slots[keep].long()] = torch.cat([kv, gate], dim=-1)[keep].to(pool.dtype)
+
+
+def store_and_pool_ref(kv: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor,
+                       projections: torch.Tensor, entries: torch.Tensor,
+                       position_bias: torch.Tensor, norm_weight: torch.Tensor,
+                       freqs: torch.Tensor, projection_tables: torch.Tensor,
+                       entry_tables: torch.Tensor, seq_lens: torch.Tensor,
+                       query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
+                       overlap: bool, norm_eps: float, store: RowFormat | None = None) -> None:
+    """A step's compressor on the paged cache: `store_projections_ref` of its rows (kv, gate
+    [T, c d] into `slots` of the projections [blocks, block_size, 2 c d]), then
+    `compress_pool_ref` of the windows that close."""
+    store_projections_ref(kv, gate, projections.flatten(0, 1), slots)
+    compress_pool_ref(projections, entries, position_bias, norm_weight, freqs,
+                      projection_tables, entry_tables, seq_lens, query_start_loc,
+                      max_query_len, ratio=ratio, overlap=overlap, norm_eps=norm_eps,
+                      store=store)

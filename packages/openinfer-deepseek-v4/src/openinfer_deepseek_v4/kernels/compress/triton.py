@@ -79,9 +79,18 @@ def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_
                  RATIO: tl.constexpr, OVERLAP: tl.constexpr, D: tl.constexpr,
                  ROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                  STORE: tl.constexpr, ROW: tl.constexpr, NOPE: tl.constexpr,
-                 ROPE_BYTES: tl.constexpr, SCALE_OFF: tl.constexpr, PDL: tl.constexpr):
+                 ROPE_BYTES: tl.constexpr, SCALE_OFF: tl.constexpr, PDL: tl.constexpr,
+                 kv_ptr, gate_ptr, slots_ptr, stride_kv, stride_gate,
+                 STORE_ROWS: tl.constexpr = False, BLOCK_ROW: tl.constexpr = 1):
     pdl_enter(PDL)
     b = tl.program_id(0)
+    if STORE_ROWS:
+        # A decode step (one program per request, STORE_ROWS only there): the request's token's
+        # kv | gate row into its projection row first (`_store_kernel`'s work), which the
+        # pooling below may read; no other program reads this request's rows.
+        _store_row(kv_ptr, gate_ptr, proj_ptr, slots_ptr, qsl_ptr, b, stride_kv, stride_gate,
+                   (2 if OVERLAP else 1) * D, BLOCK_ROW)
+        tl.debug_barrier()  # the row stored before any thread of the program reads it
     seq_len = tl.load(seq_lens_ptr + b)
     first = seq_len - (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b))
     j = first // RATIO + tl.program_id(1)
@@ -130,13 +139,61 @@ def _pool_kernel(proj_ptr, entries_ptr, bias_ptr, norm_w_ptr, freqs_ptr, tables_
                  mask=rd < tl.where(made, D, 0))
 
 
+@triton.jit
+def _store_row(kv_ptr, gate_ptr, proj_ptr, slots_ptr, qsl_ptr, b, stride_kv, stride_gate,
+               width, BLOCK_ROW: tl.constexpr):
+    """Request b's one token (none where it has no token or a negative slot): its kv columns,
+    then its gate columns, into its projection row (2 width values)."""
+    token = tl.load(qsl_ptr + b).to(tl.int64)
+    has = tl.load(qsl_ptr + b + 1) > token
+    slot = tl.load(slots_ptr + token, mask=has, other=-1).to(tl.int64)
+    cols = tl.arange(0, BLOCK_ROW)
+    in_kv = cols < width
+    ok = (cols < 2 * width) & (tl.zeros([BLOCK_ROW], tl.int64) + slot >= 0)
+    value = tl.where(in_kv,
+                     tl.load(kv_ptr + token * stride_kv + cols, mask=ok & in_kv, other=0.0),
+                     tl.load(gate_ptr + token * stride_gate + cols - width,
+                             mask=ok & (cols >= width), other=0.0))
+    tl.store(proj_ptr + tl.maximum(slot, 0) * (2 * width) + cols,
+             value.to(proj_ptr.dtype.element_ty), mask=ok)
+
+
+def store_and_pool_triton(kv: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor,
+                          projections: torch.Tensor, entries: torch.Tensor,
+                          position_bias: torch.Tensor, norm_weight: torch.Tensor,
+                          freqs: torch.Tensor, projection_tables: torch.Tensor,
+                          entry_tables: torch.Tensor, seq_lens: torch.Tensor,
+                          query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
+                          overlap: bool, norm_eps: float,
+                          store: RowFormat | None = None) -> None:
+    """`store_and_pool_ref`: at a decode step (max_query_len 1) in one launch, the pooling
+    kernel's program of each request storing its token's row before it pools; otherwise
+    `store_projections_triton`, then `compress_pool_triton`."""
+    if max_query_len != 1:
+        store_projections_triton(kv, gate, projections.flatten(0, 1), slots)
+        compress_pool_triton(projections, entries, position_bias, norm_weight, freqs,
+                             projection_tables, entry_tables, seq_lens, query_start_loc,
+                             max_query_len, ratio=ratio, overlap=overlap, norm_eps=norm_eps,
+                             store=store)
+        return
+    _check_rows(kv, gate, projections.flatten(0, 1), slots)
+    compress_pool_triton(projections, entries, position_bias, norm_weight, freqs,
+                         projection_tables, entry_tables, seq_lens, query_start_loc,
+                         max_query_len, ratio=ratio, overlap=overlap, norm_eps=norm_eps,
+                         store=store, rows=(kv, gate, slots))
+
+
 def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
                          position_bias: torch.Tensor, norm_weight: torch.Tensor,
                          freqs: torch.Tensor, projection_tables: torch.Tensor,
                          entry_tables: torch.Tensor, seq_lens: torch.Tensor,
                          query_start_loc: torch.Tensor, max_query_len: int, *, ratio: int,
-                         overlap: bool, norm_eps: float, store: RowFormat | None = None) -> None:
-    """`compress_pool_ref` in one launch (see the module docstring); mutates `entries` only.
+                         overlap: bool, norm_eps: float, store: RowFormat | None = None,
+                         rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                         ) -> None:
+    """`compress_pool_ref` in one launch (see the module docstring); mutates `entries` only
+    (and, with `rows` = (kv, gate, slots) of a decode step, `store_and_pool_triton`'s, the
+    projections' rows of the step's tokens, each stored by its request's program first).
     projections [blocks, block_size, 2 c d] (bf16 or fp32), entries [entry blocks,
     entries_per_block, d], both contiguous; projection_tables and entry_tables [B, max_blocks]
     (the projections' and the entries' block tables, each its pool's), seq_lens [B] and
@@ -168,6 +225,7 @@ def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
     fp8 = store if isinstance(store, Fp8Entries) else None
     kind = STORE_PLAIN if store is None else STORE_FP8 if fp8 else STORE_FP4
     h = hadamard_matrix(d, projections.device) if kind == STORE_FP4 else norm_weight
+    kv, gate, slots = rows if rows is not None else (projections, projections, seq_lens)
     _pool_kernel[(batch, triton.cdiv(max_query_len, ratio))](
         projections, entries, position_bias.float().contiguous(), norm_weight,
         freqs.float().contiguous(), projection_tables, entry_tables, seq_lens, query_start_loc,
@@ -177,7 +235,9 @@ def compress_pool_triton(projections: torch.Tensor, entries: torch.Tensor,
         STORE=kind, ROW=entries.shape[-1], NOPE=0 if fp8 is None else fp8.nope,
         ROPE_BYTES=1 if fp8 is None else fp8.rope_bytes,
         SCALE_OFF=0 if store is None else store.scale_offset, num_warps=4,
-        **pdl_launch(projections))
+        **pdl_launch(projections), kv_ptr=kv, gate_ptr=gate, slots_ptr=slots,
+        stride_kv=kv.stride(0), stride_gate=gate.stride(0), STORE_ROWS=rows is not None,
+        BLOCK_ROW=triton.next_power_of_2(2 * c * d) if rows is not None else 1)
 
 
 @triton.jit
@@ -205,15 +265,21 @@ def store_projections_triton(kv: torch.Tensor, gate: torch.Tensor, pool: torch.T
     form): kv and gate [T, w] (rows may be strided, columns contiguous), pool [S, 2 w] with
     contiguous rows. The grid depends on the shapes only: safe in CUDA graphs."""
     t, width = kv.shape
-    if (gate.shape != kv.shape or pool.dim() != 2 or pool.shape[1] != 2 * width
-            or slots.shape != (t,) or kv.stride(1) != 1 or gate.stride(1) != 1
-            or pool.stride(1) != 1):
-        raise ValueError(f"store_projections: need kv and gate [T, w], pool [S, 2 w] and slots "
-                         f"[T], columns contiguous; got {tuple(kv.shape)}, {tuple(gate.shape)}, "
-                         f"{tuple(pool.shape)}, {tuple(slots.shape)}")
+    _check_rows(kv, gate, pool, slots)
     if t == 0:
         return
     block = min(1024, triton.next_power_of_2(2 * width))
     _store_kernel[(t, triton.cdiv(2 * width, block))](
         kv, gate, pool, slots, width, kv.stride(0), gate.stride(0), pool.stride(0),
         BLOCK=block, num_warps=4, **pdl_launch(kv))
+
+
+def _check_rows(kv: torch.Tensor, gate: torch.Tensor, pool: torch.Tensor,
+                slots: torch.Tensor) -> None:
+    t, width = kv.shape
+    if (gate.shape != kv.shape or pool.dim() != 2 or pool.shape[1] != 2 * width
+            or slots.shape != (t,) or kv.stride(1) != 1 or gate.stride(1) != 1
+            or pool.stride(1) != 1):
+        raise ValueError(f"store_projections: need kv and gate [T, w], pool [S, 2 w] and slots "
+                         f"[T], columns contiguous; got {tuple(kv.shape)}, {tuple(gate.shape)}, "
+                         f"{tuple(pool.shape)}, {tuple(slots.shape)}")
