@@ -148,14 +148,21 @@ def _store_row(kv_ptr, gate_ptr, proj_ptr, slots_ptr, qsl_ptr, b, stride_kv, str
     has = tl.load(qsl_ptr + b + 1) > token
     slot = tl.load(slots_ptr + token, mask=has, other=-1).to(tl.int64)
     cols = tl.arange(0, BLOCK_ROW)
-    in_kv = cols < width
     ok = (cols < 2 * width) & (tl.zeros([BLOCK_ROW], tl.int64) + slot >= 0)
-    value = tl.where(in_kv,
-                     tl.load(kv_ptr + token * stride_kv + cols, mask=ok & in_kv, other=0.0),
-                     tl.load(gate_ptr + token * stride_gate + cols - width,
-                             mask=ok & (cols >= width), other=0.0))
+    value = _kv_gate_columns(kv_ptr, gate_ptr, token, cols, ok, width, stride_kv, stride_gate)
     tl.store(proj_ptr + tl.maximum(slot, 0) * (2 * width) + cols,
              value.to(proj_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _kv_gate_columns(kv_ptr, gate_ptr, token, cols, ok, width, stride_kv, stride_gate):
+    """A token's kv | gate row at columns `cols` where `ok`: kv's `width` columns, then
+    gate's."""
+    in_kv = cols < width
+    return tl.where(in_kv,
+                    tl.load(kv_ptr + token * stride_kv + cols, mask=ok & in_kv, other=0.0),
+                    tl.load(gate_ptr + token * stride_gate + cols - width,
+                            mask=ok & (cols >= width), other=0.0))
 
 
 def store_and_pool_triton(kv: torch.Tensor, gate: torch.Tensor, slots: torch.Tensor,
@@ -249,12 +256,8 @@ def _store_kernel(kv_ptr, gate_ptr, pool_ptr, slots_ptr, width, stride_kv, strid
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(slots_ptr + token).to(tl.int64)
-    in_kv = cols < width
     ok = (cols < 2 * width) & (tl.zeros([BLOCK], tl.int64) + slot >= 0)
-    value = tl.where(in_kv,
-                     tl.load(kv_ptr + token * stride_kv + cols, mask=ok & in_kv, other=0.0),
-                     tl.load(gate_ptr + token * stride_gate + cols - width,
-                             mask=ok & (cols >= width), other=0.0))
+    value = _kv_gate_columns(kv_ptr, gate_ptr, token, cols, ok, width, stride_kv, stride_gate)
     tl.store(pool_ptr + tl.maximum(slot, 0) * stride_pool + cols,
              value.to(pool_ptr.dtype.element_ty), mask=ok)
 
