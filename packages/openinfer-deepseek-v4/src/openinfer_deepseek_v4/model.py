@@ -43,6 +43,7 @@ from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.shared_input import AttentionProducts, attention_products
 from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
+from openinfer_kernels.embed import embedding_part
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_blocks
 
@@ -217,11 +218,8 @@ class DeepseekV4Model:
         (zero rows for the others) and the sum over ranks is the lookup."""
         if self.tp is None or self.shard is None:
             return self.w.embed[token_ids]
-        part = self.shard.vocab.rows
-        local = token_ids - part.start
-        outside = (local < 0) | (local >= len(part))
-        rows = self.w.embed[local.masked_fill(outside, 0)]
-        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+        return self.tp.all_reduce(embedding_part(token_ids, self.w.embed,
+                                                 self.shard.vocab.rows.start))
 
 
 def decode_weight_bytes(w: ModelWeights, top_k: int) -> int:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 # of its name, which would shadow the op.
 _EXPORTS = {
     "embedding": "openinfer_kernels.embed",
+    "embedding_part": "openinfer_kernels.embed",
     "rms_norm": "openinfer_kernels.norm",
     "fused_add_rms_norm": "openinfer_kernels.norm",
     "qk_rms_norm": "openinfer_kernels.norm",
@@ -34,7 +35,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from openinfer_kernels.activation import silu_and_mul
     from openinfer_kernels.attention import paged_attention
-    from openinfer_kernels.embed import embedding
+    from openinfer_kernels.embed import embedding, embedding_part
     from openinfer_kernels.gemm import linear, linear_add_rms_norm, linear_silu_mul
     from openinfer_kernels.kv_store import kv_append
     from openinfer_kernels.lm_head import lm_head_logits

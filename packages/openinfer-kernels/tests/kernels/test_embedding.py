@@ -49,3 +49,28 @@ def test_public_op_on_cpu_is_the_reference(dtype):
     weight = torch.randn(VOCAB, 60).to(dtype)
     ids = torch.tensor(IDS["t63"])
     assert torch.equal(openinfer_kernels.embedding(ids, weight), embedding_ref(ids, weight))
+
+
+# The kernels run compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("hidden", [24, 1100])
+def test_a_vocabulary_parts_lookup_is_its_rows_and_zeros(ids_dtype, hidden):
+    """The kernel gives the reference's rows (zeros for ids outside the part), and the parts'
+    lookups sum to the whole table's."""
+    from openinfer_kernels.embed import embedding_part_ref
+    from openinfer_kernels.embed.triton import embedding_part_triton
+
+    weight = torch.randn(VOCAB, hidden, generator=torch.Generator().manual_seed(1))
+    weight = weight.to(torch.bfloat16).to(DEVICE)
+    ids = torch.tensor(IDS["repeats-unsorted"] + [VOCAB - 1, 0, 25, 24], dtype=ids_dtype,
+                       device=DEVICE)
+    parts = [(0, 25), (25, 50)]
+    got = [embedding_part_triton(ids, weight[a:b], a) for a, b in parts]
+    want = [embedding_part_ref(ids, weight[a:b], a) for a, b in parts]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    assert torch.equal(got[0] + got[1], embedding_ref(ids.long(), weight))
+    assert embedding_part_triton(ids[:0], weight, 0).shape == (0, hidden)

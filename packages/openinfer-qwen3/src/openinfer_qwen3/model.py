@@ -16,6 +16,7 @@ from openinfer_core.interfaces.kv import KVManager
 from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_kernels import (
     embedding,
+    embedding_part,
     fused_add_rms_norm,
     lm_head_logits,
     qk_norm_rope,
@@ -195,11 +196,8 @@ class Qwen3Model:
         (zero rows for the others) and the sum over ranks is the lookup."""
         if self.tp is None or self.shard is None:
             return embedding(token_ids, self.w.embed)
-        part = self.shard.vocab.rows
-        local = token_ids - part.start
-        outside = (local < 0) | (local >= len(part))
-        rows = embedding(local.masked_fill(outside, 0), self.w.embed)
-        return self.tp.all_reduce(rows.masked_fill_(outside.unsqueeze(-1), 0))
+        return self.tp.all_reduce(embedding_part(token_ids, self.w.embed,
+                                                 self.shard.vocab.rows.start))
 
     def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,
                    batch: ForwardBatch) -> torch.Tensor:
