@@ -28,18 +28,19 @@ stage_basetests() {
 
 stage_gate() {
   # A quicker gate for a kernel change than `tests`: the golden gate and the kernel tests of
-  # the step's norm, rotary and attention kernels (GATE_TESTS to name others), compiled.
+  # the step's norm, rotary, attention, linear and embedding kernels (GATE_TESTS to name
+  # others), compiled.
   stage "golden gate vs transformers (Qwen3-4B shapes, bf16)"
   timeout 300 python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/gpu \
     --ignore=tests/gpu/test_golden_deepseek_v4_gpu.py --ignore=tests/gpu/test_golden_qwen35_gpu.py \
     --ignore=tests/gpu/test_start_kernels_gpu.py \
     --ignore=tests/gpu/test_tp_gpu.py --ignore=tests/gpu/test_tp_deepseek_v4_gpu.py 2>&1 \
     | tail -30 | tee "$OUT/golden_tests.log"
-  stage "kernel tests: norms, q/k norm + rotary, attention, compiled"
+  stage "kernel tests: norms, q/k norm + rotary, attention, linear, embedding, compiled"
   local k=packages/openinfer-kernels/tests/kernels
   timeout 240 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
-    ${GATE_TESTS:-$k/test_rms_norm.py $k/test_qk_norm_rope.py $k/test_paged_attention_triton.py $k/test_gemm.py} \
-    2>&1 | tail -8 | tee "$OUT/gate_kernel_tests.log"
+    ${GATE_TESTS:-$k/test_rms_norm.py $k/test_qk_norm_rope.py $k/test_paged_attention_triton.py \
+      $k/test_gemm.py $k/test_embedding.py} 2>&1 | tail -8 | tee "$OUT/gate_kernel_tests.log"
 }
 
 stage_verify() {
