@@ -124,7 +124,7 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
     `max_entries` (default: what the block table can hold, max_blocks * block_size // ratio)
     bounds every query's visible entries; pass a smaller one (the step's max_seq_len // ratio)
     to save memory and launch fewer programs."""
-    from openinfer_deepseek_v4.kernels.indexer.reference import token_requests
+    from openinfer_deepseek_v4.kernels.slots.triton import token_requests_triton
 
     num_tokens = q.shape[0]
     capacity = block_tables.shape[1] * block_size // ratio
@@ -134,7 +134,7 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
     # every pick is stored (-1 past a query's entries): KP >= top_k
     out = torch.empty((num_tokens, top_k), dtype=torch.int32, device=q.device)
     if requests is None:
-        requests = token_requests(query_start_loc, num_tokens)
+        requests = token_requests_triton(query_start_loc, num_tokens)
     paged: dict[str, object] = {
         "block_tables": block_tables, "requests": requests,
         "positions": positions, "ratio": ratio, "block_size": block_size,
