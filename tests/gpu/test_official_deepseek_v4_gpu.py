@@ -87,6 +87,15 @@ MAX_LEN = 512 if TINY else 4096
 # may land one step apart on the two sides, and later positions carry it: measured <= 0.011
 # (2 of 5 sequences). Both far under bf16's bounds, and under what a wrong weight moves.
 BOUNDS = {sim: GOLDEN_BOUNDS for sim in ("on", "off")}
+# Against the fp32 judge, the official code's own bf16 build is measured in the same run
+# (`references`): no bf16 computation is expected nearer than that. On one H200 it was at
+# regret max 0.225 (fake quantization off) and 0.305 (on), mean 0.018 / 0.049, p99 0.089 /
+# 0.171: over the 0.20 regret bound in both, its worst positions near-ties where one FP8/FP4
+# rounding step flips. Our bound on each number is then the larger of the golden bound and
+# BF16_MARGIN x the official bf16 build's (a wrong weight or index moves the mean and p99 by
+# many times, not by a quarter).
+BF16_MARGIN = 1.25
+OFFICIAL_BF16: dict[str, dict[str, object]] = {}  # sim -> the official bf16 build's gate row
 if TINY:
     BOUNDS = {"off": {"regret_max": 1e-4, "dlogprob_mean": 1e-5, "dlogprob_p99": 1e-4},
               "on": {"regret_max": 0.02, "dlogprob_mean": 1e-3, "dlogprob_p99": 0.02}}
@@ -301,8 +310,10 @@ def references(official_module: ModuleType, checkpoint: Path,
     if judge != DTYPE:
         own = official_logprobs(official_module, checkpoint, sequences, DTYPE)
         for sim in SIMS:
-            record(gate_row(f"dsv4-official-bf16-vs-fp32-sim-{sim}", as_picks(own[sim]),
-                            out[sim], list(range(len(sequences)))))
+            OFFICIAL_BF16[sim] = gate_row(f"dsv4-official-bf16-vs-fp32-sim-{sim}",
+                                          as_picks(own[sim]), out[sim],
+                                          list(range(len(sequences))))
+            record(OFFICIAL_BF16[sim])
     return out
 
 
@@ -354,4 +365,14 @@ def test_batch1(engine: tuple[str, Any], sequences: list[list[int]],
     picks = each_alone(eng, sequences, DECODES)
     judge = "fp32" if judge_dtype() == torch.float32 else "bf16"
     name = f"dsv4-official-{'tiny-cpu' if TINY else '3layers'}-batch1-{judge}-judge-sim-{sim}"
-    check_gate(name, picks, references[sim], list(range(len(sequences))), BOUNDS[sim])
+    check_gate(name, picks, references[sim], list(range(len(sequences))), bounds_for(sim))
+
+
+def bounds_for(sim: str) -> dict[str, float]:
+    """BOUNDS[sim], each number raised to BF16_MARGIN x the official bf16 build's where that
+    was measured against an fp32 judge (`OFFICIAL_BF16`)."""
+    floor = OFFICIAL_BF16.get(sim)
+    if floor is None:
+        return BOUNDS[sim]
+    return {key: max(bound, BF16_MARGIN * float(floor[key]))  # type: ignore[arg-type]
+            for key, bound in BOUNDS[sim].items()}

@@ -60,6 +60,7 @@ TILES: dict[tuple[int, int], tuple[Tile | None, Tile | None]] = {
     (1024, 4096): (Tile(8, 256, 8), Tile(32, 128, 8)),  # CSA compressor: 4.7/6.9, 5.4/7.1
     (512, 4096): (Tile(16, 256, 16), Tile(32, 128, 8)),  # HCA compressor: 3.9/6.3, 4.4/6.6
     (64, 4096): (Tile(4, 512, 8), Tile(16, 256, 16)),  # indexer weights: 2.6/5.8, 3.3/5.9
+    (2624, 4096): (Tile(16, 256, 4), Tile(32, 128, 4)),  # CSA layer's stack: 7.9/9.8, 8.6/10.0
 }
 
 
