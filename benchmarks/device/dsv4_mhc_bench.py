@@ -1,7 +1,7 @@
 """DeepSeek-V4-Flash's mHC and compressor kernels against their bytes floors: hc_pre and hc_post
 at T = 1, 64, 2048 tokens (hidden 4096, N = 4, bf16 streams), beside the torch references on
-the same GPU (at T = 1 also over the one-token launch's knobs, `MIX_MIN_K_BLOCKS`,
-`SERIAL_WARPS` and `SINKHORN_SPREAD` of kernels/mhc/triton.py; at T = 64 the last one), and
+the same GPU (at T = 1 also over the one-token launch's knobs, `SERIAL_MIN_K_BLOCKS` and
+`SERIAL_WARPS` of kernels/mhc/triton.py), and
 the compressor's pooling for a decode step of 64 requests (every request closing a window:
 the step's worst case; and none: the usual step). A floor is the bytes the op must move (read
 + written) over the copy bandwidth measured in the same run. Each figure is one call's share
@@ -58,16 +58,6 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
             rows.append((f"{name} T={t}", us, pre_bytes / gbps * 1e-3, pre_bytes / 1e6))
         if t == 1:  # the one-token launch's knobs (mhc/triton.py), each checked, then timed
             rows += knob_rows(inputs, want, pre_bytes, gbps)
-        if t == 64:  # the weights kernel's Sinkhorn-Knopp spread over copies of its tile
-            mhc_triton.SINKHORN_SPREAD = True
-            try:
-                torch.testing.assert_close(hc_pre_triton(*inputs[0], **HC)[2], want[2],
-                                           rtol=1e-5, atol=1e-6)
-                us = graph_per_call_us([lambda a=a: hc_pre_triton(*a, **HC) for a in inputs])
-                rows.append((f"hc_pre triton T={t} spread", us, pre_bytes / gbps * 1e-3,
-                             pre_bytes / 1e6))
-            finally:
-                mhc_triton.SINKHORN_SPREAD = False
         outs = [(a[0], torch.randn(t, D, device="cuda", generator=g).bfloat16(), post, comb)
                 for a in inputs]
         torch.testing.assert_close(hc_post_triton(*outs[0]), hc_post_ref(*outs[0]),
@@ -80,21 +70,21 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
 
 def knob_rows(inputs: list[tuple[torch.Tensor, ...]], want: tuple[torch.Tensor, ...],
               nbytes: int, gbps: float) -> list[tuple[str, float, float, float]]:
-    """hc_pre at one token for each MIX_MIN_K_BLOCKS x SERIAL_WARPS x SINKHORN_SPREAD (the
-    defaults restored)."""
+    """hc_pre at one token for each SERIAL_MIN_K_BLOCKS x SERIAL_WARPS (the defaults
+    restored)."""
     rows = []
-    knobs = ("MIX_MIN_K_BLOCKS", "SERIAL_WARPS", "SINKHORN_SPREAD")
+    knobs = ("SERIAL_MIN_K_BLOCKS", "SERIAL_WARPS")
     defaults = [getattr(mhc_triton, k) for k in knobs]
     try:
-        for values in itertools.product((1, 2, 4, 8), (4, 8, 16), (False, True)):
+        for values in itertools.product((1, 2, 4, 8), (2, 4, 8, 16)):
             for knob, value in zip(knobs, values, strict=True):
                 setattr(mhc_triton, knob, value)
             x, _, comb = hc_pre_triton(*inputs[0], **HC)
             torch.testing.assert_close(x, want[0], rtol=2**-7, atol=2**-4)
             torch.testing.assert_close(comb, want[2], rtol=1e-5, atol=1e-6)
             us = graph_per_call_us([lambda a=a: hc_pre_triton(*a, **HC) for a in inputs])
-            blocks, warps, spread = values
-            rows.append((f"hc_pre T=1 k-blocks {blocks} warps {warps} spread {int(spread)}",
+            blocks, warps = values
+            rows.append((f"hc_pre T=1 k-blocks {blocks} warps {warps}",
                          us, nbytes / gbps * 1e-3, nbytes / 1e6))
     finally:
         for knob, value in zip(knobs, defaults, strict=True):

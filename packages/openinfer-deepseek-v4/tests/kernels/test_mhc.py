@@ -152,24 +152,7 @@ def test_the_last_share_computes_one_tokens_weights_as_the_second_kernel_does(
     serial = run()
     assert not split_counters(streams.device).any()
     monkeypatch.setattr(mhc_triton, "SERIAL_TOKENS", 0)
+    # the same K shares (their sum's order), now in the two-launch form
+    monkeypatch.setattr(mhc_triton, "MIX_MIN_K_BLOCKS", mhc_triton.SERIAL_MIN_K_BLOCKS)
     for got, want in zip(serial, run(), strict=True):
         assert torch.equal(got, want)
-
-
-@pytest.mark.parametrize("t", [1, 3], ids=["one-token-launch", "weights-kernel"])
-def test_the_spread_sinkhorn_gives_the_tiles_weights(t, monkeypatch):
-    """SINKHORN_SPREAD (the [N, N] tile's Sinkhorn-Knopp over copies of it, so its sums stay
-    within a warp) in both launches that run it: the reference's weights, and the tile's to
-    a few fp32 ulps (a sum of N values in another order at most)."""
-    from openinfer_deepseek_v4.kernels.mhc import triton as mhc_triton
-
-    streams, fn, base, scale, norm_weight = make(t, 64, torch.float32, seed=5)
-    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS, sinkhorn_iters=ITERS)
-    tile = hc_pre_triton(streams, fn, base, scale, norm_weight, **args)
-    monkeypatch.setattr(mhc_triton, "SINKHORN_SPREAD", True)
-    assert mhc_triton._spread(N, 16) == 32
-    spread = hc_pre_triton(streams, fn, base, scale, norm_weight, **args)
-    want = hc_pre_ref(streams, fn, base, scale, norm_weight, **args)
-    torch.testing.assert_close(spread[2], want[2], **WEIGHTS_TOL)
-    for got, same in zip(spread, tile, strict=True):
-        torch.testing.assert_close(got, same, **WEIGHTS_TOL)

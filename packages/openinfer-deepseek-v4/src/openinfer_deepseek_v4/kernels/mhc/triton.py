@@ -34,16 +34,15 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 # more than the token's weights do.
 SERIAL_TOKENS = 1
 # The mix projection's K shares hold at least this many BLOCK_K blocks each (fewer: more
-# programs, each one read less deep); the one-token launch's warps (None: enough for the
-# weights' [N, D] row). Tuning knobs: benchmarks/device/dsv4_mhc_bench.py sweeps them.
+# programs, each one read less deep): MIX_MIN_K_BLOCKS for many tokens, SERIAL_MIN_K_BLOCKS
+# for the one-token launch, which runs SERIAL_WARPS warps (None: enough for the weights'
+# [N, D] row). At one token of V4-Flash's streams (N 4, D 4096) on one H200, 1 block and 4
+# warps took 10.9 us a call against 15.9 with 4 blocks and 16 warps, the best of 1/2/4/8 x
+# 4/8/16 (benchmarks/device/dsv4_mhc_bench.py, which sweeps them). Spreading the Sinkhorn
+# tile over copies of it (its sums within a warp) measured no faster at either size.
 MIX_MIN_K_BLOCKS = 4
-SERIAL_WARPS: int | None = None
-# Sinkhorn-Knopp on the [N, N] tile as one tensor of that shape (False), or spread over a
-# [R, N, N] tile (R copies, about one value a thread) so that its row and column sums stay
-# within a warp: as one [N, N] tensor across many warps each of the 2 x iters normalisations
-# may go through shared memory and a barrier. The same values either way. A knob until
-# benchmarks/device/dsv4_mhc_bench.py has timed both.
-SINKHORN_SPREAD = False
+SERIAL_MIN_K_BLOCKS = 1
+SERIAL_WARPS: int | None = 4
 
 
 @triton.jit
@@ -53,7 +52,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                 BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
                 N: tl.constexpr, D: tl.constexpr, SPLIT_PAD: tl.constexpr,
                 BLOCK_D: tl.constexpr, HEAD: tl.constexpr, SERIAL: tl.constexpr,
-                SPREAD: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr = True):
+                PDL: tl.constexpr, NORM: tl.constexpr = True):
     # SERIAL: the tile's last program to arrive at count_ptr[pid_t] computes its tokens'
     # weights (`_token_weights`, the other programs' shares read from L2) and zeroes the count.
     pdl_enter(PDL)
@@ -89,7 +88,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                                norm_w_ptr,
                                y_ptr, post_ptr, comb_ptr, T, tl.num_programs(1), stride_xt,
                                stride_xn, hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD,
-                               BLOCK_D, HEAD, NORM, SPREAD, ".cg")
+                               BLOCK_D, HEAD, NORM, ".cg")
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
 
@@ -107,36 +106,15 @@ def _sinkhorn(logits, hc_eps, iters):
 
 
 @triton.jit
-def _sinkhorn_store(logits, comb_ptr, hc_eps, iters, N: tl.constexpr, SPREAD: tl.constexpr):
-    """`_sinkhorn(logits)` of one token's [N, N] logits, stored at comb_ptr (N * N fp32).
-    SPREAD > 1: through a [SPREAD, N, N] tile of copies, read back from comb_ptr after the
-    logits are stored there (a fresh load takes the default layout of its shape, which keeps
-    each copy's N x N values within a warp); the first copy is stored."""
-    rn = tl.arange(0, N)
-    nn = rn[:, None] * N + rn[None, :]
-    if SPREAD > 1:
-        tl.store(comb_ptr + nn, logits)
-        tl.debug_barrier()  # the logits stored before any thread reads them back
-        copies = tl.arange(0, SPREAD)[:, None, None]
-        spread = tl.load(comb_ptr + copies * 0 + nn[None, :, :])
-        tl.debug_barrier()  # every read done before the weights overwrite the logits
-        tl.store(comb_ptr + copies * 0 + nn[None, :, :], _sinkhorn(spread, hc_eps, iters),
-                 mask=copies == 0)
-    else:
-        tl.store(comb_ptr + nn, _sinkhorn(logits, hc_eps, iters))
-
-
-@triton.jit
 def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr, post_ptr,
                     comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
                     N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                    SPREAD: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr = True):
+                    PDL: tl.constexpr, NORM: tl.constexpr = True):
     pdl_enter(PDL)
     _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                    norm_w_ptr, y_ptr, post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn,
-                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, SPREAD,
-                   "")
+                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, "")
 
 
 @triton.jit
@@ -144,10 +122,10 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
                    post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
-                   NORM: tl.constexpr, SPREAD: tl.constexpr, CACHE: tl.constexpr):
+                   NORM: tl.constexpr, CACHE: tl.constexpr):
     """Token t's weights from its SPLIT shares (read with cache modifier CACHE: ".cg" where
     other programs of the same launch wrote them), its collapse and (NORM) the RMSNorm of it
-    by norm_w_ptr. HEAD: the head's form, `pre` only. SPREAD: see `_sinkhorn_store`."""
+    by norm_w_ptr. HEAD: the head's form, `pre` only."""
     rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
     s_ok, d_ok = rs < SPLIT, rd < D
     inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0,
@@ -166,8 +144,8 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
         comb = tl.sum(tl.load(row[:, None, None] + 2 * N + nn[None, :, :],
                               mask=s_ok[:, None, None], other=0.0, cache_modifier=CACHE),
                       axis=0)
-        _sinkhorn_store(comb * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + nn),
-                        comb_ptr + t * N * N, hc_eps, iters, N, SPREAD)
+        logits = comb * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + nn)
+        tl.store(comb_ptr + t * N * N + nn, _sinkhorn(logits, hc_eps, iters))
     h = tl.load(x_ptr + t.to(tl.int64) * stride_xt + rn[:, None] * stride_xn + rd[None, :],
                 mask=d_ok[None, :], other=0.0)
     out_ty = y_ptr.dtype.element_ty
@@ -217,8 +195,9 @@ def _rows(streams: torch.Tensor) -> torch.Tensor:
             else streams.contiguous())
 
 
-def _mix_tiles(t: int, k: int) -> tuple[int, int, bool, int]:
-    """(BLOCK_T, BLOCK_K, USE_DOT, SPLIT K shares) of `_mix_kernel` for T tokens of K inputs."""
+def _mix_tiles(t: int, k: int, min_k_blocks: int) -> tuple[int, int, bool, int]:
+    """(BLOCK_T, BLOCK_K, USE_DOT, K per share) of `_mix_kernel` for T tokens of K inputs, each
+    share at least `min_k_blocks` BLOCK_K blocks deep."""
     use_dot = t >= 16
     if use_dot:
         block_t, block_k = min(64, triton.next_power_of_2(t)), 64
@@ -226,8 +205,8 @@ def _mix_tiles(t: int, k: int) -> tuple[int, int, bool, int]:
         block_t = triton.next_power_of_2(t)
         block_k = max(16, 128 // block_t)
     tiles = triton.cdiv(t, block_t)
-    # ~2 programs per SM of an H100, each with at least MIX_MIN_K_BLOCKS K blocks.
-    split = max(1, min(triton.cdiv(264, tiles), k // (MIX_MIN_K_BLOCKS * block_k)))
+    # ~2 programs per SM of an H100, each with at least min_k_blocks K blocks.
+    split = max(1, min(triton.cdiv(264, tiles), k // (min_k_blocks * block_k)))
     k_per = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     return block_t, block_k, use_dot, k_per
 
@@ -259,16 +238,17 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
         return y, post, comb
     k, m = n * d, fn.shape[0]
     m_pad = max(16, triton.next_power_of_2(m))
-    block_t, block_k, use_dot, k_per = _mix_tiles(t, k)
+    serial = t <= SERIAL_TOKENS
+    block_t, block_k, use_dot, k_per = _mix_tiles(
+        t, k, SERIAL_MIN_K_BLOCKS if serial else MIX_MIN_K_BLOCKS)
     tiles, split = triton.cdiv(t, block_t), triton.cdiv(k, k_per)
     part = torch.empty((split, t, m_pad), dtype=torch.float32, device=streams.device)
     ssq = torch.empty((split, t), dtype=torch.float32, device=streams.device)
-    counts = split_k.counts_for(streams.device, tiles) if t <= SERIAL_TOKENS else None
+    counts = split_k.counts_for(streams.device, tiles) if serial else None
     base, scale = base.float().contiguous(), scale.float().contiguous()
     norm = norm_weight if norm_weight is not None else y
     block_d = triton.next_power_of_2(d)
     warps = max(4, min(16, n * block_d // 1024))  # the weights' [N, D] row
-    serial = counts is not None
     mix_warps = (SERIAL_WARPS or warps) if serial else 4
     _mix_kernel[(tiles, split)](
         streams, fn, part, ssq, counts if serial else ssq, base, scale, norm, y, post, comb,
@@ -276,23 +256,15 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
         M=m, M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
         PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
         SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=head,
-        NORM=norm_weight is not None, SERIAL=serial,
-        SPREAD=_spread(n, mix_warps) if serial and not head else 0, num_warps=mix_warps,
+        NORM=norm_weight is not None, SERIAL=serial, num_warps=mix_warps,
         **pdl_launch(streams))
     if not serial:
         _weights_kernel[(t,)](
             streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
             streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d, M_PAD=m_pad,
             SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
-            HEAD=head, NORM=norm_weight is not None, SPREAD=0 if head else _spread(n, warps),
-            num_warps=warps, **pdl_launch(streams))
+            HEAD=head, NORM=norm_weight is not None, num_warps=warps, **pdl_launch(streams))
     return y, post, comb
-
-
-def _spread(n: int, warps: int) -> int:
-    """`_sinkhorn_store`'s copies for an N x N tile in a launch of `warps` warps: about one
-    value a thread where SINKHORN_SPREAD is on, else 0 (the [N, N] tile)."""
-    return max(2, warps * 32 // (n * n)) if SINKHORN_SPREAD else 0
 
 
 def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
