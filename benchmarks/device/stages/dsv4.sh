@@ -98,8 +98,9 @@ stage_dsv4full() {
   # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it; then the
   # longest context the KV cache fits, admitted (`longest_context.py`); `profile`: rank 0's
   # decode step by op and kernel (`decode_breakdown.py`); `gate`: TP2 against one GPU at 3
-  # layers (tests/gpu/test_tp_deepseek_v4_gpu.py). An engine start each; DSV4FULL_PARTS picks
-  # them (default "latency serve longest").
+  # layers (tests/gpu/test_tp_deepseek_v4_gpu.py); `batch`: DSV4_BATCH (64) requests decoding
+  # together (`bench latency --batch-size`). An engine start each; DSV4FULL_PARTS picks them
+  # (default "latency serve longest").
   local d4=/tmp/dsv4-flash tp ep="" part
   tp=$(nvidia-smi -L | wc -l)
   [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
@@ -163,6 +164,19 @@ print(f"step {r['step_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms, "
 for k, v in r["marginal_top_kernels_ms"].items():
     print(f"  {v:7.3f} ms  {k}")
 PY
+      continue
+    fi
+    if [ "$part" = batch ]; then
+      # DSV4_BATCH (64) requests of 128 tokens added together, 64 tokens each: the batch's
+      # TPOT with every request decoding (`bench latency --batch-size`).
+      local b=${DSV4_BATCH:-64}
+      stage "DeepSeek-V4-Flash (43 layers) batch-$b latency, TP=$tp ${ep:-(experts split by width)}"
+      timeout 420 python3 -m openinfer_server.cli bench latency $d4 --load-format dummy \
+        --tensor-parallel-size $tp $ep --max-num-seqs $b --max-model-len 4096 --input-len 128 \
+        --output-len 64 --batch-size $b --num-iters 2 --num-iters-warmup 1 \
+        --result-file "$OUT/latency-dsv4-flash-tp$tp-bs$b.json" > "$OUT/latency-dsv4-flash-tp$tp-bs$b.log" 2>&1
+      grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp-bs$b.log" \
+        || tail -30 "$OUT/latency-dsv4-flash-tp$tp-bs$b.log"
       continue
     fi
     if [ "$part" = latency ]; then

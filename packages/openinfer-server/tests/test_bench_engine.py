@@ -147,6 +147,30 @@ def test_latency(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert re.search(r"Read bandwidth on cpu \(GB/s\):\s+\d", out)
 
 
+def test_latency_of_a_batch(checkpoint: Path, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    """--batch-size N (vLLM's flag): N requests added together, each one's TTFT and TPOT; the
+    batch runs together, so every request's first token comes before any request's last."""
+    result, out = _bench(capsys, [
+        "latency", str(checkpoint), *SMALL_ENGINE, "--input-len", "8", "--output-len", "5",
+        "--batch-size", "4", "--num-iters", "2", "--num-iters-warmup", "1"],
+        tmp_path / "latency.json")
+    run = result["runs"][0]
+    assert (run["batch_size"], run["num_iters"]) == (4, 2)
+    assert len(run["ttfts"]) == len(run["e2els"]) == 8
+    assert "batch 4" in out
+    for i in (0, 4):  # each measured batch
+        ttfts, e2els = run["ttfts"][i:i + 4], run["e2els"][i:i + 4]
+        assert max(ttfts) < min(e2els)
+
+
+def test_a_batch_larger_than_max_num_seqs_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "latency", *SMALL_ENGINE, "--batch-size", "9"])
+    assert exit_info.value.code == 2
+    assert "--batch-size 9 is more than --max-num-seqs 8" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("caching", [True, False])
 def test_prefix(caching: bool, checkpoint: Path, tmp_path: Path,
                 capsys: pytest.CaptureFixture[str]) -> None:

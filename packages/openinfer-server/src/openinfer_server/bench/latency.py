@@ -1,8 +1,10 @@
-"""`openinfer bench latency`: one request at a time through an in-process engine stepped on
-this thread, greedy and ignoring EOS so every request makes exactly `--output-len` tokens.
+"""`openinfer bench latency`: one request at a time (or `--batch-size` requests added together,
+as vLLM's flag) through an in-process engine stepped on this thread, greedy and ignoring EOS so
+every request makes exactly `--output-len` tokens.
 
-TTFT is add_request to the step that returns the first Token; TPOT is (E2E - TTFT) / (tokens
-- 1); each is set beside the decode floor, the weights' bytes over the measured bandwidth."""
+TTFT is add_request to the step that returns the request's first Token; TPOT is (E2E - TTFT)
+/ (tokens - 1), per request; each is set beside the decode floor, the batch-1 step's weight
+bytes over the measured bandwidth (a larger batch of a mixture-of-experts model reads more)."""
 
 from __future__ import annotations
 
@@ -45,30 +47,42 @@ class RequestTiming:
 
 def time_request(engine: Engine, request: GenerateRequest) -> RequestTiming:
     """Run `request` alone to its end; the engine must be idle."""
+    return time_batch(engine, [request])[0]
+
+
+def time_batch(engine: Engine, requests: list[GenerateRequest]) -> list[RequestTiming]:
+    """Add `requests` together and run them all to their ends; the engine must be idle. Their
+    timings, in the order given."""
     start = time.perf_counter()
-    engine.add_request(request)
-    first: float | None = None
-    tokens = cached = 0
-    while True:
+    for request in requests:
+        engine.add_request(request)
+    first: dict[str, float] = {}
+    tokens = {request.request_id: 0 for request in requests}
+    cached = dict.fromkeys(tokens, 0)
+    done: dict[str, RequestTiming] = {}
+    while len(done) < len(requests):
         events = engine.step()
         now = time.perf_counter()
         for event in events:
-            if event.request_id != request.request_id:
+            rid = event.request_id
+            if rid not in tokens or rid in done:
                 continue
             if isinstance(event, Token):
-                tokens += 1
-                first = now if first is None else first
+                tokens[rid] += 1
+                first.setdefault(rid, now)
             elif isinstance(event, Scheduled):
-                cached = event.cached_tokens
+                cached[rid] = event.cached_tokens
             elif isinstance(event, Finished):
-                if first is None:
-                    raise BenchError(f"request {request.request_id} finished without a token")
-                return RequestTiming(first - start, now - start, tokens, cached)
+                if rid not in first:
+                    raise BenchError(f"request {rid} finished without a token")
+                done[rid] = RequestTiming(first[rid] - start, now - start, tokens[rid],
+                                          cached[rid])
             elif isinstance(event, Error | Rejected):
-                raise BenchError(f"the engine failed request {request.request_id}: "
-                                 f"{event.message}")
-        if not engine.has_work():
-            raise BenchError(f"the engine went idle before request {request.request_id} ended")
+                raise BenchError(f"the engine failed request {rid}: {event.message}")
+        if len(done) < len(requests) and not engine.has_work():
+            left = sorted(set(tokens) - set(done))
+            raise BenchError(f"the engine went idle before requests {left[:4]} ended")
+    return [done[request.request_id] for request in requests]
 
 
 def drain(engine: Engine) -> None:
@@ -78,30 +92,33 @@ def drain(engine: Engine) -> None:
 
 
 def measure_input_len(engine: Engine, input_len: int, output_len: int, *, iters: int,
-                      warmup: int, seed: int) -> list[RequestTiming]:
-    """Timings of `iters` requests after `warmup` unmeasured ones; every prompt is fresh, so
-    no prefix-cache hit shortens a prefill."""
+                      warmup: int, seed: int, batch_size: int = 1) -> list[RequestTiming]:
+    """Timings of `iters` batches of `batch_size` requests (each request's) after `warmup`
+    unmeasured batches; every prompt is fresh, so no prefix-cache hit shortens a prefill."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    prompts = random_requests(warmup + iters, input_len, output_len,
+    prompts = random_requests((warmup + iters) * batch_size, input_len, output_len,
                               vocab_size=engine.model.vocab_size, seed=seed + input_len)
+    requests = [GenerateRequest(f"bench-latency-{input_len}-{i}", prompt.prompt_token_ids, params)
+                for i, prompt in enumerate(prompts)]
     timings = []
-    for i, prompt in enumerate(prompts):
-        request = GenerateRequest(f"bench-latency-{input_len}-{i}", prompt.prompt_token_ids,
-                                  params)
-        timing = time_request(engine, request)
+    for i in range(warmup + iters):
+        batch = requests[i * batch_size:(i + 1) * batch_size]
+        batch_timings = time_batch(engine, batch)
         drain(engine)
-        if timing.output_tokens != output_len:
-            raise BenchError(f"request {request.request_id} made {timing.output_tokens} "
-                             f"tokens, not {output_len}")
-        timings.append(timing)
-    return timings[warmup:]
+        for request, timing in zip(batch, batch_timings, strict=True):
+            if timing.output_tokens != output_len:
+                raise BenchError(f"request {request.request_id} made {timing.output_tokens} "
+                                 f"tokens, not {output_len}")
+        if i >= warmup:
+            timings += batch_timings
+    return timings
 
 
 def summarize(timings: list[RequestTiming], input_len: int, output_len: int,
-              floor_ms: float | None) -> dict[str, Any]:
+              floor_ms: float | None, batch_size: int = 1) -> dict[str, Any]:
     tpots = [t.tpot for t in timings if t.tpot is not None]
     run: dict[str, Any] = {"input_len": input_len, "output_len": output_len,
-                           "num_iters": len(timings)}
+                           "batch_size": batch_size, "num_iters": len(timings) // batch_size}
     run |= summarize_ms("ttft", [t.ttft for t in timings])
     run |= summarize_ms("tpot", tpots)
     run |= summarize_ms("e2el", [t.e2e for t in timings])
@@ -115,6 +132,10 @@ def summarize(timings: list[RequestTiming], input_len: int, output_len: int,
 def run_latency(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = bench_engine_config(args, parser)
     ceiling = measure_ceiling(config.torch_device())
+    if args.batch_size > config.max_num_seqs:
+        parser.error(f"--batch-size {args.batch_size} is more than --max-num-seqs "
+                     f"{config.max_num_seqs}: the batch would not run together; raise "
+                     f"--max-num-seqs")
     engine = load_engine(args, config)
     for input_len in args.input_len:
         check_fits(engine, input_len, args.output_len)
@@ -123,13 +144,16 @@ def run_latency(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     runs = []
     for input_len in args.input_len:
         timings = measure_input_len(engine, input_len, args.output_len, iters=args.num_iters,
-                                    warmup=args.num_iters_warmup, seed=args.seed)
-        runs.append(summarize(timings, input_len, args.output_len, floor_ms))
+                                    warmup=args.num_iters_warmup, seed=args.seed,
+                                    batch_size=args.batch_size)
+        runs.append(summarize(timings, input_len, args.output_len, floor_ms, args.batch_size))
     model = model_name(args)
     result = {**run_header("latency", ceiling, model=model, command=args.argv),
               "weight_bytes": bytes_per_step, "decode_floor_ms": floor_ms, "runs": runs}
     print(latency_table(result))
     lens = "_".join(str(n) for n in args.input_len)
+    batch = [f"bs{args.batch_size}"] if args.batch_size > 1 else []
     write_result(result, result_path(args.result_file, args.result_dir,
-                                     ["latency", model, f"in{lens}", f"out{args.output_len}"]))
+                                     ["latency", model, f"in{lens}", f"out{args.output_len}",
+                                      *batch]))
     return 0

@@ -70,10 +70,13 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
                         "another (default 128)")
     g.add_argument("--output-len", type=int_at_least(1), default=128, metavar="N",
                    help="tokens generated per request (default %(default)s)")
+    g.add_argument("--batch-size", type=int_at_least(1), default=1, metavar="N",
+                   help="requests added together and run as one batch; TTFT and TPOT are "
+                        "each request's (default %(default)s)")
     g.add_argument("--num-iters", type=int_at_least(1), default=10, metavar="N",
-                   help="measured requests per input length (default %(default)s)")
+                   help="measured batches per input length (default %(default)s)")
     g.add_argument("--num-iters-warmup", type=int_at_least(0), default=2, metavar="N",
-                   help="unmeasured requests first (default %(default)s)")
+                   help="unmeasured batches first (default %(default)s)")
     _add_output_arguments(p)
 
 
@@ -202,7 +205,8 @@ def add_interference_arguments(p: argparse.ArgumentParser) -> None:
 
 Mode = tuple[str, str, Callable[[argparse.ArgumentParser], None]]
 MODES: tuple[Mode, ...] = (
-    ("latency", "batch-1 latency of an in-process engine: TTFT, TPOT, end-to-end",
+    ("latency", "latency of an in-process engine, one request or a batch at a time: TTFT, "
+                "TPOT, end-to-end",
      add_latency_arguments),
     ("throughput", "offline throughput of an in-process engine: every request at once",
      add_throughput_arguments),

@@ -146,8 +146,10 @@ def latency_table(result: dict[str, Any]) -> str:
                     None if weight_bytes is None else weight_bytes / 1e9, ".3f"))
     rows.append(row("Decode floor (ms):", result["decode_floor_ms"], ".3f"))
     for run in result["runs"]:
+        batch = run.get("batch_size", 1)
         rows.append(title(f" input {run['input_len']}, output {run['output_len']}, "
-                          f"{run['num_iters']} iters ", "-"))
+                          + (f"batch {batch}, " if batch > 1 else "")
+                          + f"{run['num_iters']} iters ", "-"))
         for name, label, _ in _TITLES:
             if name == "itl":
                 continue
