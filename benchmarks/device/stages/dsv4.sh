@@ -27,6 +27,18 @@ stage_dsv4gates() {
     | grep -E "copy|hc_pre T=1|hc_pre triton T=64"
 }
 
+# mHC alone (a kernel change's check): its kernel tests compiled, then the one-token knobs.
+stage_dsv4mhc() {
+  stage "DeepSeek-V4 mHC kernel tests, compiled"
+  timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    packages/openinfer-deepseek-v4/tests/kernels/test_mhc.py \
+    packages/openinfer-deepseek-v4/tests/kernels/test_mhc_push_post.py 2>&1 \
+    | tail -4 | tee "$OUT/dsv4_mhc_tests.log"
+  stage "DeepSeek-V4 mHC: hc_pre / hc_post against their floors, the one-token knobs"
+  timeout 240 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" \
+    | grep -E "copy|hc_pre|hc_post"
+}
+
 dsv4_kernel_tests() {
   stage "DeepSeek-V4 kernel tests (its own and the shared FP8 linear), compiled, every size"
   timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
