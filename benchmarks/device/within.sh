@@ -6,6 +6,8 @@ secs=$1; shift
 OUT=${OUT:-/tmp/openinfer-out}
 timeout -k 10 "$secs" bash benchmarks/device/gpu_check.sh "$@"
 rc=$?
+find "$OUT" -maxdepth 1 -type f -name '*.log' -size +8M \
+  -exec sh -c 'tail -c 4000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
 if [ "$(ls "$OUT" | grep -v '^fi-jit' | wc -l)" -gt 8 ]; then
   (cd "$OUT" && ls | grep -v '^fi-jit' | tar -czf /tmp/openinfer-results.tgz -T - \
     && ls | grep -v '^fi-jit' | xargs rm -rf) && mv /tmp/openinfer-results.tgz "$OUT"/
