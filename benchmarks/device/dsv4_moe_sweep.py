@@ -9,8 +9,11 @@ measured in the same run. Every decode result is checked against the grouped pat
 grouped path against the reference up to 16 tokens. Last, a table of all, then the
 `DECODE_TILES` rows and `DECODE_MAX_PAIRS` it suggests (decode wins up to that many pairs).
 
+--tp N: the experts one rank of N holds when they are split by width (I / N: 1024 at TP2, 512
+at TP4), the rows printed for `WIDTH_TILES` then.
+
 Usage (on the GPU machine, from the repo root; about a minute, most of it compiling):
-    python benchmarks/device/dsv4_moe_sweep.py [--tokens 1 4 16 64] [--copies 8]
+    python benchmarks/device/dsv4_moe_sweep.py [--tokens 1 4 16 64] [--copies 8] [--tp 1]
 On CPU, the same flow at tiny shapes under the interpreter, T = 1, 4 by default (about a
 minute; the times are the interpreter's, meaningless):
     TRITON_INTERPRET=1 python benchmarks/device/dsv4_moe_sweep.py --dry-run"""
@@ -50,6 +53,10 @@ CANDIDATES = {
     "n8k1024s2": DecodeTile(8, 1024, 8, 1024, down_split=2),
     "n16k256s4": DecodeTile(16, 256, 16, 256, down_split=4),
     "n64k256w8": DecodeTile(64, 256, 64, 256, num_warps=8),
+    # for a rank's narrow experts (down's K = I / TP): down's K step no longer than that K
+    "n8k1024d16k512": DecodeTile(8, 1024, 16, 512),
+    "n8k1024d32k256": DecodeTile(8, 1024, 32, 256),
+    "n16k512d32k512": DecodeTile(16, 512, 32, 512),
 }
 Timer = Callable[[Sequence[Callable[[], object]]], float]
 
@@ -96,7 +103,7 @@ def sweep_tokens(t: int, shape: Shape, experts: tuple[torch.Tensor, ...], gbps: 
     result = {"floor": floor, "grouped": timed(path="grouped")}
     print(f"T={t} ({t * shape.top_k} pairs, {picked} experts): floor {floor:.1f} us, "
           f"grouped {result['grouped']:.1f} us ({result['grouped'] / floor:.2f}x)", flush=True)
-    for name, tile in {"table": decode_tile(t), **CANDIDATES}.items():
+    for name, tile in {"table": decode_tile(t, shape.inter), **CANDIDATES}.items():
         out = fp4_moe_experts_triton(x, ids, route_w, *experts, LIMIT, path="decode",
                                      tile=tile).float()
         torch.testing.assert_close(out, grouped, rtol=2**-6, atol=2**-6 * grouped.abs().max())
@@ -106,7 +113,7 @@ def sweep_tokens(t: int, shape: Shape, experts: tuple[torch.Tensor, ...], gbps: 
     return result
 
 
-def report(results: dict[int, dict[str, float]], top_k: int) -> None:
+def report(results: dict[int, dict[str, float]], top_k: int, table: str) -> None:
     names = ["grouped", "table", *CANDIDATES]
     print(f"\n{'T':>3s} {'floor us':>8s} " + " ".join(f"{n:>14s}" for n in names)
           + "  best decode tile")
@@ -116,7 +123,7 @@ def report(results: dict[int, dict[str, float]], top_k: int) -> None:
         cells = " ".join(f"{r[n]:8.1f} {r[n] / r['floor']:4.1f}x" for n in names)
         print(f"{t:3d} {r['floor']:8.1f} {cells}  {best}")
         best_rows.append((t, best, min(r["table"], r[best]) < r["grouped"]))
-    print("\nDECODE_TILES rows (most tokens, tile), best per T:")
+    print(f"\n{table} rows (most tokens, tile), best per T:")
     for t, best, _ in best_rows:
         print(f"    ({t}, {CANDIDATES[best]!r}),")
     wins = [t * top_k for t, _, win in best_rows if win]
@@ -127,6 +134,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", help="default 1 4 16 64 (dry run: 1 4)")
     p.add_argument("--copies", type=int, default=8, help="calls (expert sets) per graph")
+    p.add_argument("--tp", type=int, default=1,
+                   help="the experts of one rank of N, split by width (I / N)")
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes on CPU under TRITON_INTERPRET=1: checks the flow only")
     args = p.parse_args()
@@ -137,6 +146,9 @@ def main() -> None:
         print("dry run: tiny shapes on CPU, wall-clock times (not GPU times)")
     else:
         shape, device, copies, timer = FLASH, "cuda", args.copies, graph_per_call_us
+        if args.tp > 1:
+            shape = shape._replace(inter=shape.inter // args.tp)
+            print(f"one rank of TP{args.tp}: experts {shape.inter} wide")
         gbps = copy_bandwidth() / 1e9
         print(f"{torch.cuda.get_device_name()}: copy {gbps:.0f} GB/s", flush=True)
     torch.manual_seed(0)
@@ -144,7 +156,8 @@ def main() -> None:
         experts = make_experts(shape, device)
         tokens = args.tokens or ([1, 4] if args.dry_run else [1, 4, 16, 64])
         results = {t: sweep_tokens(t, shape, experts, gbps, copies, timer) for t in tokens}
-    report(results, shape.top_k)
+    report(results, shape.top_k,
+           "DECODE_TILES" if args.tp == 1 else f"WIDTH_TILES[{shape.inter}]")
 
 
 if __name__ == "__main__":

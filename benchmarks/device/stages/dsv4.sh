@@ -39,6 +39,17 @@ stage_dsv4mhc() {
     | grep -E "copy|hc_pre|hc_post"
 }
 
+# The FP4 experts' decode tiles at the widths a rank holds (DSV4_MOE_TP, "2 4": I / TP),
+# for moe/decode.py's WIDTH_TILES.
+stage_dsv4moe() {
+  local tp
+  for tp in ${DSV4_MOE_TP:-2 4}; do
+    stage "DeepSeek-V4 FP4 experts at decode sizes, one rank of TP$tp (experts split by width)"
+    timeout 240 python3 benchmarks/device/dsv4_moe_sweep.py --tp $tp 2>&1 \
+      | tee "$OUT/dsv4-moe-sweep-tp$tp.log" | tail -14
+  done
+}
+
 dsv4_kernel_tests() {
   stage "DeepSeek-V4 kernel tests (its own and the shared FP8 linear), compiled, every size"
   timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \

@@ -151,11 +151,19 @@ def test_decode_is_deterministic() -> None:
     assert all(torch.equal(first, decode(case, TILES["split"])) for _ in range(2))
 
 
-def test_decode_tile_table() -> None:
-    bounds = [most for most, _ in DECODE_TILES]
-    assert bounds == sorted(bounds)
+def test_decode_tile_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    from openinfer_deepseek_v4.kernels.moe import decode as moe_decode
+
+    for table in (DECODE_TILES, *moe_decode.WIDTH_TILES.values()):
+        bounds = [most for most, _ in table]
+        assert bounds == sorted(bounds)
     assert decode_tile(1) is DECODE_TILES[0][1]
     assert decode_tile(10_000) is DECODE_TILES[-1][1]
+    # a rank's narrower experts take their width's rows where the table has them
+    narrow = ((4, DecodeTile(block_n=32)),)
+    monkeypatch.setattr(moe_decode, "WIDTH_TILES", {512: narrow})
+    assert decode_tile(1, 512) is narrow[0][1] and decode_tile(64, 512) is narrow[0][1]
+    assert decode_tile(1, 1024) is DECODE_TILES[0][1]
 
 
 @pytest.mark.gpu

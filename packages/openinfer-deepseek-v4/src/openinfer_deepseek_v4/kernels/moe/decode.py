@@ -56,8 +56,16 @@ DECODE_TILES: tuple[tuple[int, DecodeTile], ...] = (
 )
 
 
-def decode_tile(tokens: int) -> DecodeTile:
-    return next((tile for most, tile in DECODE_TILES if tokens <= most), DECODE_TILES[-1][1])
+# The same for the narrower experts a tensor-parallel rank holds (its share of I: 1024 at TP2,
+# 512 at TP4), keyed by that width; a width not here takes DECODE_TILES. Empty until swept
+# (`dsv4_moe_sweep.py --tp N`, gpu_check.sh stage dsv4moe).
+WIDTH_TILES: dict[int, tuple[tuple[int, DecodeTile], ...]] = {}
+
+
+def decode_tile(tokens: int, inter: int | None = None) -> DecodeTile:
+    """The tile for `tokens` tokens of experts `inter` wide (None: V4-Flash's own width)."""
+    table = WIDTH_TILES.get(inter, DECODE_TILES) if inter is not None else DECODE_TILES
+    return next((tile for most, tile in table if tokens <= most), table[-1][1])
 
 
 @triton.jit
@@ -187,7 +195,7 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     host sync (CUDA-graph capturable)."""
     (t, hidden), top_k = x.shape, ids.shape[1]
     inter = gate_up.shape[1] // 2
-    tile = tile or decode_tile(t)
+    tile = tile or decode_tile(t, inter)
     ids = ids if ids.stride(1) == 1 else ids.contiguous()
     weights = weights if weights.stride(1) == 1 else weights.contiguous()
     common = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_launch(x))
