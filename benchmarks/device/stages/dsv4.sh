@@ -40,12 +40,12 @@ stage_dsv4mhc() {
 }
 
 # The FP4 experts' decode tiles at the widths a rank holds (DSV4_MOE_TP, "2 4": I / TP),
-# for moe/decode.py's WIDTH_TILES.
+# for moe/decode.py's WIDTH_TILES (DSV4_MOE_TOKENS: the token counts, "1 4 16 64").
 stage_dsv4moe() {
   local tp
   for tp in ${DSV4_MOE_TP:-2 4}; do
     stage "DeepSeek-V4 FP4 experts at decode sizes, one rank of TP$tp (experts split by width)"
-    timeout 240 python3 benchmarks/device/dsv4_moe_sweep.py --tp $tp 2>&1 \
+    timeout 240 python3 benchmarks/device/dsv4_moe_sweep.py --tp $tp --tokens ${DSV4_MOE_TOKENS:-1 4 16 64} 2>&1 \
       | tee "$OUT/dsv4-moe-sweep-tp$tp.log" | tail -14
   done
 }
