@@ -57,9 +57,15 @@ DECODE_TILES: tuple[tuple[int, DecodeTile], ...] = (
 
 
 # The same for the narrower experts a tensor-parallel rank holds (its share of I: 1024 at TP2,
-# 512 at TP4), keyed by that width; a width not here takes DECODE_TILES. Empty until swept
-# (`dsv4_moe_sweep.py --tp N`, gpu_check.sh stage dsv4moe).
-WIDTH_TILES: dict[int, tuple[tuple[int, DecodeTile], ...]] = {}
+# 512 at TP4), keyed by that width; a width not here takes DECODE_TILES. Swept on the H100
+# (`dsv4_moe_sweep.py --tp N`, gpu_check.sh stage dsv4moe): at 512, one token 32.8 us against
+# DECODE_TILES' 35.8 (down's K step no longer than its 512 inputs), four tokens 68.6 against
+# 75.8, 16 the same; at 1024 DECODE_TILES was already the best.
+WIDTH_TILES: dict[int, tuple[tuple[int, DecodeTile], ...]] = {
+    512: ((1, DecodeTile(block_n=8, block_k=1024, down_block_n=16, down_block_k=512)),
+          (4, DecodeTile(block_n=16, block_k=512, down_block_n=32, down_block_k=512)),
+          (16, DecodeTile(block_n=32, down_block_n=32))),
+}
 
 
 def decode_tile(tokens: int, inter: int | None = None) -> DecodeTile:
