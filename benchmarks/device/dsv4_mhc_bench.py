@@ -1,7 +1,8 @@
 """DeepSeek-V4-Flash's mHC and compressor kernels against their bytes floors: hc_pre and hc_post
 at T = 1, 64, 2048 tokens (hidden 4096, N = 4, bf16 streams), beside the torch references on
 the same GPU (at T = 1 also over the one-token launch's knobs, `SERIAL_MIN_K_BLOCKS` and
-`SERIAL_WARPS` of kernels/mhc/triton.py), and
+`SERIAL_WARPS` of kernels/mhc/triton.py, then with one Sinkhorn pass and as the head's form,
+to see where its time goes), and
 the compressor's pooling for a decode step of 64 requests (every request closing a window:
 the step's worst case; and none: the usual step). A floor is the bytes the op must move (read
 + written) over the copy bandwidth measured in the same run. Each figure is one call's share
@@ -23,7 +24,11 @@ import openinfer_deepseek_v4.kernels.mhc.triton as mhc_triton
 from openinfer_deepseek_v4.kernels.compress import compress_pool_ref
 from openinfer_deepseek_v4.kernels.compress.triton import compress_pool_triton
 from openinfer_deepseek_v4.kernels.mhc import hc_post_ref, hc_pre_ref
-from openinfer_deepseek_v4.kernels.mhc.triton import hc_post_triton, hc_pre_triton
+from openinfer_deepseek_v4.kernels.mhc.triton import (
+    hc_head_triton,
+    hc_post_triton,
+    hc_pre_triton,
+)
 from openinfer_deepseek_v4.kernels.rotary import rope_frequencies
 
 N, D, EPS = 4, 4096, 1e-6
@@ -58,6 +63,7 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
             rows.append((f"{name} T={t}", us, pre_bytes / gbps * 1e-3, pre_bytes / 1e6))
         if t == 1:  # the one-token launch's knobs (mhc/triton.py), each checked, then timed
             rows += knob_rows(inputs, want, pre_bytes, gbps)
+            rows += part_rows(inputs, pre_bytes, gbps, g)
         outs = [(a[0], torch.randn(t, D, device="cuda", generator=g).bfloat16(), post, comb)
                 for a in inputs]
         torch.testing.assert_close(hc_post_triton(*outs[0]), hc_post_ref(*outs[0]),
@@ -89,6 +95,25 @@ def knob_rows(inputs: list[tuple[torch.Tensor, ...]], want: tuple[torch.Tensor, 
     finally:
         for knob, value in zip(knobs, defaults, strict=True):
             setattr(mhc_triton, knob, value)
+    return rows
+
+
+def part_rows(inputs: list[tuple[torch.Tensor, ...]], nbytes: int, gbps: float,
+              g: torch.Generator) -> list[tuple[str, float, float, float]]:
+    """Where a one-token hc_pre's time goes: the same launch with one Sinkhorn-Knopp pass in
+    place of 20 (the difference is 19 passes), and the head's form (N mix outputs, no post,
+    no comb: the projection, the arrival count and the collapse)."""
+    one_pass = dict(HC, sinkhorn_iters=1)
+    rows = [("hc_pre T=1 one Sinkhorn pass",
+             graph_per_call_us([lambda a=a: hc_pre_triton(*a, **one_pass) for a in inputs]),
+             nbytes / gbps * 1e-3, nbytes / 1e6)]
+    heads = [(a[0], torch.randn(N, N * D, device="cuda", generator=g) * (N * D) ** -0.5,
+              torch.randn(N, device="cuda", generator=g),
+              torch.rand(1, device="cuda", generator=g) + 0.5) for a in inputs]
+    head_bytes = N * D * 2 + N * N * D * 4 + D * 2
+    rows.append(("hc_head T=1", graph_per_call_us(
+        [lambda a=a: hc_head_triton(*a, hc_eps=EPS, norm_eps=EPS) for a in heads]),
+        head_bytes / gbps * 1e-3, head_bytes / 1e6))
     return rows
 
 

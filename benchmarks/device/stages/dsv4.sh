@@ -36,7 +36,12 @@ stage_dsv4mhc() {
     | tail -4 | tee "$OUT/dsv4_mhc_tests.log"
   stage "DeepSeek-V4 mHC: hc_pre / hc_post against their floors, the one-token knobs"
   timeout 240 python3 benchmarks/device/dsv4_mhc_bench.py 2>&1 | tee "$OUT/dsv4-mhc.log" \
-    | grep -E "copy|hc_pre|hc_post"
+    | grep -E "copy|hc_pre|hc_post|hc_head"
+}
+
+# The official-code gate alone (carry official-dsv4; its fp32 judge needs an H200's memory).
+stage_dsv4official() {
+  dsv4_official_gate
 }
 
 # The FP4 experts' decode tiles at the widths a rank holds (DSV4_MOE_TP, "2 4": I / TP),
