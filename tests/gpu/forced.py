@@ -184,9 +184,9 @@ def assert_within(row: dict[str, object], bounds: dict[str, float] = GOLDEN_BOUN
 
 def check_gate(name: str, picks: list[Picks], reference: list[torch.Tensor], which: list[int],
                bounds: dict[str, float] = GOLDEN_BOUNDS, file: str = "golden_gpu.jsonl") -> None:
-    """`gate_row` of `picks` against `reference`, recorded, then held to `bounds`."""
+    """`gate_row` of `picks` against `reference`, recorded with `bounds`, then held to them."""
     row = gate_row(name, picks, reference, which)
-    record(row, file)
+    record(row | {"bounds": bounds}, file)
     assert_within(row, bounds)
 
 

@@ -70,3 +70,21 @@ def test_the_import_time_ab_is_one_row(summary: ModuleType, tmp_path: Path) -> N
     (tmp_path / "ab-import.json").write_text(json.dumps({"runs": 1, "sides": sides}))
     assert summary.lines(tmp_path) == [
         ("A/B import time (median)", "base 2.000 s; new 1.500 s; new/base 0.750")]
+
+
+def test_golden_rows_show_the_bounds_they_were_held_to(summary: ModuleType,
+                                                       tmp_path: Path) -> None:
+    """A gate row carries its bounds (tests/gpu/forced.py check_gate); a reference row carries
+    None; a row from before the rows carried them shows the golden bounds."""
+    numbers = {"regret_max": 0.3, "dlogprob_mean": 0.05, "dlogprob_p99": 0.17, "positions": 9}
+    rows = [{"case": "raised", **numbers,
+             "bounds": {"regret_max": 0.38, "dlogprob_mean": 0.06, "dlogprob_p99": 0.21}},
+            {"case": "reference", **numbers, "bounds": None},
+            {"case": "old", **numbers}]
+    (tmp_path / "golden_gpu.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = dict(summary.lines(tmp_path))
+    assert got["golden raised"] == ("regret max 0.300 (<=0.38)  |dlp| mean 0.0500 (<=0.06)  "
+                                    "p99 0.170 (<=0.21)  n=9")
+    assert got["golden reference"] == ("regret max 0.300 (reference)  |dlp| mean 0.0500 "
+                                       "(reference)  p99 0.170 (reference)  n=9")
+    assert got["golden old"].startswith("regret max 0.300 (<=0.20)")
