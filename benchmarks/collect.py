@@ -52,7 +52,7 @@ def main() -> None:
                                     "dsv4_kernel_tests", "dsv4_golden", "dsv4_official_golden",
                                     "dsv4_mhc_tests", "fp8serve_tests", "gate_kernel_tests"))
               and path.suffix == ".log"):
-            run[path.stem] = path.read_text().strip().splitlines()[-1]
+            run[path.stem] = (path.read_text().strip().splitlines() or [""])[-1]
         elif path.name in TABLE_LOGS or path.name.startswith("dsv4-moe-sweep"):
             # printed tables, kept whole
             run[path.stem] = path.read_text().strip().splitlines()

@@ -143,6 +143,8 @@ def main() -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes on CPU under TRITON_INTERPRET=1: checks the flow only")
     args = p.parse_args()
+    if args.dry_run and args.tp > 1:
+        p.error("--tp narrows V4-Flash's experts: the dry run's tiny shapes take none")
     if args.dry_run:
         if os.environ.get("TRITON_INTERPRET") != "1":
             p.error("--dry-run runs the kernels under the interpreter: set TRITON_INTERPRET=1")

@@ -33,7 +33,7 @@ def lines(out: Path) -> list[tuple[str, str]]:
         # the bounds the test held the row to (rows written before they carried them: the
         # golden ones); None: a reference point, not gated
         bounds = row.get("bounds", GOLDEN)
-        held = {key: f"(<={bounds[key]:.2f})" if bounds else "(reference)" for key in GOLDEN}
+        held = {key: f"(<={bounds[key]:.3g})" if bounds else "(reference)" for key in GOLDEN}
         rows.append((f"golden {row['case']}",
                      f"regret max {row['regret_max']:.3f} {held['regret_max']}  |dlp| mean "
                      f"{row['dlogprob_mean']:.4f} {held['dlogprob_mean']}  p99 "

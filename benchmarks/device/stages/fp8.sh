@@ -107,7 +107,8 @@ PY
 stage_fp8serve() {
   # Qwen3-8B FP8 (kept, the default) at batch: offline 128/128 x 512 beside the bf16
   # checkpoint's in the same call, then served FP8SERVE_PROMPTS (4096) x 128/128 at
-  # concurrency 512 behind API_SERVERS frontends (issue 34: >= 20,000 output tok/s offline,
+  # concurrency 512 behind FP8SERVE_API_SERVERS frontends (default: the last of API_SERVERS)
+  # (issue 34: >= 20,000 output tok/s offline,
   # served within 0.95x of it). 1,024 prompts are two waves of 512: their ramp-up and drain
   # weigh on the figure as the offline run's single wave does not.
   local m8fp8=/tmp/qwen3-8b-fp8 model side
@@ -123,10 +124,10 @@ stage_fp8serve() {
       --max-num-seqs 512 --max-model-len 4608 --num-prompts 512 --input-len 128 \
       --output-len 128 --result-file "$OUT/throughput-8b-$side-128.json" 2>&1 | tail -6
   done
-  local prompts=${FP8SERVE_PROMPTS:-4096}
-  stage "served throughput, Qwen3-8B FP8, $prompts x 128/128 at concurrency 512, $API_SERVERS frontend(s)"
+  local prompts=${FP8SERVE_PROMPTS:-4096} servers=${FP8SERVE_API_SERVERS:-${API_SERVERS##* }}
+  stage "served throughput, Qwen3-8B FP8, $prompts x 128/128 at concurrency 512, $servers frontend(s)"
   OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $m8fp8 \
-    --load-format dummy --max-num-seqs 512 --api-server-count $API_SERVERS \
+    --load-format dummy --max-num-seqs 512 --api-server-count $servers \
     --max-model-len 4608 --port 8000 >> "$OUT/serve-fp8.log" 2>&1 &
   local server=$!
   if wait_ready $server; then

@@ -85,6 +85,10 @@ def test_golden_rows_show_the_bounds_they_were_held_to(summary: ModuleType,
     got = dict(summary.lines(tmp_path))
     assert got["golden raised"] == ("regret max 0.300 (<=0.38)  |dlp| mean 0.0500 (<=0.06)  "
                                     "p99 0.170 (<=0.21)  n=9")
+    rows[0]["bounds"] = {"regret_max": 0.381, "dlogprob_mean": 0.0613, "dlogprob_p99": 1e-4}
+    (tmp_path / "golden_gpu.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert dict(summary.lines(tmp_path))["golden raised"] == (
+        "regret max 0.300 (<=0.381)  |dlp| mean 0.0500 (<=0.0613)  p99 0.170 (<=0.0001)  n=9")
     assert got["golden reference"] == ("regret max 0.300 (reference)  |dlp| mean 0.0500 "
                                        "(reference)  p99 0.170 (reference)  n=9")
-    assert got["golden old"].startswith("regret max 0.300 (<=0.20)")
+    assert got["golden old"].startswith("regret max 0.300 (<=0.2)")

@@ -131,11 +131,11 @@ def summarize(timings: list[RequestTiming], input_len: int, output_len: int,
 
 def run_latency(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = bench_engine_config(args, parser)
-    ceiling = measure_ceiling(config.torch_device())
     if args.batch_size > config.max_num_seqs:
         parser.error(f"--batch-size {args.batch_size} is more than --max-num-seqs "
                      f"{config.max_num_seqs}: the batch would not run together; raise "
                      f"--max-num-seqs")
+    ceiling = measure_ceiling(config.torch_device())
     engine = load_engine(args, config)
     for input_len in args.input_len:
         check_fits(engine, input_len, args.output_len)

@@ -38,7 +38,7 @@ SERIAL_TOKENS = 1
 # for the one-token launch, which runs SERIAL_WARPS warps (None: enough for the weights'
 # [N, D] row). At one token of V4-Flash's streams (N 4, D 4096) on one H200, 1 block and 4
 # warps took 10.9 us a call against 15.9 with 4 blocks and 16 warps, the best of 1/2/4/8 x
-# 4/8/16 (benchmarks/device/dsv4_mhc_bench.py, which sweeps them). Spreading the Sinkhorn
+# 2/4/8/16 (benchmarks/device/dsv4_mhc_bench.py, which sweeps them). Spreading the Sinkhorn
 # tile over copies of it (its sums within a warp) measured no faster at either size.
 MIX_MIN_K_BLOCKS = 4
 SERIAL_MIN_K_BLOCKS = 1

@@ -35,10 +35,10 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 class DecodeTile:
     """block_n / block_k: gate_up rows (each of gate and up) and inputs per program step;
     down_block_n / down_block_k: the same for down; down_split: K shares of down (1: none);
-    unroll_slots: down's loop over the token's top-k slots unrolled at compile time (each
-    slot's expert id and weight read up front, not between the previous slot's weight loads;
-    the same sums in the same order). Block sizes are powers of two, block_k's at least 32
-    (one scale group)."""
+    unroll_slots: down's loop over the token's top-k slots unrolled at compile time (the
+    top-k a constant, each slot's steps a loop inside), which gives the compiler the slots'
+    loads to schedule together; the same sums in the same order. Block sizes are powers of
+    two, block_k's at least 32 (one scale group)."""
 
     block_n: int = 16
     block_k: int = 512
