@@ -1,8 +1,9 @@
 """How evenly a data-parallel server's replicas carry their load: polls /metrics every
 `--interval` seconds for `--seconds` (or until the server stops answering, or SIGTERM) and
-reports, per replica, the running and waiting requests' mean and maximum over the samples
-where the server had any request. A replica that queues while another has free slots means
-the router, not the engines, sets the served throughput.
+reports, per replica, the running and waiting requests' mean, median and maximum over the
+samples where the server had any request (the mean counts the ramp-up and drain; the median is
+nearer the steady state). A replica that queues while another has free slots means the router,
+not the engines, sets the served throughput.
 
 Usage: python replica_balance.py [--base-url URL] [--seconds 120] [--interval 0.5] [--json F]"""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import time
 from collections import defaultdict
 
@@ -51,11 +53,12 @@ def main() -> None:
                 for key, value in got.items():
                     series[key].append(value)
             time.sleep(args.interval)
-    report = {f"replica {r} {what}": {"mean": sum(v) / len(v), "max": max(v), "samples": len(v)}
+    report = {f"replica {r} {what}": {"mean": sum(v) / len(v), "median": statistics.median(v),
+                                      "max": max(v), "samples": len(v)}
               for (r, what), v in sorted(series.items()) if v}
     for name, figures in report.items():
-        print(f"  {name}: mean {figures['mean']:.0f}, max {figures['max']:.0f} "
-              f"({figures['samples']} samples)")
+        print(f"  {name}: mean {figures['mean']:.0f}, median {figures['median']:.0f}, max "
+              f"{figures['max']:.0f} ({figures['samples']} samples)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
