@@ -6,15 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openinfer_deepseek_v4.kernels.mhc import hc_head_ref, hc_post_ref, hc_pre_ref
+from openinfer_deepseek_v4.kernels.mhc import (
+    hc_expand_ref,
+    hc_head_ref,
+    hc_post_ref,
+    hc_pre_ref,
+    hc_weights_ref,
+)
 from openinfer_deepseek_v4.kernels.mhc.triton import hc_head_triton, hc_post_triton, hc_pre_triton
 
 # The kernels run compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, HC_EPS, NORM_EPS, ITERS = 4, 1e-6, 1e-6, 20
 
-# post and comb are fp32 from the same fp32 math in another order (the split-K sums, the RMS
-# applied after the projection): a few fp32 ulps, the 20 Sinkhorn passes included.
+# post and comb's logits are fp32 from the same fp32 math in another order (the split-K sums,
+# the RMS applied after the projection): a few fp32 ulps.
 WEIGHTS_TOL = dict(rtol=1e-5, atol=1e-6)
 # x / the head's collapse / the new streams. fp32: rounding order only. bf16: both sides round
 # at the same points (collapse, normed output; each term of the expansion, their sum), but a
@@ -47,7 +53,7 @@ def make(t: int, d: int, dtype: torch.dtype, *, head: bool = False, seed: int = 
 
 def check_pre(t: int, d: int, dtype: torch.dtype) -> None:
     streams, fn, base, scale, norm_weight = make(t, d, dtype)
-    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS, sinkhorn_iters=ITERS)
+    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS)
     x, post, comb = hc_pre_triton(streams, fn, base, scale, norm_weight, **args)
     x_ref, post_ref, comb_ref = hc_pre_ref(streams, fn, base, scale, norm_weight, **args)
     assert x.dtype == dtype and post.dtype == comb.dtype == torch.float32
@@ -69,13 +75,28 @@ def test_hc_post_matches_reference(case: str, dtype: torch.dtype) -> None:
     t, d = CASES[case]
     streams, fn, base, scale, norm_weight = make(t, d, dtype)
     _, post, comb = hc_pre_ref(streams, fn, base, scale, norm_weight, hc_eps=HC_EPS,
-                               norm_eps=NORM_EPS, sinkhorn_iters=ITERS)
+                               norm_eps=NORM_EPS)
     # the sublayer's output as the model hands it over: a row slice of something wider
     out = (4 * torch.randn(t, d + 8, generator=torch.Generator().manual_seed(1))).to(dtype)
     out = out.to(DEVICE)[:, 3:3 + d]
-    new = hc_post_triton(streams, out, post, comb)
+    mixing = dict(hc_eps=HC_EPS, sinkhorn_iters=ITERS)
+    new = hc_post_triton(streams, out, post, comb, **mixing)
     assert new.dtype == dtype and new.shape == (t, N, d) and new.is_contiguous()
-    torch.testing.assert_close(new, hc_post_ref(streams, out, post, comb), **TOL[dtype])
+    torch.testing.assert_close(new, hc_post_ref(streams, out, post, comb, **mixing), **TOL[dtype])
+
+
+@DTYPES
+def test_the_split_is_the_models_around(dtype: torch.dtype) -> None:
+    """hc_pre_ref then hc_post_ref (comb's Sinkhorn-Knopp in the second) are, bit for bit, the
+    model reference's pieces: `hc_weights_ref` (comb whole), the collapse, `hc_expand_ref`."""
+    streams, fn, base, scale, norm_weight = make(3, 40, dtype, seed=7)
+    out = torch.randn(3, 40, generator=torch.Generator().manual_seed(2)).to(dtype).to(DEVICE)
+    _, post, logits = hc_pre_ref(streams, fn, base, scale, norm_weight, hc_eps=HC_EPS,
+                                 norm_eps=NORM_EPS)
+    got = hc_post_ref(streams, out, post, logits, hc_eps=HC_EPS, sinkhorn_iters=ITERS)
+    _, post_whole, comb = hc_weights_ref(streams, fn, base, scale, hc_eps=HC_EPS,
+                                         norm_eps=NORM_EPS, sinkhorn_iters=ITERS)
+    assert torch.equal(got, hc_expand_ref(streams, out, post_whole, comb))
 
 
 @DTYPES
@@ -102,7 +123,7 @@ def test_strided_streams_and_no_tokens() -> None:
     streams, fn, base, scale, norm_weight = make(5, 40, torch.float32)
     wide = torch.zeros(5, N, 48, device=DEVICE)
     wide[:, :, :40] = streams
-    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS, sinkhorn_iters=ITERS)
+    args = dict(hc_eps=HC_EPS, norm_eps=NORM_EPS)
     for got, want in zip(hc_pre_triton(wide[:, :, :40], fn, base, scale, norm_weight, **args),
                          hc_pre_ref(streams, fn, base, scale, norm_weight, **args), strict=True):
         torch.testing.assert_close(got, want, **TOL[torch.float32])
@@ -114,7 +135,7 @@ def test_wrong_fn_shape_is_refused() -> None:
     streams, fn, base, scale, norm_weight = make(2, 40, torch.float32)
     with pytest.raises(ValueError, match="fn"):
         hc_pre_triton(streams, fn[:, :-1], base, scale, norm_weight, hc_eps=HC_EPS,
-                      norm_eps=NORM_EPS, sinkhorn_iters=ITERS)
+                      norm_eps=NORM_EPS)
 
 
 @pytest.mark.gpu
@@ -145,8 +166,7 @@ def test_the_last_share_computes_one_tokens_weights_as_the_second_kernel_does(
     def run() -> tuple[torch.Tensor, ...]:
         if head:
             return (hc_head_triton(streams, fn, base, scale, **args),)
-        return hc_pre_triton(streams, fn, base, scale, norm_weight, sinkhorn_iters=ITERS,
-                             **args)
+        return hc_pre_triton(streams, fn, base, scale, norm_weight, **args)
 
     assert mhc_triton.SERIAL_TOKENS >= 1
     serial = run()

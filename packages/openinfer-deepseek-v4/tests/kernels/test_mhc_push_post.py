@@ -26,23 +26,25 @@ from openinfer_kernels.testing.ranks import push_memory, run_ranks_forked
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N = 4
+MIXING = dict(hc_eps=1e-6, sinkhorn_iters=20)  # comb from its logits, in the kernel
+push_post = functools.partial(hc_post_all_reduce_triton, **MIXING)
 
 
 def _inputs(world: int, t: int, d: int, dtype: torch.dtype, seed: int, device: str = "cpu"):
-    """(every rank's partial [T, D], the streams [T, N, D], post [T, N], comb [T, N, N]): all
-    but the partials the same on every rank, as in the model."""
+    """(every rank's partial [T, D], the streams [T, N, D], post [T, N], comb's logits
+    [T, N, N]): all but the partials the same on every rank, as in the model."""
     g = torch.Generator().manual_seed(seed)
     partials = [(2 * torch.randn(t, d, generator=g)).to(device, dtype) for _ in range(world)]
     streams = (torch.randn(t, N, d, generator=g) * torch.tensor([1.0, 3.0, 0.5, 2.0])[:, None])
     post = 2 * torch.sigmoid(torch.randn(t, N, generator=g))
-    comb = torch.softmax(torch.randn(t, N, N, generator=g), dim=-1)
+    comb = torch.randn(t, N, N, generator=g)
     return partials, streams.to(device, dtype), post.to(device), comb.to(device)
 
 
 def _want(partials, streams, post, comb) -> torch.Tensor:  # type: ignore[no-untyped-def]
     """`hc_post_triton` of the sum of the partials in fp32, in rank order, rounded once."""
     total = functools.reduce(operator.add, [p.float() for p in partials]).to(streams.dtype)
-    return hc_post_triton(streams, total, post, comb)
+    return hc_post_triton(streams, total, post, comb, **MIXING)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -51,9 +53,9 @@ def test_one_rank_is_hc_post_of_its_partial(dtype: torch.dtype) -> None:
     areas, _, seqs = push_memory(1, d, dtype, shared=False, device=DEVICE)
     for t, seed in ((1, 1), (5, 2)):
         partials, streams, post, comb = _inputs(1, t, d, dtype, seed, DEVICE)
-        got = hc_post_all_reduce_triton(streams, partials[0], post, comb, areas, seqs[0], 0)
+        got = push_post(streams, partials[0], post, comb, areas, seqs[0], 0)
         assert got.shape == (t, N, d) and got.dtype == dtype
-        assert torch.equal(got, hc_post_triton(streams, partials[0], post, comb))
+        assert torch.equal(got, hc_post_triton(streams, partials[0], post, comb, **MIXING))
     assert seqs[0][:6].tolist() == [2, 1, 1, 1, 1, 0]
 
 
@@ -62,14 +64,14 @@ def test_wrong_shapes_and_too_many_rows_are_refused() -> None:
     areas, _, seqs = push_memory(1, d, torch.float32, shared=False)
     partials, streams, post, comb = _inputs(1, 2, d, torch.float32, 3)
     with pytest.raises(ValueError, match="partial"):
-        hc_post_all_reduce_triton(streams, partials[0][:, :8], post, comb, areas, seqs[0], 0)
+        push_post(streams, partials[0][:, :8], post, comb, areas, seqs[0], 0)
     with pytest.raises(ValueError, match="partial"):
-        hc_post_all_reduce_triton(streams, partials[0].half(), post, comb, areas, seqs[0], 0)
+        push_post(streams, partials[0].half(), post, comb, areas, seqs[0], 0)
     many = _inputs(1, MAX_PROGRAMS + 1, d, torch.float32, 4)
     with pytest.raises(ValueError, match="at most"):
-        hc_post_all_reduce_triton(many[1], many[0][0], many[2], many[3], areas, seqs[0], 0)
+        push_post(many[1], many[0][0], many[2], many[3], areas, seqs[0], 0)
     with pytest.raises(ValueError, match="too small"):
-        hc_post_all_reduce_triton(streams, partials[0], post, comb, [areas[0][:10]], seqs[0], 0)
+        push_post(streams, partials[0], post, comb, [areas[0][:10]], seqs[0], 0)
 
 
 # Successive calls: (rows, with hc_post?): the group's push all-reduce between them.
@@ -81,7 +83,7 @@ def _run_rank(rank, calls, areas, seqs, outs):  # type: ignore[no-untyped-def]
             zip(calls, CALLS, strict=True)):
         if post_too:
             got = hc_post_all_reduce_triton(streams, partials[rank], post, comb, areas,
-                                            seqs[rank], rank)
+                                            seqs[rank], rank, **MIXING)
         else:
             got = all_reduce_push_triton(partials[rank], areas, seqs[rank], rank)
         outs[rank][n].view(-1)[:got.numel()].copy_(got.reshape(-1))

@@ -2,7 +2,8 @@
 one sublayer's step on either side of the sublayer (`hc_pre_ref`, `hc_post_ref`), `hc_head` the
 final collapse: Triton kernels on CUDA tensors, the references on CPU. `hc_post_all_reduce`:
 `hc_post` of a tensor-parallel sublayer's partial output, summed over the ranks in the same
-launch where the group's push memory takes the rows (`push_post.py`). The piecewise references
+launch where the group's push memory takes the rows (`push_post.py`). hc_pre hands hc_post
+comb's logits: comb's Sinkhorn-Knopp (`comb_ref`) runs in hc_post. The piecewise references
 (`hc_weights_ref`, `hc_collapse_ref`, `hc_expand_ref`) are the model reference's vocabulary."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 from openinfer_core.interfaces.model import PushAreas
 from openinfer_deepseek_v4.kernels.mhc.reference import (
+    comb_ref,
     hc_collapse_ref,
     hc_expand_ref,
     hc_head_ref,
@@ -30,8 +32,9 @@ hc_head = by_device(hc_head_ref, _kernels.hc_head_triton if _kernels else None)
 
 
 def hc_post_all_reduce(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
-                       comb: torch.Tensor, push: PushAreas | None) -> torch.Tensor | None:
-    """`hc_post(streams, the sum of partial over the ranks, post, comb)` in one launch where
+                       comb: torch.Tensor, push: PushAreas | None, *, hc_eps: float,
+                       sinkhorn_iters: int) -> torch.Tensor | None:
+    """`hc_post(streams, the sum of partial over the ranks, post, comb, ...)` in one launch where
     `push` (the group's push memory, `TensorParallelGroup.push_areas`) takes these rows: on
     CUDA, the rows their own signal, at most its rows; None, nothing done, elsewhere (then the
     group's `all_reduce` and `hc_post`). The same answer on every rank for the same shapes."""
@@ -39,8 +42,9 @@ def hc_post_all_reduce(streams: torch.Tensor, partial: torch.Tensor, post: torch
             or push.area_fill != _push.EMPTY_BYTE or not 0 < partial.shape[0] <= push.max_rows):
         return None
     return _push.hc_post_all_reduce_triton(streams, partial, post, comb, push.areas, push.seqs,
-                                           push.rank)
+                                           push.rank, hc_eps=hc_eps,
+                                           sinkhorn_iters=sinkhorn_iters)
 
 
-__all__ = ["hc_collapse_ref", "hc_expand_ref", "hc_head", "hc_head_ref", "hc_post",
+__all__ = ["comb_ref", "hc_collapse_ref", "hc_expand_ref", "hc_head", "hc_head_ref", "hc_post",
            "hc_post_all_reduce", "hc_post_ref", "hc_pre", "hc_pre_ref", "hc_weights_ref"]

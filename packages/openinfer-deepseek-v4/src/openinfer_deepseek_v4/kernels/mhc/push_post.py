@@ -12,8 +12,8 @@ parity seq % 2; the partial row goes into slot (parity, this rank, t) of every p
 the peers' rows are polled in this rank's own area until landed, added in fp32 in rank order
 and rounded to the streams' dtype (the bits of the group's push all-reduce), and the slots are
 emptied again; then H'_k = post_k out + sum_j comb[j, k] H_j with `_expand_kernel`'s
-rounding points. (The mypy line above: @triton.jit functions annotate only their constexpr
-parameters.)"""
+rounding points, comb from hc_pre's logits before the PDL wait as there. (The mypy line
+above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
 
@@ -23,38 +23,40 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_deepseek_v4.kernels.mhc.triton import expand_columns
+from openinfer_deepseek_v4.kernels.mhc.triton import comb_of, expand_columns
 from openinfer_kernels.collective.push_triton import EMPTY_BYTE, area_elements, exchange_row
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
-def _push_post_kernel(x_ptr, streams_ptr, post_ptr, comb_ptr, new_ptr, areas, seq_ptr, D,
-                      stride_x, stride_st, stride_sn, RANK: tl.constexpr, WORLD: tl.constexpr,
-                      PROGRAMS: tl.constexpr, BITS: tl.constexpr, N: tl.constexpr,
-                      BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
+def _push_post_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, areas, seq_ptr, D,
+                      stride_x, stride_st, stride_sn, hc_eps, iters, RANK: tl.constexpr,
+                      WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr,
+                      N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     t = tl.cast(pid, tl.int64)
+    comb = comb_of(logits_ptr, t, hc_eps, iters, N)  # before the wait, as `_expand_kernel`
+    pdl_enter(PDL)
     rd = tl.arange(0, BLOCK_D)
     d_ok = rd < D
     acc = exchange_row(x_ptr + t * stride_x, areas, seq_ptr, pid, D, rd, d_ok, RANK, WORLD,
                        PROGRAMS, BITS)
     # the all-reduce's result in the streams' dtype, expanded as `_expand_kernel` does
-    expand_columns(acc.to(new_ptr.dtype.element_ty), streams_ptr, post_ptr, comb_ptr, new_ptr,
+    expand_columns(acc.to(new_ptr.dtype.element_ty), streams_ptr, post_ptr, comb, new_ptr,
                    t, rd, d_ok, stride_st, stride_sn, N, D)
 
 
 def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
                               comb: torch.Tensor, areas: Sequence[torch.Tensor],
-                              seqs: torch.Tensor, rank: int) -> torch.Tensor:
-    """`hc_post_ref(streams, sum over the ranks of partial, post, comb)` in one launch:
+                              seqs: torch.Tensor, rank: int, *, hc_eps: float,
+                              sinkhorn_iters: int) -> torch.Tensor:
+    """`hc_post_ref(streams, sum over the ranks of partial, post, comb, ...)` in one launch:
     streams [T, N, D], this rank's partial [T, D] (its dtype; rows may be strided), post
-    [T, N] and comb [T, N, N] fp32 -> new streams [T, N, D]. Collective: every rank calls it
-    with the same shapes, in the same order, interleaved as it likes with the group's push
-    calls on `areas` (every rank's landing area, rows as their signal: empty bytes
-    `EMPTY_BYTE`) and `seqs` (this rank's call counts); T at most `MAX_PROGRAMS`."""
+    [T, N] and comb's logits [T, N, N] fp32 (hc_pre's) -> new streams [T, N, D]. Collective:
+    every rank calls it with the same shapes, in the same order, interleaved as it likes with
+    the group's push calls on `areas` (every rank's landing area, rows as their signal: empty
+    bytes `EMPTY_BYTE`) and `seqs` (this rank's call counts); T at most `MAX_PROGRAMS`."""
     t, n, d = streams.shape
     world = len(areas)
     if (partial.shape != (t, d) or post.shape != (t, n) or comb.shape != (t, n, n) or n & (n - 1)
@@ -77,7 +79,8 @@ def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post
     block_d = triton.next_power_of_2(d)
     _push_post_kernel[(t,)](
         partial, streams, post, comb, new, tuple(areas), seqs, d, partial.stride(0),
-        streams.stride(0), streams.stride(1), RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
+        streams.stride(0), streams.stride(1), hc_eps, sinkhorn_iters, RANK=rank, WORLD=world,
+        PROGRAMS=MAX_PROGRAMS,
         BITS=8 * partial.element_size(), N=n, BLOCK_D=block_d,
         num_warps=max(4, min(16, n * block_d // 1024)), **pdl_launch(streams))
     return new

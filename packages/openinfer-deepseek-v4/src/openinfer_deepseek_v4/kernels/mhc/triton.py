@@ -2,7 +2,11 @@
 """mHC around a sublayer in three launches: `hc_pre` (before it) is a split-K mix projection
 plus a per-token kernel, `hc_post` (after it) one kernel. At one token `hc_pre` is one launch:
 the mix projection's last program to arrive (`openinfer_kernels.split_k`'s arrival counts) does
-the token's weights itself, as the second kernel would.
+the token's weights itself, as the second kernel would. `comb`'s Sinkhorn-Knopp runs in
+`hc_post`, before its wait on the kernel ahead of it (PDL): hc_pre hands over comb's logits,
+which were written at least one kernel earlier (the sublayer's), so the iterations overlap the
+sublayer's last kernel instead of lengthening hc_pre's serial tail (2.3 of a one-token
+hc_pre's 10.9 us on one H200, `benchmarks/device/dsv4_mhc_bench.py`).
 
 1. `_mix_kernel`: the [T, N D] streams times fn^T ([N D, M], M = (2 + N) N, or N for the head)
    and each row's sum of squares, over a 1/SPLIT share of N D per program, into an fp32
@@ -11,14 +15,14 @@ the token's weights itself, as the second kernel would.
    The weightless RMS of the streams scales the product afterwards rather than the streams
    before it (the spec's order; the reference's differs by fp32 rounding only).
 2. `_weights_kernel`, one program per token: adds the SPLIT shares in a fixed order (so results
-   do not depend on timing), then sigmoid pre/post, the comb softmax and its Sinkhorn-Knopp
-   iterations on an N x N tile in registers, the collapse sum_i pre_i H_i over the whole row,
-   rounded to the streams' dtype, and the layer's RMSNorm in fp32 rounded once (the model's
-   `rms_norm`). The head's form stops after the collapse.
-3. `_expand_kernel`: H'_k = post_k out + sum_j comb[j, k] H_j with the reference's rounding
-   points: the weights to the streams' dtype first, each of the two terms rounded, their sum
-   rounded. (The mypy line above: @triton.jit functions annotate only their constexpr
-   parameters.)"""
+   do not depend on timing), then sigmoid pre/post, comb's logits, the collapse sum_i pre_i H_i
+   over the whole row, rounded to the streams' dtype, and the layer's RMSNorm in fp32 rounded
+   once (the model's `rms_norm`). The head's form stops after the collapse.
+3. `_expand_kernel`: comb from its logits (the softmax and Sinkhorn-Knopp iterations on an
+   N x N tile in registers), then H'_k = post_k out + sum_j comb[j, k] H_j with the
+   reference's rounding points: the weights to the streams' dtype first, each of the two terms
+   rounded, their sum rounded. (The mypy line above: @triton.jit functions annotate only
+   their constexpr parameters.)"""
 
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ SERIAL_WARPS: int | None = 4
 @triton.jit
 def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr, norm_w_ptr,
                 y_ptr, post_ptr, comb_ptr, T, K, K_PER, stride_xt, stride_xn, hc_eps,
-                norm_eps, iters, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                norm_eps, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
                 BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
                 N: tl.constexpr, D: tl.constexpr, SPLIT_PAD: tl.constexpr,
                 BLOCK_D: tl.constexpr, HEAD: tl.constexpr, SERIAL: tl.constexpr,
@@ -87,7 +91,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                 _token_weights(pid_t * 0 + t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                                norm_w_ptr,
                                y_ptr, post_ptr, comb_ptr, T, tl.num_programs(1), stride_xt,
-                               stride_xn, hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD,
+                               stride_xn, hc_eps, norm_eps, N, D, M_PAD, SPLIT_PAD,
                                BLOCK_D, HEAD, NORM, ".cg")
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
 
@@ -107,25 +111,25 @@ def _sinkhorn(logits, hc_eps, iters):
 
 @triton.jit
 def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr, post_ptr,
-                    comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
+                    comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
                     N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                     PDL: tl.constexpr, NORM: tl.constexpr = True):
     pdl_enter(PDL)
     _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                    norm_w_ptr, y_ptr, post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn,
-                   hc_eps, norm_eps, iters, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, "")
+                   hc_eps, norm_eps, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, "")
 
 
 @triton.jit
 def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr,
-                   post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps, iters,
+                   post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                    NORM: tl.constexpr, CACHE: tl.constexpr):
     """Token t's weights from its SPLIT shares (read with cache modifier CACHE: ".cg" where
     other programs of the same launch wrote them), its collapse and (NORM) the RMSNorm of it
-    by norm_w_ptr. HEAD: the head's form, `pre` only."""
+    by norm_w_ptr; comb's logits, not comb. HEAD: the head's form, `pre` only."""
     rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
     s_ok, d_ok = rs < SPLIT, rd < D
     inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0,
@@ -145,7 +149,7 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
                               mask=s_ok[:, None, None], other=0.0, cache_modifier=CACHE),
                       axis=0)
         logits = comb * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + nn)
-        tl.store(comb_ptr + t * N * N + nn, _sinkhorn(logits, hc_eps, iters))
+        tl.store(comb_ptr + t * N * N + nn, logits)
     h = tl.load(x_ptr + t.to(tl.int64) * stride_xt + rn[:, None] * stride_xn + rd[None, :],
                 mask=d_ok[None, :], other=0.0)
     out_ty = y_ptr.dtype.element_ty
@@ -157,16 +161,26 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
 
 
 @triton.jit
-def expand_columns(out, streams_ptr, post_ptr, comb_ptr, new_ptr, t, rd, d_ok, stride_st,
+def comb_of(logits_ptr, t, hc_eps, iters, N: tl.constexpr):
+    """Token t's comb [N, N] fp32 from its logits at logits_ptr ([T, N, N] fp32)."""
+    rn = tl.arange(0, N)
+    return _sinkhorn(tl.load(logits_ptr + t * N * N + rn[:, None] * N + rn[None, :]), hc_eps,
+                     iters)
+
+
+@triton.jit
+def expand_columns(out, streams_ptr, post_ptr, comb, new_ptr, t, rd, d_ok, stride_st,
                    stride_sn, N: tl.constexpr, D: tl.constexpr):
     """Token t's new streams at columns `rd` (where `d_ok`) from the sublayer's output `out`
-    there (in the streams' dtype): the weights rounded to that dtype first, each of the two
-    terms rounded, their sum rounded (the reference's rounding points)."""
+    there (in the streams' dtype) and its comb [N, N] (`comb_of`): the weights rounded to that
+    dtype first, each of the two terms rounded, their sum rounded (the reference's rounding
+    points)."""
     rn = tl.arange(0, N)
     ty = new_ptr.dtype.element_ty
     mixed = tl.zeros([N, rd.shape[0]], dtype=tl.float32)
     for j in tl.static_range(N):  # sum_j comb[j, k] H_j, j in order
-        c = tl.load(comb_ptr + t * N * N + j * N + rn).to(ty).to(tl.float32)
+        # comb's row j (a sum of one value and zeros: exact)
+        c = tl.sum(tl.where(rn[:, None] == j, comb, 0.0), axis=0).to(ty).to(tl.float32)
         h = tl.load(streams_ptr + t * stride_st + j * stride_sn + rd, mask=d_ok, other=0.0)
         mixed += c[:, None] * h.to(tl.float32)[None, :]
     post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
@@ -177,15 +191,17 @@ def expand_columns(out, streams_ptr, post_ptr, comb_ptr, new_ptr, t, rd, d_ok, s
 
 
 @triton.jit
-def _expand_kernel(x_ptr, out_ptr, post_ptr, comb_ptr, new_ptr, stride_xt, stride_xn,
-                   stride_ot, N: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                   PDL: tl.constexpr):
-    pdl_enter(PDL)
+def _expand_kernel(x_ptr, out_ptr, post_ptr, logits_ptr, new_ptr, stride_xt, stride_xn,
+                   stride_ot, hc_eps, iters, N: tl.constexpr, D: tl.constexpr,
+                   BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
+    # before the wait: hc_pre wrote the logits at least one kernel ago (see the module doc)
+    comb = comb_of(logits_ptr, t, hc_eps, iters, N)
+    pdl_enter(PDL)
     rd = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = rd < D
     out = tl.load(out_ptr + t * stride_ot + rd, mask=d_ok, other=0.0)
-    expand_columns(out, x_ptr, post_ptr, comb_ptr, new_ptr, t, rd, d_ok, stride_xt, stride_xn,
+    expand_columns(out, x_ptr, post_ptr, comb, new_ptr, t, rd, d_ok, stride_xt, stride_xn,
                    N, D)
 
 
@@ -222,12 +238,11 @@ def _check(streams: torch.Tensor, fn: torch.Tensor, *, head: bool) -> None:
 
 def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
              norm_weight: torch.Tensor | None, hc_eps: float, norm_eps: float,
-             sinkhorn_iters: int, head: bool = False
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             head: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """hc_pre or (`head`) hc_head, its collapse normed where `norm_weight` is given:
     `_mix_kernel`'s shares of the mix projection, then `_weights_kernel` per token, or (up to
     SERIAL_TOKENS tokens, where the arrival counts are at hand) the mix kernel's last
-    program: (y, post, comb)."""
+    program: (y, post, comb's logits)."""
     _check(streams, fn, head=head)
     streams, fn = _rows(streams), fn.contiguous()
     t, n, d = streams.shape
@@ -252,8 +267,8 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     mix_warps = (SERIAL_WARPS or warps) if serial else 4
     _mix_kernel[(tiles, split)](
         streams, fn, part, ssq, counts if serial else ssq, base, scale, norm, y, post, comb,
-        t, k, k_per, streams.stride(0), streams.stride(1), hc_eps, norm_eps, sinkhorn_iters,
-        M=m, M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
+        t, k, k_per, streams.stride(0), streams.stride(1), hc_eps, norm_eps, M=m,
+        M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
         PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
         SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d, HEAD=head,
         NORM=norm_weight is not None, SERIAL=serial, num_warps=mix_warps,
@@ -261,7 +276,7 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     if not serial:
         _weights_kernel[(t,)](
             streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
-            streams.stride(1), hc_eps, norm_eps, sinkhorn_iters, N=n, D=d, M_PAD=m_pad,
+            streams.stride(1), hc_eps, norm_eps, N=n, D=d, M_PAD=m_pad,
             SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
             HEAD=head, NORM=norm_weight is not None, num_warps=warps, **pdl_launch(streams))
     return y, post, comb
@@ -269,13 +284,12 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
 
 def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
                   scale: torch.Tensor, norm_weight: torch.Tensor, *, hc_eps: float,
-                  norm_eps: float, sinkhorn_iters: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  norm_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`hc_pre_ref` in two launches (one at a single token): streams [T, N, D] (bf16 or
     fp32), fn [(2 + N) N, N D], base [(2 + N) N], scale [3], norm_weight [D] -> (x [T, D] in
-    the streams' dtype, post [T, N] fp32, comb [T, N, N] fp32). No host synchronisation: safe
-    in CUDA graphs."""
-    return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps, sinkhorn_iters)
+    the streams' dtype, post [T, N] fp32, comb's logits [T, N, N] fp32, for hc_post). No host
+    synchronisation: safe in CUDA graphs."""
+    return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps)
 
 
 def hc_head_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
@@ -284,14 +298,14 @@ def hc_head_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
     """`hc_head_ref` in two launches (one at a single token): streams [T, N, D], fn [N, N D],
     base [N], scale [1] (norm_weight [D]: the last norm too) -> [T, D] in the streams'
     dtype."""
-    return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps, 1, head=True)[0]
+    return _weights(streams, fn, base, scale, norm_weight, hc_eps, norm_eps, head=True)[0]
 
 
 def hc_post_triton(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
-                   comb: torch.Tensor) -> torch.Tensor:
+                   comb: torch.Tensor, *, hc_eps: float, sinkhorn_iters: int) -> torch.Tensor:
     """`hc_post_ref` in one launch: streams [T, N, D], the sublayer's out [T, D] (the streams'
-    dtype, rows may be strided), post [T, N] and comb [T, N, N] fp32 -> new streams [T, N, D]
-    (contiguous, the streams' dtype)."""
+    dtype, rows may be strided), post [T, N] and comb's logits [T, N, N] fp32 (hc_pre's) ->
+    new streams [T, N, D] (contiguous, the streams' dtype)."""
     t, n, d = streams.shape
     if out.shape != (t, d) or post.shape != (t, n) or comb.shape != (t, n, n) or n & (n - 1):
         raise ValueError(f"hc_post: need streams [T, N, D] (N a power of two), out [T, D], post "
@@ -306,5 +320,5 @@ def hc_post_triton(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
     block_d = min(1024, triton.next_power_of_2(d))
     _expand_kernel[(t, triton.cdiv(d, block_d))](
         streams, out, post, comb, new, streams.stride(0), streams.stride(1), out.stride(0),
-        N=n, D=d, BLOCK_D=block_d, num_warps=4, **pdl_launch(streams))
+        hc_eps, sinkhorn_iters, N=n, D=d, BLOCK_D=block_d, num_warps=4, **pdl_launch(streams))
     return new
