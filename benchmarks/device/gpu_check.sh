@@ -66,13 +66,4 @@ done
 
 stage "summary"
 python3 benchmarks/device/summary.py "$OUT"
-# Only 8 files come back from a device call: past that, they come back as one archive, which
-# benchmarks/collect.py reads like the folder.
-# FlashInfer's JIT parts stay apart (each is near the 16 MB a file may have). A log over 8 MB
-# (a served run's) keeps its last 4 MB, so that the archive stays under that size.
-find "$OUT" -maxdepth 1 -type f -name '*.log' -size +8M \
-  -exec sh -c 'tail -c 4000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
-if [ "$(ls "$OUT" | wc -l)" -gt 8 ]; then
-  (cd "$OUT" && ls | grep -v '^fi-jit' | tar -czf /tmp/openinfer-results.tgz -T - \
-    && ls | grep -v '^fi-jit' | xargs rm -f) && mv /tmp/openinfer-results.tgz "$OUT"/
-fi
+pack_results  # stages/lib.sh

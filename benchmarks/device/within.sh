@@ -7,6 +7,7 @@
 # signal to gpu_check's group would miss), before anything is packed.
 secs=$1; shift
 OUT=${OUT:-/tmp/openinfer-out}
+source benchmarks/device/stages/lib.sh  # pack_results
 setsid bash benchmarks/device/gpu_check.sh "$@" &
 session=$!
 ( sleep "$secs"; echo "within.sh: ${secs} s passed, stopping the stages"
@@ -16,10 +17,5 @@ wait "$session"
 rc=$?
 pkill -P "$watchdog" 2>/dev/null; kill "$watchdog" 2>/dev/null
 pkill -KILL -s "$session" 2>/dev/null  # anything the stages left running
-find "$OUT" -maxdepth 1 -type f -name '*.log' -size +8M \
-  -exec sh -c 'tail -c 4000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
-if [ "$(ls "$OUT" | grep -v '^fi-jit' | wc -l)" -gt 8 ]; then
-  (cd "$OUT" && ls | grep -v '^fi-jit' | tar -czf /tmp/openinfer-results.tgz -T - \
-    && ls | grep -v '^fi-jit' | xargs rm -rf) && mv /tmp/openinfer-results.tgz "$OUT"/
-fi
+pack_results
 exit $rc

@@ -9,6 +9,18 @@ has() { [[ " $stages " == *" $1 "* ]]; }
 # FlashInfer's JIT builds come back as fi-jit.tgz.part-* (under the 16 MB a file may have).
 save_jit() { [ -d /tmp/fi-jit ] && rm -f "$OUT"/fi-jit.tgz.part-* \
   && tar -czf - -C /tmp/fi-jit . | split -b 15M - "$OUT/fi-jit.tgz.part-"; }
+# Only 8 files come back from a device call: past that, $OUT's files go back as one archive,
+# openinfer-results.tgz, which benchmarks/collect.py reads like the folder. FlashInfer's JIT
+# parts stay apart (each is near the 16 MB a file may have); a log over 8 MB (a served run's)
+# keeps its last 4 MB, so that the archive stays under that size.
+pack_results() {
+  find "$OUT" -maxdepth 1 -type f -name '*.log' -size +8M \
+    -exec sh -c 'tail -c 4000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
+  if [ "$(ls "$OUT" | grep -v '^fi-jit' | wc -l)" -gt 8 ]; then
+    (cd "$OUT" && ls | grep -v '^fi-jit' | tar -czf /tmp/openinfer-results.tgz -T - \
+      && ls | grep -v '^fi-jit' | xargs rm -rf) && mv /tmp/openinfer-results.tgz "$OUT"/
+  fi
+}
 # A server runs as a background python (not a subshell) so `kill $server` reaches it.
 wait_ready() {  # $1: the server's pid; until /health answers, it exits, or WAIT_READY_S (180) pass
   python3 - "$1" "${WAIT_READY_S:-180}" <<'PY'
