@@ -71,6 +71,11 @@ def mhc_rows(gbps: float) -> list[tuple[str, float, float, float]]:
         for name, op in (("hc_post triton", hc_post_triton), ("hc_post torch ref", hc_post_ref)):
             us = graph_per_call_us([lambda a=a, op=op: op(*a, **MIXING) for a in outs])
             rows.append((f"{name} T={t}", us, post_bytes / gbps * 1e-3, post_bytes / 1e6))
+        if t == 1:  # comb's Sinkhorn-Knopp, which runs there: one pass in place of 20
+            us = graph_per_call_us([lambda a=a: hc_post_triton(*a, hc_eps=EPS, sinkhorn_iters=1)
+                                    for a in outs])
+            rows.append(("hc_post triton T=1 one Sinkhorn pass", us, post_bytes / gbps * 1e-3,
+                         post_bytes / 1e6))
     return rows
 
 
@@ -101,8 +106,7 @@ def knob_rows(inputs: list[tuple[torch.Tensor, ...]], want: tuple[torch.Tensor, 
 def part_rows(inputs: list[tuple[torch.Tensor, ...]], g: torch.Generator,
               gbps: float) -> list[tuple[str, float, float, float]]:
     """Beside a one-token hc_pre, the head's form (N mix outputs, no post, no comb logits: the
-    projection, the arrival count and the collapse). (comb's Sinkhorn-Knopp, 2.3 of hc_pre's
-    10.9 us on one H200 when it ran there, now runs in hc_post.)"""
+    projection, the arrival count and the collapse)."""
     rows = []
     heads = [(a[0], torch.randn(N, N * D, device="cuda", generator=g) * (N * D) ** -0.5,
               torch.randn(N, device="cuda", generator=g),

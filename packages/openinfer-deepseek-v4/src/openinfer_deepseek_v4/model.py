@@ -259,14 +259,15 @@ def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tenso
     and norm before the sublayer, the expansion after. With `tp` the sublayer's output is this
     rank's partial sum: summed over the ranks by the expansion itself where the group's push
     memory takes the rows (`hc_post_all_reduce`), else by the group's all-reduce first."""
-    # comb's logits: its Sinkhorn-Knopp runs in hc_post (kernels/mhc/triton.py says why)
-    x, post, comb = hc_pre(streams, hc.fn, hc.base, hc.scale, norm, hc_eps=cfg.hc_eps,
+    # comb's Sinkhorn-Knopp runs in hc_post (kernels/mhc/triton.py says why)
+    x, post, comb_logits = hc_pre(streams, hc.fn, hc.base, hc.scale, norm, hc_eps=cfg.hc_eps,
                            norm_eps=cfg.rms_norm_eps)
     out = sublayer(x)
     eps, iters = cfg.hc_eps, cfg.hc_sinkhorn_iters
     if tp is None:
-        return hc_post(streams, out, post, comb, hc_eps=eps, sinkhorn_iters=iters)
-    fused = hc_post_all_reduce(streams, out, post, comb, push, hc_eps=eps, sinkhorn_iters=iters)
+        return hc_post(streams, out, post, comb_logits, hc_eps=eps, sinkhorn_iters=iters)
+    fused = hc_post_all_reduce(streams, out, post, comb_logits, push, hc_eps=eps,
+                               sinkhorn_iters=iters)
     return (fused if fused is not None
-            else hc_post(streams, tp.all_reduce(out), post, comb, hc_eps=eps,
+            else hc_post(streams, tp.all_reduce(out), post, comb_logits, hc_eps=eps,
                          sinkhorn_iters=iters))

@@ -32,17 +32,18 @@ hc_head = by_device(hc_head_ref, _kernels.hc_head_triton if _kernels else None)
 
 
 def hc_post_all_reduce(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
-                       comb: torch.Tensor, push: PushAreas | None, *, hc_eps: float,
+                       comb_logits: torch.Tensor, push: PushAreas | None, *, hc_eps: float,
                        sinkhorn_iters: int) -> torch.Tensor | None:
-    """`hc_post(streams, the sum of partial over the ranks, post, comb, ...)` in one launch where
-    `push` (the group's push memory, `TensorParallelGroup.push_areas`) takes these rows: on
-    CUDA, the rows their own signal, at most its rows; None, nothing done, elsewhere (then the
-    group's `all_reduce` and `hc_post`). The same answer on every rank for the same shapes."""
+    """`hc_post(streams, the sum of partial over the ranks, post, comb_logits, ...)` in one
+    launch where `push` (the group's push memory, `TensorParallelGroup.push_areas`) takes
+    these rows: on CUDA, the rows their own signal, at most its rows; None, nothing done,
+    elsewhere (then the group's `all_reduce` and `hc_post`). The same answer on every rank for
+    the same shapes."""
     if (_push is None or push is None or not partial.is_cuda
             or push.area_fill != _push.EMPTY_BYTE or not 0 < partial.shape[0] <= push.max_rows):
         return None
-    return _push.hc_post_all_reduce_triton(streams, partial, post, comb, push.areas, push.seqs,
-                                           push.rank, hc_eps=hc_eps,
+    return _push.hc_post_all_reduce_triton(streams, partial, post, comb_logits, push.areas,
+                                           push.seqs, push.rank, hc_eps=hc_eps,
                                            sinkhorn_iters=sinkhorn_iters)
 
 

@@ -48,37 +48,38 @@ def _push_post_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, areas, 
 
 
 def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
-                              comb: torch.Tensor, areas: Sequence[torch.Tensor],
+                              comb_logits: torch.Tensor, areas: Sequence[torch.Tensor],
                               seqs: torch.Tensor, rank: int, *, hc_eps: float,
                               sinkhorn_iters: int) -> torch.Tensor:
-    """`hc_post_ref(streams, sum over the ranks of partial, post, comb, ...)` in one launch:
-    streams [T, N, D], this rank's partial [T, D] (its dtype; rows may be strided), post
-    [T, N] and comb's logits [T, N, N] fp32 (hc_pre's) -> new streams [T, N, D]. Collective:
-    every rank calls it with the same shapes, in the same order, interleaved as it likes with
-    the group's push calls on `areas` (every rank's landing area, rows as their signal: empty
-    bytes `EMPTY_BYTE`) and `seqs` (this rank's call counts); T at most `MAX_PROGRAMS`."""
+    """`hc_post_ref(streams, sum over the ranks of partial, post, comb_logits, ...)` in one
+    launch: streams [T, N, D], this rank's partial [T, D] (its dtype; rows may be strided),
+    post [T, N] and comb's logits [T, N, N] fp32 (hc_pre's) -> new streams [T, N, D].
+    Collective: every rank calls it with the same shapes, in the same order, interleaved as it
+    likes with the group's push calls on `areas` (every rank's landing area, rows as their
+    signal: empty bytes `EMPTY_BYTE`) and `seqs` (this rank's call counts); T at most
+    `MAX_PROGRAMS`."""
     t, n, d = streams.shape
     world = len(areas)
-    if (partial.shape != (t, d) or post.shape != (t, n) or comb.shape != (t, n, n) or n & (n - 1)
-            or partial.dtype != streams.dtype or partial.element_size() not in (2, 4)
+    if (partial.shape != (t, d) or post.shape != (t, n) or comb_logits.shape != (t, n, n)
+            or n & (n - 1) or partial.dtype != streams.dtype or partial.element_size() not in (2, 4)
             or not 0 <= rank < world or t > MAX_PROGRAMS):
         raise ValueError(f"hc_post_all_reduce: need streams [T, N, D] (N a power of two), "
-                         f"partial [T, D] of their dtype (16 or 32 bits), post [T, N], comb "
+                         f"partial [T, D] of their dtype (16 or 32 bits), post [T, N], comb's "
                          f"[T, N, N], at most {MAX_PROGRAMS} rows, rank {rank} of {world}; got "
                          f"{tuple(streams.shape)}, {tuple(partial.shape)} {partial.dtype}, "
-                         f"{tuple(post.shape)}, {tuple(comb.shape)}")
+                         f"{tuple(post.shape)}, {tuple(comb_logits.shape)}")
     if areas[rank].numel() < area_elements(world, d) or seqs.numel() < MAX_PROGRAMS:
         raise ValueError(f"areas of {areas[rank].numel()} and counts of {seqs.numel()} are too "
                          f"small for {world} ranks of width {d}: see area_elements")
     streams = streams if streams.stride(2) == 1 else streams.contiguous()
     partial = partial if partial.stride(1) == 1 else partial.contiguous()
-    post, comb = post.float().contiguous(), comb.float().contiguous()
+    post, comb_logits = post.float().contiguous(), comb_logits.float().contiguous()
     new = torch.empty((t, n, d), dtype=streams.dtype, device=streams.device)
     if t == 0:
         return new
     block_d = triton.next_power_of_2(d)
     _push_post_kernel[(t,)](
-        partial, streams, post, comb, new, tuple(areas), seqs, d, partial.stride(0),
+        partial, streams, post, comb_logits, new, tuple(areas), seqs, d, partial.stride(0),
         streams.stride(0), streams.stride(1), hc_eps, sinkhorn_iters, RANK=rank, WORLD=world,
         PROGRAMS=MAX_PROGRAMS,
         BITS=8 * partial.element_size(), N=n, BLOCK_D=block_d,

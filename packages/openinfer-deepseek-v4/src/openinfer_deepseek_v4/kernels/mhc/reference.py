@@ -106,9 +106,10 @@ def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scal
 
 
 def hc_post_ref(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
-                comb: torch.Tensor, *, hc_eps: float, sinkhorn_iters: int) -> torch.Tensor:
+                comb_logits: torch.Tensor, *, hc_eps: float, sinkhorn_iters: int
+                ) -> torch.Tensor:
     """Everything after a sublayer: `hc_expand_ref` of its output out [T, D] with hc_pre's post
     [T, N] and comb (`comb_ref` of hc_pre's logits [T, N, N]) -> the new streams [T, N, D] (a
     new tensor)."""
     return hc_expand_ref(streams, out, post,
-                         comb_ref(comb, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters))
+                         comb_ref(comb_logits, hc_eps=hc_eps, sinkhorn_iters=sinkhorn_iters))

@@ -5,8 +5,10 @@ the mix projection's last program to arrive (`openinfer_kernels.split_k`'s arriv
 the token's weights itself, as the second kernel would. `comb`'s Sinkhorn-Knopp runs in
 `hc_post`, before its wait on the kernel ahead of it (PDL): hc_pre hands over comb's logits,
 which were written at least one kernel earlier (the sublayer's), so the iterations overlap the
-sublayer's last kernel instead of lengthening hc_pre's serial tail (2.3 of a one-token
-hc_pre's 10.9 us on one H200, `benchmarks/device/dsv4_mhc_bench.py`).
+sublayer's last kernel instead of lengthening hc_pre's serial tail: there they took 2.3 of a
+one-token hc_pre's 10.9 us on one H200 (BENCHMARKS.md). Each of a token's hc_post programs
+computes the N x N comb itself (4 at V4-Flash's width), which costs less than a launch.
+`benchmarks/device/dsv4_mhc_bench.py` times hc_post with one pass beside twenty.
 
 1. `_mix_kernel`: the [T, N D] streams times fn^T ([N D, M], M = (2 + N) N, or N for the head)
    and each row's sum of squares, over a 1/SPLIT share of N D per program, into an fp32
@@ -51,7 +53,7 @@ SERIAL_WARPS: int | None = 4
 
 @triton.jit
 def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr, norm_w_ptr,
-                y_ptr, post_ptr, comb_ptr, T, K, K_PER, stride_xt, stride_xn, hc_eps,
+                y_ptr, post_ptr, logits_ptr, T, K, K_PER, stride_xt, stride_xn, hc_eps,
                 norm_eps, M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
                 BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, PRECISION: tl.constexpr,
                 N: tl.constexpr, D: tl.constexpr, SPLIT_PAD: tl.constexpr,
@@ -90,7 +92,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
             for t in range(pid_t * BLOCK_T, tl.minimum(pid_t * BLOCK_T + BLOCK_T, T)):
                 _token_weights(pid_t * 0 + t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                                norm_w_ptr,
-                               y_ptr, post_ptr, comb_ptr, T, tl.num_programs(1), stride_xt,
+                               y_ptr, post_ptr, logits_ptr, T, tl.num_programs(1), stride_xt,
                                stride_xn, hc_eps, norm_eps, N, D, M_PAD, SPLIT_PAD,
                                BLOCK_D, HEAD, NORM, ".cg")
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")
@@ -111,19 +113,19 @@ def _sinkhorn(logits, hc_eps, iters):
 
 @triton.jit
 def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr, post_ptr,
-                    comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
+                    logits_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
                     N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                     PDL: tl.constexpr, NORM: tl.constexpr = True):
     pdl_enter(PDL)
     _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
-                   norm_w_ptr, y_ptr, post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn,
+                   norm_w_ptr, y_ptr, post_ptr, logits_ptr, T, SPLIT, stride_xt, stride_xn,
                    hc_eps, norm_eps, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, "")
 
 
 @triton.jit
 def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr,
-                   post_ptr, comb_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
+                   post_ptr, logits_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                    NORM: tl.constexpr, CACHE: tl.constexpr):
@@ -149,7 +151,7 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
                               mask=s_ok[:, None, None], other=0.0, cache_modifier=CACHE),
                       axis=0)
         logits = comb * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + nn)
-        tl.store(comb_ptr + t * N * N + nn, logits)
+        tl.store(logits_ptr + t * N * N + nn, logits)
     h = tl.load(x_ptr + t.to(tl.int64) * stride_xt + rn[:, None] * stride_xn + rd[None, :],
                 mask=d_ok[None, :], other=0.0)
     out_ty = y_ptr.dtype.element_ty
@@ -248,9 +250,9 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     t, n, d = streams.shape
     y = torch.empty((t, d), dtype=streams.dtype, device=streams.device)
     post = torch.empty((t, n), dtype=torch.float32, device=streams.device)
-    comb = torch.empty((t, n, n), dtype=torch.float32, device=streams.device)
+    logits = torch.empty((t, n, n), dtype=torch.float32, device=streams.device)
     if t == 0:
-        return y, post, comb
+        return y, post, logits
     k, m = n * d, fn.shape[0]
     m_pad = max(16, triton.next_power_of_2(m))
     serial = t <= SERIAL_TOKENS
@@ -266,7 +268,7 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
     warps = max(4, min(16, n * block_d // 1024))  # the weights' [N, D] row
     mix_warps = (SERIAL_WARPS or warps) if serial else 4
     _mix_kernel[(tiles, split)](
-        streams, fn, part, ssq, counts if serial else ssq, base, scale, norm, y, post, comb,
+        streams, fn, part, ssq, counts if serial else ssq, base, scale, norm, y, post, logits,
         t, k, k_per, streams.stride(0), streams.stride(1), hc_eps, norm_eps, M=m,
         M_PAD=m_pad, BLOCK_T=block_t, BLOCK_K=block_k, USE_DOT=use_dot,
         PRECISION="tf32x3" if streams.is_cuda else "ieee", N=n, D=d,
@@ -275,11 +277,11 @@ def _weights(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale:
         **pdl_launch(streams))
     if not serial:
         _weights_kernel[(t,)](
-            streams, part, ssq, base, scale, norm, y, post, comb, t, split, streams.stride(0),
+            streams, part, ssq, base, scale, norm, y, post, logits, t, split, streams.stride(0),
             streams.stride(1), hc_eps, norm_eps, N=n, D=d, M_PAD=m_pad,
             SPLIT_PAD=triton.next_power_of_2(split), BLOCK_D=block_d,
             HEAD=head, NORM=norm_weight is not None, num_warps=warps, **pdl_launch(streams))
-    return y, post, comb
+    return y, post, logits
 
 
 def hc_pre_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
@@ -302,23 +304,25 @@ def hc_head_triton(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
 
 
 def hc_post_triton(streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor,
-                   comb: torch.Tensor, *, hc_eps: float, sinkhorn_iters: int) -> torch.Tensor:
+                   comb_logits: torch.Tensor, *, hc_eps: float,
+                   sinkhorn_iters: int) -> torch.Tensor:
     """`hc_post_ref` in one launch: streams [T, N, D], the sublayer's out [T, D] (the streams'
     dtype, rows may be strided), post [T, N] and comb's logits [T, N, N] fp32 (hc_pre's) ->
     new streams [T, N, D] (contiguous, the streams' dtype)."""
     t, n, d = streams.shape
-    if out.shape != (t, d) or post.shape != (t, n) or comb.shape != (t, n, n) or n & (n - 1):
+    if (out.shape != (t, d) or post.shape != (t, n) or comb_logits.shape != (t, n, n)
+            or n & (n - 1)):
         raise ValueError(f"hc_post: need streams [T, N, D] (N a power of two), out [T, D], post "
-                         f"[T, N], comb [T, N, N]; got {tuple(streams.shape)}, "
-                         f"{tuple(out.shape)}, {tuple(post.shape)}, {tuple(comb.shape)}")
+                         f"[T, N], comb's logits [T, N, N]; got {tuple(streams.shape)}, "
+                         f"{tuple(out.shape)}, {tuple(post.shape)}, {tuple(comb_logits.shape)}")
     streams = _rows(streams)
     out = out if out.stride(-1) == 1 else out.contiguous()
-    post, comb = post.float().contiguous(), comb.float().contiguous()
+    post, comb_logits = post.float().contiguous(), comb_logits.float().contiguous()
     new = torch.empty((t, n, d), dtype=streams.dtype, device=streams.device)
     if t == 0:
         return new
     block_d = min(1024, triton.next_power_of_2(d))
     _expand_kernel[(t, triton.cdiv(d, block_d))](
-        streams, out, post, comb, new, streams.stride(0), streams.stride(1), out.stride(0),
+        streams, out, post, comb_logits, new, streams.stride(0), streams.stride(1), out.stride(0),
         hc_eps, sinkhorn_iters, N=n, D=d, BLOCK_D=block_d, num_warps=4, **pdl_launch(streams))
     return new
