@@ -10,8 +10,9 @@ OUT=${OUT:-/tmp/openinfer-out}
 source benchmarks/device/stages/lib.sh  # pack_results
 setsid bash benchmarks/device/gpu_check.sh "$@" &
 session=$!
-( sleep "$secs"; echo "within.sh: ${secs} s passed, stopping the stages"
-  pkill -TERM -s "$session"; sleep 10; pkill -KILL -s "$session" ) &
+# (A watchdog stopped early, its sleep killed, does nothing: `&&`.)
+( sleep "$secs" && { echo "within.sh: ${secs} s passed, stopping the stages"
+  pkill -TERM -s "$session"; sleep 10; pkill -KILL -s "$session"; } ) &
 watchdog=$!
 wait "$session"
 rc=$?

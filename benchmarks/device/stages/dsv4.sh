@@ -209,14 +209,20 @@ PY
     fi
     if [ "$part" = latency ]; then
       # DSV4FULL_VARIANTS: A/Bs after the default, each VAR=VALUE (e.g.
-      # "OPENINFER_DSV4_STACK=0 OPENINFER_DSV4_PUSH_POST=0"), the same command with it set.
-      local variant name
+      # "OPENINFER_DSV4_STACK=0 OPENINFER_DSV4_PUSH_POST=0"), the same command with it set, or
+      # a flag (e.g. "--enable-expert-parallel"), the same command with it added.
+      local variant name vars flags
       for variant in default ${DSV4FULL_VARIANTS:-}; do
-        name=$([ "$variant" = default ] && echo "" || echo "-${variant//=/-}")
+        vars=() flags=() name=""
+        case $variant in
+          default) ;;
+          --*) flags=("$variant") name="-${variant#--}" ;;
+          *) vars=("$variant") name="-${variant//=/-}" ;;
+        esac
         stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)} $variant"
-        env $([ "$variant" = default ] || echo "$variant") timeout 420 python3 -m \
+        env "${vars[@]}" timeout 420 python3 -m \
           openinfer_server.cli bench latency $d4 --load-format dummy \
-          --tensor-parallel-size $tp $ep --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
+          --tensor-parallel-size $tp $ep "${flags[@]}" --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
           --output-len 64 --num-iters 3 --result-file "$OUT/latency-dsv4-flash-tp$tp$name.json" \
           > "$OUT/latency-dsv4-flash-tp$tp$name.log" 2>&1
         grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp$name.log" \

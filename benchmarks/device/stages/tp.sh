@@ -31,17 +31,20 @@ stage_tp() {
   tp_gate
 }
 
-# Batch-1 TPOT of Qwen3-8B at each TP size, and the TP_VARIANTS A/Bs at TP2 (`tp` without
-# its gate).
+# Batch-1 TPOT of Qwen3-8B at each TP size, and the TP_VARIANTS A/Bs (`tp` without its
+# gate).
 stage_tplatency() {
   local tps=${TP_SIZES:-1 2}
   for tp in $tps; do
     tp_latency 8b $M8 $tp auto
   done
-  # A/Bs at TP2 (TP_VARIANTS="OPENINFER_TP_ALL_REDUCE=nccl OPENINFER_LINEAR=cublas": the
-  # all-reduce through NCCL only; the linears on cuBLAS, not the shard tiles).
+  # A/Bs at TP2, or at each size of TP_VARIANT_SIZES (TP_VARIANTS="OPENINFER_TP_ALL_REDUCE=nccl
+  # OPENINFER_LINEAR=cublas": the all-reduce through NCCL only; the linears on cuBLAS, not the
+  # shard tiles).
   for variant in ${TP_VARIANTS:-}; do
-    tp_latency 8b $M8 2 "${variant//=/-}" "$variant"
+    for tp in ${TP_VARIANT_SIZES:-2}; do
+      tp_latency 8b $M8 $tp "${variant//=/-}" "$variant"
+    done
   done
 }
 
