@@ -29,6 +29,7 @@ CATEGORIES = [  # first match wins
     ("moe", r"gate_up_kernel|_down_kernel|expert|router|swiglu|route"),
     ("mhc", r"_mix_kernel|_weights_kernel|_expand_kernel|hc_"),
     ("compress_index", r"_pool_kernel|compress|indexer|_piece_kernel|quant_sim|round_rows"),
+    ("fp8_quant", r"group_quant"),  # W8A8's per-token-group activation quantization
     ("attention", r"attn|attention|split_kernel|merge_kernel|prefill_kernel|flash"),
     ("gemm", r"gemm|nvjet|cutlass|sm90|xmma|cublas|splitk|gemv|linear_kernel|sum_splits"),
     ("norm", r"rms|norm"),

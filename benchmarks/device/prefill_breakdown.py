@@ -1,6 +1,7 @@
 """Where a batch-1 request's time to first token goes, cold and warm (prefix cached): wall time
-of its steps, GPU kernel time by op (torch profiler), and the host functions that take the most
-time (cProfile). A cold prompt over `max_num_batched_tokens` takes one step per chunk.
+of its steps, GPU kernel time by op and its top kernels (torch profiler), and the host
+functions that take the most time (cProfile). A cold prompt over `max_num_batched_tokens`
+takes one step per chunk.
 Usage: python prefill_breakdown.py MODEL_DIR [--prompt-len N ...] [--json F]
 (MODEL_DIR: a config folder; weights are made up with --load-format dummy)."""
 
@@ -143,6 +144,7 @@ def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[s
     walls = [run(i, "timed") * 1e3 for i in range(2, iters + 2)]
     # GPU time of the measured step only: profile one step (a fresh prompt) at a time.
     by_cat: dict[str, float] = defaultdict(float)
+    by_kernel: dict[str, float] = defaultdict(float)
     stats = io.StringIO()
     prof_host = cProfile.Profile()
     for i in range(2, iters + 2):
@@ -159,6 +161,7 @@ def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[s
             dev_us = getattr(evt, "self_device_time_total", 0)
             if dev_us > 0:
                 by_cat[category(evt.key)] += dev_us / iters / 1e3
+                by_kernel[evt.key[:100]] += dev_us / iters / 1e3
         while engine.has_work():
             engine.step()
         # Host profile of the same kind of step, without the CUDA profiler in the way.
@@ -180,6 +183,7 @@ def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[s
     return {"prompt_len": prompt_len, "warm": warm, "ttft_ms_p50": walls[len(walls) // 2],
             "ttft_ms_min": walls[0], "ttft_ms_max": walls[-1], "gpu_busy_ms": gpu_ms,
             "by_op_ms": dict(sorted(by_cat.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:15]),
             "host_top": stats.getvalue().splitlines()[-26:], "timeline": steps,
             "host_phases_ms": phases}
 
@@ -202,6 +206,8 @@ def main() -> None:
                   f"(min {r['ttft_ms_min']:.2f}, max {r['ttft_ms_max']:.2f}), GPU busy "
                   f"{r['gpu_busy_ms']:.2f} ms: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in r["by_op_ms"].items()))
+            for name, ms in r["top_kernels_ms"].items():
+                print(f"  {ms:8.3f} ms  {name}")
             print("\n".join(r["host_top"]))
             if r["timeline"] is not None:
                 print("timeline:", json.dumps(r["timeline"]))

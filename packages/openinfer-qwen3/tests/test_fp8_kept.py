@@ -37,6 +37,11 @@ from openinfer_kernels.fp8_linear import (
     fp8_block_linear_silu_mul,
     fp8_dynamic_linear,
 )
+from openinfer_kernels.fp8_linear.quant_fused import (
+    add_rms_norm_group_quant_triton,
+    rms_norm_group_quant_triton,
+    silu_mul_group_quant_triton,
+)
 from openinfer_kernels.fp8_linear.triton import (
     fp8_block_linear_add_rms_norm_triton,
     fp8_block_linear_silu_mul_triton,
@@ -46,7 +51,7 @@ from openinfer_kernels.fp8_linear.w8a8_triton import (
     fp8_group_quant_triton,
     fp8_w8a8_linear_triton,
 )
-from openinfer_kernels.norm.triton import fused_add_rms_norm_triton
+from openinfer_kernels.norm.triton import fused_add_rms_norm_triton, rms_norm_triton
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.model import Qwen3Model
 from openinfer_qwen3.weights import Qwen3Shard, Qwen3Weights, load_weights
@@ -119,6 +124,29 @@ def unfused_add_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     return normed.to(x.device), summed.to(x.device)
 
 
+# The fused activation quantizations (`linears.takes_quantized`) that ran, by name.
+FUSED_QUANT: list[str] = []
+
+
+def norm_quant(x: torch.Tensor, weight: torch.Tensor,
+               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    FUSED_QUANT.append("norm")
+    return rms_norm_group_quant_triton(_gpu(x), _gpu(weight), eps)
+
+
+def add_norm_quant(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    FUSED_QUANT.append("add-norm")
+    q, scale, summed = add_rms_norm_group_quant_triton(_gpu(x), _gpu(residual), _gpu(weight),
+                                                       eps)
+    return q, scale, summed.to(x.device)
+
+
+def silu_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    FUSED_QUANT.append("silu-mul")
+    return silu_mul_group_quant_triton(_gpu(x))
+
+
 @pytest.fixture
 def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv(fp8_weights.FP8_WEIGHTS_ENV, "keep")
@@ -128,7 +156,11 @@ def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                         dynamic.dynamic_linear(counted_block, quant, counted_w8a8))
     monkeypatch.setattr(linears, "fp8_block_linear_silu_mul", counted_silu_mul)
     monkeypatch.setattr(linears, "fp8_block_linear_add_rms_norm", counted_add_norm)
+    monkeypatch.setattr(linears, "rms_norm_group_quant", norm_quant)
+    monkeypatch.setattr(linears, "add_rms_norm_group_quant", add_norm_quant)
+    monkeypatch.setattr(linears, "silu_mul_group_quant", silu_quant)
     CALLS.clear()
+    FUSED_QUANT.clear()
     yield
 
 
@@ -309,3 +341,38 @@ def test_w8a8_prefill_stays_near_the_dequantized_model(
     drift = (got - want).abs() / scale
     assert drift.max() <= W8A8_DRIFT["max"] and drift.mean() <= W8A8_DRIFT["mean"]
     assert drift.max() > 1e-3
+
+
+# Which fused quantizations a W8A8 prefill runs: each where the product after it runs W8A8
+# on whole 128-column groups (qkv after the first norm and each add + norm before it, gate_up
+# after o_proj's add + norm, down after gate_up's silu * mul). "partial-blocks" has none: its
+# hidden (192) and MLP (320) widths are not whole groups, so its FP8 products quantize their
+# inputs themselves.
+FUSED_QUANTS: dict[str, set[str]] = {"partial-blocks": set(),
+                                     "whole-blocks": {"norm", "add-norm", "silu-mul"}}
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_fused_quantization_prefills_as_the_unfused(pairs: dict[str, tuple[Path, Path]],
+                                                    spec: str, keep: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """W8A8 prefill (W8A8_MIN_ROWS at 16) with each product's input quantized by the kernel
+    that makes it, against the same model with the quantization in the product
+    (OPENINFER_FP8_FUSED_QUANT=0): the same bits, so the same prompt logprobs exactly. The
+    unfused norms and silu * mul run their Triton kernels too (on CPU tensors they would run
+    the references, whose fp32 sums go in another order)."""
+    fp8_dir = pairs[spec][0]
+    monkeypatch.setattr(dynamic, "W8A8_MIN_ROWS", 16)
+    monkeypatch.setattr(linears, "rms_norm", lambda x, w, eps: rms_norm_triton(
+        _gpu(x), _gpu(w), eps).to(x.device))
+    monkeypatch.setattr(linears, "silu_and_mul", lambda x: silu_and_mul_triton(
+        _gpu(x)).to(x.device))
+    monkeypatch.setattr(linears, "fused_add_rms_norm", lambda x, r, w, eps: tuple(
+        t.to(x.device) for t in fused_add_rms_norm_triton(_gpu(x), _gpu(r), _gpu(w), eps)))
+    fused = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
+    assert set(FUSED_QUANT) == FUSED_QUANTS[spec]
+    FUSED_QUANT.clear()
+    monkeypatch.setenv(linears.FUSED_QUANT_ENV, "0")
+    unfused = _prompt_logprobs(Engine(EngineConfig(model=str(fp8_dir), device="cpu")))
+    assert not FUSED_QUANT
+    assert torch.equal(fused, unfused)

@@ -21,7 +21,6 @@ from openinfer_kernels import (
     lm_head_logits,
     qk_norm_rope,
     qk_norm_rope_append,
-    rms_norm,
     rope_cos_sin,
 )
 from openinfer_kernels.collective import (
@@ -34,10 +33,13 @@ from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.fp8_weights import Linear
 from openinfer_qwen3.linears import (
+    Activation,
+    norm,
     project,
     project_add_rms_norm,
     project_silu_mul,
     project_wide,
+    takes_quantized,
 )
 from openinfer_qwen3.weights import LayerWeights, Qwen3Shard, Qwen3Weights
 
@@ -139,18 +141,31 @@ class Qwen3Model:
         # The previous layer's MLP activation and down weight: its down projection runs with
         # this layer's add + norm, as o_proj runs with the post-attention one
         # (`_project_add_norm`).
-        pending: tuple[torch.Tensor, Linear] | None = None
+        pending: tuple[Activation, Linear] | None = None
+        # On one device, a prompt-size step whose products run W8A8 gets each product's input
+        # quantized by the kernel that makes it (linears.takes_quantized).
+        fused = tp is None
         for n, layer in enumerate(self.w.layers):
+            quantize = fused and takes_quantized(layer.qkv, hidden)
             if pending is None:
-                x = rms_norm(hidden, layer.input_norm, eps)
+                x = norm(hidden, layer.input_norm, eps, quantize)
             else:
-                x, residual = self._project_add_norm(*pending, residual, layer.input_norm)
+                x, residual = self._project_add_norm(*pending, residual, layer.input_norm,
+                                                     quantize)
             attended = self._attention(n, layer, x, batch)
-            x, residual = self._project_add_norm(attended, layer.o_proj, residual,
-                                                 layer.post_norm)
-            pending = (project_silu_mul(x, layer.gate_up), layer.down)
+            x, residual = self._project_add_norm(
+                attended, layer.o_proj, residual, layer.post_norm,
+                fused and takes_quantized(layer.gate_up, hidden))
+            pending = (project_silu_mul(x, layer.gate_up,
+                                        fused and takes_quantized(layer.down, hidden)),
+                       layer.down)
         assert pending is not None
-        hidden = project(*pending) if tp is None else self._row_split(*pending)
+        act, down = pending
+        if tp is None:
+            hidden = project(act, down)
+        else:
+            assert isinstance(act, torch.Tensor)  # (under tensor parallelism nothing is quantized)
+            hidden = self._row_split(act, down)
         # Only rows that sample need the final norm and the vocabulary projection. In a decode
         # step every row samples its one token, in order: no gather then.
         rows = batch.logits_indices
@@ -159,17 +174,21 @@ class Qwen3Model:
         last, _ = fused_add_rms_norm(hidden, residual, self.w.final_norm, eps)
         return last
 
-    def _project_add_norm(self, x: torch.Tensor, w: Linear, residual: torch.Tensor,
-                          norm_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _project_add_norm(self, x: Activation, w: Linear, residual: torch.Tensor,
+                          norm_weight: torch.Tensor, quantize: bool = False
+                          ) -> tuple[Activation, torch.Tensor]:
         """(rms_norm(x @ w.T + residual), x @ w.T + residual). On one device in one
         `linear_add_rms_norm` (a kept FP8 weight: `fp8_block_linear_add_rms_norm` at decode
         sizes, the W8A8 product then the add + norm at prompt sizes); under
         tensor parallelism the ranks' partial products meet in an all-reduce first, fused with
         the add + norm where the group has that kernel (`all_reduce_add_rms_norm`), or with
-        the product too (`linear_all_reduce_add_rms_norm`, a decode step's few rows)."""
+        the product too (`linear_all_reduce_add_rms_norm`, a decode step's few rows).
+        `quantize` (one device only): the normed rows may come as an `Fp8Activation` for a
+        next product that `takes_quantized`."""
         eps = self.cfg.rms_norm_eps
         if self.tp is None:
-            return project_add_rms_norm(x, w, residual, norm_weight, eps)
+            return project_add_rms_norm(x, w, residual, norm_weight, eps, quantize)
+        assert isinstance(x, torch.Tensor)  # (under tensor parallelism nothing is quantized)
         if self.tp.reduce_dtype is None:  # the all-reduce, add and norm in one kernel, or None
             fused = self.tp.linear_all_reduce_add_rms_norm(x, w, residual, norm_weight, eps)
             if fused is not None:
@@ -199,7 +218,7 @@ class Qwen3Model:
         return self.tp.all_reduce(embedding_part(token_ids, self.w.embed,
                                                  self.shard.vocab.rows.start))
 
-    def _attention(self, n: int, layer: LayerWeights, x: torch.Tensor,
+    def _attention(self, n: int, layer: LayerWeights, x: Activation,
                    batch: ForwardBatch) -> torch.Tensor:
         """The attention heads' output, [T, Hq * D], before o_proj; appends this step's K/V."""
         assert self.kv is not None

@@ -6,12 +6,16 @@ per 128-column group and multiply on the FP8 tensor cores (`fp8_group_quant`, th
 `fp8_w8a8_linear`), bound by the MMA rate, which FP8 doubles.
 
 OPENINFER_FP8_LINEAR forces one path for every row count (benchmarks): `auto` (the default)
-chooses by W8A8_MIN_ROWS, `w8a8` always quantizes, `weight-only` never does."""
+chooses by W8A8_MIN_ROWS, `w8a8` always quantizes, `weight-only` never does.
+
+An activation may also come quantized already (`Fp8Activation`, from a kernel that made it
+and quantized it in one pass: `quant_fused.py`); the product then takes it as it is."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +30,21 @@ W8A8_MIN_ROWS = 64
 BlockLinear = Callable[..., torch.Tensor]  # (x, w, scale, out_dtype) -> [M, N]
 GroupQuant = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 W8a8Linear = Callable[..., torch.Tensor]  # (xq, x_scale, w, scale, out_dtype) -> [M, N]
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Activation:
+    """An activation quantized for the W8A8 product: `fp8_group_quant`'s (e4m3 [M, K], fp32
+    scales [M, ceil(K/128)], in its layout), and the dtype the activation had (the product's
+    output dtype by default)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
 
 
 def quantizes_activations(rows: int) -> bool:
@@ -43,10 +62,14 @@ def dynamic_linear(block_linear: BlockLinear, group_quant: GroupQuant,
                    w8a8_linear: W8a8Linear) -> Callable[..., torch.Tensor]:
     """The FP8 linear over the given ops (the dispatching ones, the references or the Triton
     kernels): x [M, K] times w [N, K] e4m3 with its block scales -> [M, N] in `out_dtype`
-    (default x's), through `block_linear` or quantize-then-`w8a8_linear` by M."""
+    (default x's), through `block_linear` or quantize-then-`w8a8_linear` by M; an
+    `Fp8Activation` x straight through `w8a8_linear`."""
 
-    def fp8_dynamic_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
-                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def fp8_dynamic_linear(x: torch.Tensor | Fp8Activation, w: torch.Tensor,
+                           scale: torch.Tensor, out_dtype: torch.dtype | None = None
+                           ) -> torch.Tensor:
+        if isinstance(x, Fp8Activation):
+            return w8a8_linear(x.q, x.scale, w, scale, out_dtype or x.dtype)
         if quantizes_activations(x.shape[0]):
             xq, x_scale = group_quant(x)
             return w8a8_linear(xq, x_scale, w, scale, out_dtype or x.dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from openinfer_kernels.activation.reference import silu_and_mul_ref
-from openinfer_kernels.norm.reference import fused_add_rms_norm_ref
+from openinfer_kernels.norm.reference import fused_add_rms_norm_ref, rms_norm_ref
 
 
 def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
@@ -112,6 +112,28 @@ def fp8_group_quant_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = amax / torch.full_like(amax, E4M3_MAX)
     q = (padded / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(m, groups * GROUP)[:, :k].contiguous(), scale
+
+
+def rms_norm_group_quant_ref(x: torch.Tensor, weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normed rows quantized for the W8A8 product: `fp8_group_quant_ref(rms_norm_ref(...))`
+    (the norm rounded to x's dtype first, as an unfused pair stores it)."""
+    return fp8_group_quant_ref(rms_norm_ref(x, weight, eps))
+
+
+def add_rms_norm_group_quant_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm_ref` with its normed output quantized for the W8A8 product:
+    (e4m3 values, their scales, x + residual)."""
+    normed, summed = fused_add_rms_norm_ref(x, residual, weight, eps)
+    q, scale = fp8_group_quant_ref(normed)
+    return q, scale, summed
+
+
+def silu_mul_group_quant_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A gated MLP's activation quantized for the W8A8 product:
+    `fp8_group_quant_ref(silu_and_mul_ref(x))`."""
+    return fp8_group_quant_ref(silu_and_mul_ref(x))
 
 
 def fp8_w8a8_linear_ref(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,

@@ -46,17 +46,28 @@ def _round_to_e4m3(v):
                                                                            bitcast=True)
 
 
+@triton.jit
+def quantize_groups(x, AMAX_FLOOR: tl.constexpr, E4M3_MAX: tl.constexpr):
+    """fp32 x [R, GROUP] (one 128-column group of R rows) -> (its e4m3 values, in fp32 on the
+    e4m3 grid, and the rows' fp32 scales [R]): `fp8_group_quant_ref`'s math (div_rn: the IEEE
+    division the reference's is, not the approximate one `/` compiles to). The value is
+    rounded to the e4m3 grid in fp32 first, so the cast is exact: compiled for sm90 the fp32 ->
+    e4m3 cast gave other bits than torch's on some values (the Qwen3-8B shape tests of
+    test_fp8_w8a8.py, H100), and the interpreter's (triton 3.9) does not carry a round-up into
+    the exponent (124.3 becomes 64)."""
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
+    q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+    q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
+    return _round_to_e4m3(q), scale
+
+
 @triton.jit(do_not_specialize=["M"])
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm,
                         stride_sk, ROWS: tl.constexpr, GROUP: tl.constexpr,
                         AMAX_FLOOR: tl.constexpr, E4M3_MAX: tl.constexpr,
                         PDL: tl.constexpr):
-    """ROWS rows x one GROUP-column group: amax, scale, e4m3 values (div_rn: the IEEE
-    division the reference's is, not the approximate one `/` compiles to). The value is
-    rounded to the e4m3 grid in fp32 first, so the cast is exact: compiled for
-    sm90 the fp32 -> e4m3 cast gave other bits than torch's on some values (the Qwen3-8B
-    shape tests of test_fp8_w8a8.py, H100), and the interpreter's (triton 3.9) does not
-    carry a round-up into the exponent (124.3 becomes 64)."""
+    """ROWS rows x one GROUP-column group: amax, scale, e4m3 values (`quantize_groups`)."""
     pdl_enter(PDL)
     rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     kb = tl.program_id(1)
@@ -64,35 +75,38 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_
     ok = (rm < M)[:, None] & (rk < K)[None, :]
     rows = rm[:, None].to(tl.int64)
     x = tl.load(x_ptr + rows * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), AMAX_FLOOR)
-    scale = tl.math.div_rn(amax, tl.full([ROWS], E4M3_MAX, tl.float32))
-    q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], [ROWS, GROUP]))
-    q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
-    q = _round_to_e4m3(q)
+    q, scale = quantize_groups(x, AMAX_FLOOR, E4M3_MAX)
     tl.store(q_ptr + rows * stride_qm + rk[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + rm * stride_sm + kb * stride_sk, scale, mask=rm < M)
 
 
+def group_quant_outputs(m: int, k: int, device: torch.device
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (e4m3 [M, K], fp32 scales [M, ceil(K/128)]) as `fp8_group_quant_triton` lays them
+    out: the scales M-major (a [ceil(K/128), M] tensor, transposed), so the GEMM reads a tile's
+    row scales of one K block from consecutive addresses; both with their rows padded to a
+    multiple of 4 in storage: each group's scales start 16-byte aligned, and cuBLASLt's
+    block-scaled FP8 product (`scaled_mm.py`) runs on the padded rows, since it takes a scale
+    operand only as long as the rows."""
+    padded = -(-m // 4) * 4
+    q = torch.empty((padded, k), dtype=torch.float8_e4m3fn, device=device)[:m]
+    scale = torch.empty((triton.cdiv(k, GROUP), padded), dtype=torch.float32,
+                        device=device).t()[:m]
+    return q, scale
+
+
 def fp8_group_quant_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`fp8_group_quant_ref`'s contract: x [M, K] bf16/fp16/fp32 (K contiguous) -> (e4m3
-    [M, K] contiguous, fp32 scales [M, ceil(K/128)]). The scales are stored M-major (a
-    [ceil(K/128), M] tensor, transposed), so the GEMM reads a tile's row scales of one K
-    block from consecutive addresses."""
+    [M, K], fp32 scales [M, ceil(K/128)]) laid out as `group_quant_outputs` says."""
     if x.dim() != 2 or x.stride(1) != 1 or x.dtype not in QUANT_DTYPES:
         raise ValueError(f"fp8_group_quant: x must be [M, K] bf16, fp16 or fp32 with K "
                          f"contiguous, got {x.dtype} {tuple(x.shape)} strides {x.stride()}")
     m, k = x.shape
-    groups = triton.cdiv(k, GROUP)
-    # Rows padded to a multiple of 4, in q's storage and the scales': each group's scales start
-    # 16-byte aligned, and cuBLASLt's block-scaled FP8 product (`scaled_mm.py`) runs on the
-    # padded rows, since it takes a scale operand only as long as the rows.
-    padded = -(-m // 4) * 4
-    q = torch.empty((padded, k), dtype=torch.float8_e4m3fn, device=x.device)[:m]
-    scale = torch.empty((groups, padded), dtype=torch.float32, device=x.device).t()[:m]
+    q, scale = group_quant_outputs(m, k, x.device)
     if m == 0 or k == 0:
         return q, scale
     rows = min(32, triton.next_power_of_2(m))
-    _group_quant_kernel[(triton.cdiv(m, rows), groups)](
+    _group_quant_kernel[(triton.cdiv(m, rows), triton.cdiv(k, GROUP))](
         x, q, scale, m, k, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
         ROWS=rows, GROUP=GROUP, AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX,
         num_warps=4, **pdl_launch(x))
