@@ -104,6 +104,36 @@ PY
   head -60 "$OUT/prefill-breakdown-8b-fp8.log"
 }
 
+stage_fp8fused() {
+  # The W8A8 product's activation quantization fused into the kernel that makes the
+  # activation (fp8_linear/quant_fused.py): its kernel tests and the kept-FP8 Qwen3 tests
+  # compiled, then TTFT at 2048 and 8192 in, Qwen3-8B FP8 kept, fused (the default) and apart
+  # (OPENINFER_FP8_FUSED_QUANT=0) in turns, then where a fused 2048-token first step goes.
+  local m8fp8=/tmp/qwen3-8b-fp8 round side len
+  python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
+  stage "fused activation quantization: kernel tests and kept-FP8 Qwen3 tests, compiled"
+  timeout 240 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" -rf --tb=short \
+    packages/openinfer-kernels/tests/kernels/test_fp8_quant_fused.py \
+    packages/openinfer-kernels/tests/kernels/test_fp8_w8a8.py \
+    packages/openinfer-qwen3/tests/test_fp8_kept.py > "$OUT/fp8fused_tests.log" 2>&1
+  grep -E "^E  |^FAILED|passed|failed" "$OUT/fp8fused_tests.log" | head -20
+  for round in 1 2; do
+    for side in fused apart; do
+      for len in 2048 8192; do
+        stage "TTFT at $len in, Qwen3-8B FP8 kept, quantization $side, round $round"
+        OPENINFER_FP8_FUSED_QUANT=$([ $side = fused ] && echo 1 || echo 0) timeout -s ABRT 150 \
+          python3 -m openinfer_server.cli bench latency $m8fp8 --load-format dummy \
+          --max-num-seqs 4 --max-model-len 8320 --input-len $len --output-len 16 --num-iters 3 \
+          --result-file "$OUT/ttft-$len-qwen3-8b-fp8-$side-r$round.json" | grep -E "Median TTFT"
+      done
+    done
+  done
+  stage "where a fused FP8 2048-token first step goes (top kernels)"
+  timeout 150 python3 benchmarks/device/prefill_breakdown.py $m8fp8 --prompt-len 2048 --iters 3 \
+    --json "$OUT/prefill-breakdown-qwen3-8b-fp8-fused.json" > "$OUT/prefill-breakdown-8b-fp8-fused.log" 2>&1
+  grep -E "^prompt|^  +[0-9.]+ ms" "$OUT/prefill-breakdown-8b-fp8-fused.log" | head -20
+}
+
 stage_fp8serve() {
   # Qwen3-8B FP8 (kept, the default) at batch: offline 128/128 x 512 beside the bf16
   # checkpoint's in the same call, then served FP8SERVE_PROMPTS (4096) x 128/128 at
