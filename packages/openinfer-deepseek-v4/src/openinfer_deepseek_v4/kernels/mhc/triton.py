@@ -42,13 +42,14 @@ SERIAL_TOKENS = 1
 # The mix projection's K shares hold at least this many BLOCK_K blocks each (fewer: more
 # programs, each one read less deep): MIX_MIN_K_BLOCKS for many tokens, SERIAL_MIN_K_BLOCKS
 # for the one-token launch, which runs SERIAL_WARPS warps (None: enough for the weights'
-# [N, D] row). At one token of V4-Flash's streams (N 4, D 4096) on one H200, 1 block and 4
-# warps took 10.9 us a call against 15.9 with 4 blocks and 16 warps, the best of 1/2/4/8 x
-# 2/4/8/16 (benchmarks/device/dsv4_mhc_bench.py, which sweeps them). Spreading the Sinkhorn
-# tile over copies of it (its sums within a warp) measured no faster at either size.
+# [N, D] row: 16 at V4-Flash's N 4, D 4096). There, on one H200, with comb's Sinkhorn in
+# hc_post, 1 block and 16 warps took 7.2 us a call against 8.2 with 4 warps and 17.3 with 8
+# blocks, the best of 1/2/4/8 x 2/4/8/16 (benchmarks/device/dsv4_mhc_bench.py, which sweeps
+# them: `gpu_check.sh dsv4mhc`). Spreading the Sinkhorn tile over copies of it (its sums
+# within a warp) measured no faster.
 MIX_MIN_K_BLOCKS = 4
 SERIAL_MIN_K_BLOCKS = 1
-SERIAL_WARPS: int | None = 4
+SERIAL_WARPS: int | None = None
 
 
 @triton.jit
