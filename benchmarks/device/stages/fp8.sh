@@ -108,7 +108,8 @@ stage_fp8fused() {
   # The W8A8 product's activation quantization fused into the kernel that makes the
   # activation (fp8_linear/quant_fused.py): its kernel tests and the kept-FP8 Qwen3 tests
   # compiled, then TTFT at 2048 and 8192 in, Qwen3-8B FP8 kept, fused (the default) and apart
-  # (OPENINFER_FP8_FUSED_QUANT=0) in turns, then where a fused 2048-token first step goes.
+  # (OPENINFER_FP8_FUSED_QUANT=0) in turns, batch-1 TPOT, then where a fused 2048-token first
+  # step goes.
   local m8fp8=/tmp/qwen3-8b-fp8 round side len
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
   stage "fused activation quantization: kernel tests and kept-FP8 Qwen3 tests, compiled"
@@ -128,6 +129,10 @@ stage_fp8fused() {
       done
     done
   done
+  stage "batch-1 latency, Qwen3-8B FP8 kept (its decode products take no fused quantization)"
+  timeout -s ABRT 150 python3 -m openinfer_server.cli bench latency $m8fp8 --load-format dummy \
+    --max-num-seqs 4 --max-model-len 4096 --input-len 128 --output-len 128 --num-iters 3 \
+    --result-file "$OUT/latency-qwen3-8b-fp8-keep.json" | grep -E "TPOT|floor"
   stage "where a fused FP8 2048-token first step goes (top kernels)"
   timeout 150 python3 benchmarks/device/prefill_breakdown.py $m8fp8 --prompt-len 2048 --iters 3 \
     --json "$OUT/prefill-breakdown-qwen3-8b-fp8-fused.json" > "$OUT/prefill-breakdown-8b-fp8-fused.log" 2>&1

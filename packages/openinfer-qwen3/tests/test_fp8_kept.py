@@ -124,7 +124,9 @@ def unfused_add_norm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     return normed.to(x.device), summed.to(x.device)
 
 
-# The fused activation quantizations (`linears.takes_quantized`) that ran, by name.
+# The fused activation quantizations (`linears.takes_quantized`) that ran, by name, in the
+# test that puts these Triton forms in (elsewhere they dispatch by device: on CPU tensors,
+# the references).
 FUSED_QUANT: list[str] = []
 
 
@@ -156,9 +158,6 @@ def keep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                         dynamic.dynamic_linear(counted_block, quant, counted_w8a8))
     monkeypatch.setattr(linears, "fp8_block_linear_silu_mul", counted_silu_mul)
     monkeypatch.setattr(linears, "fp8_block_linear_add_rms_norm", counted_add_norm)
-    monkeypatch.setattr(linears, "rms_norm_group_quant", norm_quant)
-    monkeypatch.setattr(linears, "add_rms_norm_group_quant", add_norm_quant)
-    monkeypatch.setattr(linears, "silu_mul_group_quant", silu_quant)
     CALLS.clear()
     FUSED_QUANT.clear()
     yield
@@ -357,12 +356,15 @@ def test_fused_quantization_prefills_as_the_unfused(pairs: dict[str, tuple[Path,
                                                     spec: str, keep: None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """W8A8 prefill (W8A8_MIN_ROWS at 16) with each product's input quantized by the kernel
-    that makes it, against the same model with the quantization in the product
-    (OPENINFER_FP8_FUSED_QUANT=0): the same bits, so the same prompt logprobs exactly. The
-    unfused norms and silu * mul run their Triton kernels too (on CPU tensors they would run
-    the references, whose fp32 sums go in another order)."""
+    that makes it (the Triton kernels of quant_fused.py), against the same model with the
+    quantization in the product (OPENINFER_FP8_FUSED_QUANT=0): the same bits, so the same
+    prompt logprobs exactly. The unfused norms and silu * mul run their Triton kernels too (on
+    CPU tensors they would run the references, whose fp32 sums go in another order)."""
     fp8_dir = pairs[spec][0]
     monkeypatch.setattr(dynamic, "W8A8_MIN_ROWS", 16)
+    monkeypatch.setattr(linears, "rms_norm_group_quant", norm_quant)
+    monkeypatch.setattr(linears, "add_rms_norm_group_quant", add_norm_quant)
+    monkeypatch.setattr(linears, "silu_mul_group_quant", silu_quant)
     monkeypatch.setattr(linears, "rms_norm", lambda x, w, eps: rms_norm_triton(
         _gpu(x), _gpu(w), eps).to(x.device))
     monkeypatch.setattr(linears, "silu_and_mul", lambda x: silu_and_mul_triton(
