@@ -57,10 +57,6 @@ CANDIDATES = {
     "n8k1024d16k512": DecodeTile(8, 1024, 16, 512),
     "n8k1024d32k256": DecodeTile(8, 1024, 32, 256),
     "n16k512d32k512": DecodeTile(16, 512, 32, 512),
-    # down's slots unrolled (their expert ids and weights read up front)
-    "n8k1024s2u": DecodeTile(8, 1024, 8, 1024, down_split=2, unroll_slots=True),
-    "n8k1024d16k512u": DecodeTile(8, 1024, 16, 512, unroll_slots=True),
-    "n32k512u": DecodeTile(32, 512, 32, 512, unroll_slots=True),
 }
 Timer = Callable[[Sequence[Callable[[], object]]], float]
 

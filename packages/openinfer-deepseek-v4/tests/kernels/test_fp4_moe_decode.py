@@ -5,8 +5,6 @@ hash routing, and down split in K shares."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from test_fp4_moe import DEVICE, LIMIT, make, tolerance
@@ -23,9 +21,6 @@ TILES = {
     "split": DecodeTile(block_n=64, block_k=32, down_block_n=64, down_block_k=32, down_split=3),
     "wide_k": DecodeTile(block_n=8, block_k=256, down_block_n=32, down_block_k=128,
                          num_warps=2),
-    # down's slots unrolled, in 2 K shares of 3 and 2 steps
-    "unrolled": DecodeTile(block_n=16, block_k=64, down_block_n=16, down_block_k=32,
-                           down_split=2, unroll_slots=True),
 }
 
 
@@ -156,16 +151,6 @@ def test_decode_is_deterministic() -> None:
     assert all(torch.equal(first, decode(case, TILES["split"])) for _ in range(2))
 
 
-@pytest.mark.parametrize(("t", "k"), [(1, 6), (3, 2)])
-def test_unrolled_slots_give_the_loops_bits(t: int, k: int) -> None:
-    """`unroll_slots` changes where down's slot reads sit, not what it sums or in which
-    order: the same bits as the one loop over (slot, step), a zero routing weight among
-    them."""
-    case = make(t, HIDDEN, INTER, experts=7, k=k, dtype=torch.bfloat16, seed=40 + k)
-    case["weights"][0, -1] = 0.0
-    for tile in (TILES["split"], DecodeTile(block_n=8, block_k=64, down_block_n=32,
-                                            down_block_k=64)):
-        assert torch.equal(decode(case, tile), decode(case, replace(tile, unroll_slots=True)))
 
 
 def test_decode_tile_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,11 +34,8 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 @dataclass(frozen=True, slots=True)
 class DecodeTile:
     """block_n / block_k: gate_up rows (each of gate and up) and inputs per program step;
-    down_block_n / down_block_k: the same for down; down_split: K shares of down (1: none);
-    unroll_slots: down's loop over the token's top-k slots unrolled at compile time (the
-    top-k a constant, each slot's steps a loop inside), which gives the compiler the slots'
-    loads to schedule together; the same sums in the same order. Block sizes are powers of
-    two, block_k's at least 32 (one scale group)."""
+    down_block_n / down_block_k: the same for down; down_split: K shares of down (1: none).
+    Block sizes are powers of two, block_k's at least 32 (one scale group)."""
 
     block_n: int = 16
     block_k: int = 512
@@ -47,7 +44,6 @@ class DecodeTile:
     down_split: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    unroll_slots: bool = False
 
 
 # (most tokens, tile): the first row whose bound holds, else the last. Picked by
@@ -159,12 +155,13 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, t
                  steps_per_split, stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
                  stride_se, stride_sn, stride_am, stride_os, stride_om, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD: tl.constexpr,
-                 PDL: tl.constexpr, TOP_K: tl.constexpr = 0):
+                 PDL: tl.constexpr):
     """out[split, token, block]: over the token's slots in order, the routing weight times
     the slot's expert's down rows against its row of h, inputs of this K share only; ADD: the
     first share starts from the token's row of `add` instead of 0. One loop over (slot,
-    step), so loads run ahead across slots, or (TOP_K > 0, the top-k as a compile-time
-    constant) the slots unrolled; a slot of weight 0 masks its loads."""
+    step), so loads run ahead across slots (unrolling the slots at compile time measured
+    slower at every tile and token count: dsv4_moe_sweep.py, H200); a slot of weight 0 masks
+    its loads."""
     pdl_enter(PDL)
     token = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -178,20 +175,12 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, t
         if split == 0:
             acc += tl.load(add_ptr + token.to(tl.int64) * stride_am + rn, mask=n_ok,
                            other=0.0).to(tl.float32)
-    if TOP_K > 0:
-        for slot in tl.static_range(TOP_K):
-            for j in range(steps):
-                acc = _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot,
-                                      k_start + j * BLOCK_K, k_end, rn, N, top_k, stride_hm,
-                                      stride_ids, stride_rw, stride_we, stride_wn, stride_se,
-                                      stride_sn, BLOCK_N, BLOCK_K, EVEN_K)
-    else:
-        for i in range(top_k * steps):
-            slot = i // steps
-            acc = _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot,
-                                  k_start + (i - slot * steps) * BLOCK_K, k_end, rn, N, top_k,
-                                  stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
-                                  stride_se, stride_sn, BLOCK_N, BLOCK_K, EVEN_K)
+    for i in range(top_k * steps):
+        slot = i // steps
+        acc = _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot,
+                              k_start + (i - slot * steps) * BLOCK_K, k_end, rn, N, top_k,
+                              stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
+                              stride_se, stride_sn, BLOCK_N, BLOCK_K, EVEN_K)
     out = out_ptr + split.to(tl.int64) * stride_os + token.to(tl.int64) * stride_om + rn
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
@@ -249,8 +238,7 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         down.stride(0), down.stride(1), down_scale.stride(0), down_scale.stride(1),
         add.stride(0) if add is not None else 0, t * hidden, hidden,
         BLOCK_N=tile.down_block_n, BLOCK_K=tile.down_block_k,
-        EVEN_K=inter % tile.down_block_k == 0, ADD=add is not None,
-        TOP_K=top_k if tile.unroll_slots else 0, **common)
+        EVEN_K=inter % tile.down_block_k == 0, ADD=add is not None, **common)
     if split > 1:
         sum_slices(target, out, split, t * hidden, hidden)
     return out
