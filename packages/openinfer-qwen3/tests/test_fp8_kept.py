@@ -89,7 +89,9 @@ def counted_block(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
 def counted_w8a8(xq: torch.Tensor, x_scale: torch.Tensor, w: torch.Tensor,
                  scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     CALLS.append((xq.shape[0], *w.shape, "w8a8"))
-    return fp8_w8a8_linear_triton(xq, x_scale, _gpu(w), _gpu(scale), out_dtype).cpu()
+    # (activations quantized by a fused reference arrive on the CPU)
+    return fp8_w8a8_linear_triton(_gpu(xq), _gpu(x_scale), _gpu(w), _gpu(scale),
+                                  out_dtype).cpu()
 
 
 def quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
