@@ -3,7 +3,8 @@
 reports, per replica, the running and waiting requests' mean, median and maximum over the
 samples where the server had any request (the mean counts the ramp-up and drain; the median is
 nearer the steady state). A replica that queues while another has free slots means the router,
-not the engines, sets the served throughput.
+not the engines, sets the served throughput. The JSON also keeps every sample with its unix
+time (`samples`), which `dp_timeline.py` lines up with the bench's requests.
 
 Usage: python replica_balance.py [--base-url URL] [--seconds 120] [--interval 0.5] [--json F]"""
 
@@ -40,6 +41,7 @@ def main() -> None:
     p.add_argument("--json", help="write the per-replica figures here")
     args = p.parse_args()
     series: dict[tuple[str, str], list[float]] = defaultdict(list)
+    samples: list[tuple[float, dict[str, float]]] = []  # (unix time, "replica what": value)
     deadline = time.monotonic() + args.seconds
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
@@ -52,6 +54,7 @@ def main() -> None:
             if sum(got.values()) > 0:  # only while requests are in
                 for key, value in got.items():
                     series[key].append(value)
+                samples.append((time.time(), {f"{r} {what}": v for (r, what), v in got.items()}))
             time.sleep(args.interval)
     report = {f"replica {r} {what}": {"mean": sum(v) / len(v), "median": statistics.median(v),
                                       "max": max(v), "samples": len(v)}
@@ -61,7 +64,7 @@ def main() -> None:
               f"{figures['max']:.0f} ({figures['samples']} samples)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump(report | {"samples": samples}, f, indent=1)
 
 
 if __name__ == "__main__":

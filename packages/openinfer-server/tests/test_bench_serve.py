@@ -191,6 +191,11 @@ def test_max_concurrency_bounds_requests_in_flight() -> None:
     outcomes = asyncio.run(go())
     assert peak == 3
     assert all(o.success for o in outcomes)
+    # Each request's start is when it got past the gate: the fourth only once one of the
+    # first three had its 20 ms answer, the tenth (three waits later) at least 60 ms in.
+    starts = sorted(o.start for o in outcomes)
+    assert starts[0] >= 0 and starts[3] - starts[0] >= 0.02
+    assert starts[-1] - starts[0] >= 0.06
 
 
 def test_metrics_count_only_successes() -> None:
@@ -209,6 +214,9 @@ def test_metrics_count_only_successes() -> None:
     assert m["mean_ttft_ms"] == pytest.approx(150.0)
     assert m["mean_itl_ms"] == pytest.approx(200.0)
     assert m["errors"] == ["", "", "HTTP 500: boom"]
+    # Little's law over the successes: (0.5 + 0.2) s of requests in 2 s.
+    assert m["mean_in_flight"] == pytest.approx(0.35)
+    assert m["start_times"] == [0.0, 0.0, 0.0]
 
 
 

@@ -52,6 +52,7 @@ REQUEST_TIMEOUT_S = 6 * 3600  # vLLM's: a benchmark request is never cut short
 class RequestOutcome:
     prompt_len: int
     success: bool = False
+    start: float = 0.0  # seconds from the run's start to sending (past the concurrency gate)
     ttft: float = 0.0  # seconds
     latency: float = 0.0  # to the last chunk with a choice
     itl: list[float] = field(default_factory=list)
@@ -150,12 +151,18 @@ async def send_on_schedule(client: httpx.AsyncClient, url: str,
     """Payload i goes out at `start + offsets[i]` (perf_counter seconds)."""
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
+    async def sent(payload: dict[str, Any]) -> RequestOutcome:
+        sent_at = time.perf_counter() - start
+        outcome = await send_request(client, url, payload)
+        outcome.start = sent_at
+        return outcome
+
     async def one(payload: dict[str, Any], offset: float) -> RequestOutcome:
         await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
         if gate is None:
-            return await send_request(client, url, payload)
+            return await sent(payload)
         async with gate:
-            return await send_request(client, url, payload)
+            return await sent(payload)
 
     return list(await asyncio.gather(*(one(p, o) for p, o in zip(payloads, offsets,
                                                                    strict=True))))
@@ -182,7 +189,12 @@ def compute_metrics(outcomes: Sequence[RequestOutcome], duration: float,
     metrics |= {"input_lens": [o.prompt_len for o in outcomes],
                 "output_lens": [o.output_tokens for o in outcomes],
                 "ttfts": [o.ttft for o in outcomes], "itls": [o.itl for o in outcomes],
-                "errors": [o.error for o in outcomes]}
+                "errors": [o.error for o in outcomes],
+                # Beyond vLLM's fields: when each request went out (seconds from the run's
+                # start), and how many were in flight on average (their latencies over the run:
+                # Little's law), which the ramp-up and drain keep under the concurrency limit.
+                "start_times": [o.start for o in outcomes],
+                "mean_in_flight": sum(o.latency for o in ok) / duration if duration > 0 else 0.0}
     return metrics
 
 
@@ -293,8 +305,12 @@ async def _benchmark(args: argparse.Namespace, plan: Sequence[tuple[float, int]]
                 outcomes, duration = await pool.run(
                     url, payloads, arrival_offsets(len(payloads), rate, seed),
                     args.max_concurrency)
+            # The run's start on the wall clock (to the ms), to line its requests up with
+            # what the server logged or sampled meanwhile.
+            started_at = time.time() - duration
             on_run(model, {"num_prompts": num_prompts, "request_rate": rate_value(rate),
-                           "seed": seed, **compute_metrics(outcomes, duration, percentiles)})
+                           "seed": seed, "started_at_unix": started_at,
+                           **compute_metrics(outcomes, duration, percentiles)})
     return model
 
 
