@@ -3,8 +3,9 @@
 past them on 2 ranks, its rows signalling by themselves; `push-flags`: the same with flags,
 `OPENINFER_TP_PUSH_SIGNAL=flags`; `linear`: push, and a row-split linear pushing its own rows,
 checked too) against the reference of every rank's partials and against the unfused path,
-eagerly and replayed from a CUDA graph; and the group's plain all-reduce (pushed, sum only,
-up to the push kernel's rows with the rows as their signal). Spawned: importable by name."""
+eagerly and replayed from a CUDA graph; the group's plain all-reduce (pushed, sum only,
+up to the push kernel's rows with the rows as their signal); and, with the push kernel, rank
+0's token ids pushed by `broadcast`. Spawned: importable by name."""
 
 from __future__ import annotations
 
@@ -52,17 +53,21 @@ def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, obje
         all_reduce_add_rms_norm_push,
         all_reduce_add_rms_norm_ref,
         linear_push_add_rms_norm,
+        push_ids,
     )
 
     group.enable_add_rms_norm(HIDDEN, torch.bfloat16, kernel=all_reduce_add_rms_norm,
                               push_kernel=all_reduce_add_rms_norm_push,
-                              linear_kernel=linear_push_add_rms_norm)
+                              linear_kernel=linear_push_add_rms_norm, ids_kernel=push_ids)
     fused = group._fused
     assert isinstance(fused, SymmetricAddNorm), "the Triton fusion did not open (see the log)"
     linear = os.environ.get("OPENINFER_TP_FUSED_NORM") == "linear"
     assert (fused.linear is not None) == linear, "the pushing linear did not open"
     pushing = os.environ.get("OPENINFER_TP_FUSED_NORM") in ("push", "linear")
     assert (fused.push is not None) == pushing, "the push kernel's memory did not open"
+    if pushing:
+        assert fused.push is not None and fused.push.ids is not None, "no id slots opened"
+        _ids_checks(group, rank, device)
     g = torch.Generator(device=device).manual_seed(7)  # the same weight on every rank
     weight = (1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16)
     worst_unfused = 0.0
@@ -154,6 +159,46 @@ def _linear_checks(group, rank: int, size: int, weight: torch.Tensor,  # type: i
             assert between is not None and torch.equal(between[1], want_summed)
             got = group.linear_all_reduce_add_rms_norm(x, w, residual, weight, EPS)
             assert got is not None
+
+
+def _ids_checks(group, rank: int, device: torch.device) -> None:  # type: ignore[no-untyped-def]
+    """Rank 0's token ids on every rank by `broadcast` (pushed: 1 to 8192 ids, past one
+    program's block), each call followed by an all-reduce that meets the ranks, as a model's
+    forward does; then the same captured in a CUDA graph and replayed over new ids."""
+    def ids_of(n: int, seed: int) -> torch.Tensor:
+        g = torch.Generator(device=device).manual_seed(seed)
+        return torch.randint(0, 151_936, (n,), device=device, generator=g)
+
+    meet = torch.zeros(1, HIDDEN, device=device, dtype=torch.bfloat16)
+    for n, seed in ((1, 1), (1500, 2), (8192, 3), (7, 4), (1, 5)):
+        want = ids_of(n, seed)
+        ids = want.clone() if rank == 0 else torch.zeros_like(want)
+        group.broadcast(ids)
+        group.all_reduce(meet.clone())
+        torch.cuda.synchronize()
+        assert torch.equal(ids, want), f"{n} ids: this rank got others than rank 0's"
+    ids = torch.zeros(64, device=device, dtype=torch.int64)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        group.broadcast(ids)  # warm up on the side stream (rank 0's zeros go out)
+        group.all_reduce(meet.clone())
+        torch.cuda.synchronize()
+        torch.distributed.barrier()
+        with torch.cuda.graph(graph):
+            group.broadcast(ids)
+            group.all_reduce(meet.clone())
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    for n in range(REPLAYS):
+        want = ids_of(64, 100 + n)
+        ids.copy_(want if rank == 0 else torch.zeros_like(want))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(ids, want), f"replay {n}: this rank got others than rank 0's ids"
+    torch.distributed.barrier()
 
 
 def _assert_every_rank_alike(normed: torch.Tensor, summed: torch.Tensor, size: int) -> None:

@@ -14,7 +14,12 @@ from openinfer_core.distributed.add_norm import (
     fused_norm_mode,
 )
 from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricPeers
-from openinfer_core.distributed.symmetric_add_norm import PushMemory, SymmetricAddNorm
+from openinfer_core.distributed.symmetric_add_norm import (
+    IDS_ENV,
+    PushMemory,
+    SymmetricAddNorm,
+    ids_mode,
+)
 
 
 def test_flashinfer_off_by_default_and_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,3 +172,46 @@ def test_push_areas_are_handed_out_for_their_width_and_dtype_only() -> None:
     assert ours.push_areas(8, torch.bfloat16) is None
     no_push = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16)
     assert no_push.push_areas(8, torch.float32) is None
+
+
+class _Ids:
+    """A stand-in ids kernel: records each call; takes up to 4 ids."""
+
+    slots, programs, fill = 8, 2, 0xFF
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, ids, areas, seqs, rank):  # type: ignore[no-untyped-def]
+        if ids.numel() > 4:
+            return False
+        self.calls.append((ids.numel(), rank))
+        return True
+
+
+def test_token_ids_go_to_the_ids_kernel_where_it_is_open() -> None:
+    ids = _Ids()
+    slots = (torch.full((8,), -1, dtype=torch.int32),) * 2
+    memory = PushMemory(_Push(), (), (), torch.zeros(4, dtype=torch.int32), None, ids=ids,
+                        id_slots=slots, id_seqs=torch.zeros(2, dtype=torch.int32))
+    peers = SymmetricPeers(buffers=(), pads=(), rank=1)
+    ours = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16,
+                            push=memory)
+    assert ours.broadcast_ids(torch.zeros(3, dtype=torch.int64))
+    assert not ours.broadcast_ids(torch.zeros(5, dtype=torch.int64))  # the kernel refuses
+    assert ids.calls == [(3, 1)]
+    without = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32, max_rows=16,
+                               push=PushMemory(_Push(), (), (), torch.zeros(4), None))
+    assert not without.broadcast_ids(torch.zeros(3, dtype=torch.int64))
+    assert not SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.float32,
+                                max_rows=16).broadcast_ids(torch.zeros(3, dtype=torch.int64))
+
+
+def test_the_ids_mode_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(IDS_ENV, raising=False)
+    assert ids_mode() == "push"
+    monkeypatch.setenv(IDS_ENV, "nccl")
+    assert ids_mode() == "nccl"
+    monkeypatch.setenv(IDS_ENV, "shm")
+    with pytest.raises(ValueError, match="push or nccl"):
+        ids_mode()

@@ -42,7 +42,11 @@ from openinfer_deepseek_v4.reference import (
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.shared_input import AttentionProducts, attention_products
 from openinfer_deepseek_v4.step_slots import StepSlots
-from openinfer_kernels.collective import all_reduce_add_rms_norm, all_reduce_add_rms_norm_push
+from openinfer_kernels.collective import (
+    all_reduce_add_rms_norm,
+    all_reduce_add_rms_norm_push,
+    push_ids,
+)
 from openinfer_kernels.embed import embedding_part
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_blocks
@@ -104,7 +108,7 @@ class DeepseekV4Model:
             # rather than a norm, push their rows (the embedding's: the push kernel's sum-only
             # form).
             tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
-                                   push_kernel=all_reduce_add_rms_norm_push)
+                                   push_kernel=all_reduce_add_rms_norm_push, ids_kernel=push_ids)
         # The same memory for the sublayers' all-reduce fused with hc_post (kernels/mhc);
         # PUSH_POST_ENV=0: the all-reduce, then hc_post (A/B).
         self._push = (None if tp is None or os.environ.get(PUSH_POST_ENV, "1") == "0"

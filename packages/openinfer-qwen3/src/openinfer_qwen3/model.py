@@ -27,6 +27,7 @@ from openinfer_kernels.collective import (
     all_reduce_add_rms_norm,
     all_reduce_add_rms_norm_push,
     linear_push_add_rms_norm,
+    push_ids,
 )
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
@@ -91,7 +92,8 @@ class Qwen3Model:
         if tp is not None:  # our kernels over symmetric memory, if the group is asked to use them
             tp.enable_add_rms_norm(cfg.hidden_size, dtype, kernel=all_reduce_add_rms_norm,
                                    push_kernel=all_reduce_add_rms_norm_push,
-                                   linear_kernel=linear_push_add_rms_norm)
+                                   linear_kernel=linear_push_add_rms_norm,
+                                   ids_kernel=push_ids)
         if supports_cuda_graphs(attention) and attention.cuda_graph_safe:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = attention.cuda_graph_max_tokens

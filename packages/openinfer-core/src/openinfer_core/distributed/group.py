@@ -22,6 +22,7 @@ from openinfer_core.distributed.symmetric_add_norm import SymmetricAddNorm
 from openinfer_core.interfaces.model import (
     PushAreas,
     SymmetricAddNormKernel,
+    SymmetricIdsKernel,
     SymmetricLinearPushKernel,
     SymmetricPushAddNormKernel,
 )
@@ -88,11 +89,13 @@ class TorchTensorParallelGroup:
     def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
                             kernel: SymmetricAddNormKernel | None = None,
                             push_kernel: SymmetricPushAddNormKernel | None = None,
-                            linear_kernel: SymmetricLinearPushKernel | None = None) -> None:
+                            linear_kernel: SymmetricLinearPushKernel | None = None,
+                            ids_kernel: SymmetricIdsKernel | None = None) -> None:
         """Set up the fused all-reduce + add + RMSNorm for rows of `hidden` values of `dtype`
         where it is asked for and available: FlashInfer's (`add_norm.py`) or the line's
         `kernel` over symmetric memory (`symmetric_add_norm.py`), with the push kernel (and the
-        line's linear that pushes its own rows, `linear`), by `OPENINFER_TP_FUSED_NORM`.
+        line's linear that pushes its own rows, `linear`), by `OPENINFER_TP_FUSED_NORM`, and
+        with the push kernel the line's `ids_kernel` for `broadcast`'s token ids.
         Collective: every rank, at load, outside CUDA graph capture."""
         if self.size == 1 or self._fused is not None:
             return
@@ -104,7 +107,7 @@ class TorchTensorParallelGroup:
             self._fused = SymmetricAddNorm.open(
                 self._symmetric, kernel, hidden, dtype, self.device,
                 push_kernel if mode != "triton" else None,
-                linear_kernel if mode == "linear" else None)
+                linear_kernel if mode == "linear" else None, ids_kernel)
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
                                 weight: torch.Tensor,
@@ -155,7 +158,13 @@ class TorchTensorParallelGroup:
         return out, recv_counts
 
     def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
-        """`x` from rank `src` on every rank, in place; returns `x`."""
+        """`x` from rank `src` on every rank, in place; returns `x`. A step's token ids from
+        rank 0 are pushed where the push memory has room for them (`SymmetricAddNorm.
+        broadcast_ids`: the caller's forward then meets every rank before its next call, as a
+        model's all-reduces do), else NCCL's (or gloo's) broadcast."""
+        if (src == 0 and x.is_cuda and isinstance(self._fused, SymmetricAddNorm)
+                and self._fused.broadcast_ids(x)):
+            return x
         dist.broadcast(x, src)
         return x
 

@@ -17,11 +17,15 @@ group (emptied on every rank before any call). It is the default on 2 and 4 rank
 larger steps take the one-shot kernel; on more, the unfused path: there the one-shot kernel
 lost to it at every size (`PULL_RANKS`). The same memory serves the group's plain all-reduce
 of such rows (`reduce`: the push kernel's sum-only form, rows of `hidden` only), for the
-layers that add no norm after it (DeepSeek-V4's, whose hyper-connections follow)."""
+layers that add no norm after it (DeepSeek-V4's, whose hyper-connections follow), and with
+the line's ids kernel, slots of its own where rank 0 pushes a step's token ids
+(`broadcast_ids`; `OPENINFER_TP_IDS=nccl` keeps NCCL's broadcast)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +36,14 @@ from openinfer_core.distributed.all_reduce import SymmetricAllReduce, SymmetricP
 from openinfer_core.interfaces.model import (
     PushAreas,
     SymmetricAddNormKernel,
+    SymmetricIdsKernel,
     SymmetricLinearPushKernel,
     SymmetricPushAddNormKernel,
 )
 
 log = logging.getLogger("openinfer")
+
+IDS_ENV = "OPENINFER_TP_IDS"  # push (default) | nccl: how a step's token ids leave rank 0
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Past this many rows the one-shot kernel (every rank reads every peer's whole partial) stops
@@ -60,16 +67,22 @@ class PushMemory:
     flags: tuple[torch.Tensor, ...]
     seqs: torch.Tensor
     handle: Any  # the rendezvous' _SymmetricMemory: keeps the peers' mappings alive
+    # With an ids kernel: every rank's int32 id slots and this rank's call counts for them.
+    ids: SymmetricIdsKernel | None = None
+    id_slots: tuple[torch.Tensor, ...] = ()
+    id_seqs: torch.Tensor | None = None
 
     @classmethod
     def open(cls, kernel: SymmetricPushAddNormKernel, symmetric: SymmetricAllReduce,
-             hidden: int, dtype: torch.dtype, device: torch.device) -> PushMemory | None:
+             hidden: int, dtype: torch.dtype, device: torch.device,
+             ids: SymmetricIdsKernel | None = None) -> PushMemory | None:
         """Allocated, mapped and emptied on every rank (areas of `kernel.area_fill` bytes,
-        flags zero), or None on every rank alike."""
+        flags zero, id slots of `ids.fill` bytes), or None on every rank alike."""
         world = symmetric.size
         area_bytes = kernel.area_elements(world, hidden) * dtype.itemsize
         flags_at = -(-area_bytes // 256) * 256  # the flags start on a 256-byte boundary
-        total = flags_at + 4 * kernel.flag_slots(world)
+        ids_at = -(-(flags_at + 4 * kernel.flag_slots(world)) // 256) * 256  # and the ids
+        total = ids_at + (4 * ids.slots if ids is not None else 0)
         made, why = None, ""
         try:
             import torch.distributed._symmetric_memory as symm_mem
@@ -80,8 +93,13 @@ class PushMemory:
             region[:area_bytes].fill_(kernel.area_fill)  # the landing areas' empty state
             whole = [handle.get_buffer(r, [total], torch.uint8) for r in range(world)]
             made = cls(kernel, tuple(w[:area_bytes].view(dtype) for w in whole),
-                       tuple(w[flags_at:total].view(torch.int32) for w in whole),
+                       tuple(w[flags_at:ids_at].view(torch.int32) for w in whole),
                        torch.zeros(kernel.max_rows, dtype=torch.int32, device=device), handle)
+            if ids is not None:
+                region[ids_at:].fill_(ids.fill)  # the id slots' empty state
+                made = dataclasses.replace(
+                    made, ids=ids, id_slots=tuple(w[ids_at:].view(torch.int32) for w in whole),
+                    id_seqs=torch.zeros(ids.programs, dtype=torch.int32, device=device))
             torch.cuda.synchronize(device)  # emptied before any peer may write
         except Exception as exc:  # no second rendezvous in this group: the pull kernel alone
             why = f"{type(exc).__name__}: {exc}"
@@ -115,12 +133,14 @@ class SymmetricAddNorm:
     def open(cls, symmetric: SymmetricAllReduce | None, kernel: SymmetricAddNormKernel | None,
              hidden: int, dtype: torch.dtype, device: torch.device,
              push_kernel: SymmetricPushAddNormKernel | None = None,
-             linear_kernel: SymmetricLinearPushKernel | None = None) -> SymmetricAddNorm | None:
+             linear_kernel: SymmetricLinearPushKernel | None = None,
+             ids_kernel: SymmetricIdsKernel | None = None) -> SymmetricAddNorm | None:
         """Ready on every rank, or None on every rank alike (no symmetric memory, no kernel
         handed in, a dtype or width the buffer cannot take, or any rank failing to map it).
         `push_kernel`: also set up the push form (`PushMemory`), where it can be;
         `linear_kernel`: with it, the linear that pushes its own rows into the same memory
-        (only where both start their landing areas alike)."""
+        (only where both start their landing areas alike); `ids_kernel`: with it too, slots
+        for a step's token ids (unless `OPENINFER_TP_IDS=nccl`)."""
         # These answers are the same on every rank: no need to agree on them.
         if symmetric is None:
             return _unavailable("no symmetric memory")
@@ -146,7 +166,8 @@ class SymmetricAddNorm:
         assert peers is not None
         push = None
         if push_kernel is not None:
-            push = PushMemory.open(push_kernel, symmetric, hidden, dtype, device)
+            ids = ids_kernel if ids_mode() == "push" else None
+            push = PushMemory.open(push_kernel, symmetric, hidden, dtype, device, ids)
             if symmetric.size not in PULL_RANKS:
                 if push is None:  # (the same answer on every rank)
                     return _unavailable(f"no push memory, and the one-shot kernel loses on "
@@ -175,6 +196,14 @@ class SymmetricAddNorm:
                 or x.shape[1] != self.hidden or x.dtype != self.dtype):
             return None
         return push.kernel.all_reduce(x, push.areas, push.seqs, self.peers.rank)
+
+    def broadcast_ids(self, ids: torch.Tensor) -> bool:
+        """Rank 0's token ids `ids` in place on every rank by the ids kernel; False, nothing
+        done, where there is none or it does not take them (the same answer on every rank)."""
+        push = self.push
+        if push is None or push.ids is None or push.id_seqs is None:
+            return False
+        return push.ids(ids, push.id_slots, push.id_seqs, self.peers.rank)
 
     def push_areas(self, hidden: int, dtype: torch.dtype) -> PushAreas | None:
         """See `interfaces.model.TensorParallelGroup.push_areas`."""
@@ -211,6 +240,14 @@ class SymmetricAddNorm:
 
     def close(self) -> None:
         """Nothing to free: the buffer is the all-reduce's."""
+
+
+def ids_mode() -> str:
+    """`OPENINFER_TP_IDS`: how a step's token ids leave rank 0."""
+    mode = os.environ.get(IDS_ENV, "push")
+    if mode not in ("push", "nccl"):
+        raise ValueError(f"{IDS_ENV}={mode!r}: use push or nccl")
+    return mode
 
 
 def _unavailable(why: str) -> SymmetricAddNorm | None:

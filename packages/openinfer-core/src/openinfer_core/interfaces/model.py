@@ -250,6 +250,24 @@ class SymmetricPushAddNormKernel(Protocol):
         ...
 
 
+class SymmetricIdsKernel(Protocol):
+    """Rank 0's token ids pushed onto every rank through symmetric memory at a step's start
+    (`openinfer_kernels.collective.push_ids`), in place of a broadcast: its own int32 slots in
+    the push kernel's region. Collective: every rank calls it with the same length, and the
+    forward after it meets every rank (an all-reduce) before its next call."""
+
+    slots: int  # int32 slots of one rank's landing area
+    programs: int  # int32 call counts of one rank
+    fill: int  # the byte every slot holds before the first call
+
+    def __call__(self, ids: torch.Tensor, areas: Sequence[torch.Tensor], seqs: torch.Tensor,
+                 rank: int) -> bool:
+        """Rank 0's `ids` (1-D, int32 or int64) in place on every rank; False, nothing done,
+        where they do not fit (the same answer on every rank). `areas`: every rank's slots,
+        in rank order; `seqs`: this rank's call counts (zeros at first)."""
+        ...
+
+
 class SymmetricLinearPushKernel(Protocol):
     """A row-split linear layer and the push kernel's sum, add and norm in one launch, for a
     decode step's few rows (`openinfer_kernels.collective.linear_push_add_rms_norm`): each
@@ -306,14 +324,17 @@ class TensorParallelGroup(Protocol):
     def enable_add_rms_norm(self, hidden: int, dtype: torch.dtype,
                             kernel: SymmetricAddNormKernel | None = None,
                             push_kernel: SymmetricPushAddNormKernel | None = None,
-                            linear_kernel: SymmetricLinearPushKernel | None = None) -> None:
+                            linear_kernel: SymmetricLinearPushKernel | None = None,
+                            ids_kernel: SymmetricIdsKernel | None = None) -> None:
         """Let `all_reduce_add_rms_norm` fuse for rows of `hidden` values of `dtype` where the
         group can (collective: every rank calls it at load, outside CUDA graph capture).
         `kernel`: the line's kernel over symmetric memory, which the group may use instead of
         its own (`OPENINFER_TP_FUSED_NORM=triton`); `push_kernel`: the line's push form for
         few rows (`OPENINFER_TP_FUSED_NORM=push`, `kernel` past its rows); `linear_kernel`:
         the row-split linear fused with the push form (`OPENINFER_TP_FUSED_NORM=linear`, for
-        `linear_all_reduce_add_rms_norm`)."""
+        `linear_all_reduce_add_rms_norm`); `ids_kernel`: the step's token ids pushed from rank
+        0 in the push form's memory instead of broadcast (`OPENINFER_TP_IDS=push`, the
+        default where the push form is open)."""
         ...
 
     def all_reduce_add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor,
