@@ -18,14 +18,17 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.fp8_linear.reference import AMAX_FLOOR, E4M3_MAX, GROUP
-from openinfer_kernels.fp8_linear.w8a8_triton import group_quant_outputs, quantize_groups
+from openinfer_kernels.fp8_linear.w8a8_triton import (
+    _group_quant_kernel,
+    group_quant_outputs,
+    quantize_groups,
+)
 from openinfer_kernels.norm.triton import row_settings
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-SILU_ROWS = 32  # rows a silu program quantizes, one group of columns each (as fp8_group_quant)
+SILU_ROWS = 32  # rows a program quantizes, one group of columns each (as fp8_group_quant)
 
 
 @triton.jit
@@ -65,28 +68,6 @@ def _norm_quant_kernel(x_ptr, res_ptr, w_ptr, sum_ptr, q_ptr, s_ptr, x_row_strid
     normed = ((s * inv_rms).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
     _store_row_groups(normed, q_ptr, s_ptr, row, H, stride_qm, stride_sm, stride_sk, BLOCK_H,
                       GROUP, AMAX_FLOOR, E4M3_MAX)
-
-
-@triton.jit(do_not_specialize=["M"])
-def _silu_mul_quant_kernel(x_ptr, q_ptr, s_ptr, M, inter, x_row_stride, stride_qm, stride_sm,
-                           stride_sk, ROWS: tl.constexpr, GROUP: tl.constexpr,
-                           AMAX_FLOOR: tl.constexpr, E4M3_MAX: tl.constexpr,
-                           PDL: tl.constexpr):
-    # ROWS rows x one GROUP of the activation's columns; silu(gate) * up rounded to x's dtype
-    # as `_silu_and_mul_kernel` stores it.
-    pdl_enter(PDL)
-    rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    kb = tl.program_id(1)
-    rk = kb * GROUP + tl.arange(0, GROUP)
-    ok = (rm < M)[:, None] & (rk < inter)[None, :]
-    rows = rm[:, None].to(tl.int64) * x_row_stride
-    gate = tl.load(x_ptr + rows + rk[None, :], mask=ok, other=0.0)
-    up = tl.load(x_ptr + rows + inter + rk[None, :], mask=ok, other=0.0)
-    act = silu_mul(gate.to(tl.float32), up.to(tl.float32), gate.dtype).to(gate.dtype)
-    q, scale = quantize_groups(act.to(tl.float32), AMAX_FLOOR, E4M3_MAX)
-    q_rows = rm[:, None].to(tl.int64) * stride_qm
-    tl.store(q_ptr + q_rows + rk[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(s_ptr + rm * stride_sm + kb * stride_sk, scale, mask=rm < M)
 
 
 def _check(x: torch.Tensor, width: int, what: str) -> None:
@@ -143,8 +124,8 @@ def silu_mul_group_quant_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     q, scale = group_quant_outputs(m, inter, x.device)
     if m:
         rows = min(SILU_ROWS, triton.next_power_of_2(m))
-        _silu_mul_quant_kernel[(triton.cdiv(m, rows), inter // GROUP)](
+        _group_quant_kernel[(triton.cdiv(m, rows), inter // GROUP)](
             x, q, scale, m, inter, x.stride(0), q.stride(0), scale.stride(0), scale.stride(1),
-            ROWS=rows, GROUP=GROUP, AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX, num_warps=4,
-            **pdl_launch(x))
+            ROWS=rows, GROUP=GROUP, AMAX_FLOOR=AMAX_FLOOR, E4M3_MAX=E4M3_MAX, SILU=True,
+            num_warps=4, **pdl_launch(x))
     return q, scale

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.fp8_linear.reference import AMAX_FLOOR, E4M3_MAX, GROUP
@@ -66,16 +67,21 @@ def quantize_groups(x, AMAX_FLOOR: tl.constexpr, E4M3_MAX: tl.constexpr):
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm,
                         stride_sk, ROWS: tl.constexpr, GROUP: tl.constexpr,
                         AMAX_FLOOR: tl.constexpr, E4M3_MAX: tl.constexpr,
-                        PDL: tl.constexpr):
-    """ROWS rows x one GROUP-column group: amax, scale, e4m3 values (`quantize_groups`)."""
+                        PDL: tl.constexpr, SILU: tl.constexpr = False):
+    """ROWS rows x one GROUP-column group: amax, scale, e4m3 values (`quantize_groups`).
+    SILU: x's rows are a gated MLP's [gate | up] (2K wide) and the values silu(gate) * up,
+    rounded to x's dtype as `_silu_and_mul_kernel` stores them (quant_fused.py's form)."""
     pdl_enter(PDL)
     rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     kb = tl.program_id(1)
     rk = kb * GROUP + tl.arange(0, GROUP)
     ok = (rm < M)[:, None] & (rk < K)[None, :]
     rows = rm[:, None].to(tl.int64)
-    x = tl.load(x_ptr + rows * stride_xm + rk[None, :], mask=ok, other=0.0).to(tl.float32)
-    q, scale = quantize_groups(x, AMAX_FLOOR, E4M3_MAX)
+    x = tl.load(x_ptr + rows * stride_xm + rk[None, :], mask=ok, other=0.0)
+    if SILU:
+        up = tl.load(x_ptr + rows * stride_xm + K + rk[None, :], mask=ok, other=0.0)
+        x = silu_mul(x.to(tl.float32), up.to(tl.float32), x.dtype).to(x.dtype)
+    q, scale = quantize_groups(x.to(tl.float32), AMAX_FLOOR, E4M3_MAX)
     tl.store(q_ptr + rows * stride_qm + rk[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(s_ptr + rm * stride_sm + kb * stride_sk, scale, mask=rm < M)
 
