@@ -10,9 +10,10 @@ OUT=${OUT:-/tmp/openinfer-out}
 source benchmarks/device/stages/lib.sh  # pack_results
 setsid bash benchmarks/device/gpu_check.sh "$@" &
 session=$!
-# (A watchdog stopped early, its sleep killed, does nothing: `&&`.)
+# (A watchdog stopped early, its sleep killed, does nothing: `&&`; its shell's "Terminated"
+# about that sleep goes nowhere.)
 ( sleep "$secs" && { echo "within.sh: ${secs} s passed, stopping the stages"
-  pkill -TERM -s "$session"; sleep 10; pkill -KILL -s "$session"; } ) &
+  pkill -TERM -s "$session"; sleep 10; pkill -KILL -s "$session"; } ) 2>/dev/null &
 watchdog=$!
 wait "$session"
 rc=$?
