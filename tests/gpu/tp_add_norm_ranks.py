@@ -68,6 +68,8 @@ def _checks(group, rank: int, size: int, device: torch.device) -> dict[str, obje
     if pushing:
         assert fused.push is not None and fused.push.ids is not None, "no id slots opened"
         _ids_checks(group, rank, device)
+        if fused.push.kernel.takes_shares:
+            _shares_checks(group, rank, device)
     g = torch.Generator(device=device).manual_seed(7)  # the same weight on every rank
     weight = (1 + 0.1 * torch.randn(HIDDEN, device=device, generator=g)).to(torch.bfloat16)
     worst_unfused = 0.0
@@ -159,6 +161,24 @@ def _linear_checks(group, rank: int, size: int, weight: torch.Tensor,  # type: i
             assert between is not None and torch.equal(between[1], want_summed)
             got = group.linear_all_reduce_add_rms_norm(x, w, residual, weight, EPS)
             assert got is not None
+
+
+def _shares_checks(group, rank: int, device: torch.device) -> None:  # type: ignore[no-untyped-def]
+    """A split-K product's fp32 shares handed to the push kernel unsummed: the same outputs,
+    bit for bit, as the rows form given their in-order sum rounded to bf16."""
+    g = torch.Generator(device=device).manual_seed(3 + rank)
+    shared = torch.Generator(device=device).manual_seed(11)
+    weight = (1 + 0.1 * torch.randn(HIDDEN, device=device, generator=shared)).to(torch.bfloat16)
+    for t, splits in ((1, 2), (4, 4)):
+        shares = torch.randn(splits, t, HIDDEN, device=device, generator=g)
+        residual = torch.randn(t, HIDDEN, device=device, generator=shared).to(torch.bfloat16)
+        got = group.all_reduce_add_rms_norm(shares, residual, weight, EPS)
+        assert got is not None, f"{t} rows of {splits} shares did not take the push kernel"
+        partial = functools.reduce(torch.add, list(shares)).to(torch.bfloat16)
+        want = group.all_reduce_add_rms_norm(partial, residual, weight, EPS)
+        assert want is not None
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), \
+            f"{t} rows of {splits} shares: not the rows form's bits"
 
 
 def _ids_checks(group, rank: int, device: torch.device) -> None:  # type: ignore[no-untyped-def]

@@ -86,6 +86,7 @@ class _Push:
 
     max_rows = 4
     area_fill = 0
+    takes_shares = True
 
     def __init__(self) -> None:
         self.rows: list[int] = []
@@ -103,6 +104,10 @@ class _Push:
     def all_reduce(self, x, areas, seqs, rank):  # type: ignore[no-untyped-def]
         self.rows.append(-x.shape[0])  # negative: the sum-only form
         return x + 1
+
+    def reduce_shares(self, shares, residual, weight, eps, areas, flags, seqs, rank):  # type: ignore[no-untyped-def]
+        self.rows.append(100 * shares.shape[0] + shares.shape[1])  # shares x 100 + rows
+        return shares.sum(0), residual
 
 
 def test_the_plain_all_reduce_takes_the_push_rows_of_its_width_and_dtype() -> None:
@@ -215,3 +220,24 @@ def test_the_ids_mode_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(IDS_ENV, "shm")
     with pytest.raises(ValueError, match="push or nccl"):
         ids_mode()
+
+
+def test_split_k_shares_go_to_the_push_kernel_alone() -> None:
+    """fp32 shares [S, T, hidden] fit only where the push kernel takes them and their rows
+    are within its rows; the call hands them over as they are."""
+    push = _Push()
+    memory = PushMemory(push, (), (), torch.zeros(4, dtype=torch.int32), None)
+    peers = SymmetricPeers(buffers=(), pads=(), rank=0)
+    ours = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.bfloat16, max_rows=16,
+                            push=memory)
+    assert ours.fits(torch.zeros(3, 2, 8))
+    assert not ours.fits(torch.zeros(3, 5, 8))  # past the push kernel's rows
+    assert not ours.fits(torch.zeros(3, 2, 8, dtype=torch.bfloat16))  # shares are fp32
+    assert not ours.fits(torch.zeros(3, 2, 16))  # another width
+    w = torch.ones(8, dtype=torch.bfloat16)
+    normed, _ = ours(torch.ones(3, 2, 8), torch.zeros(2, 8, dtype=torch.bfloat16), w, 1e-6)
+    assert push.rows == [302] and torch.equal(normed, torch.full((2, 8), 3.0))
+    push.takes_shares = False  # the rows signalled by flags
+    assert not ours.fits(torch.zeros(3, 2, 8))
+    without = SymmetricAddNorm(_kernel, peers, hidden=8, dtype=torch.bfloat16, max_rows=16)
+    assert not without.fits(torch.zeros(3, 2, 8))

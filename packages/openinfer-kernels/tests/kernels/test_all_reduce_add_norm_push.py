@@ -9,6 +9,9 @@ tests/gpu/test_tp_add_norm_gpu.py. The TTIR sweep compiles what this file launch
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import pytest
 import torch
 
@@ -187,3 +190,54 @@ def test_the_sum_alone_interleaves_with_the_add_norm_form(world, h):
     for rank in range(world):
         assert seqs[rank][:most].tolist() == served
         assert bool((areas[rank].view(torch.uint8) == EMPTY_BYTE).all())
+
+
+def _run_rank_shares(rank, calls, areas, flags, seqs, outs):
+    for n, (shares, residual, weight) in enumerate(calls):
+        normed, summed = PushAddNorm("data").reduce_shares(shares[rank], residual, weight, EPS,
+                                                           areas, flags, seqs[rank], rank)
+        t = normed.shape[0]
+        outs[rank][n, 0, :t].copy_(normed)
+        outs[rank][n, 1, :t].copy_(summed)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="ranks of CPU shared memory under the "
+                    "interpreter; on GPUs: tests/gpu/test_tp_add_norm_gpu.py")
+def test_split_k_shares_are_summed_as_the_linear_sums_them():
+    """A split-K product's fp32 shares handed over unsummed (`reduce_shares`), between calls of
+    rows on the same memory: each rank's partial is its shares' sum in share order rounded to
+    the stream's dtype, as the linear would have stored it, so the outputs are those of the
+    rows' form, bit for bit (CPU shared memory under the interpreter only: see the skip)."""
+    world, h, dtype = 2, 60, torch.bfloat16
+    g = torch.Generator().manual_seed(5)
+    calls = []
+    for t, splits in ((1, 2), (3, 4), (1, 3)):
+        shares = [torch.randn(splits, t, h, generator=g) for _ in range(world)]
+        _, residual, weight = inputs(world, t, h, dtype, seed=20 + t)
+        calls.append((shares, residual, weight))
+    areas, flags, seqs = _memory(world, h, dtype, shared=True, signal="data")
+    outs = [torch.zeros(len(calls), 2, 3, h, dtype=dtype).share_memory_() for _ in range(world)]
+    assert run_ranks_forked(world, _run_rank_shares, calls, areas, flags, seqs, outs) == [0]
+    for n, (shares, residual, weight) in enumerate(calls):
+        t = residual.shape[0]
+        # Each rank's partial as the kernel rounds its shares' sum: under the interpreter its
+        # fp32 -> bf16 cast truncates (test_all_reduce_add_norm's `stream_as_the_kernel_rounds`).
+        sums = [functools.reduce(operator.add, list(s)) for s in shares]
+        partials = [(x.view(torch.int32) & -(1 << 16)).view(torch.float32).to(dtype)
+                    for x in sums]
+        for rank in range(world):
+            assert_kernel_alike((outs[rank][n, 0, :t], outs[rank][n, 1, :t]), partials,
+                                residual, weight)
+    assert bool((areas[0].view(torch.uint8) == EMPTY_BYTE).all())
+
+
+def test_shares_need_the_rows_as_their_signal():
+    areas, flags, seqs = _memory(1, 8, torch.bfloat16, shared=False, signal="flags")
+    shares = torch.zeros(2, 1, 8)
+    residual, weight = torch.zeros(1, 8).bfloat16(), torch.ones(8).bfloat16()
+    assert PushAddNorm("flags").reduce_shares(shares, residual, weight, EPS, areas, flags,
+                                              seqs[0], 0) is None
+    assert not PushAddNorm("flags").takes_shares and PushAddNorm("data").takes_shares
+    with pytest.raises(ValueError, match="shares"):
+        all_reduce_add_rms_norm_push_triton(shares.bfloat16(), residual, weight, EPS, areas,
+                                            flags, seqs[0], 0, "data", shares=True)

@@ -81,6 +81,35 @@ def test_the_last_share_sums_as_the_sum_kernel_does(monkeypatch, m: int, tile: s
     assert torch.equal(serial[0], kernel) and torch.equal(serial[1], kernel)
 
 
+@pytest.mark.parametrize("tile", ["n16-k32-split3", "n32-k64-split4"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_shares_summed_are_the_linear(m: int, tile: str) -> None:
+    """`linear_shares_triton`'s unsummed shares, summed in share order and rounded
+    (`sum_shares_triton`, the dispatching `sum_shares`), are `linear_triton`'s result bit for
+    bit: what a kernel that sums them itself must give (the push all-reduce's shares form)."""
+    from openinfer_kernels.gemm import sum_shares
+    from openinfer_kernels.gemm.triton import linear_shares_triton, sum_shares_triton
+
+    g = torch.Generator().manual_seed(m + len(tile))
+    x = torch.randn((m, 100), generator=g).bfloat16().to(DEVICE)
+    w = torch.randn((40, 100), generator=g).bfloat16().to(DEVICE)
+    shares = linear_shares_triton(x, w, TILES[tile])
+    assert shares.shape == (TILES[tile].split_k, m, 40) and shares.dtype == torch.float32
+    want = linear_triton(x, w, TILES[tile])
+    assert torch.equal(sum_shares_triton(shares, torch.bfloat16), want)
+    if DEVICE == "cuda":
+        assert torch.equal(sum_shares(shares, torch.bfloat16), want)
+    with pytest.raises(ValueError, match="split-K"):
+        linear_shares_triton(x, w, Tile(16, 32))
+
+
+def test_no_shares_where_linear_runs_no_split_tile() -> None:
+    """The dispatching op answers None (nothing run) on CPU and for unsplit tiles."""
+    from openinfer_kernels.gemm import linear_shares
+
+    assert linear_shares(torch.zeros(1, 64), torch.zeros(32, 64)) is None
+
+
 def test_a_strided_weight_is_refused() -> None:
     x = torch.zeros((2, 8), device=DEVICE)
     with pytest.raises(ValueError, match="K-contiguous"):

@@ -4,6 +4,8 @@ the embedding, o_proj and down, and an all-gather of the logits."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from openinfer_core.interfaces.attention import (
@@ -29,6 +31,7 @@ from openinfer_kernels.collective import (
     linear_push_add_rms_norm,
     push_ids,
 )
+from openinfer_kernels.gemm import linear_shares, sum_shares
 from openinfer_kernels.sampling import SAMPLING_KERNELS
 from openinfer_kvcache import KVBuffer, KVCacheSpec, PagedKVManager
 from openinfer_qwen3.config import Qwen3Config
@@ -43,6 +46,11 @@ from openinfer_qwen3.linears import (
     takes_quantized,
 )
 from openinfer_qwen3.weights import LayerWeights, Qwen3Shard, Qwen3Weights
+
+# Read once: "1" hands a split-K o_proj / down product's shares to the push all-reduce
+# unsummed (opt-in until measured on GPUs: `gpu_check.sh tplatency` with
+# TP_VARIANTS=OPENINFER_TP_SHARES=1).
+SHARES = os.environ.get("OPENINFER_TP_SHARES", "0") == "1"
 
 
 class Qwen3Model:
@@ -195,7 +203,16 @@ class Qwen3Model:
             fused = self.tp.linear_all_reduce_add_rms_norm(x, w, residual, norm_weight, eps)
             if fused is not None:
                 return fused
-            partial = project(x, w)
+            # OPENINFER_TP_SHARES=1: a split-K product's shares go to the push kernel unsummed
+            # (it sums them itself: the same bits, one round trip fewer); else the product.
+            shares = linear_shares(x, w) if SHARES and isinstance(w, torch.Tensor) else None
+            if shares is not None:
+                fused = self.tp.all_reduce_add_rms_norm(shares, residual, norm_weight, eps)
+                if fused is not None:
+                    return fused
+                partial = sum_shares(shares, x.dtype)
+            else:
+                partial = project(x, w)
             fused = self.tp.all_reduce_add_rms_norm(partial, residual, norm_weight, eps)
             if fused is not None:
                 return fused

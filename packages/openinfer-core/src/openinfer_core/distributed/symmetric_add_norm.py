@@ -214,15 +214,27 @@ class SymmetricAddNorm:
                          push.kernel.area_fill)
 
     def fits(self, x: torch.Tensor) -> bool:
-        """Whether `x` [T, hidden] takes the kernel (the same answer on every rank)."""
+        """Whether `x` [T, hidden] takes the kernel, or as split-K shares [S, T, hidden] fp32
+        the push kernel (the same answer on every rank)."""
         pushed = self.push.kernel.max_rows if self.push is not None else 0
+        if x.dim() == 3:
+            return (x.dtype == torch.float32 and self.push is not None
+                    and self.push.kernel.takes_shares
+                    and rows_fit(x[0], self.hidden, torch.float32, pushed))
         return rows_fit(x, self.hidden, self.dtype, max(self.max_rows, pushed))
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rms_norm(sum + residual) * weight, sum + residual), `sum` the sum of `x` over the
-        ranks; `fits(x)` must hold. New tensors: `x` and `residual` are left as they were."""
+        """(rms_norm(sum + residual) * weight, sum + residual), `sum` the sum of `x` (or of its
+        shares' in-order sums) over the ranks; `fits(x)` must hold. New tensors: `x` and
+        `residual` are left as they were."""
         push = self.push
+        if x.dim() == 3:  # split-K shares (`fits` said the push kernel takes them)
+            assert push is not None
+            got = push.kernel.reduce_shares(x, residual, weight, eps, push.areas, push.flags,
+                                            push.seqs, self.peers.rank)
+            assert got is not None, "the push kernel refused shares it said it takes"
+            return got
         if push is not None and x.shape[0] <= push.kernel.max_rows:
             return push.kernel(x, residual, weight, eps, push.areas, push.flags, push.seqs,
                                self.peers.rank)

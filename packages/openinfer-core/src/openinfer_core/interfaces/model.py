@@ -225,6 +225,7 @@ class SymmetricPushAddNormKernel(Protocol):
 
     max_rows: int  # the most rows one call takes
     area_fill: int  # the byte every landing area holds before the first call (flags: zeros)
+    takes_shares: bool  # whether `reduce_shares` works (else it answers None)
 
     def area_elements(self, world: int, hidden: int) -> int:
         """The elements (x's dtype) of one rank's landing area."""
@@ -247,6 +248,14 @@ class SymmetricPushAddNormKernel(Protocol):
         """The sum over the ranks of x [T, hidden] alone (T <= `max_rows`), in a new tensor,
         over the same memory and counts as the calls above (they interleave); None, nothing
         done, where this kernel has no such form (the same answer on every rank)."""
+        ...
+
+    def reduce_shares(self, shares: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, areas: Sequence[torch.Tensor], flags: Sequence[torch.Tensor],
+                      seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The call above with the rank's rows given as a split-K linear's fp32 shares
+        [S, T, hidden], summed in share order and rounded to residual's dtype first; None,
+        nothing done, where this kernel has no such form (the same answer on every rank)."""
         ...
 
 
@@ -343,7 +352,9 @@ class TensorParallelGroup(Protocol):
         """(rms_norm(s + residual) * weight, s + residual), s the sum of `x` over the ranks, in
         one kernel; or None, nothing done, where the group has no fused kernel for `x` (then
         `all_reduce` and the line's own norm). Every rank gets the same answer for the same
-        shape."""
+        shape. `x` [T, hidden], or a split-K linear's fp32 shares of it [S, T, hidden]
+        (`openinfer_kernels.gemm.linear_shares`: their in-order sum rounded to residual's dtype
+        is the rank's partial), which only the push kernel takes."""
         ...
 
     def linear_all_reduce_add_rms_norm(self, x: torch.Tensor, w: object,

@@ -155,10 +155,18 @@ def exchange_row(x_row, areas, seq_ptr, pid, H, cols, mask, RANK: tl.constexpr,
     emptied again): the data-signalled protocol of this module, for program pid's next call
     (its count at seq_ptr + pid). Any kernel that pushes rows this way interleaves with these
     on the same memory."""
+    return exchange_values(tl.load(x_row + cols, mask=mask), areas, seq_ptr, pid, H, cols,
+                           mask, RANK, WORLD, PROGRAMS, BITS)
+
+
+@triton.jit
+def exchange_values(x, areas, seq_ptr, pid, H, cols, mask, RANK: tl.constexpr,
+                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr):
+    """`exchange_row` of the row's values `x` (in the landing areas' dtype) rather than its
+    address."""
     seq = count_call(seq_ptr + pid)
     parity = tl.cast(seq % 2, tl.int64)
     row = tl.cast(pid, tl.int64)
-    x = tl.load(x_row + cols, mask=mask)
     sent = pushed(x, BITS)
     for peer in tl.static_range(WORLD):
         if peer != RANK:
@@ -179,16 +187,27 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
                                    x_row_stride, res_row_stride, eps, RANK: tl.constexpr,
                                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
                                    BITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                                   PDL: tl.constexpr, ADD_NORM: tl.constexpr = True):
-    # areas: every rank's landing area (x's dtype), in rank order; empty slots all-ones bits.
-    # ADD_NORM False: the sum alone, into sum_ptr (res_ptr, w_ptr and out_ptr unused).
+                                   PDL: tl.constexpr, ADD_NORM: tl.constexpr = True,
+                                   SHARES: tl.constexpr = 0, share_stride=0):
+    # areas: every rank's landing area (sum_ptr's dtype), in rank order; empty slots all-ones
+    # bits. ADD_NORM False: the sum alone, into sum_ptr (res_ptr, w_ptr and out_ptr unused).
+    # SHARES > 0: x is that many fp32 split-K shares of the rank's row, share_stride apart,
+    # summed here in share order and rounded as the linear's own sum would be.
     pdl_enter(PDL)
     pid = tl.program_id(0)
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    acc = exchange_row(x_ptr + row * x_row_stride, areas, seq_ptr, pid, H, cols, mask, RANK,
-                       WORLD, PROGRAMS, BITS)
+    if SHARES > 0:
+        part = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for s in tl.static_range(SHARES):
+            part += tl.load(x_ptr + s * share_stride + row * x_row_stride + cols, mask=mask,
+                            other=0.0)
+        acc = exchange_values(part.to(sum_ptr.dtype.element_ty), areas, seq_ptr, pid, H, cols,
+                              mask, RANK, WORLD, PROGRAMS, BITS)
+    else:
+        acc = exchange_row(x_ptr + row * x_row_stride, areas, seq_ptr, pid, H, cols, mask,
+                           RANK, WORLD, PROGRAMS, BITS)
     if ADD_NORM:
         s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
         r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -230,6 +249,7 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
                                         areas: Sequence[torch.Tensor],
                                         flags: Sequence[torch.Tensor], seqs: torch.Tensor,
                                         rank: int, signal: str = "data",
+                                        shares: bool = False,
                                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """`all_reduce_add_rms_norm_ref`'s (normed, summed) for at most `MAX_PROGRAMS` rows of
     `x` [..., H], in new tensors. Collective: every rank calls it with the same shapes, in the
@@ -238,10 +258,20 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
     `signal="data"`, the default, the areas' bytes are `EMPTY_BYTE` instead, and the flags
     unused); `seqs`:
     this rank's call counts (int32 [MAX_PROGRAMS], zeros at first); `rank`: this one's
-    index."""
+    index. `shares` (signal "data" only): x is a split-K linear's fp32 shares [S, T, H] of the
+    rank's rows, summed in share order and rounded to residual's dtype first, as the linear
+    would have summed them (`gemm.linear_shares`): the same bits, one launch and one memory
+    round trip fewer."""
     world = len(areas)
     h = x.shape[-1]
-    rows = x.reshape(-1, h).contiguous()
+    if shares:
+        if signal != "data" or x.dim() != 3 or x.dtype != torch.float32:
+            raise ValueError(f"shares: fp32 [S, T, H] with signal 'data', got {x.dtype} "
+                             f"{tuple(x.shape)}, signal {signal!r}")
+        x = x.contiguous()
+        rows = x[0]
+    else:
+        rows = x.reshape(-1, h).contiguous()
     t = rows.shape[0]
     if len(flags) != world or not 0 <= rank < world:
         raise ValueError(f"{world} areas, {len(flags)} flag arrays, rank {rank}")
@@ -254,23 +284,26 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
                          f"{h}: see area_elements and flag_slots")
     res = residual.reshape(-1, h)
     res = res if res.stride(-1) == 1 else res.contiguous()
-    normed = torch.empty_like(rows)
-    summed = torch.empty_like(rows)
+    out_dtype = residual.dtype if shares else rows.dtype
+    normed = torch.empty(rows.shape, dtype=out_dtype, device=rows.device)
+    summed = torch.empty(rows.shape, dtype=out_dtype, device=rows.device)
     if t and signal == "data":
-        if x.element_size() not in (2, 4):
-            raise ValueError(f"signal='data' needs 16- or 32-bit rows, got {x.dtype}")
+        if out_dtype.itemsize not in (2, 4):
+            raise ValueError(f"signal='data' needs 16- or 32-bit rows, got {out_dtype}")
         block, num_warps = row_settings(h)
         _push_data_add_rms_norm_kernel[(t,)](
-            rows, res, weight, normed, summed, tuple(areas), seqs, h, rows.stride(0),
-            res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
-            BITS=8 * x.element_size(), BLOCK_H=block, num_warps=num_warps, **pdl_launch(x))
+            x if shares else rows, res, weight, normed, summed, tuple(areas), seqs, h,
+            rows.stride(0), res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
+            BITS=8 * out_dtype.itemsize, BLOCK_H=block, SHARES=x.shape[0] if shares else 0,
+            share_stride=x.stride(0) if shares else 0, num_warps=num_warps, **pdl_launch(x))
     elif t:
         block, num_warps = row_settings(h)
         _push_add_rms_norm_kernel[(t,)](
             rows, res, weight, normed, summed, tuple(areas), tuple(flags), seqs, h,
             rows.stride(0), res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
             BLOCK_H=block, num_warps=num_warps, **pdl_launch(x))
-    return normed.view(x.shape), summed.view(x.shape)
+    shape = x.shape[1:] if shares else x.shape
+    return normed.view(shape), summed.view(shape)
 
 
 class PushAddNorm:
@@ -285,6 +318,7 @@ class PushAddNorm:
             raise ValueError(f"signal {signal!r}: use flags or data")
         self.signal = signal
         self.area_fill = EMPTY_BYTE if signal == "data" else 0
+        self.takes_shares = signal == "data"
 
     def area_elements(self, world: int, hidden: int) -> int:
         return area_elements(world, hidden)
@@ -297,6 +331,16 @@ class PushAddNorm:
                  seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         return all_reduce_add_rms_norm_push_triton(x, residual, weight, eps, areas, flags,
                                                    seqs, rank, self.signal)
+
+    def reduce_shares(self, shares: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, areas: Sequence[torch.Tensor], flags: Sequence[torch.Tensor],
+                      seqs: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The call's (normed, summed) with x given as a split-K linear's fp32 shares
+        [S, T, H], where the rows are their own signal; None with flags."""
+        if self.signal != "data":
+            return None
+        return all_reduce_add_rms_norm_push_triton(shares, residual, weight, eps, areas, flags,
+                                                   seqs, rank, "data", shares=True)
 
     def all_reduce(self, x: torch.Tensor, areas: Sequence[torch.Tensor], seqs: torch.Tensor,
                    rank: int) -> torch.Tensor | None:

@@ -56,6 +56,24 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
 
 
+def linear_shares(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """`linear(x, w)`'s K shares, unsummed (fp32 [S, M, N]), where it runs a split-K Triton
+    tile: their sum in share order rounded to x's dtype is its result, for a kernel that sums
+    them itself (a tensor-parallel push all-reduce); None where it does not (nothing run)."""
+    tile = small_batch_tile(x, w)
+    if tile is None or tile.split_k < 2:
+        return None
+    assert _kernels is not None
+    return _kernels.linear_shares_triton(x, w, tile)
+
+
+def sum_shares(shares: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`linear_shares`' shares summed in share order, rounded to `dtype`: `linear`'s result."""
+    if _kernels is not None and shares.is_cuda:
+        return _kernels.sum_shares_triton(shares, dtype)
+    return shares.sum(0, dtype=torch.float32).to(dtype)
+
+
 def linear_fp32_out(x: torch.Tensor, w: torch.Tensor, tile: Tile,
                     out: torch.Tensor | None = None) -> torch.Tensor:
     """`linear` through the Triton kernel at `tile` (from `small_batch_tile`), its fp32
@@ -88,4 +106,5 @@ def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["grouped_linear_ref", "linear", "linear_add_rms_norm", "linear_fp32_out", "linear_ref",
-           "linear_silu_mul", "small_batch_tile", "triton_linear_on"]
+           "linear_shares", "linear_silu_mul", "small_batch_tile", "sum_shares",
+           "triton_linear_on"]

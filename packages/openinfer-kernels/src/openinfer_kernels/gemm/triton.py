@@ -158,6 +158,31 @@ def linear_add_rms_norm_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
     return split_sum_add_rms_norm_triton(shares, residual, norm_weight, eps)
 
 
+def linear_shares_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
+    """The K shares of `linear_triton(x, w, tile)` for a split-K tile, unsummed: fp32
+    [split, M, N], whose sum in share order rounded to x's dtype is its result (`sum_shares_
+    triton`, or a kernel that sums them itself: the push all-reduce's)."""
+    m, n = x.shape[0], w.shape[0]
+    if tile.split_k < 2 or m > 32 or x.stride(1) != 1 or not w.is_contiguous():
+        raise ValueError(f"linear_shares: needs a split-K tile, M <= 32 and K-contiguous "
+                         f"operands; got {tile}, x {tuple(x.shape)} strides {x.stride()}")
+    shares = torch.empty((tile.split_k, m, n), dtype=torch.float32, device=x.device)
+    _launch_linear(x, w, shares, shares, tile, gated=False)
+    return shares
+
+
+def sum_shares_triton(shares: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S, M, N] fp32 shares summed in share order and rounded to `dtype`: [M, N]."""
+    split, m, n = shares.shape
+    out = torch.empty((m, n), dtype=dtype, device=shares.device)
+    if out.numel():
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](shares, out, m * n, n, out.stride(0),
+                                                         SPLIT_K=split, GATED=False,
+                                                         BLOCK=block, **pdl_launch(shares))
+    return out
+
+
 def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: torch.Tensor,
                    tile: Tile, gated: bool, serial: bool = False) -> bool:
     """The linear kernel into `target`: `out` itself ([M, N]) or, split K ways, the fp32
