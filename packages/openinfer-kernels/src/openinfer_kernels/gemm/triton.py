@@ -149,13 +149,8 @@ def linear_add_rms_norm_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile,
     tile: the norm kernel sums the shares, so the split sum needs no launch of its own."""
     from openinfer_kernels.norm.triton import split_sum_add_rms_norm_triton
 
-    m, n = x.shape[0], w.shape[0]
-    if tile.split_k < 2 or m > 32 or x.stride(1) != 1 or not w.is_contiguous():
-        raise ValueError(f"linear_add_rms_norm: needs a split-K tile, M <= 32 and K-contiguous "
-                         f"operands; got {tile}, x {tuple(x.shape)} strides {x.stride()}")
-    shares = torch.empty((tile.split_k, m, n), dtype=torch.float32, device=x.device)
-    _launch_linear(x, w, shares, shares, tile, gated=False)
-    return split_sum_add_rms_norm_triton(shares, residual, norm_weight, eps)
+    return split_sum_add_rms_norm_triton(linear_shares_triton(x, w, tile), residual,
+                                         norm_weight, eps)
 
 
 def linear_shares_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.Tensor:
@@ -164,7 +159,7 @@ def linear_shares_triton(x: torch.Tensor, w: torch.Tensor, tile: Tile) -> torch.
     triton`, or a kernel that sums them itself: the push all-reduce's)."""
     m, n = x.shape[0], w.shape[0]
     if tile.split_k < 2 or m > 32 or x.stride(1) != 1 or not w.is_contiguous():
-        raise ValueError(f"linear_shares: needs a split-K tile, M <= 32 and K-contiguous "
+        raise ValueError(f"a linear's shares: need a split-K tile, M <= 32 and K-contiguous "
                          f"operands; got {tile}, x {tuple(x.shape)} strides {x.stride()}")
     shares = torch.empty((tile.split_k, m, n), dtype=torch.float32, device=x.device)
     _launch_linear(x, w, shares, shares, tile, gated=False)
