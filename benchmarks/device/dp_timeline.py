@@ -42,10 +42,10 @@ def client_in_flight(run: dict[str, Any], at: float) -> int:
                if not error and start <= at < start + ttft + sum(gaps))
 
 
-def engine_load(samples: list[tuple[float, dict[str, float]]], at_unix: float) -> float | None:
-    """Running + waiting over every replica in the sample nearest `at_unix`, or None where
-    no sample is within a second."""
-    times = [t for t, _ in samples]
+def engine_load(samples: list[tuple[float, dict[str, float]]], times: list[float],
+                at_unix: float) -> float | None:
+    """Running + waiting over every replica in the sample nearest `at_unix` (`times`: the
+    samples' times, in order), or None where no sample is within a second."""
     i = bisect.bisect_left(times, at_unix)
     near = [j for j in (i - 1, i) if 0 <= j < len(samples)]
     if not near:
@@ -61,11 +61,12 @@ def timeline(run: dict[str, Any], samples: list[tuple[float, dict[str, float]]]
     duration, limit = run["duration"], run["max_concurrency"]
     started = run["started_at_unix"]
     tokens = sorted(token_times(run))
+    times = [t for t, _ in samples]
     seconds = []
     for s in range(int(duration)):
         mid = s + 0.5
         flight = client_in_flight(run, mid)
-        engines = engine_load(samples, started + mid)
+        engines = engine_load(samples, times, started + mid)
         made = sum(w for t, w in tokens[bisect.bisect_left(tokens, (s, -1.0)):
                                          bisect.bisect_left(tokens, (s + 1, -1.0))])
         seconds.append({"t": s, "client": flight, "engines": engines, "tokens": made})

@@ -23,7 +23,6 @@ the line's ids kernel, slots of its own where rank 0 pushes a step's token ids
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -92,14 +91,16 @@ class PushMemory:
             region.zero_()
             region[:area_bytes].fill_(kernel.area_fill)  # the landing areas' empty state
             whole = [handle.get_buffer(r, [total], torch.uint8) for r in range(world)]
-            made = cls(kernel, tuple(w[:area_bytes].view(dtype) for w in whole),
-                       tuple(w[flags_at:ids_at].view(torch.int32) for w in whole),
-                       torch.zeros(kernel.max_rows, dtype=torch.int32, device=device), handle)
+            id_slots: tuple[torch.Tensor, ...] = ()
+            id_seqs: torch.Tensor | None = None
             if ids is not None:
                 region[ids_at:].fill_(ids.fill)  # the id slots' empty state
-                made = dataclasses.replace(
-                    made, ids=ids, id_slots=tuple(w[ids_at:].view(torch.int32) for w in whole),
-                    id_seqs=torch.zeros(ids.programs, dtype=torch.int32, device=device))
+                id_slots = tuple(w[ids_at:].view(torch.int32) for w in whole)
+                id_seqs = torch.zeros(ids.programs, dtype=torch.int32, device=device)
+            made = cls(kernel, tuple(w[:area_bytes].view(dtype) for w in whole),
+                       tuple(w[flags_at:ids_at].view(torch.int32) for w in whole),
+                       torch.zeros(kernel.max_rows, dtype=torch.int32, device=device), handle,
+                       ids, id_slots, id_seqs)
             torch.cuda.synchronize(device)  # emptied before any peer may write
         except Exception as exc:  # no second rendezvous in this group: the pull kernel alone
             why = f"{type(exc).__name__}: {exc}"
