@@ -45,7 +45,7 @@ def test_linear_prefetches_before_it_waits(gated: bool, prefetch: int) -> None:
     ptx = _ptx(_linear_kernel, LINEAR, {
         "M_PAD": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "GATED": gated,
         "SERIAL": False, "PRECISION": "ieee", "UPCAST": False, "PDL": True,
-        "PREFETCH": prefetch, "LINE": 64})
+        "PREFETCH": prefetch, "LINE": 64, "PRELOAD": False})
     order = _order(ptx)
     assert order.count("griddepcontrol.wait") == 1
     wait = order.index("griddepcontrol.wait")
@@ -76,7 +76,7 @@ def test_the_last_share_counts_in_as_a_semaphore_does(gated: bool) -> None:
     ptx = _ptx(_linear_kernel, {**LINEAR, "out_ptr": "*fp32"}, {
         "M_PAD": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "GATED": gated,
         "SERIAL": True, "PRECISION": "ieee", "UPCAST": False, "PDL": True, "PREFETCH": 0,
-        "LINE": 64})
+        "LINE": 64, "PRELOAD": False})
     lines = [line.strip() for line in ptx.splitlines()]
     adds = [i for i, line in enumerate(lines) if "atom.global.gpu.acq_rel.add" in line]
     assert len(adds) == 1

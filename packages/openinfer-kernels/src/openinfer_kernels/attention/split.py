@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.attention.tiles import LOG2E, attend_tile
+from openinfer_kernels.attention.tiles import LOG2E, attend_tile, fold_kv_tile, kv_tile_ptrs
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot_options
 from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
@@ -56,7 +56,12 @@ def _split_kernel(
     KV_FP8: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
     SERIAL: tl.constexpr = False,
 ):
-    pdl_enter(PDL)
+    # Decode (one query a request): everything but q and this step's keys is read before the
+    # wait (`pdl_enter`), the split's first tile of keys included, so that only q's load and
+    # the new keys' follow it. SERIAL zeroes rows first, which must wait.
+    PRELOAD: tl.constexpr = DECODE and not SERIAL
+    if not PRELOAD:
+        pdl_enter(PDL)
     if HEAVY_FIRST:
         # Grid (kv head, query block, split), the last query blocks (the most keys under the
         # causal mask) launched first across all KV heads, so the short ones fill in at the end.
@@ -107,7 +112,6 @@ def _split_kernel(
     tokens = (q_start + query).to(tl.int64)
     heads = kv_head * GROUP + g
     q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
     # Query i of n sits at position length - n + i and sees keys 0..that position: keys before
     # `full_end` are seen by every row, keys up to `kv_end` by some.
     q_pos = length - num_queries + query
@@ -129,12 +133,39 @@ def _split_kernel(
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
-    for tile in range(start, mid_end, BLOCK_N):
+    if PRELOAD:
+        # The first tile: keys before `old_end` were written by earlier steps (the kernel just
+        # before this one appends this step's); the block table is the step's input.
+        old_end = length - num_queries
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        k_ptrs, v_ptrs = kv_tile_ptrs(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
+                                      offs_d, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+        # Upcast to q's dtype (exact for an e4m3 cache) so the two loads can be joined.
+        dtype = q_ptr.dtype.element_ty
+        old = n_mask & (offs_n < old_end)
+        k = tl.load(k_ptrs, mask=d_mask[:, None] & old[None, :], other=0.0).to(dtype)
+        v = tl.load(v_ptrs, mask=old[:, None] & d_mask[None, :], other=0.0).to(dtype)
+        pdl_enter(PDL)
+        new = n_mask & (offs_n >= old_end)
+        k_new = tl.load(k_ptrs, mask=d_mask[:, None] & new[None, :], other=0.0)
+        v_new = tl.load(v_ptrs, mask=new[:, None] & d_mask[None, :], other=0.0)
+        k = tl.where(new[None, :], k_new.to(dtype), k)
+        v = tl.where(new[:, None], v_new.to(dtype), v)
+        q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        # One query a request: every key before `end` is visible, no causal mask.
+        acc, m_i, l_i = fold_kv_tile(q, k, v, acc, m_i, l_i, offs_n, n_mask, q_pos,
+                                     scale_log2, False, PRECISION, UPCAST)
+        first_tile = start + BLOCK_N
+    else:
+        q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
+        first_tile = start
+    for tile in range(first_tile, mid_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, tile, mid_end, q_pos, k_head_ptr,
                                     v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
                                     stride_kb, stride_ks, stride_vb, stride_vs,
                                     PAGE, BLOCK_N, False, PRECISION, UPCAST)
-    for tile in range(mid_end, end, BLOCK_N):
+    for tile in range(tl.maximum(mid_end, first_tile), end, BLOCK_N):
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr,
                                     v_head_ptr, table_ptr, offs_d, d_mask, scale_log2,
                                     stride_kb, stride_ks, stride_vb, stride_vs,

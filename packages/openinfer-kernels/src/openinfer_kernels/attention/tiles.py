@@ -17,17 +17,28 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask, offs_d, d_mask,
-                  stride_kb, stride_ks, stride_vb, stride_vs, PAGE: tl.constexpr):
-    """Keys of positions `offs_n` transposed, [BLOCK_D, BLOCK_N], and their values,
-    [BLOCK_N, BLOCK_D]. Position p lives in block `table[p // PAGE]` at offset `p % PAGE`;
-    masked positions (past the context) and head-dim padding load as 0 and are never read."""
+def kv_tile_ptrs(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask, offs_d, stride_kb,
+                 stride_ks, stride_vb, stride_vs, PAGE: tl.constexpr):
+    """Where the keys of positions `offs_n` lie, transposed ([BLOCK_D, BLOCK_N]), and their
+    values ([BLOCK_N, BLOCK_D]): position p lives in block `table[p // PAGE]` at offset
+    `p % PAGE` (masked positions point at block 0)."""
     blocks = tl.load(table_ptr + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
     offsets = offs_n % PAGE
     k_ptrs = (k_head_ptr + blocks[None, :] * stride_kb + offsets[None, :] * stride_ks
               + offs_d[:, None])
     v_ptrs = (v_head_ptr + blocks[:, None] * stride_vb + offsets[:, None] * stride_vs
               + offs_d[None, :])
+    return k_ptrs, v_ptrs
+
+
+@triton.jit
+def _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask, offs_d, d_mask,
+                  stride_kb, stride_ks, stride_vb, stride_vs, PAGE: tl.constexpr):
+    """Keys of positions `offs_n` transposed, [BLOCK_D, BLOCK_N], and their values,
+    [BLOCK_N, BLOCK_D] (`kv_tile_ptrs`); masked positions (past the context) and head-dim
+    padding load as 0 and are never read."""
+    k_ptrs, v_ptrs = kv_tile_ptrs(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask, offs_d,
+                                  stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
     k = tl.load(k_ptrs, mask=d_mask[:, None] & n_mask[None, :], other=0.0)
     v = tl.load(v_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
     return k, v
@@ -55,13 +66,22 @@ def attend_tile(q, acc, m_i, l_i, tile, end, q_pos, k_head_ptr, v_head_ptr, tabl
                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """Fold keys `tile .. tile + BLOCK_N` (those before `end`) into the running softmax of the
-    rows of `q`; with CAUSAL, row r sees only keys up to its position `q_pos[r]`. An e4m3 cache
-    is upcast to q's dtype, exactly (its scales are the caller's: k_scale in `scale_log2`,
-    v_scale on the output)."""
+    rows of `q` (`fold_kv_tile`)."""
     offs_n = tile + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     k, v = _load_kv_tile(k_head_ptr, v_head_ptr, table_ptr, offs_n, n_mask,
                          offs_d, d_mask, stride_kb, stride_ks, stride_vb, stride_vs, PAGE)
+    return fold_kv_tile(q, k, v, acc, m_i, l_i, offs_n, n_mask, q_pos, scale_log2, CAUSAL,
+                        PRECISION, UPCAST)
+
+
+@triton.jit
+def fold_kv_tile(q, k, v, acc, m_i, l_i, offs_n, n_mask, q_pos, scale_log2,
+                 CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold a loaded tile (keys transposed [BLOCK_D, BLOCK_N] and values of positions `offs_n`,
+    those outside `n_mask` zero) into the running softmax of the rows of `q`; with CAUSAL, row r
+    sees only keys up to its position `q_pos[r]`. An e4m3 cache is upcast to q's dtype, exactly
+    (its scales are the caller's: k_scale in `scale_log2`, v_scale on the output)."""
     k = k.to(q.dtype)
     v = v.to(q.dtype)
     scores = dot(q, k, PRECISION, UPCAST) * scale_log2

@@ -32,6 +32,11 @@ than the one that emptied the slot (after `pdl_enter`, so after that launch ende
 
 The sum runs in fp32 in rank order and is rounded to x's dtype before the add and the norm,
 as `triton.py` does, so both kernels (and the reference) give the same bits.
+
+The data-signalled add-norm kernel reads the residual row and the norm weight before its PDL
+wait (`pdl.py`), so those reads overlap the linear before it rather than follow the peers'
+rows: the residual must not be written by the kernel launched just before the all-reduce (in a
+decoder it is the last add-norm's sum, a sublayer earlier; the linear before writes x).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -193,11 +198,17 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
     # bits. ADD_NORM False: the sum alone, into sum_ptr (res_ptr, w_ptr and out_ptr unused).
     # SHARES > 0: x is that many fp32 split-K shares of the rank's row, share_stride apart,
     # summed here in share order and rounded as the linear's own sum would be.
-    pdl_enter(PDL)
     pid = tl.program_id(0)
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
+    if ADD_NORM:
+        # Before the wait, so they arrive while the peers' rows are on their way: the residual
+        # row (the stream's last add-norm wrote it, kernels ago: see the module's note) and the
+        # norm weight.
+        r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_enter(PDL)
     if SHARES > 0:
         part = tl.zeros([BLOCK_H], dtype=tl.float32)
         for s in tl.static_range(SHARES):
@@ -210,8 +221,7 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
                            RANK, WORLD, PROGRAMS, BITS)
     if ADD_NORM:
         s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
-        r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
+        _add_rms_norm_row(s, r, w, out_ptr, sum_ptr, row, H, eps, cols, mask)
     else:
         tl.store(sum_ptr + row * H + cols, acc.to(sum_ptr.dtype.element_ty), mask=mask)
 

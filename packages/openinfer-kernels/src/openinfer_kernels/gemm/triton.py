@@ -26,6 +26,7 @@ from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
+    PRELOAD_WEIGHTS,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
@@ -44,20 +45,52 @@ class Tile:
 
 
 @triton.jit
+def row_product(x_ptr, w_ptr, rn, n_ok, k_start, k_end, stride_wn, acc,
+                BLOCK_K: tl.constexpr):
+    """`acc` ([BLOCK_N] fp32) plus x's one row times weight rows `rn` over K in
+    [k_start, k_end), a BLOCK_K tile at a time in order."""
+    for k in range(k_start, k_end, BLOCK_K):
+        rk = k + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_end
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                    mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def first_tile(w_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K: tl.constexpr):
+    """Weight rows `rn`'s first BLOCK_K columns from k_start (none past k_end): a tile that
+    `preloaded_product` takes, loaded before the kernel's PDL wait."""
+    rk = k_start + tl.arange(0, BLOCK_K)
+    return tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                   mask=n_ok[:, None] & (rk < k_end)[None, :], other=0.0)
+
+
+@triton.jit
+def preloaded_product(x_ptr, w_ptr, w0, rn, n_ok, k_start, k_end, stride_wn,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`partial_product` at M = 1 whose first tile `w0` (`first_tile`) is at hand: the same
+    sum in the same order, so the same bits."""
+    rk = k_start + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + rk, mask=rk < k_end, other=0.0)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc += tl.sum(w0.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    acc = row_product(x_ptr, w_ptr, rn, n_ok, k_start + BLOCK_K, k_end, stride_wn, acc,
+                      BLOCK_K)
+    return acc[None, :]
+
+
+@triton.jit
 def partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
              M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """[M_PAD, BLOCK_N] fp32: rows `rm` of x times weight rows `rn`, over K in
     [k_start, k_end)."""
     if M_PAD == 1:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k in range(k_start, k_end, BLOCK_K):
-            rk = k + tl.arange(0, BLOCK_K)
-            k_ok = rk < k_end
-            w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
-                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        acc = row_product(x_ptr, w_ptr, rn, n_ok, k_start, k_end, stride_wn,
+                          tl.zeros([BLOCK_N], dtype=tl.float32), BLOCK_K)
         return acc[None, :]
     else:
         acc2 = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
@@ -80,12 +113,13 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                    GATED: tl.constexpr, SERIAL: tl.constexpr, PRECISION: tl.constexpr,
                    UPCAST: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                   LINE: tl.constexpr = 64):
+                   LINE: tl.constexpr = 64, PRELOAD: tl.constexpr = False):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
     silu(gate) * up, the gate's weight rows first and the up rows N rows after them.
     SERIAL (split): the block's last share to arrive sums the workspace into `final_ptr`
     ([M, N], row stride stride_om); `count_ptr`: the arrival counts, zeros before and after.
-    PREFETCH: lines (LINE elements) of each weight row asked of L2 before `pdl_enter`."""
+    PREFETCH: lines (LINE elements) of each weight row asked of L2 before `pdl_enter`.
+    PRELOAD (M = 1 only): the first weight tile of each product loaded before `pdl_enter`."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -98,13 +132,26 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
     if GATED:
         prefetch_rows(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn, PREFETCH,
                       LINE)
+    if PRELOAD:  # the weights, never the previous kernel's output
+        w0 = first_tile(w_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
+        if GATED:
+            u0 = first_tile(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
     pdl_enter(PDL)
-    first = partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm, stride_wn,
-                     M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+    if PRELOAD:
+        first = preloaded_product(x_ptr, w_ptr, w0, rn, n_ok, k_start, k_end, stride_wn,
+                                  BLOCK_N, BLOCK_K)
+    else:
+        first = partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm,
+                                stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
     if GATED:
-        second = partial_product(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start, k_end,
-                          stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+        if PRELOAD:
+            second = preloaded_product(x_ptr, w_ptr + N * stride_wn, u0, rn, n_ok, k_start,
+                                       k_end, stride_wn, BLOCK_N, BLOCK_K)
+        else:
+            second = partial_product(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start,
+                                     k_end, stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K,
+                                     PRECISION, UPCAST)
         if SPLIT_K == 1:
             first = silu_mul(first, second, out_ptr.dtype.element_ty)
         else:  # the workspace row is [gate | up], 2N wide
@@ -191,7 +238,8 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     grid = (triton.cdiv(n, tile.block_n), split)
     pdl = pdl_launch(x)
     prefetch = 0
-    if pdl["PDL"]:
+    preload = pdl["PDL"] and m_pad == 1 and PRELOAD_WEIGHTS
+    if pdl["PDL"] and not preload:
         prefetch = prefetch_lines(w.shape[0], w.element_size(), k_per_split, split,
                                   tile.block_n * (2 if gated else 1), PREFETCH_BUDGET)
     counts = split_k.counts_for(x.device, grid[0]) if serial and split > 1 else None
@@ -202,7 +250,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
                          GATED=gated, SERIAL=serial,
                          **dot_options(x), num_warps=tile.num_warps,
                          num_stages=tile.num_stages, PREFETCH=prefetch,
-                         LINE=LINE_BYTES // w.element_size(), **pdl)
+                         LINE=LINE_BYTES // w.element_size(), PRELOAD=preload, **pdl)
     return split > 1 and not serial
 
 

@@ -1,0 +1,120 @@
+"""What the decode-size kernels read before their PDL wait (`pdl.py`: before `pdl_enter` a
+kernel may read only what older kernels or the host wrote), checked under the interpreter.
+The wait is stood in for by a function that writes the previous kernel's outputs, NaN until
+then, so a kernel that read one of them before its wait carries a NaN (or a wrong value) into
+its result. Each launch checked here is one program: the interpreter runs programs one after
+another, so a second would find the values already written.
+
+- the split attention kernel at decode: the block table, the earlier steps' keys and values of
+  its first tile are read before the wait; q and this step's key and value after it;
+- the push all-reduce + add + norm: the residual row and the norm weight before, x after;
+- the small-batch linear with `OPENINFER_PDL_PRELOAD=1`: its first weight tile before, x after,
+  with the same bits as without it.
+The ordering on the device is the compiler's: `pdl_reads_ptx_unit.py` checks the loads ahead of
+`griddepcontrol.wait` in sm90 PTX."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from paged_cases import Req, build, check
+
+import openinfer_kernels.attention.split as split_module
+import openinfer_kernels.collective.push_triton as push_module
+import openinfer_kernels.gemm.triton as gemm_module
+import openinfer_kernels.pdl as pdl_module
+from openinfer_kernels.attention.split import SplitConfig, launch_split
+from openinfer_kernels.collective.push_triton import (
+    PushAddNorm,
+    all_reduce_add_rms_norm_push_triton,
+)
+from openinfer_kernels.gemm.triton import Tile, linear_triton
+from openinfer_kernels.testing.compiled_session import run_compiled_session
+from openinfer_kernels.testing.ranks import push_memory
+
+from .test_all_reduce_add_norm import EPS, assert_kernel_alike, inputs
+
+
+class Wait:
+    """Stands in for `griddepcontrol.wait`: writes each (tensor, values) pair it holds."""
+
+    def __init__(self) -> None:
+        self.fills: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        for target, values in self.fills:
+            target.copy_(values)
+
+
+@pytest.fixture
+def wait(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wait]:
+    """PDL on for the launchers (without the launch attribute, which the interpreter lacks)
+    and the wait stood in for."""
+    stand_in = Wait()
+    monkeypatch.setattr(pdl_module, "gdc_wait", stand_in)
+    monkeypatch.setattr(pdl_module, "gdc_launch_dependents", lambda: None)
+    for module in (split_module, push_module, gemm_module):
+        monkeypatch.setattr(module, "pdl_launch", lambda _t: {"PDL": True})
+    yield stand_in
+
+
+@pytest.mark.parametrize("context", [1, 40, 200], ids=["one-key", "first-tile", "later-tile"])
+def test_decode_attention_reads_q_and_the_new_key_after_the_wait(wait, context):
+    # One request, one KV head, one split: one program. Its new key (position context - 1) is
+    # in the first tile the kernel loads before the wait up to 64 keys, in a later tile past.
+    case = build([Req(context, 1)], 4, 1, 24, torch.float32, seed=context,
+                 cached_upto=[context - 1])
+    slot = case.slots[0][-1]
+    k_slot = case.k_cache.view(-1, 1, 24)[slot]
+    v_slot = case.v_cache.view(-1, 1, 24)[slot]
+    q = case.q.clone()
+    wait.fills = [(case.q, q), (k_slot, case.keys[0][-1]), (v_slot, case.values[0][-1])]
+    case.q.fill_(float("nan"))
+    scale = 24**-0.5
+    out = launch_split(*case.args(scale), 1, SplitConfig(num_splits=1))
+    assert wait.calls == 1
+    case.q.copy_(q)
+    check(out, case, scale)
+
+
+def test_push_add_norm_reads_x_after_the_wait(wait):
+    h = 60
+    areas, flags, seqs = push_memory(1, h, torch.float32, shared=False, device="cpu",
+                                     fill=PushAddNorm("data").area_fill)
+    [x], residual, weight = inputs(1, 1, h, torch.float32, seed=4, device="cpu")
+    real = x.clone()
+    wait.fills = [(x, real)]
+    x.fill_(float("nan"))
+    got = all_reduce_add_rms_norm_push_triton(x, residual, weight, EPS, areas, flags, seqs[0],
+                                              0, "data")
+    assert wait.calls == 1
+    assert_kernel_alike(got, [real], residual, weight)
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("k", [96, 40], ids=["three-tiles", "part-of-a-tile"])
+def test_preloaded_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkeypatch, gated,
+                                                                   k):
+    torch.manual_seed(k)
+    n = 8
+    x = torch.randn(1, k).to(torch.bfloat16)
+    w = torch.randn((2 if gated else 1) * n, k).to(torch.bfloat16)
+    tile = Tile(n, 32, 1, 1)
+    monkeypatch.setattr(gemm_module, "PRELOAD_WEIGHTS", False)
+    want = linear_triton(x, w, tile, gated=gated)
+    monkeypatch.setattr(gemm_module, "PRELOAD_WEIGHTS", True)
+    real = x.clone()
+    wait.fills = [(x, real)]
+    x.fill_(float("nan"))
+    got = linear_triton(x, w, tile, gated=gated)
+    assert wait.calls == 2  # the launch without the preload waited too
+    assert torch.equal(got, want)
+
+
+def test_the_kernels_compile_with_those_reads_ahead_of_the_wait() -> None:
+    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=8)
