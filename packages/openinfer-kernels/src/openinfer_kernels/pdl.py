@@ -17,8 +17,9 @@ kernel before it still runs, which at batch 1 is most of a small kernel's latenc
 all-reduce, a norm). `OPENINFER_PDL_PREFETCH_MB` is the most weight bytes one launch asks for
 (default 0, off: at 24 MB batch-1 TPOT grew on the H100, Qwen3-4B 3.33 -> 3.58 ms, 8B 5.65 ->
 5.92, 8B FP8 3.65 -> 3.71; `gpu_check.sh prefetch`).
-With `OPENINFER_PDL_PRELOAD=1` the bf16 small-batch linear instead loads its first weight tile
-into registers before `pdl_enter` at one row (`gemm.triton`): opt-in until measured.
+With `OPENINFER_PDL_PRELOAD=1` the small-batch linears (bf16 `gemm.triton`, FP8
+`fp8_linear.triton`) instead load their first weight tile (and its scales) into registers
+before `pdl_enter` at one row: opt-in until measured.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from triton.compiler import ASTSource
 
 from openinfer_kernels.attention.split import _split_kernel
 from openinfer_kernels.collective.push_triton import _push_data_add_rms_norm_kernel
+from openinfer_kernels.fp8_linear.triton import _fp8_linear_kernel
 from openinfer_kernels.gemm.triton import _linear_kernel
 from openinfer_kernels.testing.ttir import TARGET
 
@@ -103,3 +104,29 @@ def test_linear_preloads_its_first_weight_tile_before_the_wait(gated: bool,
     # The first weight tile (both, gated) before; x and the other tiles after.
     assert before == (["b16"] * tiles if preload else [])
     assert after.count("b16") >= tiles
+
+
+FP8 = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*u8", "out_ptr": "*bf16",
+       "final_ptr": "*bf16", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+       "stride_xm": "i32", "stride_wn": "i32", "stride_sn": "i32", "k_per_split": "i32",
+       "rows_per_group": "i32", "stride_xg": "i32"}
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("preload", [False, True], ids=["off", "preload"])
+def test_fp8_linear_preloads_its_first_step_before_the_wait(gated: bool,
+                                                            preload: bool) -> None:
+    block_n, block_k = 16, 512
+    before, after = _loads(_fp8_linear_kernel, FP8, {
+        "BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "SUB": 128,
+        "PRECISION": "ieee", "UPCAST": False, "E8M0": True, "PDL": True, "PREFETCH": 0,
+        "GATED": gated, "SERIAL": False, "LIMIT": 0.0, "PRELOAD": preload})
+    # The first step's e4m3 tile (a byte an element) and its scale bytes, both gated, before;
+    # x (bf16) after.
+    assert "b16" in after
+    if not preload:
+        assert before == []
+        return
+    products = 2 if gated else 1
+    assert set(before) == {"b8"}
+    assert before.count("b8") >= products * block_n * block_k // THREADS

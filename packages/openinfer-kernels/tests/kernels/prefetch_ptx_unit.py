@@ -61,7 +61,7 @@ def test_fp8_linear_prefetches_before_it_waits() -> None:
     ptx = _ptx(_fp8_linear_kernel, FP8, {
         "BLOCK_M": 1, "BLOCK_N": 16, "BLOCK_K": 512, "SUB": 128, "PRECISION": "ieee",
         "UPCAST": False, "E8M0": True, "PDL": True, "PREFETCH": 8, "GATED": False,
-        "SERIAL": False, "LIMIT": 0.0})
+        "SERIAL": False, "LIMIT": 0.0, "PRELOAD": False})
     order = _order(ptx)
     wait = order.index("griddepcontrol.wait")
     assert order[:wait] and set(order[:wait]) == {"prefetch.global.L2"}

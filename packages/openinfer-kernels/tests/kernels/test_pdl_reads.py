@@ -8,13 +8,14 @@ another, so a second would find the values already written.
 - the split attention kernel at decode: the block table, the earlier steps' keys and values of
   its first tile are read before the wait; q and this step's key and value after it;
 - the push all-reduce + add + norm: the residual row and the norm weight before, x after;
-- the small-batch linear with `OPENINFER_PDL_PRELOAD=1`: its first weight tile before, x after,
-  with the same bits as without it.
+- the small-batch linears (bf16 and FP8) with `OPENINFER_PDL_PRELOAD=1`: their first weight
+  tile (and its scales) before, x after, with the same bits as without it.
 The ordering on the device is the compiler's: `pdl_reads_ptx_unit.py` checks the loads ahead of
 `griddepcontrol.wait` in sm90 PTX."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,12 +25,18 @@ from paged_cases import Req, build, check
 
 import openinfer_kernels.attention.split as split_module
 import openinfer_kernels.collective.push_triton as push_module
+import openinfer_kernels.fp8_linear.triton as fp8_module
 import openinfer_kernels.gemm.triton as gemm_module
 import openinfer_kernels.pdl as pdl_module
 from openinfer_kernels.attention.split import SplitConfig, launch_split
 from openinfer_kernels.collective.push_triton import (
     PushAddNorm,
     all_reduce_add_rms_norm_push_triton,
+)
+from openinfer_kernels.fp8_linear.triton import (
+    Fp8Tile,
+    fp8_block_linear_silu_mul_triton,
+    fp8_block_linear_triton,
 )
 from openinfer_kernels.gemm.triton import Tile, linear_triton
 from openinfer_kernels.testing.compiled_session import run_compiled_session
@@ -51,6 +58,12 @@ class Wait:
             target.copy_(values)
 
 
+# The stand-in wait needs the interpreter (compiled, `griddepcontrol.wait` is the hardware's);
+# on a GPU these tests are skipped, and the ordering is checked in PTX below.
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="stands in for the PDL wait under the interpreter")
+
+
 @pytest.fixture
 def wait(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wait]:
     """PDL on for the launchers (without the launch attribute, which the interpreter lacks)
@@ -58,11 +71,12 @@ def wait(monkeypatch: pytest.MonkeyPatch) -> Iterator[Wait]:
     stand_in = Wait()
     monkeypatch.setattr(pdl_module, "gdc_wait", stand_in)
     monkeypatch.setattr(pdl_module, "gdc_launch_dependents", lambda: None)
-    for module in (split_module, push_module, gemm_module):
+    for module in (split_module, push_module, gemm_module, fp8_module):
         monkeypatch.setattr(module, "pdl_launch", lambda _t: {"PDL": True})
     yield stand_in
 
 
+@interpreted
 @pytest.mark.parametrize("context", [1, 40, 200], ids=["one-key", "first-tile", "later-tile"])
 def test_decode_attention_reads_q_and_the_new_key_after_the_wait(wait, context):
     # One request, one KV head, one split: one program. Its new key (position context - 1) is
@@ -82,6 +96,7 @@ def test_decode_attention_reads_q_and_the_new_key_after_the_wait(wait, context):
     check(out, case, scale)
 
 
+@interpreted
 def test_push_add_norm_reads_x_after_the_wait(wait):
     h = 60
     areas, flags, seqs = push_memory(1, h, torch.float32, shared=False, device="cpu",
@@ -96,6 +111,7 @@ def test_push_add_norm_reads_x_after_the_wait(wait):
     assert_kernel_alike(got, [real], residual, weight)
 
 
+@interpreted
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("k", [96, 40], ids=["three-tiles", "part-of-a-tile"])
 def test_preloaded_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkeypatch, gated,
@@ -116,5 +132,33 @@ def test_preloaded_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkey
     assert torch.equal(got, want)
 
 
+@interpreted
+@pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+@pytest.mark.parametrize("k", [300, 40], ids=["three-steps", "part-of-a-step"])
+def test_preloaded_fp8_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkeypatch,
+                                                                       gated, k):
+    g = torch.Generator().manual_seed(k)
+    n = 16
+    x = torch.randn((1, k), generator=g).to(torch.bfloat16)
+    w = (4 * torch.randn(((2 if gated else 1) * n, k), generator=g)).to(torch.float8_e4m3fn)
+    scale = torch.randint(120, 131, (1, -(-k // 128)), generator=g, dtype=torch.uint8)
+    tile = Fp8Tile(1, 2 * n if gated else n, 128)
+
+    def run() -> torch.Tensor:
+        if gated:
+            return fp8_block_linear_silu_mul_triton(x, w, scale, tile=tile)
+        return fp8_block_linear_triton(x, w, scale, tile=tile)
+
+    monkeypatch.setattr(fp8_module, "PRELOAD_WEIGHTS", False)
+    want = run()
+    monkeypatch.setattr(fp8_module, "PRELOAD_WEIGHTS", True)
+    real = x.clone()
+    wait.fills = [(x, real)]
+    x.fill_(float("nan"))
+    got = run()
+    assert wait.calls == 2
+    assert torch.equal(got, want)
+
+
 def test_the_kernels_compile_with_those_reads_ahead_of_the_wait() -> None:
-    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=8)
+    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=12)

@@ -41,6 +41,7 @@ from openinfer_kernels.norm.triton import (
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
+    PRELOAD_WEIGHTS,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
@@ -90,25 +91,42 @@ def _block_scales(ptrs, mask, E8M0: tl.constexpr):
 
 
 @triton.jit
-def _rows1(x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
+def _step_tile(w_ptr, s_ptr, rn, n_ok, k, k_end, stride_wn, stride_sn, BLOCK_K: tl.constexpr,
+               SUB: tl.constexpr, E8M0: tl.constexpr):
+    """Weight rows `rn`'s K step from k ([BLOCK_N, BLOCK_K] e4m3, none at or past k_end) and
+    the fp32 scales of its SUB-wide pieces ([BLOCK_N, BLOCK_K // SUB])."""
+    rk = k + tl.arange(0, BLOCK_K)
+    w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
+                mask=n_ok[:, None] & (rk < k_end)[None, :], other=0.0)
+    kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
+    s = _block_scales(s_ptr + (rn // 128)[:, None] * stride_sn + kb[None, :],
+                      n_ok[:, None] & (kb * 128 < k_end)[None, :], E8M0)
+    return w, s
+
+
+@triton.jit
+def _fold_step(acc, w, s, x_ptr, k, k_end, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SUB: tl.constexpr):
+    """acc plus one K step: the activation row's BLOCK_K values from k times the tile `w`,
+    each SUB-wide piece summed, then scaled by `s`."""
+    rk = k + tl.arange(0, BLOCK_K)
+    x = tl.load(x_ptr + rk, mask=rk < k_end, other=0.0)
+    prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
+    part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
+    return acc + tl.sum(part * s, axis=1)
+
+
+@triton.jit
+def _rows1(acc, x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
            E8M0: tl.constexpr):
-    """[BLOCK_N] fp32: one activation row times weight rows `rn` over K in [k_start, k_end);
-    each SUB-wide piece of a step (SUB = min(BLOCK_K, 128)) summed, then scaled."""
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
-    s_rows = s_ptr + (rn // 128)[:, None] * stride_sn
+    """[BLOCK_N] fp32: `acc` plus one activation row times weight rows `rn` over K in
+    [k_start, k_end), a step at a time in order; each SUB-wide piece of a step
+    (SUB = min(BLOCK_K, 128)) summed, then scaled."""
     for k in range(k_start, k_end, BLOCK_K):
-        rk = k + tl.arange(0, BLOCK_K)
-        k_ok = rk < k_end
-        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
-        prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
-        part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
-        kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
-        s = _block_scales(s_rows + kb[None, :],
-                          n_ok[:, None] & (kb * 128 < k_end)[None, :], E8M0)
-        acc += tl.sum(part * s, axis=1)
+        w, s = _step_tile(w_ptr, s_ptr, rn, n_ok, k, k_end, stride_wn, stride_sn, BLOCK_K,
+                          SUB, E8M0)
+        acc = _fold_step(acc, w, s, x_ptr, k, k_end, BLOCK_N, BLOCK_K, SUB)
     return acc
 
 
@@ -143,7 +161,7 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
                        SUB: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                        E8M0: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
                        GATED: tl.constexpr = False, SERIAL: tl.constexpr = False,
-                       LIMIT: tl.constexpr = 0.0):
+                       LIMIT: tl.constexpr = 0.0, PRELOAD: tl.constexpr = False):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
@@ -152,7 +170,9 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     out[m, n] = silu(gate) * up (LIMIT > 0: clamped first, `silu_mul`); split, the shares are
     [split, M, 2N], each program's gate and up columns. SERIAL (split): the output block's last
     share to arrive sums the shares into `final_ptr` [M, N] (`split_k.sum_if_last`; gated, the
-    sum's silu(gate) * up); `count_ptr`: the arrival counts, zeros before and after."""
+    sum's silu(gate) * up); `count_ptr`: the arrival counts, zeros before and after.
+    PRELOAD (BLOCK_M = 1): the first K step's weight tile and scales (both, gated) loaded
+    before `pdl_enter`; the same sums in the same order."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -166,13 +186,28 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     if GATED:
         prefetch_rows(w_ptr, rn + N, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH,
                       LINE)
+    if PRELOAD:  # the weights and scales, never the previous kernel's output
+        w0, s0 = _step_tile(w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
+                            BLOCK_K, SUB, E8M0)
+        if GATED:
+            u0, t0 = _step_tile(w_ptr, s_ptr, rn + N, n_ok, k_start, k_end, stride_wn,
+                                stride_sn, BLOCK_K, SUB, E8M0)
     pdl_enter(PDL)
     if BLOCK_M == 1:
-        acc = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn, n_ok, k_start, k_end,
-                     stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
+        x_row = x_ptr + pid_m * stride_xm
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        first = k_start
+        if PRELOAD:
+            acc = _fold_step(acc, w0, s0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
+            first = k_start + BLOCK_K
+        acc = _rows1(acc, x_row, w_ptr, s_ptr, rn, n_ok, first, k_end, stride_wn, stride_sn,
+                     BLOCK_N, BLOCK_K, SUB, E8M0)
         if GATED:
-            up = _rows1(x_ptr + pid_m * stride_xm, w_ptr, s_ptr, rn + N, n_ok, k_start, k_end,
-                        stride_wn, stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
+            up = tl.zeros([BLOCK_N], dtype=tl.float32)
+            if PRELOAD:
+                up = _fold_step(up, u0, t0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
+            up = _rows1(up, x_row, w_ptr, s_ptr, rn + N, n_ok, first, k_end, stride_wn,
+                        stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
             if SERIAL:  # this share's gate and up columns; the last share gates the sum
                 out = out_ptr + (split * M + pid_m).to(tl.int64) * (2 * N) + rn
                 tl.store(out + N, up, mask=n_ok)
@@ -422,7 +457,8 @@ def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, tile.block_m), split)
     pdl = pdl_launch(x)
     prefetch = 0
-    if pdl["PDL"]:  # e4m3: a byte an element
+    preload = pdl["PDL"] and tile.block_m == 1 and PRELOAD_WEIGHTS
+    if pdl["PDL"] and not preload:  # e4m3: a byte an element
         prefetch = prefetch_lines(w.shape[0], 1, k_per_split, split, tile.block_n,
                                   PREFETCH_BUDGET)
     final, counts = serial if serial is not None else (target, target)
@@ -433,4 +469,4 @@ def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
                              SUB=min(tile.block_k, BLOCK), E8M0=e8m0,
                              **dot_options(x), num_warps=tile.num_warps,
                              num_stages=tile.num_stages, PREFETCH=prefetch, GATED=gated,
-                             SERIAL=serial is not None, LIMIT=limit, **pdl)
+                             SERIAL=serial is not None, LIMIT=limit, PRELOAD=preload, **pdl)
