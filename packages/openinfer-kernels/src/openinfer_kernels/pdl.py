@@ -17,9 +17,12 @@ kernel before it still runs, which at batch 1 is most of a small kernel's latenc
 all-reduce, a norm). `OPENINFER_PDL_PREFETCH_MB` is the most weight bytes one launch asks for
 (default 0, off: at 24 MB batch-1 TPOT grew on the H100, Qwen3-4B 3.33 -> 3.58 ms, 8B 5.65 ->
 5.92, 8B FP8 3.65 -> 3.71; `gpu_check.sh prefetch`).
-With `OPENINFER_PDL_PRELOAD=1` the small-batch linears (bf16 `gemm.triton`, FP8
-`fp8_linear.triton`) instead load their first weight tile (and its scales) into registers
-before `pdl_enter` at one row: opt-in until measured.
+With `OPENINFER_PDL_PRELOAD=1` (`PRELOAD`) the decode-size kernels read before `pdl_enter` what
+older kernels wrote: the split attention at decode its step's block table and its first tile of
+earlier keys and values (`attention.split`), the push all-reduce + add + norm its residual row
+and norm weight (`collective.push_triton`), the small-batch linears at one row their first
+weight tile and its scales, in registers (bf16 `gemm.triton`, FP8 `fp8_linear.triton`; no L2
+prefetch then). Opt-in until measured.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def prefetch_budget() -> int:
 
 # Read once, as OPENINFER_PDL is: the launchers pass it, so no launch reads the environment.
 PREFETCH_BUDGET = prefetch_budget()
-PRELOAD_WEIGHTS = os.environ.get("OPENINFER_PDL_PRELOAD", "0") == "1"
+PRELOAD = os.environ.get("OPENINFER_PDL_PRELOAD", "0") == "1"
 
 
 def prefetch_lines(rows: int, elem_bytes: int, k_share: int, programs_per_row: int,

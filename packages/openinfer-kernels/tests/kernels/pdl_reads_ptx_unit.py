@@ -52,15 +52,17 @@ SPLIT = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
                                      "stride_bt", "stride_ot", "stride_oh")}}
 
 
+@pytest.mark.parametrize("preload", [True, False], ids=["preload", "off"])
 @pytest.mark.parametrize("decode", [True, False], ids=["decode", "prompt"])
-def test_split_attention_reads_its_first_keys_before_the_wait_at_decode(decode: bool) -> None:
+def test_split_attention_reads_its_first_keys_before_the_wait_at_decode(decode: bool,
+                                                                       preload: bool) -> None:
     block_n, block_d, block_g = 64, 128, 16 if decode else 4
     before, after = _loads(_split_kernel, SPLIT, {
         "GROUP": 4, "HEAD_DIM": block_d, "PAGE": 16, "SPLIT": True, "DECODE": decode,
         "BLOCK_Q": 1 if decode else 16, "BLOCK_G": block_g, "BLOCK_N": block_n,
         "BLOCK_D": block_d, "PRECISION": "ieee", "UPCAST": False, "PDL": True,
-        "KV_FP8": False, "HEAVY_FIRST": not decode, "SERIAL": False})
-    if not decode:  # prompt steps wait first
+        "KV_FP8": False, "HEAVY_FIRST": not decode, "SERIAL": False, "PRELOAD": preload})
+    if not (decode and preload):  # prompt steps wait first, as every step without PRELOAD
         assert before == []
         return
     # Before: the step's metadata and block table (32-bit) and the first tile's keys and
@@ -75,14 +77,16 @@ PUSH = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf1
         "x_row_stride": "i32", "res_row_stride": "i32", "eps": "fp32", "share_stride": "i32"}
 
 
+@pytest.mark.parametrize("preload", [True, False], ids=["preload", "off"])
 @pytest.mark.parametrize("add_norm", [True, False], ids=["add-norm", "sum-alone"])
-def test_push_reads_the_residual_and_weight_before_the_wait(add_norm: bool) -> None:
+def test_push_reads_the_residual_and_weight_before_the_wait(add_norm: bool,
+                                                           preload: bool) -> None:
     h = 4096
     before, after = _loads(_push_data_add_rms_norm_kernel, PUSH, {
         "RANK": 0, "WORLD": 2, "PROGRAMS": 64, "BITS": 16, "BLOCK_H": h, "PDL": True,
-        "ADD_NORM": add_norm, "SHARES": 0})
+        "ADD_NORM": add_norm, "SHARES": 0, "PRELOAD": preload})
     # The residual row and the weight before; x (and the peers' rows, volatile) after.
-    assert before == (["b16"] * (2 * h // THREADS) if add_norm else [])
+    assert before == (["b16"] * (2 * h // THREADS) if add_norm and preload else [])
     assert after.count("b16") >= h // THREADS
 
 

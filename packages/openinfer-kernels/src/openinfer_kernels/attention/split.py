@@ -32,7 +32,7 @@ from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot_options
 from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
 from openinfer_kernels.kv_store.triton import fp8_scale_tensors
-from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.pdl import PRELOAD, pdl_enter, pdl_launch
 from openinfer_kernels.split_k import counts_for
 
 MAX_SPLITS = 16
@@ -54,13 +54,13 @@ def _split_kernel(
     DECODE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
     KV_FP8: tl.constexpr = False, HEAVY_FIRST: tl.constexpr = False,
-    SERIAL: tl.constexpr = False,
+    SERIAL: tl.constexpr = False, PRELOAD: tl.constexpr = False,
 ):
-    # Decode (one query a request): everything but q and this step's keys is read before the
-    # wait (`pdl_enter`), the split's first tile of keys included, so that only q's load and
-    # the new keys' follow it. SERIAL zeroes rows first, which must wait.
-    PRELOAD: tl.constexpr = DECODE and not SERIAL
-    if not PRELOAD:
+    # PRELOAD at decode (one query a request): everything but q and this step's keys is read
+    # before the wait (`pdl_enter`), the split's first tile of keys included, so that only q's
+    # load and the new keys' follow it. SERIAL zeroes rows first, which must wait.
+    EARLY: tl.constexpr = PRELOAD and DECODE and not SERIAL
+    if not EARLY:
         pdl_enter(PDL)
     if HEAVY_FIRST:
         # Grid (kv head, query block, split), the last query blocks (the most keys under the
@@ -133,7 +133,7 @@ def _split_kernel(
     m_i = tl.full([BLOCK_Q * BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q * BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_Q * BLOCK_G, BLOCK_D], tl.float32)
-    if PRELOAD:
+    if EARLY:
         # The first tile: keys before `old_end` were written by earlier steps (the kernel just
         # before this one appends this step's); the block table is the step's input.
         old_end = length - num_queries
@@ -372,6 +372,7 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # at hand.
     counts = counts_for(q.device, programs * kv_heads) if splits > 1 and LAST_MERGES else None
     grid = (kv_heads, programs, splits) if heavy_first else (programs, kv_heads, splits)
+    pdl = pdl_launch(q)
     _split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_out, part_lse,
         k_scale_ptr, v_scale_ptr, out if counts is None else counts, scale * LOG2E, batch,
@@ -383,7 +384,7 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_Q=block_q, BLOCK_G=block_g, BLOCK_N=config.block_n, BLOCK_D=block_d,
         **dot_options(q), num_warps=config.num_warps, num_stages=config.num_stages,
         KV_FP8=k_cache.dtype == FP8_KV_DTYPE, HEAVY_FIRST=heavy_first,
-        SERIAL=counts is not None, **pdl_launch(q),
+        SERIAL=counts is not None, PRELOAD=PRELOAD and pdl["PDL"], **pdl,
     )
     if splits > 1 and counts is None:
         _merge_kernel[(num_tokens, num_heads)](

@@ -33,10 +33,11 @@ than the one that emptied the slot (after `pdl_enter`, so after that launch ende
 The sum runs in fp32 in rank order and is rounded to x's dtype before the add and the norm,
 as `triton.py` does, so both kernels (and the reference) give the same bits.
 
-The data-signalled add-norm kernel reads the residual row and the norm weight before its PDL
-wait (`pdl.py`), so those reads overlap the linear before it rather than follow the peers'
-rows: the residual must not be written by the kernel launched just before the all-reduce (in a
-decoder it is the last add-norm's sum, a sublayer earlier; the linear before writes x).
+With `OPENINFER_PDL_PRELOAD=1` (`pdl.PRELOAD`) the data-signalled add-norm kernel reads the
+residual row and the norm weight before its PDL wait, so those reads overlap the linear before
+it rather than follow the peers' rows: the residual must then not be written by the kernel
+launched just before the all-reduce (in a decoder it is the last add-norm's sum, a sublayer
+earlier; the linear before writes x).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import triton.language as tl
 
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
-from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.pdl import PRELOAD, pdl_enter, pdl_launch
 
 SIGNAL_ENV = "OPENINFER_TP_PUSH_SIGNAL"  # data (default) | flags; read when the module loads
 SIGNALS = ("flags", "data")
@@ -193,16 +194,18 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
                                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr,
                                    BITS: tl.constexpr, BLOCK_H: tl.constexpr,
                                    PDL: tl.constexpr, ADD_NORM: tl.constexpr = True,
-                                   SHARES: tl.constexpr = 0, share_stride=0):
+                                   SHARES: tl.constexpr = 0, share_stride=0,
+                                   PRELOAD: tl.constexpr = False):
     # areas: every rank's landing area (sum_ptr's dtype), in rank order; empty slots all-ones
     # bits. ADD_NORM False: the sum alone, into sum_ptr (res_ptr, w_ptr and out_ptr unused).
     # SHARES > 0: x is that many fp32 split-K shares of the rank's row, share_stride apart,
-    # summed here in share order and rounded as the linear's own sum would be.
+    # summed here in share order and rounded as the linear's own sum would be. PRELOAD: the
+    # residual row and the norm weight are read before the wait.
     pid = tl.program_id(0)
     row = tl.cast(pid, tl.int64)
     cols = tl.arange(0, BLOCK_H)
     mask = cols < H
-    if ADD_NORM:
+    if ADD_NORM and PRELOAD:
         # Before the wait, so they arrive while the peers' rows are on their way: the residual
         # row (the stream's last add-norm wrote it, kernels ago: see the module's note) and the
         # norm weight.
@@ -221,7 +224,12 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
                            RANK, WORLD, PROGRAMS, BITS)
     if ADD_NORM:
         s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
-        _add_rms_norm_row(s, r, w, out_ptr, sum_ptr, row, H, eps, cols, mask)
+        if PRELOAD:
+            _add_rms_norm_row(s, r, w, out_ptr, sum_ptr, row, H, eps, cols, mask)
+        else:
+            r = tl.load(res_ptr + row * res_row_stride + cols, mask=mask,
+                        other=0.0).to(tl.float32)
+            _add_rms_norm_row(s, r, w_ptr, out_ptr, sum_ptr, row, H, eps, cols, mask, True)
     else:
         tl.store(sum_ptr + row * H + cols, acc.to(sum_ptr.dtype.element_ty), mask=mask)
 
@@ -301,11 +309,13 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
         if out_dtype.itemsize not in (2, 4):
             raise ValueError(f"signal='data' needs 16- or 32-bit rows, got {out_dtype}")
         block, num_warps = row_settings(h)
+        pdl = pdl_launch(x)
         _push_data_add_rms_norm_kernel[(t,)](
             x if shares else rows, res, weight, normed, summed, tuple(areas), seqs, h,
             rows.stride(0), res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
             BITS=8 * out_dtype.itemsize, BLOCK_H=block, SHARES=x.shape[0] if shares else 0,
-            share_stride=x.stride(0) if shares else 0, num_warps=num_warps, **pdl_launch(x))
+            share_stride=x.stride(0) if shares else 0, num_warps=num_warps,
+            PRELOAD=PRELOAD and pdl["PDL"], **pdl)
     elif t:
         block, num_warps = row_settings(h)
         _push_add_rms_norm_kernel[(t,)](

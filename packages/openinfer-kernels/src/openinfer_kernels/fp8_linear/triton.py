@@ -41,7 +41,7 @@ from openinfer_kernels.norm.triton import (
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
-    PRELOAD_WEIGHTS,
+    PRELOAD,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
@@ -457,7 +457,7 @@ def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, tile.block_m), split)
     pdl = pdl_launch(x)
     prefetch = 0
-    preload = pdl["PDL"] and tile.block_m == 1 and PRELOAD_WEIGHTS
+    preload = pdl["PDL"] and tile.block_m == 1 and PRELOAD
     if pdl["PDL"] and not preload:  # e4m3: a byte an element
         prefetch = prefetch_lines(w.shape[0], 1, k_per_split, split, tile.block_n,
                                   PREFETCH_BUDGET)

@@ -26,7 +26,7 @@ from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
-    PRELOAD_WEIGHTS,
+    PRELOAD,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
@@ -238,7 +238,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     grid = (triton.cdiv(n, tile.block_n), split)
     pdl = pdl_launch(x)
     prefetch = 0
-    preload = pdl["PDL"] and m_pad == 1 and PRELOAD_WEIGHTS
+    preload = pdl["PDL"] and m_pad == 1 and PRELOAD
     if pdl["PDL"] and not preload:
         prefetch = prefetch_lines(w.shape[0], w.element_size(), k_per_split, split,
                                   tile.block_n * (2 if gated else 1), PREFETCH_BUDGET)
