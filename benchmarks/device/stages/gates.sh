@@ -102,28 +102,30 @@ stage_prefetch() {
 }
 
 stage_preload() {
-  # The decode-size kernels' reads ahead of their PDL wait (OPENINFER_PDL_PRELOAD=1, pdl.py):
-  # their tests and the decode attention tests compiled with it on (real PDL), then batch-1 TPOT
-  # of Qwen3-8B bf16 and kept FP8, off (the baseline of the same call) and on in turns;
-  # TP_SIZES > 1 adds Qwen3-8B at those TP sizes (the push add-norm's preload).
+  # The decode-size kernels' reads ahead of their PDL wait (OPENINFER_PDL_PRELOAD, pdl.py):
+  # their tests and the decode attention tests compiled with all on (real PDL), then batch-1
+  # TPOT of Qwen3-8B bf16 and kept FP8 at each setting of PRELOADS ("0 1": off, the baseline of
+  # the same call, then all; a kernel's name, or a comma list, for one at a time); TP_SIZES > 1
+  # adds Qwen3-8B at those TP sizes (the push add-norm's preload).
   local m8fp8=/tmp/qwen3-8b-fp8 pre run tp
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
   stage "PDL preload tests and decode attention tests, compiled, OPENINFER_PDL_PRELOAD=1"
-  OPENINFER_PDL_PRELOAD=1 timeout 240 python3 -m pytest -p no:cacheprovider -q -n 8 \
+  OPENINFER_PDL_PRELOAD=all timeout 240 python3 -m pytest -p no:cacheprovider -q -n 8 \
     -m "gpu or not gpu" -rf --tb=short packages/openinfer-kernels/tests/kernels/test_pdl_reads.py \
     packages/openinfer-kernels/tests/kernels/test_paged_attention_triton.py \
     packages/openinfer-kernels/tests/kernels/test_kv_fp8.py > "$OUT/preload_tests.log" 2>&1
   grep -E "^E  |^FAILED|passed|failed" "$OUT/preload_tests.log" | head -20
-  for pre in 0 1; do
+  for pre in ${PRELOADS:-0 1}; do
     for run in 8b:$M8 8b-fp8:$m8fp8; do
       stage "batch-1 latency, Qwen3-${run%%:*}, OPENINFER_PDL_PRELOAD=$pre"
       OPENINFER_PDL_PRELOAD=$pre timeout 150 python3 -m openinfer_server.cli bench latency \
         ${run#*:} --load-format dummy --max-num-seqs 4 --max-model-len 4096 --input-len 128 \
         --output-len 128 --num-iters 3 \
-        --result-file "$OUT/latency-qwen3-${run%%:*}-preload$pre.json" | grep -E "TPOT|floor"
+        --result-file "$OUT/latency-qwen3-${run%%:*}-preload-${pre//,/-}.json" \
+        | grep -E "TPOT|floor"
     done
     for tp in ${TP_SIZES:-1}; do
-      [ "$tp" = 1 ] || tp_latency 8b $M8 $tp "preload$pre" OPENINFER_PDL_PRELOAD=$pre
+      [ "$tp" = 1 ] || tp_latency 8b $M8 $tp "preload-${pre//,/-}" OPENINFER_PDL_PRELOAD=$pre
     done
   done
 }

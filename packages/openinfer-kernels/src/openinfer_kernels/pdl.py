@@ -17,12 +17,15 @@ kernel before it still runs, which at batch 1 is most of a small kernel's latenc
 all-reduce, a norm). `OPENINFER_PDL_PREFETCH_MB` is the most weight bytes one launch asks for
 (default 0, off: at 24 MB batch-1 TPOT grew on the H100, Qwen3-4B 3.33 -> 3.58 ms, 8B 5.65 ->
 5.92, 8B FP8 3.65 -> 3.71; `gpu_check.sh prefetch`).
-With `OPENINFER_PDL_PRELOAD=1` (`PRELOAD`) the decode-size kernels read before `pdl_enter` what
-older kernels wrote: the split attention at decode its step's block table and its first tile of
-earlier keys and values (`attention.split`), the push all-reduce + add + norm its residual row
-and norm weight (`collective.push_triton`), the small-batch linears at one row their first
-weight tile and its scales, in registers (bf16 `gemm.triton`, FP8 `fp8_linear.triton`; no L2
-prefetch then). Opt-in until measured.
+`OPENINFER_PDL_PRELOAD` names the decode-size kernels that read before `pdl_enter` what older
+kernels wrote (`preloads`): `attention`, the split attention at decode, its step's block table
+and its first tile of earlier keys and values (`attention.split`); `push`, the push all-reduce +
+add + norm, its residual row and norm weight (`collective.push_triton`); `linear` (bf16,
+`gemm.triton`) and `fp8` (`fp8_linear.triton`), the small-batch linears at one row, their first
+weight tile and its scales, in registers (no L2 prefetch then). A comma list, `1` for all, `0`
+(the default) for none. Opt-in until measured kernel by kernel: all four on, batch-1 TPOT on
+the H100 went 5.65 -> 5.76 ms for Qwen3-8B bf16 and 3.86 -> 3.63 ms for kept FP8
+(`gpu_check.sh preload`).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -76,7 +79,21 @@ def prefetch_budget() -> int:
 
 # Read once, as OPENINFER_PDL is: the launchers pass it, so no launch reads the environment.
 PREFETCH_BUDGET = prefetch_budget()
-PRELOAD = os.environ.get("OPENINFER_PDL_PRELOAD", "0") == "1"
+PRELOAD_ENV = "OPENINFER_PDL_PRELOAD"
+PRELOAD_KERNELS = ("attention", "push", "linear", "fp8")
+
+
+def preloads(kernel: str) -> bool:
+    """Whether `OPENINFER_PDL_PRELOAD` names `kernel` (one of PRELOAD_KERNELS)."""
+    raw = os.environ.get(PRELOAD_ENV, "0").strip()
+    if raw in ("", "0"):
+        return False
+    names = set(PRELOAD_KERNELS) if raw in ("1", "all") else {
+        name.strip() for name in raw.split(",")}
+    if unknown := names - set(PRELOAD_KERNELS):
+        raise ValueError(f"{PRELOAD_ENV}={raw!r}: {sorted(unknown)} not among "
+                         f"{', '.join(PRELOAD_KERNELS)} (a comma list; 1 for all, 0 for none)")
+    return kernel in names
 
 
 def prefetch_lines(rows: int, elem_bytes: int, k_share: int, programs_per_row: int,

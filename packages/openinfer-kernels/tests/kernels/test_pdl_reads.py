@@ -1,4 +1,4 @@
-"""What the decode-size kernels read before their PDL wait with `OPENINFER_PDL_PRELOAD=1`
+"""What the decode-size kernels read before their PDL wait with `OPENINFER_PDL_PRELOAD`
 (`pdl.py`: before `pdl_enter` a kernel may read only what older kernels or the host wrote),
 checked under the interpreter.
 The wait is stood in for by a function that writes the previous kernel's outputs, NaN until
@@ -40,6 +40,7 @@ from openinfer_kernels.fp8_linear.triton import (
     fp8_block_linear_triton,
 )
 from openinfer_kernels.gemm.triton import Tile, linear_triton
+from openinfer_kernels.pdl import PRELOAD_ENV, PRELOAD_KERNELS, preloads
 from openinfer_kernels.testing.compiled_session import run_compiled_session
 from openinfer_kernels.testing.ranks import push_memory
 
@@ -191,6 +192,17 @@ def test_preloaded_fp8_linear_reads_x_after_the_wait_with_the_same_bits(wait, mo
     got = run()
     assert wait.calls == (2 if INTERPRETED else 0)
     assert torch.equal(got, want)
+
+
+def test_the_switch_names_the_kernels(monkeypatch):
+    for raw, on in (("0", set()), ("", set()), ("1", set(PRELOAD_KERNELS)),
+                    ("all", set(PRELOAD_KERNELS)), ("fp8", {"fp8"}),
+                    ("attention, push", {"attention", "push"})):
+        monkeypatch.setenv(PRELOAD_ENV, raw)
+        assert {k for k in PRELOAD_KERNELS if preloads(k)} == on, raw
+    monkeypatch.setenv(PRELOAD_ENV, "fp8,lm_head")
+    with pytest.raises(ValueError, match="lm_head"):
+        preloads("fp8")
 
 
 def test_the_kernels_compile_with_those_reads_ahead_of_the_wait() -> None:

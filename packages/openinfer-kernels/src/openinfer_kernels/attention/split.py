@@ -32,12 +32,13 @@ from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot_options
 from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
 from openinfer_kernels.kv_store.triton import fp8_scale_tensors
-from openinfer_kernels.pdl import PRELOAD, pdl_enter, pdl_launch
+from openinfer_kernels.pdl import pdl_enter, pdl_launch, preloads
 from openinfer_kernels.split_k import counts_for
 
 MAX_SPLITS = 16
 # kernel (default): `_merge_kernel` merges the splits | last: the last split to arrive; read once
 LAST_MERGES = os.environ.get("OPENINFER_SPLIT_MERGE", "kernel") == "last"
+PRELOAD = preloads("attention")  # read once, as the launchers' other switches
 
 
 # Integer arguments that vary from step to step are not specialized on (Triton would compile a

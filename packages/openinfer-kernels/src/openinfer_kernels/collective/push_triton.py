@@ -33,7 +33,7 @@ than the one that emptied the slot (after `pdl_enter`, so after that launch ende
 The sum runs in fp32 in rank order and is rounded to x's dtype before the add and the norm,
 as `triton.py` does, so both kernels (and the reference) give the same bits.
 
-With `OPENINFER_PDL_PRELOAD=1` (`pdl.PRELOAD`) the data-signalled add-norm kernel reads the
+With `OPENINFER_PDL_PRELOAD=push` (`pdl.preloads`) the data-signalled add-norm kernel reads the
 residual row and the norm weight before its PDL wait, so those reads overlap the linear before
 it rather than follow the peers' rows: the residual must then not be written by the kernel
 launched just before the all-reduce (in a decoder it is the last add-norm's sum, a sublayer
@@ -51,11 +51,12 @@ import triton.language as tl
 
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.norm.triton import _add_rms_norm_row, row_settings
-from openinfer_kernels.pdl import PRELOAD, pdl_enter, pdl_launch
+from openinfer_kernels.pdl import pdl_enter, pdl_launch, preloads
 
 SIGNAL_ENV = "OPENINFER_TP_PUSH_SIGNAL"  # data (default) | flags; read when the module loads
 SIGNALS = ("flags", "data")
 EMPTY_BYTE = 0xFF  # every byte of an empty slot, with signal="data": all-ones, a NaN
+PRELOAD = preloads("push")  # OPENINFER_PDL_PRELOAD names it; read once
 
 
 def push_signal() -> str:

@@ -41,11 +41,11 @@ from openinfer_kernels.norm.triton import (
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
-    PRELOAD,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
     prefetch_rows,
+    preloads,
 )
 from openinfer_kernels.split_k import sum_if_last
 
@@ -53,6 +53,7 @@ BLOCK = 128  # the FP8 scale block, both ways
 # E8M0 (as bytes or float8_e8m0fnu) or float32 multipliers.
 SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu, torch.float32)
 LINE = tl.constexpr(LINE_BYTES)  # e4m3 elements in an L2 line: one byte each
+PRELOAD = preloads("fp8")  # OPENINFER_PDL_PRELOAD names it; read once
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,15 @@ from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.pdl import (
     LINE_BYTES,
     PREFETCH_BUDGET,
-    PRELOAD,
     pdl_enter,
     pdl_launch,
     prefetch_lines,
     prefetch_rows,
+    preloads,
 )
 from openinfer_kernels.split_k import sum_if_last
+
+PRELOAD = preloads("linear")  # OPENINFER_PDL_PRELOAD names it; read once
 
 
 @dataclass(frozen=True, slots=True)
