@@ -7,7 +7,9 @@ both replicas at work.
 Usage: python multiturn_cache.py [--base-url URL] [--conversations 256] [--concurrency 128]
     [--first-len 1024] [--next-len 128] [--output-len 32] [--block-size 16] [--json F]
 Exit status 1 when fewer than --min-hit-fraction of the second turns reuse all the first turn's
-whole blocks."""
+whole blocks, or when a conversation failed: every conversation runs to its end either way, and
+the failures are counted and the first few printed (how many failed, and how, tells a client's
+lost keep-alive connection from a server's fault)."""
 
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ async def turn(client: httpx.AsyncClient, model: str, prompt: list[int],
     return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
-async def run(args: argparse.Namespace, model: str) -> list[dict[str, int]]:
+async def run(args: argparse.Namespace, model: str) -> list[dict[str, int] | BaseException]:
     gate = asyncio.Semaphore(args.concurrency)
     limits = httpx.Limits(max_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=args.base_url, timeout=600, limits=limits) as client:
@@ -76,7 +78,8 @@ async def run(args: argparse.Namespace, model: str) -> list[dict[str, int]]:
                     "expected": args.first_len // args.block_size * args.block_size}
 
         return list(await asyncio.gather(*(conversation(i)
-                                           for i in range(args.conversations))))
+                                           for i in range(args.conversations)),
+                                         return_exceptions=True))
 
 
 def main() -> int:
@@ -84,15 +87,22 @@ def main() -> int:
     model = httpx.get(f"{args.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
     before = replica_counters(args.base_url)
     start = time.perf_counter()
-    turns = asyncio.run(run(args, model))
+    outcomes = asyncio.run(run(args, model))
     elapsed = time.perf_counter() - start
+    turns = [t for t in outcomes if isinstance(t, dict)]
+    failed = [t for t in outcomes if not isinstance(t, dict)]
+    for error in failed[:3]:
+        print(f"a conversation failed: {type(error).__name__}: {error!r}"[:300])
+    if not turns:
+        print(f"every conversation failed ({len(failed)})")
+        return 1
     after = replica_counters(args.base_url)
     hits = sum(t["second_cached"] >= t["expected"] for t in turns)
     per_replica = {r: {name.removeprefix("openinfer:").removesuffix("_total"):
                        after[r][name] - before.get(r, {}).get(name, 0.0) for name in COUNTERS}
                    for r in sorted(after)}
     result: dict[str, Any] = {
-        "conversations": len(turns), "concurrency": args.concurrency,
+        "conversations": len(turns), "failed": len(failed), "concurrency": args.concurrency,
         "first_len": args.first_len, "next_len": args.next_len, "output_len": args.output_len,
         "second_turns_hit": hits, "hit_fraction": hits / len(turns),
         "mean_second_cached": sum(t["second_cached"] for t in turns) / len(turns),
@@ -101,14 +111,15 @@ def main() -> int:
         "per_replica": per_replica, "seconds": elapsed}
     print(f"second turns reusing the first turn's {result['expected_cached']} tokens: "
           f"{hits}/{len(turns)} ({100 * result['hit_fraction']:.1f}%), mean cached "
-          f"{result['mean_second_cached']:.0f}; {elapsed:.1f} s")
+          f"{result['mean_second_cached']:.0f}; {len(failed)} conversations failed; "
+          f"{elapsed:.1f} s")
     for replica, counts in per_replica.items():
         print(f"  replica {replica or '-'}: prefix-cache hits {counts['prefix_cache_hits']:.0f} "
               f"of {counts['prefix_cache_queries']:.0f} tokens looked up")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    return 0 if result["hit_fraction"] >= args.min_hit_fraction else 1
+    return 0 if result["hit_fraction"] >= args.min_hit_fraction and not failed else 1
 
 
 if __name__ == "__main__":
