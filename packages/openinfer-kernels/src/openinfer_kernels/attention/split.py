@@ -113,6 +113,8 @@ def _split_kernel(
     tokens = (q_start + query).to(tl.int64)
     heads = kv_head * GROUP + g
     q_ptrs = q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    if not EARLY:  # (EARLY: after the wait, below)
+        q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
     # Query i of n sits at position length - n + i and sees keys 0..that position: keys before
     # `full_end` are seen by every row, keys up to `kv_end` by some.
     q_pos = length - num_queries + query
@@ -159,7 +161,6 @@ def _split_kernel(
                                      scale_log2, False, PRECISION, UPCAST)
         first_tile = start + BLOCK_N
     else:
-        q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)
         first_tile = start
     for tile in range(first_tile, mid_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(q, acc, m_i, l_i, tile, mid_end, q_pos, k_head_ptr,

@@ -123,11 +123,21 @@ def _rows1(acc, x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride
            E8M0: tl.constexpr):
     """[BLOCK_N] fp32: `acc` plus one activation row times weight rows `rn` over K in
     [k_start, k_end), a step at a time in order; each SUB-wide piece of a step
-    (SUB = min(BLOCK_K, 128)) summed, then scaled."""
+    (SUB = min(BLOCK_K, 128)) summed, then scaled (`_step_tile` and `_fold_step`'s sums, the
+    loads in the order measured before them: weights, inputs, scales)."""
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    s_rows = s_ptr + (rn // 128)[:, None] * stride_sn
     for k in range(k_start, k_end, BLOCK_K):
-        w, s = _step_tile(w_ptr, s_ptr, rn, n_ok, k, k_end, stride_wn, stride_sn, BLOCK_K,
-                          SUB, E8M0)
-        acc = _fold_step(acc, w, s, x_ptr, k, k_end, BLOCK_N, BLOCK_K, SUB)
+        rk = k + tl.arange(0, BLOCK_K)
+        k_ok = rk < k_end
+        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
+        prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
+        part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
+        kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
+        s = _block_scales(s_rows + kb[None, :],
+                          n_ok[:, None] & (kb * 128 < k_end)[None, :], E8M0)
+        acc += tl.sum(part * s, axis=1)
     return acc
 
 
