@@ -217,7 +217,7 @@ PY
         case $variant in
           default) ;;
           --*) flags=("$variant") name="-${variant#--}" ;;
-          *) vars=("$variant") name="-${variant//=/-}" ;;
+          *) vars=("$variant") name="-${variant//[=,]/-}" ;;  # (a file name: no '=', no ',')
         esac
         stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)} $variant"
         env "${vars[@]}" timeout 420 python3 -m \

@@ -43,7 +43,7 @@ stage_tplatency() {
   # shard tiles).
   for variant in ${TP_VARIANTS:-}; do
     for tp in ${TP_VARIANT_SIZES:-2}; do
-      tp_latency 8b $M8 $tp "${variant//=/-}" "$variant"
+      tp_latency 8b $M8 $tp "${variant//[=,]/-}" "$variant"  # (file names: no '=', no ',')
     done
   done
 }

@@ -20,8 +20,11 @@ def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
                 cfg: DeepseekV4Config) -> torch.Tensor:
     """`reference.moe`: routed experts plus the shared expert, x [T, H] -> [T, H]."""
     weights, ids = route(x, token_ids, w, cfg)
-    return routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit,
-                          add=shared_expert(x, w, cfg))
+    # The shared expert's kernels run between the router and the routed experts: x, ids and
+    # weights are settled (written two or more kernels back) when the experts' first runs.
+    add = shared_expert(x, w, cfg)
+    return routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit, add=add,
+                          settled=True)
 
 
 def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,

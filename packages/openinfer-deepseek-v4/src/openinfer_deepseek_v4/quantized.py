@@ -98,15 +98,19 @@ def grouped_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
 
 def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                    gate_up: torch.Tensor | Fp4Experts, down: torch.Tensor | None,
-                   limit: float, add: torch.Tensor | None = None) -> torch.Tensor:
+                   limit: float, add: torch.Tensor | None = None,
+                   settled: bool = False) -> torch.Tensor:
     """sum over token t's experts of weights[t, e] * down_e(swiglu(gate_up_e x_t)): x [T, H],
     ids/weights [T, k] -> [T, H]; plus `add` [T, H] where given (the shared expert's output:
-    the FP4 experts' decode kernel adds it before its rounding, saving a launch)."""
+    the FP4 experts' decode kernel adds it before its rounding, saving a launch). `settled`:
+    x, ids and weights were written two or more kernels before this call's first (its kernels
+    may then read them before their PDL wait)."""
     if isinstance(gate_up, Fp4Experts):
         from openinfer_deepseek_v4.kernels.moe import fp4_moe_experts
 
         return fp4_moe_experts(x, ids, weights, gate_up.gate_up, gate_up.gate_up_scale,
-                               gate_up.down, gate_up.down_scale, limit, add=add)
+                               gate_up.down, gate_up.down_scale, limit, add=add,
+                               settled=settled)
     assert down is not None
     out = moe_experts_ref(x, ids, weights, gate_up, down, limit)
     return out if add is None else out + add

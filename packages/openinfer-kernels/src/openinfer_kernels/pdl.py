@@ -22,7 +22,9 @@ kernels wrote (`preloads`): `attention`, the split attention at decode, its step
 and its first tile of earlier keys and values (`attention.split`); `push`, the push all-reduce +
 add + norm, its residual row and norm weight (`collective.push_triton`); `linear` (bf16,
 `gemm.triton`) and `fp8` (`fp8_linear.triton`), the small-batch linears at one row, their first
-weight tile and its scales, in registers (no L2 prefetch then). A comma list, `1` for all, `0`
+weight tile and its scales, in registers (no L2 prefetch then); `experts`, DeepSeek-V4's FP4
+experts' first launch at decode where its caller says its inputs are settled, everything but
+its store (`openinfer_deepseek_v4.kernels.moe.decode`). A comma list, `1` for all, `0`
 (the default) for none. Opt-in until measured kernel by kernel: all four on, batch-1 TPOT on
 the H100 went 5.65 -> 5.76 ms for Qwen3-8B bf16 and 3.86 -> 3.63 ms for kept FP8
 (`gpu_check.sh preload`).
@@ -80,7 +82,8 @@ def prefetch_budget() -> int:
 # Read once, as OPENINFER_PDL is: the launchers pass it, so no launch reads the environment.
 PREFETCH_BUDGET = prefetch_budget()
 PRELOAD_ENV = "OPENINFER_PDL_PRELOAD"
-PRELOAD_KERNELS = ("attention", "push", "linear", "fp8")
+# Each module that reads one names it; `experts` is DeepSeek-V4's FP4 experts at decode.
+PRELOAD_KERNELS = ("attention", "push", "linear", "fp8", "experts")
 
 
 def preloads(kernel: str) -> bool:

@@ -17,6 +17,12 @@ nibbles and the odd by the high ones (the input row is split in registers, the c
 never interleaved); each 32-input group is summed, then scaled once by its E8M0 scale (times
 2^14). A pair whose routing weight is 0 reads nothing: its contribution is exactly 0 (the
 reference's 0 * product, except where that product is inf or NaN, as a padded row's may be).
+
+`settled`: the caller's x, ids and weights were written two or more kernels before these (the
+MoE sublayer runs the shared expert between its router and its routed experts). With
+`OPENINFER_PDL_PRELOAD=experts` the first launch then reads and computes everything before its
+PDL wait (`openinfer_kernels.pdl`) and only stores after it, so its work overlaps the kernel
+before it. Off until measured.
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ import triton
 import triton.language as tl
 
 from openinfer_kernels.fp8_linear.triton import e8m0_to_fp32, sum_slices
-from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.pdl import pdl_enter, pdl_launch, preloads
+
+PRELOAD = preloads("experts")  # OPENINFER_PDL_PRELOAD names it; read once
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +128,13 @@ def _fp4_step(w_rows, s_rows, n_ok, even, odd, k, k_end, BLOCK_N: tl.constexpr,
 def _gate_up_kernel(x_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, h_ptr, N, K, top_k, stride_xm,
                     stride_ids, stride_rw, stride_we, stride_wn, stride_se, stride_sn,
                     stride_hm, limit, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, PDL: tl.constexpr):
+                    EVEN_K: tl.constexpr, PDL: tl.constexpr, SETTLED: tl.constexpr = False):
     """h[pair, block] for pair = token * top_k + slot: gate rows [0, N) and up rows [N, 2N)
-    of the pair's expert (K inputs) against its token's row of x, SwiGLU-clamped."""
-    pdl_enter(PDL)
+    of the pair's expert (K inputs) against its token's row of x, SwiGLU-clamped. SETTLED:
+    x, ids and the routing weights were written two or more kernels back, so everything but
+    the store runs before `pdl_enter`."""
+    if not SETTLED:
+        pdl_enter(PDL)
     pair = tl.program_id(0)
     token = pair // top_k
     slot = pair % top_k
@@ -146,6 +157,8 @@ def _gate_up_kernel(x_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, h_ptr, N, K, top_k, st
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
         h = gate / (1.0 + tl.exp(-gate)) * up
+        if SETTLED:  # only the store waits (h's memory may be what the kernel before reads)
+            pdl_enter(PDL)
         tl.store(h_ptr + pair.to(tl.int64) * stride_hm + rn, h.to(h_ptr.dtype.element_ty),
                  mask=n_ok)
 
@@ -207,25 +220,27 @@ def _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot, k, k
 def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                    gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                    down_scale: torch.Tensor, limit: float, tile: DecodeTile | None = None,
-                   add: torch.Tensor | None = None) -> torch.Tensor:
+                   add: torch.Tensor | None = None, settled: bool = False) -> torch.Tensor:
     """`fp4_moe_experts` (shapes as there, checked by the caller; weights and scales as
     uint8 views) by the decode kernels -> [T, H] in x's dtype; `tile` overrides
     `decode_tile` (benchmarks). `add` [T, H] (rows contiguous): added in fp32 to the
-    experts' sum before its one rounding (the shared expert's output: no add launch). No
+    experts' sum before its one rounding (the shared expert's output: no add launch).
+    `settled`: x, ids and weights were written two or more kernels back (see the module). No
     host sync (CUDA-graph capturable)."""
     (t, hidden), top_k = x.shape, ids.shape[1]
     inter = gate_up.shape[1] // 2
     tile = tile or decode_tile(t, inter)
     ids = ids if ids.stride(1) == 1 else ids.contiguous()
     weights = weights if weights.stride(1) == 1 else weights.contiguous()
-    common = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl_launch(x))
+    pdl = pdl_launch(x)
+    common = dict(num_warps=tile.num_warps, num_stages=tile.num_stages, **pdl)
     h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     _gate_up_kernel[(t * top_k, triton.cdiv(inter, tile.block_n))](
         x, ids, weights, gate_up, gate_up_scale, h, inter, hidden, top_k, x.stride(0),
         ids.stride(0), weights.stride(0), gate_up.stride(0), gate_up.stride(1),
         gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0), float(limit),
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, EVEN_K=hidden % tile.block_k == 0,
-        **common)
+        SETTLED=settled and PRELOAD and pdl["PDL"], **common)
     # Shares in whole steps, none empty.
     steps_per_split = triton.cdiv(triton.cdiv(inter, tile.down_split), tile.down_block_k)
     split = triton.cdiv(inter, steps_per_split * tile.down_block_k)

@@ -75,11 +75,13 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 def fp4_moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                         gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                         down_scale: torch.Tensor, limit: float,
-                        add: torch.Tensor | None = None) -> torch.Tensor:
+                        add: torch.Tensor | None = None, settled: bool = False) -> torch.Tensor:
     """`moe_experts_ref` over FP4 experts, dequantized to x's dtype first: gate_up
     [E, 2I, H/2] and down [E, H, I/2] packed e2m1 codes (uint8 or int8), their E8M0 scales
     [E, 2I, H/32] and [E, H, I/32] (uint8 or float8_e8m0fnu) -> [T, H] in x's dtype; plus
-    `add` ([T, H] in x's dtype, the shared expert's output) where given, as `moe` adds it."""
+    `add` ([T, H] in x's dtype, the shared expert's output) where given, as `moe` adds it.
+    `settled` (the kernels' launch hint: when x, ids and weights were written) changes
+    nothing here."""
     def dequant(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return torch.stack([dequant_fp4_ref(p, s, dtype=x.dtype)
                             for p, s in zip(packed, scale, strict=True)])

@@ -159,12 +159,14 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
                            down: torch.Tensor, down_scale: torch.Tensor, limit: float, *,
                            path: Literal["auto", "decode", "grouped"] = "auto",
                            tile: DecodeTile | None = None,
-                           add: torch.Tensor | None = None) -> torch.Tensor:
+                           add: torch.Tensor | None = None,
+                           settled: bool = False) -> torch.Tensor:
     """x [T, H] bf16/fp32, ids [T, k] int, weights [T, k] fp32, gate_up [E, 2I, H/2] and
     down [E, H, I/2] packed e2m1 (uint8/int8), scales [E, 2I, H/32], [E, H, I/32] E8M0
     (uint8/float8_e8m0fnu) -> [T, H] in x's dtype; `add` [T, H] in x's dtype, added to it
-    (on the decode path in the down kernel, before the result's rounding). No host sync
-    (CUDA-graph capturable).
+    (on the decode path in the down kernel, before the result's rounding); `settled`: x, ids
+    and weights were written two or more kernels back (the decode path may then compute
+    before its PDL wait: `decode.py`). No host sync (CUDA-graph capturable).
     `path` and `tile` (the decode path's) override `takes_decode_path` and `decode_tile`
     (benchmarks, tests)."""
     _check(x, ids, weights, gate_up, gate_up_scale, down, down_scale)
@@ -180,7 +182,7 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
     if path == "decode" or (path == "auto" and takes_decode_path(t * top_k)):
         if add is not None and add.stride(1) != 1:
             add = add.contiguous()
-        return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add)
+        return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add, settled)
     out = _grouped(x, ids, weights, *packed, limit)
     return out if add is None else out + add
 
