@@ -9,14 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import triton
-from triton.compiler import ASTSource
 
 from openinfer_kernels.attention.split import _split_kernel
 from openinfer_kernels.collective.push_triton import _push_data_add_rms_norm_kernel
 from openinfer_kernels.fp8_linear.triton import _fp8_linear_kernel
 from openinfer_kernels.gemm.triton import _linear_kernel
-from openinfer_kernels.testing.ttir import TARGET
+from openinfer_kernels.testing.ptx import around_the_wait, compile_ptx
 
 THREADS = 128  # triton.compile's default 4 warps
 
@@ -25,21 +23,9 @@ def _loads(kernel: Any, signature: dict[str, Any], constexprs: dict[str, Any]
            ) -> tuple[list[str], list[str]]:
     """The global loads' widths (b16, b32, ...) before and after the PTX's one
     `griddepcontrol.wait`."""
-    signature = {**signature, **{name: "constexpr" for name in constexprs}}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=TARGET)
-    assert compiled.asm["cubin"], "ptxas made no cubin"
-    order = []
-    for line in str(compiled.asm["ptx"]).splitlines():
-        words = line.split()
-        if words and words[0].startswith("@"):
-            words = words[1:]
-        if "griddepcontrol.wait" in line:
-            order.append("wait")
-        elif words and words[0].startswith("ld.global."):
-            order.append(words[0].rsplit(".", 1)[-1])
-    assert order.count("wait") == 1
-    wait = order.index("wait")
-    return order[:wait], order[wait + 1:]
+    before, after = around_the_wait(compile_ptx(kernel, signature, constexprs))
+    return ([op.rsplit(".", 1)[-1] for op in before if op.startswith("ld.")],
+            [op.rsplit(".", 1)[-1] for op in after if op.startswith("ld.")])
 
 
 SPLIT = {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",

@@ -5,23 +5,11 @@ of its own with TRITON_INTERPRET=0 (the interpreter patches what the compiler ne
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-import triton
-from triton.compiler import ASTSource
 
 from openinfer_kernels.fp8_linear.triton import _fp8_linear_kernel
 from openinfer_kernels.gemm.triton import _linear_kernel
-from openinfer_kernels.testing.ttir import TARGET
-
-
-def _ptx(kernel: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> str:
-    """`kernel` compiled for sm90 down to PTX and through ptxas (no GPU needed)."""
-    signature = {**signature, **{name: "constexpr" for name in constexprs}}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=TARGET)
-    assert compiled.asm["cubin"], "ptxas made no cubin"
-    return str(compiled.asm["ptx"])
+from openinfer_kernels.testing.ptx import compile_ptx as _ptx
 
 
 def _order(ptx: str) -> list[str]:
