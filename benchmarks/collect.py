@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 TABLE_LOGS = {"dsv4-gemm.log", "dsv4-mhc.log"}
-DROP = {"ttfts", "itls", "e2els", "input_lens", "output_lens", "errors", "latencies"}
+DROP = {"ttfts", "itls", "e2els", "input_lens", "output_lens", "errors", "latencies",
+        "start_times"}
 
 
 def slim(value: object) -> object:

@@ -18,14 +18,11 @@ pack_results() {
     -exec sh -c 'tail -c 4000000 "$1" > "$1.tail" && mv "$1.tail" "$1"' _ {} \;
   # A long served run's per-request lists (16,384 requests' token gaps: ~17 MB a file; run 189's
   # archive came back over the limit) were read on the device (dp_timeline.py); what comes back
-  # keeps the summaries, as benchmarks/collect.py would.
+  # keeps the summaries: benchmarks/collect.py's `slim`, which drops them there anyway.
   find "$OUT" -maxdepth 1 -type f -name '*.json' -size +4M -exec python3 -c '
-import json, sys
-drop = {"ttfts", "itls", "e2els", "input_lens", "output_lens", "errors", "latencies",
-        "start_times"}
-run = json.load(open(sys.argv[1]))
-if isinstance(run, dict):
-    json.dump({k: v for k, v in run.items() if k not in drop}, open(sys.argv[1], "w"))' {} \;
+import json, runpy, sys
+slim = runpy.run_path("benchmarks/collect.py")["slim"]
+json.dump(slim(json.load(open(sys.argv[1]))), open(sys.argv[1], "w"))' {} \;
   if [ "$(ls "$OUT" | grep -v '^fi-jit' | wc -l)" -gt 8 ]; then
     (cd "$OUT" && ls | grep -v '^fi-jit' | tar -czf /tmp/openinfer-results.tgz -T - \
       && ls | grep -v '^fi-jit' | xargs rm -rf) && mv /tmp/openinfer-results.tgz "$OUT"/

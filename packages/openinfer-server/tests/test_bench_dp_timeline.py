@@ -3,22 +3,15 @@ engines' samples, on the wall clock."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "device" / "dp_timeline.py"
+from device_scripts import load_device_script
 
 
 @pytest.fixture(scope="module")
 def dp_timeline() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dp_timeline", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_device_script("dp_timeline")
 
 
 def test_the_gap_and_the_full_window(dp_timeline: ModuleType) -> None:

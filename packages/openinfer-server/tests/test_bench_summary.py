@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-SUMMARY = Path(__file__).resolve().parents[3] / "benchmarks" / "device" / "summary.py"
+from device_scripts import load_device_script
 
 
 @pytest.fixture(scope="module")
 def summary() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_summary", SUMMARY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_device_script("summary")
 
 
 def _ms(name: str, median: float, p99: float) -> dict[str, float]:

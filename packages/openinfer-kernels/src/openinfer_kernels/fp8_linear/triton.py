@@ -92,51 +92,45 @@ def _block_scales(ptrs, mask, E8M0: tl.constexpr):
 
 
 @triton.jit
-def _step_tile(w_ptr, s_ptr, rn, n_ok, k, k_end, stride_wn, stride_sn, BLOCK_K: tl.constexpr,
-               SUB: tl.constexpr, E8M0: tl.constexpr):
-    """Weight rows `rn`'s K step from k ([BLOCK_N, BLOCK_K] e4m3, none at or past k_end) and
-    the fp32 scales of its SUB-wide pieces ([BLOCK_N, BLOCK_K // SUB])."""
+def _step_weights(w_rows, n_ok, k, k_end, BLOCK_K: tl.constexpr):
+    """A K step of the weight rows at `w_rows` ([BLOCK_N, 1] pointers) from k: [BLOCK_N,
+    BLOCK_K] e4m3, none at or past k_end, none of the rows not `n_ok`."""
     rk = k + tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :],
-                mask=n_ok[:, None] & (rk < k_end)[None, :], other=0.0)
-    kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
-    s = _block_scales(s_ptr + (rn // 128)[:, None] * stride_sn + kb[None, :],
-                      n_ok[:, None] & (kb * 128 < k_end)[None, :], E8M0)
-    return w, s
+    return tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_end)[None, :], other=0.0)
 
 
 @triton.jit
-def _fold_step(acc, w, s, x_ptr, k, k_end, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _step_part(w, x_ptr, k, k_end, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                SUB: tl.constexpr):
-    """acc plus one K step: the activation row's BLOCK_K values from k times the tile `w`,
-    each SUB-wide piece summed, then scaled by `s`."""
+    """The activation row's BLOCK_K values from k times the step's tile `w`, each SUB-wide
+    piece summed: fp32 [BLOCK_N, BLOCK_K // SUB]."""
     rk = k + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + rk, mask=rk < k_end, other=0.0)
     prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
-    part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
-    return acc + tl.sum(part * s, axis=1)
+    return tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
 
 
 @triton.jit
-def _rows1(acc, x_ptr, w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
-           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-           E8M0: tl.constexpr):
-    """[BLOCK_N] fp32: `acc` plus one activation row times weight rows `rn` over K in
-    [k_start, k_end), a step at a time in order; each SUB-wide piece of a step
-    (SUB = min(BLOCK_K, 128)) summed, then scaled (`_step_tile` and `_fold_step`'s sums, the
-    loads in the order measured before them: weights, inputs, scales)."""
-    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
-    s_rows = s_ptr + (rn // 128)[:, None] * stride_sn
+def _step_scales(s_rows, n_ok, k, k_end, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+                 E8M0: tl.constexpr):
+    """The fp32 scales of a K step's SUB-wide pieces ([BLOCK_N, BLOCK_K // SUB]) of the rows
+    whose scale rows are at `s_rows` ([BLOCK_N, 1] pointers)."""
+    kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
+    return _block_scales(s_rows + kb[None, :], n_ok[:, None] & (kb * 128 < k_end)[None, :],
+                         E8M0)
+
+
+@triton.jit
+def _rows1(acc, x_ptr, w_rows, s_rows, n_ok, k_start, k_end, BLOCK_N: tl.constexpr,
+           BLOCK_K: tl.constexpr, SUB: tl.constexpr, E8M0: tl.constexpr):
+    """[BLOCK_N] fp32: `acc` plus one activation row times the weight rows at `w_rows` (their
+    scale rows at `s_rows`) over K in [k_start, k_end), a step at a time in order; each
+    SUB-wide piece of a step (SUB = min(BLOCK_K, 128)) summed, then scaled. A step loads the
+    weights, the inputs, then the scales."""
     for k in range(k_start, k_end, BLOCK_K):
-        rk = k + tl.arange(0, BLOCK_K)
-        k_ok = rk < k_end
-        w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_ptr + rk, mask=k_ok, other=0.0)
-        prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
-        part = tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // SUB, SUB]), axis=2)
-        kb = k // 128 + tl.arange(0, BLOCK_K // SUB)
-        s = _block_scales(s_rows + kb[None, :],
-                          n_ok[:, None] & (kb * 128 < k_end)[None, :], E8M0)
+        w = _step_weights(w_rows, n_ok, k, k_end, BLOCK_K)
+        part = _step_part(w, x_ptr, k, k_end, BLOCK_N, BLOCK_K, SUB)
+        s = _step_scales(s_rows, n_ok, k, k_end, BLOCK_K, SUB, E8M0)
         acc += tl.sum(part * s, axis=1)
     return acc
 
@@ -197,28 +191,35 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     if GATED:
         prefetch_rows(w_ptr, rn + N, n_ok & (pid_m == 0), k_start, k_end, stride_wn, PREFETCH,
                       LINE)
+    # The one-row path's weight and scale rows (gated: u and t, the up rows').
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * stride_wn
+    s_rows = s_ptr + (rn // 128)[:, None] * stride_sn
+    u_rows = w_ptr + (rn + N)[:, None].to(tl.int64) * stride_wn
+    t_rows = s_ptr + ((rn + N) // 128)[:, None] * stride_sn
     if PRELOAD:  # the weights and scales, never the previous kernel's output
-        w0, s0 = _step_tile(w_ptr, s_ptr, rn, n_ok, k_start, k_end, stride_wn, stride_sn,
-                            BLOCK_K, SUB, E8M0)
+        w0 = _step_weights(w_rows, n_ok, k_start, k_end, BLOCK_K)
+        s0 = _step_scales(s_rows, n_ok, k_start, k_end, BLOCK_K, SUB, E8M0)
         if GATED:
-            u0, t0 = _step_tile(w_ptr, s_ptr, rn + N, n_ok, k_start, k_end, stride_wn,
-                                stride_sn, BLOCK_K, SUB, E8M0)
+            u0 = _step_weights(u_rows, n_ok, k_start, k_end, BLOCK_K)
+            t0 = _step_scales(t_rows, n_ok, k_start, k_end, BLOCK_K, SUB, E8M0)
     pdl_enter(PDL)
     if BLOCK_M == 1:
         x_row = x_ptr + pid_m * stride_xm
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         first = k_start
         if PRELOAD:
-            acc = _fold_step(acc, w0, s0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
+            acc += tl.sum(_step_part(w0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB) * s0,
+                          axis=1)
             first = k_start + BLOCK_K
-        acc = _rows1(acc, x_row, w_ptr, s_ptr, rn, n_ok, first, k_end, stride_wn, stride_sn,
-                     BLOCK_N, BLOCK_K, SUB, E8M0)
+        acc = _rows1(acc, x_row, w_rows, s_rows, n_ok, first, k_end, BLOCK_N, BLOCK_K, SUB,
+                     E8M0)
         if GATED:
             up = tl.zeros([BLOCK_N], dtype=tl.float32)
             if PRELOAD:
-                up = _fold_step(up, u0, t0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
-            up = _rows1(up, x_row, w_ptr, s_ptr, rn + N, n_ok, first, k_end, stride_wn,
-                        stride_sn, BLOCK_N, BLOCK_K, SUB, E8M0)
+                up += tl.sum(_step_part(u0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB) * t0,
+                             axis=1)
+            up = _rows1(up, x_row, u_rows, t_rows, n_ok, first, k_end, BLOCK_N, BLOCK_K, SUB,
+                        E8M0)
             if SERIAL:  # this share's gate and up columns; the last share gates the sum
                 out = out_ptr + (split * M + pid_m).to(tl.int64) * (2 * N) + rn
                 tl.store(out + N, up, mask=n_ok)
