@@ -4,7 +4,11 @@ bench serve`'s result, its `start_times`, TTFTs and token gaps) against inside t
 difference is the requests that the client counts in flight and no engine holds: on their way
 in (HTTP, the frontend, routing) or out (the last token to the client, the next request). It
 reports that gap and the output throughput over the whole run, and over the window where the
-client held all of `--max-concurrency` in flight (the run without its ramp-up and drain).
+client held all of `--max-concurrency` in flight (the run without its ramp-up and drain). A
+request's time is then split: its mean TTFT and latency at the client against the frontends'
+own (`replica_balance.py`'s `frontend`: the difference is the way in and out over HTTP), and a
+slot's cycle at the limit (limit / requests finished per second) against the client's latency
+(the difference: from a request's last chunk to its successor's sending).
 
 Usage: python dp_timeline.py BENCH_RESULT.json REPLICA_BALANCE.json [--json F]"""
 
@@ -56,8 +60,26 @@ def engine_load(samples: list[tuple[float, dict[str, float]]], times: list[float
     return sum(samples[j][1].values())
 
 
-def timeline(run: dict[str, Any], samples: list[tuple[float, dict[str, float]]]
-             ) -> dict[str, Any]:
+def request_split(run: dict[str, Any], full_throughput: float | None,
+                  frontend: dict[str, float]) -> dict[str, float | None]:
+    """Mean seconds of a successful request: TTFT and latency (to its last chunk) at the client
+    and at the frontends, and a slot's cycle at the limit (None without a full second)."""
+    ok = [(ttft, ttft + sum(gaps), tokens) for ttft, gaps, tokens, error
+          in zip(run["ttfts"], run["itls"], run["output_lens"], run["errors"], strict=True)
+          if not error and tokens]
+    if not ok:
+        return {}
+    tokens = sum(t for _, _, t in ok) / len(ok)
+    return {"client_ttft_s": sum(t for t, _, _ in ok) / len(ok),
+            "client_latency_s": sum(e for _, e, _ in ok) / len(ok),
+            "frontend_ttft_s": frontend.get("ttft_mean_s"),
+            "frontend_e2e_s": frontend.get("e2e_mean_s"),
+            "slot_cycle_s": (run["max_concurrency"] * tokens / full_throughput
+                             if full_throughput else None)}
+
+
+def timeline(run: dict[str, Any], samples: list[tuple[float, dict[str, float]]],
+             frontend: dict[str, float] | None = None) -> dict[str, Any]:
     duration, limit = run["duration"], run["max_concurrency"]
     started = run["started_at_unix"]
     tokens = sorted(token_times(run))
@@ -87,6 +109,7 @@ def timeline(run: dict[str, Any], samples: list[tuple[float, dict[str, float]]]
         "gap_mean": (mean(paired, "client") - mean(paired, "engines")) if paired else None,
         "gap_mean_full": ((mean(paired_full, "client") - mean(paired_full, "engines"))
                           if paired_full else None),
+        "requests": request_split(run, mean(full, "tokens"), frontend or {}),
         "seconds": seconds,
     }
 
@@ -100,8 +123,9 @@ def main() -> None:
     with open(args.bench) as f:
         run = json.load(f)
     with open(args.balance) as f:
-        samples = [(t, values) for t, values in json.load(f).get("samples", [])]
-    r = timeline(run, sorted(samples, key=lambda s: s[0]))
+        balance = json.load(f)
+    samples = [(t, values) for t, values in balance.get("samples", [])]
+    r = timeline(run, sorted(samples, key=lambda s: s[0]), balance.get("frontend"))
 
     def fmt(v: float | None, spec: str = ".0f") -> str:
         return "n/a" if v is None else format(v, spec)
@@ -112,6 +136,13 @@ def main() -> None:
           f"in flight at the client {fmt(r['client_in_flight_mean'])}, in the engines "
           f"{fmt(r['engines_mean'])}: a gap of {fmt(r['gap_mean'])} ({fmt(r['gap_mean_full'])} "
           f"at the limit)")
+    q = r["requests"]
+    if q:
+        print(f"  a request, mean s: TTFT client {fmt(q['client_ttft_s'], '.3f')} / frontends "
+              f"{fmt(q['frontend_ttft_s'], '.3f')}; to its end client "
+              f"{fmt(q['client_latency_s'], '.3f')} / frontends "
+              f"{fmt(q['frontend_e2e_s'], '.3f')}; a slot's cycle at the limit "
+              f"{fmt(q['slot_cycle_s'], '.3f')}")
     for row in r["seconds"]:
         print(f"  {row['t']:4d} s  client {row['client']:5d}  engines "
               f"{fmt(row['engines']):>5}  tokens {row['tokens']:8.0f}")

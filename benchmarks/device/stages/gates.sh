@@ -106,7 +106,7 @@ stage_preload() {
   # their tests and the decode attention tests compiled with all on (real PDL), then batch-1
   # TPOT of Qwen3-8B bf16 and kept FP8 at each setting of PRELOADS ("0 1": off, the baseline of
   # the same call, then all; a kernel's name, or a comma list, for one at a time); TP_SIZES > 1
-  # adds Qwen3-8B at those TP sizes (the push add-norm's preload).
+  # adds Qwen3-8B at those TP sizes (the push add-norm's preload); PRELOAD_BREAKDOWN, below.
   local m8fp8=/tmp/qwen3-8b-fp8 pre run tp
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-8B', '$m8fp8', fp8=True)"
   stage "PDL preload tests and decode attention tests, compiled, OPENINFER_PDL_PRELOAD=1"
@@ -127,5 +127,14 @@ stage_preload() {
     for tp in ${TP_SIZES:-1}; do
       [ "$tp" = 1 ] || tp_latency 8b $M8 $tp "preload-${pre//,/-}" OPENINFER_PDL_PRELOAD=$pre
     done
+  done
+  # PRELOAD_BREAKDOWN (a PRELOADS setting): the decode step of both by kernel at it, against
+  # the weight-read floor (where kept FP8's time above its floor goes).
+  [ -n "${PRELOAD_BREAKDOWN:-}" ] || return 0
+  for run in 8b:$M8 8b-fp8:$m8fp8; do
+    stage "batch-1 decode step by kernel, Qwen3-${run%%:*}, OPENINFER_PDL_PRELOAD=$PRELOAD_BREAKDOWN"
+    OPENINFER_PDL_PRELOAD=$PRELOAD_BREAKDOWN timeout 150 python3 benchmarks/device/decode_breakdown.py \
+      ${run#*:} --json "$OUT/breakdown-qwen3-${run%%:*}.json" > "$OUT/breakdown-qwen3-${run%%:*}.log" 2>&1
+    tail -25 "$OUT/breakdown-qwen3-${run%%:*}.log"
   done
 }

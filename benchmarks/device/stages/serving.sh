@@ -81,7 +81,7 @@ stage_dp() {
     python3 benchmarks/device/dp_timeline.py "$OUT/serve-8b-128-dp$dp.json" \
       "$OUT/replica-balance-dp$dp.json" --json "$OUT/dp-timeline-dp$dp.json" \
       > "$OUT/dp-timeline-dp$dp.log" 2>&1
-    head -1 "$OUT/dp-timeline-dp$dp.log"
+    head -2 "$OUT/dp-timeline-dp$dp.log"
     stage "2-turn conversations, --data-parallel-size $dp: second turns' prefix-cache hits"
     timeout 200 python3 benchmarks/device/multiturn_cache.py --conversations 256 \
       --concurrency 128 --first-len 1024 --next-len 128 --output-len 64 \

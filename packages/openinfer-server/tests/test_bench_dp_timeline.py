@@ -40,6 +40,14 @@ def test_the_gap_and_the_full_window(dp_timeline: ModuleType) -> None:
     assert r["full_seconds"] == 4
     assert r["full_output_throughput"] == pytest.approx(18.0 / 4)
     assert r["gap_mean"] == pytest.approx(0.0) and r["gap_mean_full"] == pytest.approx(0.0)
+    # The four successes average TTFT 0.5 s, 2.0 s to their last chunk, 5 tokens; 4.5 tokens
+    # a second at the limit of 2 make a slot's cycle 2 * 5 / 4.5 s (2.6 s in this run, its
+    # last pair ending early). No frontend figures were given.
+    q = r["requests"]
+    assert q["client_ttft_s"] == pytest.approx(0.5)
+    assert q["client_latency_s"] == pytest.approx(2.0)
+    assert q["slot_cycle_s"] == pytest.approx(2 * 5 / 4.5)
+    assert q["frontend_ttft_s"] is None and q["frontend_e2e_s"] is None
 
 
 def test_a_gap_shows(dp_timeline: ModuleType) -> None:
@@ -49,9 +57,11 @@ def test_a_gap_shows(dp_timeline: ModuleType) -> None:
            "itls": [[0.9]] * 4, "output_lens": [2] * 4, "errors": [""] * 4}
     samples = [(50.0 + t, {"0 running": 1.0, "1 running": 2.0, "0 waiting": 0.0})
                for t in (0.4, 1.4)]
-    r = dp_timeline.timeline(run, samples)
+    r = dp_timeline.timeline(run, samples, {"ttft_mean_s": 0.75, "e2e_mean_s": 1.5})
     assert r["gap_mean"] == pytest.approx(1.0) and r["gap_mean_full"] == pytest.approx(1.0)
     assert r["engines_mean"] == pytest.approx(3.0)
+    assert r["requests"]["frontend_ttft_s"] == 0.75 and r["requests"]["frontend_e2e_s"] == 1.5
+    assert r["requests"]["client_latency_s"] == pytest.approx(1.9)
 
 
 def test_no_sample_near_a_second(dp_timeline: ModuleType) -> None:
@@ -60,3 +70,16 @@ def test_no_sample_near_a_second(dp_timeline: ModuleType) -> None:
            "output_lens": [1], "errors": [""]}
     r = dp_timeline.timeline(run, [(10.0, {"0 running": 1.0})])
     assert r["seconds"][0]["engines"] is None and r["gap_mean"] is None
+
+
+def test_the_frontends_means() -> None:
+    """Each scrape's own mean (one frontend's sum / count), averaged over the last scrapes;
+    a scrape before any request (count 0) is left out."""
+    balance = load_device_script("replica_balance")
+    scrapes = [{"ttft_sum": 0.0, "ttft_count": 0.0},
+               {"ttft_sum": 2.0, "ttft_count": 10.0, "e2e_sum": 40.0, "e2e_count": 10.0},
+               {"ttft_sum": 6.0, "ttft_count": 20.0, "e2e_sum": 100.0, "e2e_count": 20.0}]
+    means = balance.frontend_means(scrapes)
+    assert means["ttft_mean_s"] == pytest.approx((0.2 + 0.3) / 2)
+    assert means["e2e_mean_s"] == pytest.approx((4.0 + 5.0) / 2)
+    assert balance.frontend_means([{}]) == {}

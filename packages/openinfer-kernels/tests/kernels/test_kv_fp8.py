@@ -195,7 +195,7 @@ def test_qk_norm_rope_append_quantizes_as_the_reference(scale_name, heads):
     want_q = qk_norm_rope_append_ref(*args, 1e-6, *rest, caches[2], caches[3],
                                      slots.to(DEVICE), **scale_args)
     torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
-    assert torch.equal(caches[1].view(torch.uint8), caches[3].view(torch.uint8))  # v: exact
+    assert_same_bytes(caches[1], caches[3], v.to(DEVICE) / per_head(v_scale))  # v: exact
     # k: the fp32 math of kernel and reference may differ in the last bit, which can move a
     # value sitting on a rounding boundary to the next e4m3 step; anything more is a bug.
     got_k, want_k = dequantize_kv(caches[0], k_scale), dequantize_kv(caches[2], k_scale)
@@ -206,6 +206,21 @@ def test_qk_norm_rope_append_quantizes_as_the_reference(scale_name, heads):
 
 
 # --- reading e4m3 pages: the attention kernels against the reference ----------------------------
+
+def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, values: torch.Tensor) -> None:
+    """Two e4m3 caches byte for byte; on a difference, the first few differing bytes with the
+    values whose quantization the stores hold (`values`, [T, Hk, D] scaled, in token order:
+    named by value, since the cache holds them at their slots)."""
+    differ = got.view(torch.uint8) != want.view(torch.uint8)
+    if differ.any():
+        where = differ.nonzero()[:6].tolist()
+        rows = [(w, hex(got.view(torch.uint8)[tuple(w)].item()),
+                 hex(want.view(torch.uint8)[tuple(w)].item())) for w in where]
+        near = [values.flatten()[(values.flatten() - float(want[tuple(w)].float())).abs()
+                                 .argmin()].item() for w in where]
+        raise AssertionError(f"{int(differ.sum())} of {differ.numel()} bytes differ: (index, "
+                             f"kernel, reference) {rows}; the nearest scaled inputs {near}")
+
 
 def fp8_case(reqs: list[Req], hq: int, hk: int, d: int, dtype: torch.dtype, scale_name: str,
              seed: int = 0) -> tuple[Case, torch.Tensor, torch.Tensor]:
