@@ -84,11 +84,17 @@ PREFETCH_BUDGET = prefetch_budget()
 PRELOAD_ENV = "OPENINFER_PDL_PRELOAD"
 # Each module that reads one names it; `experts` is DeepSeek-V4's FP4 experts at decode.
 PRELOAD_KERNELS = ("attention", "push", "linear", "fp8", "experts")
+# On unless the variable says otherwise: those that measured faster. The FP8 one-row linears'
+# first tile took Qwen3-8B FP8's batch-1 TPOT from 3.80 to 3.59 ms (bf16 5.65 either way);
+# the attention's and the bf16 linears' measured no faster or slower (`gpu_check.sh preload`
+# with PRELOADS="0 attention fp8 linear", H100).
+DEFAULT_PRELOADS = "fp8"
 
 
 def preloads(kernel: str) -> bool:
-    """Whether `OPENINFER_PDL_PRELOAD` names `kernel` (one of PRELOAD_KERNELS)."""
-    raw = os.environ.get(PRELOAD_ENV, "0").strip()
+    """Whether `OPENINFER_PDL_PRELOAD` (unset: DEFAULT_PRELOADS) names `kernel` (one of
+    PRELOAD_KERNELS)."""
+    raw = os.environ.get(PRELOAD_ENV, DEFAULT_PRELOADS).strip()
     if raw in ("", "0"):
         return False
     names = set(PRELOAD_KERNELS) if raw in ("1", "all") else {

@@ -200,6 +200,8 @@ def test_the_switch_names_the_kernels(monkeypatch):
                     ("attention, push", {"attention", "push"})):
         monkeypatch.setenv(PRELOAD_ENV, raw)
         assert {k for k in PRELOAD_KERNELS if preloads(k)} == on, raw
+    monkeypatch.delenv(PRELOAD_ENV)
+    assert {k for k in PRELOAD_KERNELS if preloads(k)} == {"fp8"}  # the measured default
     monkeypatch.setenv(PRELOAD_ENV, "fp8,lm_head")
     with pytest.raises(ValueError, match="lm_head"):
         preloads("fp8")
