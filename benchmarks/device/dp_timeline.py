@@ -6,7 +6,8 @@ in (HTTP, the frontend, routing) or out (the last token to the client, the next 
 reports that gap and the output throughput over the whole run, and over the window where the
 client held all of `--max-concurrency` in flight (the run without its ramp-up and drain). A
 request's time is then split: its mean TTFT and latency at the client against the frontends'
-own (`replica_balance.py`'s `frontend`: the difference is the way in and out over HTTP), and a
+own (`replica_balance.py`'s `frontend`: the difference is the way in and out over HTTP, and
+the frontends' intake, from a request reaching the app to the start of their clock), and a
 slot's cycle at the limit (limit / requests finished per second) against the client's latency
 (the difference: from a request's last chunk to its successor's sending).
 
@@ -72,6 +73,7 @@ def request_split(run: dict[str, Any], full_throughput: float | None,
     tokens = sum(t for _, _, t in ok) / len(ok)
     return {"client_ttft_s": sum(t for t, _, _ in ok) / len(ok),
             "client_latency_s": sum(e for _, e, _ in ok) / len(ok),
+            "frontend_intake_s": frontend.get("intake_mean_s"),
             "frontend_ttft_s": frontend.get("ttft_mean_s"),
             "frontend_e2e_s": frontend.get("e2e_mean_s"),
             "slot_cycle_s": (run["max_concurrency"] * tokens / full_throughput
@@ -139,7 +141,8 @@ def main() -> None:
     q = r["requests"]
     if q:
         print(f"  a request, mean s: TTFT client {fmt(q['client_ttft_s'], '.3f')} / frontends "
-              f"{fmt(q['frontend_ttft_s'], '.3f')}; to its end client "
+              f"{fmt(q['frontend_ttft_s'], '.3f')} after an intake of "
+              f"{fmt(q['frontend_intake_s'], '.3f')}; to its end client "
               f"{fmt(q['client_latency_s'], '.3f')} / frontends "
               f"{fmt(q['frontend_e2e_s'], '.3f')}; a slot's cycle at the limit "
               f"{fmt(q['slot_cycle_s'], '.3f')}")

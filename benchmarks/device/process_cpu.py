@@ -78,10 +78,11 @@ def main() -> None:
     wall = wall1 - wall0
     per_role: dict[str, list[float]] = defaultdict(list)
     for pid, (_, _, ticks, _) in after.items():
-        if pid in before:
-            share = (ticks - before[pid][2]) / TICKS / wall
-            if share > 0.01:
-                per_role[_role(pid, after)].append(share)
+        # A process started within the window (the bench client's workers, spawned once its
+        # warmup is done) counts all its ticks.
+        share = (ticks - (before[pid][2] if pid in before else 0)) / TICKS / wall
+        if share > 0.01:
+            per_role[_role(pid, after)].append(share)
     cores = (busy1[0] - busy0[0]) / max(1, busy1[1] - busy0[1]) * (os.cpu_count() or 1)
     report = {"window_s": round(wall, 1), "busy_cores": round(cores, 2),
               "cpus": os.cpu_count(), "roles": {}}

@@ -5,9 +5,10 @@ samples where the server had any request (the mean counts the ramp-up and drain;
 nearer the steady state). A replica that queues while another has free slots means the router,
 not the engines, sets the served throughput. The JSON also keeps every sample with its unix
 time (`samples`), which `dp_timeline.py` lines up with the bench's requests, and the frontends'
-own mean TTFT and end-to-end latency (arrival at a frontend to its first token / its end,
-`frontend`): each scrape is answered by one frontend, so these are the mean over the last
-scrapes' per-frontend means, set beside the client's in `dp_timeline.py`.
+own mean TTFT and end-to-end latency (arrival at a frontend to its first token / its end) and
+intake (reaching the app to that arrival), `frontend`: each scrape is answered by one
+frontend, so these are the mean over the last scrapes' per-frontend means, set beside the
+client's in `dp_timeline.py`.
 
 Usage: python replica_balance.py [--base-url URL] [--seconds 120] [--interval 0.5] [--json F]"""
 
@@ -26,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 GAUGES = {"openinfer:num_requests_running": "running", "openinfer:num_requests_waiting": "waiting"}
 # The answering frontend's histograms: (sum, count) of each
 LATENCIES = {"openinfer:time_to_first_token_seconds": "ttft",
-             "openinfer:e2e_request_latency_seconds": "e2e"}
+             "openinfer:e2e_request_latency_seconds": "e2e",
+             "openinfer:request_intake_seconds": "intake"}
 LAST_SCRAPES = 16  # the frontend means: over this many last scrapes (4 frontends: ~4 each)
 
 

@@ -44,11 +44,12 @@ stage_dp() {
   # its ramp-up and drain weighed ~10 % of it. Then 2-turn conversations whose second turns
   # should hit the prefix cache, under both; then one DP2 replica killed under load: its
   # streams end with an error within 15 s, the others finish, the server exits 1 and no
-  # openinfer process is left.
+  # openinfer process is left. DP_SIZES (1 2), DP_CLIENTS (--client-processes values, a bench
+  # each; 0, the bench's choice) and DP_EXTRAS=0 (the throughput alone) narrow a run.
   local gpus servers=${DP_API_SERVERS:-4} dp pid
   gpus=$(nvidia-smi -L | wc -l)
   if [ "$gpus" -lt 2 ]; then echo "dp: needs 2 GPUs, this machine shows $gpus; skipped"; return; fi
-  for dp in 1 2; do
+  for dp in ${DP_SIZES:-1 2}; do
     stage "served throughput, Qwen3-8B, 128/128 at concurrency 1024, --data-parallel-size $dp"
     echo "=== --data-parallel-size $dp" >> "$OUT/serve-dp.log"
     OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $M8 \
@@ -61,27 +62,36 @@ stage_dp() {
       stop $server
       continue
     fi
-    # Each replica's running and waiting requests, sampled through the bench.
-    python3 benchmarks/device/replica_balance.py --seconds 300 \
-      --json "$OUT/replica-balance-dp$dp.json" > "$OUT/replica-balance-dp$dp.log" 2>&1 &
-    local balance=$!
-    # Each role's CPU (engines, frontends, bench client) over 10 s once the load has ramped up.
-    python3 benchmarks/device/process_cpu.py --delay 6 --seconds 10 \
-      --json "$OUT/process-cpu-dp$dp.json" > "$OUT/process-cpu-dp$dp.log" 2>&1 &
-    local cpu=$!
-    timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
-      --random-output-len 128 --num-prompts ${DP_PROMPTS:-8192} --max-concurrency 1024 \
-      --request-rate inf --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-dp$dp.json" \
-      | grep -E "throughput|TTFT|TPOT|Failed"
-    kill $balance 2>/dev/null; wait $balance 2>/dev/null
-    wait $cpu 2>/dev/null
-    cat "$OUT/replica-balance-dp$dp.log" "$OUT/process-cpu-dp$dp.log"
-    # The requests the client held in flight against those the engines held, second by
-    # second (the gap: on their way in or out), and the throughput at the limit alone.
-    python3 benchmarks/device/dp_timeline.py "$OUT/serve-8b-128-dp$dp.json" \
-      "$OUT/replica-balance-dp$dp.json" --json "$OUT/dp-timeline-dp$dp.json" \
-      > "$OUT/dp-timeline-dp$dp.log" 2>&1
-    head -2 "$OUT/dp-timeline-dp$dp.log"
+    for clients in ${DP_CLIENTS:-0}; do
+      # DP_CLIENTS: --client-processes values, one bench each (0: the bench's own choice).
+      local tag="dp$dp" flags=""
+      if [ "$clients" != 0 ]; then tag="dp$dp-c$clients"; flags="--client-processes $clients"; fi
+      # Each replica's running and waiting requests, sampled through the bench.
+      python3 benchmarks/device/replica_balance.py --seconds 300 \
+        --json "$OUT/replica-balance-$tag.json" > "$OUT/replica-balance-$tag.log" 2>&1 &
+      local balance=$!
+      # Each role's CPU (engines, frontends, bench client) over 10 s once the load has ramped up.
+      python3 benchmarks/device/process_cpu.py --delay 8 --seconds 10 \
+        --json "$OUT/process-cpu-$tag.json" > "$OUT/process-cpu-$tag.log" 2>&1 &
+      local cpu=$!
+      timeout 300 python3 -m openinfer_server.cli bench serve --random-input-len 128 \
+        --random-output-len 128 --num-prompts ${DP_PROMPTS:-8192} --max-concurrency 1024 \
+        --request-rate inf --ignore-eos --tokenizer $M8 --result-file "$OUT/serve-8b-128-$tag.json" \
+        $flags | grep -E "throughput|TTFT|TPOT|Failed|client processes"
+      kill $balance 2>/dev/null; wait $balance 2>/dev/null
+      wait $cpu 2>/dev/null
+      cat "$OUT/replica-balance-$tag.log" "$OUT/process-cpu-$tag.log"
+      # The requests the client held in flight against those the engines held, second by
+      # second (the gap: on their way in or out), and the throughput at the limit alone.
+      python3 benchmarks/device/dp_timeline.py "$OUT/serve-8b-128-$tag.json" \
+        "$OUT/replica-balance-$tag.json" --json "$OUT/dp-timeline-$tag.json" \
+        > "$OUT/dp-timeline-$tag.log" 2>&1
+      head -2 "$OUT/dp-timeline-$tag.log"
+    done
+    if [ "${DP_EXTRAS:-1}" = 0 ]; then  # the throughput alone: no multi-turn run, no kill
+      stop $server
+      continue
+    fi
     stage "2-turn conversations, --data-parallel-size $dp: second turns' prefix-cache hits"
     timeout 200 python3 benchmarks/device/multiturn_cache.py --conversations 256 \
       --concurrency 128 --first-len 1024 --next-len 128 --output-len 64 \

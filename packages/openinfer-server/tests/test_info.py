@@ -116,6 +116,11 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI) -> No
     assert moved("openinfer:time_to_first_token_seconds_count") == 3
     assert moved("openinfer:e2e_request_latency_seconds_count") == 3
     assert moved("openinfer:inter_token_latency_seconds_count") == 4 + 4 + 2
+    # One intake a request (the completion's two prompts are one request), each shorter than
+    # the request's whole time at the frontend, which it precedes.
+    assert moved("openinfer:request_intake_seconds_count") == 2
+    assert 0 < moved("openinfer:request_intake_seconds_sum") < moved(
+        "openinfer:e2e_request_latency_seconds_sum")
     assert moved("openinfer:prefix_cache_queries_total") >= moved("openinfer:prompt_tokens_total")
 
 

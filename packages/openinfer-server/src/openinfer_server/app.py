@@ -18,7 +18,7 @@ from openinfer_server.auth import APIKeyMiddleware
 from openinfer_server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from openinfer_server.chat_output import ChatParsers
 from openinfer_server.errors import install_error_handlers
-from openinfer_server.metrics import CONTENT_TYPE, ServerMetrics
+from openinfer_server.metrics import CONTENT_TYPE, ArrivalMiddleware, ServerMetrics
 from openinfer_server.prompt_limit import PromptLimit
 from openinfer_server.request_id import RequestIdMiddleware
 from openinfer_server.state import ServerState, StateDep
@@ -62,12 +62,13 @@ def build_app(engine: EngineHandle, tokenizer: Tokenizer, *, served_model_names:
         is_demo=is_demo, sampling_defaults=dict(sampling_defaults or {}),
         parsers=parsers or ChatParsers())
     install_error_handlers(app)
-    # Added innermost first: a request is identified, then authenticated, then measured.
+    # Added innermost first: a request is stamped, identified, authenticated, then measured.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if api_key is not None:
         app.add_middleware(APIKeyMiddleware, api_key=api_key,
                            metrics_without_auth=metrics_without_auth)
-    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so 401s get one too
+    app.add_middleware(RequestIdMiddleware)  # outermost but one, so 401s get one too
+    app.add_middleware(ArrivalMiddleware)  # outermost: the intake clock starts first
     # An engine serves one task: generation routes are a 400 on an embedding engine.
     generate_only = [fastapi.Depends(embeddings.requires_generate)]
     app.include_router(completions.router, dependencies=generate_only)

@@ -44,6 +44,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         prompt = await state.threads.run(chat_prompt, body, state.tokenizer, state.prompt_limit)
     except TooManyTokensError as e:
         plan.max_tokens.refuse(e.count, state.max_model_len)
+    state.metrics.intake(request)
     runs = build_runs(state, request_id, [prompt], plan)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = ChatRenderer(request_id, state.model_name, names, logprobs=body.logprobs,

@@ -46,6 +46,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     except TooManyTokensError as e:
         plan.max_tokens.refuse(e.count, state.max_model_len)
     echoes = await state.threads.run(echo_texts, prompts, state, plan) if plan.echo else None
+    state.metrics.intake(request)
     runs = build_runs(state, request_id, prompts, plan, echoes)
     names = TokenText(state.tokenizer, as_ids=body.return_tokens_as_token_ids)
     renderer = CompletionRenderer(request_id, state.model_name, names,

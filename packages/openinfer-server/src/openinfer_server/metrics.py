@@ -1,9 +1,13 @@
-"""Prometheus metrics with vLLM's meanings under the `openinfer:` prefix.
+"""Prometheus metrics with vLLM's meanings under the `openinfer:` prefix, and one of our own:
+`openinfer:request_intake_seconds`, from a request reaching the app (`ArrivalMiddleware`) to
+the start of its TTFT clock (its body read and checked, its prompt tokenized), which grows
+when a frontend cannot keep up with what comes in.
 
 Each app owns its registry, so several servers in one process (tests) never share counters."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -14,6 +18,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openinfer_core.handle import EngineHandle, LoadSnapshot, supports_replica_loads
 from openinfer_core.interfaces.offload import RESTORE_BUCKETS, OffloadStats
@@ -53,6 +59,10 @@ class ServerMetrics:
         self._e2e = Histogram(
             "openinfer:e2e_request_latency_seconds", "Arrival to the request's end.", model,
             buckets=_LATENCY_BUCKETS, registry=reg)
+        self._intake = Histogram(
+            "openinfer:request_intake_seconds", "The request reaching the app to its arrival "
+            "(the start of the TTFT clock): body, checks, tokenization.", model,
+            buckets=_LATENCY_BUCKETS, registry=reg)
         reg.register(_EngineLoadCollector(engine, model_name))
         # The labelled children, looked up once: `labels()` per streamed token costs ~5% of a
         # frontend's time.
@@ -61,6 +71,14 @@ class ServerMetrics:
         self._ttft_m = self._ttft.labels(model_name)
         self._itl_m = self._itl.labels(model_name)
         self._e2e_m = self._e2e.labels(model_name)
+        self._intake_m = self._intake.labels(model_name)
+
+    def intake(self, request: Request) -> None:
+        """The time since `request` reached the app (`ArrivalMiddleware`'s stamp), observed
+        as its engine requests are built; nothing without the stamp."""
+        reached = getattr(request.state, ARRIVAL, None)
+        if reached is not None:
+            self._intake_m.observe(time.monotonic() - reached)
 
     def scheduled(self, prompt_tokens: int) -> None:
         self._prompt_tokens_m.inc(prompt_tokens)
@@ -79,6 +97,22 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+ARRIVAL = "reached_app"  # the request state's key for ArrivalMiddleware's stamp
+
+
+class ArrivalMiddleware:
+    """Stamps each HTTP request's `state` with the monotonic time it reached the app, before
+    any other middleware, its body or its route run. Plain ASGI: nothing else changes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})[ARRIVAL] = time.monotonic()
+        await self.app(scope, receive, send)
 
 
 class _EngineLoadCollector(Collector):

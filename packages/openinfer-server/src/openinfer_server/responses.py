@@ -52,6 +52,7 @@ async def create_response(body: ResponsesRequest, request: Request,
                                          "top_p": plan.sampling.top_p},
                           input_items=(*history, *body.input_items()),
                           store=state.responses if body.store else None)
+    state.metrics.intake(request)
     runs = build_runs(state, draft.id, [prompt], plan)
 
     def whole(choices: list[ChoiceResult]) -> dict[str, Any]:

@@ -24,27 +24,12 @@ import triton.language as tl
 from openinfer_kernels.activation.triton import silu_mul
 from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
+from openinfer_kernels.e4m3 import round_to_e4m3
 from openinfer_kernels.fp8_linear.reference import AMAX_FLOOR, E4M3_MAX, GROUP
 from openinfer_kernels.fp8_linear.triton import _block_scales, check_block_scales, sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 QUANT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-@triton.jit
-def _round_to_e4m3(v):
-    """fp32 v (|v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32: a
-    multiple of the e4m3 step at v's exponent (2^(e - 3), subnormals' 2^-9 below 2^-6),
-    |v| rounded by adding and taking away 2^23 (exact powers of two throughout), v's sign
-    bit put back (-0 stays -0)."""
-    bits = v.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    step_bits = (tl.maximum(exponent, -6) - 3 + 127) << 23
-    step = step_bits.to(tl.float32, bitcast=True)
-    inverse = ((254 << 23) - step_bits).to(tl.float32, bitcast=True)  # 1 / step
-    rounded = ((tl.abs(v) * inverse + 8388608.0) - 8388608.0) * step
-    return (rounded.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32,
-                                                                           bitcast=True)
 
 
 @triton.jit
@@ -60,7 +45,7 @@ def quantize_groups(x, AMAX_FLOOR: tl.constexpr, E4M3_MAX: tl.constexpr):
     scale = tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32))
     q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     q = tl.minimum(tl.maximum(q, -E4M3_MAX), E4M3_MAX)
-    return _round_to_e4m3(q), scale
+    return round_to_e4m3(q), scale
 
 
 @triton.jit(do_not_specialize=["M"])

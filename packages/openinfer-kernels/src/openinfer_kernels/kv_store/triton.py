@@ -10,27 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels.e4m3 import round_to_e4m3
 from openinfer_kernels.kv_store.reference import FP8_KV_DTYPE
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
-
-
-@triton.jit
-def _round_to_e4m3(x):
-    """fp32 `x` (|x| <= 448) rounded to the nearest e4m3 value, ties to even, still in fp32.
-    e4m3 steps are 2^(e - 3) for a value in [2^e, 2^(e+1)), e >= -6, and 2^-9 below 2^-6
-    (subnormals). Rounded here, the cast to e4m3 is exact: the GPU's cast rounds the same way,
-    and the Triton interpreter's (which truncates subnormals and drops the carry into the next
-    power of two) then agrees with it."""
-    bits = x.to(tl.int32, bitcast=True)
-    exponent = ((bits >> 23) & 0xFF) - 127
-    step_exponent = tl.maximum(exponent, -6) - 3
-    step = ((step_exponent + 127) << 23).to(tl.float32, bitcast=True)
-    inv_step = ((127 - step_exponent) << 23).to(tl.float32, bitcast=True)  # exact: 2^-e
-    # |x| / step is at most 16: adding and taking away 1.5 * 2^23 rounds it to an integer,
-    # ties to even (fp32 keeps no fraction bits there). The sign goes back on after, so that
-    # what rounds to zero keeps it (-0.0, as the cast gives).
-    rounded = ((tl.abs(x) * inv_step + 12582912.0) - 12582912.0) * step
-    return tl.where(bits < 0, -rounded, rounded)
 
 
 @triton.jit
@@ -40,7 +22,7 @@ def quantize_for_cache(x, inv_scale, FP8: tl.constexpr):
     # One return: Triton compiles every return of a function to one type, even behind a
     # constexpr branch.
     if FP8:  # noqa: SIM108 (a Triton constexpr branch, kept as statements)
-        out = _round_to_e4m3(tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0))
+        out = round_to_e4m3(tl.clamp(x.to(tl.float32) * inv_scale, -448.0, 448.0))
     else:
         out = x
     return out
