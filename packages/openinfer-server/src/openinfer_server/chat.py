@@ -41,7 +41,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     plan = await chat_plan(body, state)
     try:
-        prompt = await state.threads.run(chat_prompt, body, state.tokenizer, state.prompt_limit)
+        prompt = await state.threads.run_for(request, chat_prompt, body, state.tokenizer,
+                                             state.prompt_limit)
     except TooManyTokensError as e:
         plan.max_tokens.refuse(e.count, state.max_model_len)
     state.metrics.intake(request)

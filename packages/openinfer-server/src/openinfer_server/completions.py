@@ -40,8 +40,8 @@ async def create_completion(body: CompletionRequest, request: Request,
     request_id = f"cmpl-{uuid.uuid4().hex}"
     plan = await completion_plan(body, state)
     try:
-        prompts = await state.threads.run(
-            completion_prompts, body.prompt, state.tokenizer,
+        prompts = await state.threads.run_for(
+            request, completion_prompts, body.prompt, state.tokenizer,
             add_special_tokens=body.add_special_tokens, limit=state.prompt_limit)
     except TooManyTokensError as e:
         plan.max_tokens.refuse(e.count, state.max_model_len)

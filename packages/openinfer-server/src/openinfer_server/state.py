@@ -72,8 +72,9 @@ class ServerState:
             raise error
 
 
-def get_state(request: Request) -> ServerState:
-    """FastAPI dependency: this app's state."""
+async def get_state(request: Request) -> ServerState:
+    """FastAPI dependency: this app's state. A coroutine, so that FastAPI calls it on the
+    event loop: a plain function it would hand to a worker thread for every request."""
     state: ServerState = request.app.state.openinfer
     return state
 
