@@ -155,7 +155,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                          help="processes that send the requests, each with its share of the "
                               "arrivals and of the concurrency; one Python process parses "
                               "only ~7,000 streamed tokens/s, which a fast server outruns. "
-                              "0: one per 64 concurrent requests, up to half the CPUs and 8 "
+                              "0: one per 64 concurrent requests, up to half the CPUs "
                               "(default)")
     traffic.add_argument("--metric-percentiles", type=_percentiles, default=(99.0,),
                          metavar="P,...", help="percentiles to report (default 99)")
