@@ -1,21 +1,22 @@
-"""`ReplicaRouter` over scripted replicas: least-loaded routing (the engine's count plus this
-router's requests still on their way to it) with ties taken in turn, prefix affinity until the
+"""`ReplicaRouter` over scripted replicas: least-loaded routing (this router's requests on each
+replica, routed and not ended) with ties taken in turn, prefix affinity until the
 holder is too busy (BALANCE_ABS and BALANCE_REL), a prefix table shared by two frontends'
 routers, dead replicas skipped, aborts to the holder, summed load. The table itself:
 test_affinity.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from openinfer_core.events import TokenEvent
+from openinfer_core.events import Token, TokenEvent
 from openinfer_core.handle import LoadSnapshot, ModelInfo, supports_replica_loads
 from openinfer_core.interfaces.kv import PrefixCacheStats
-from openinfer_core.ipc import router as router_module
 from openinfer_core.ipc.affinity import SharedAffinity
 from openinfer_core.ipc.router import BALANCE_ABS, ReplicaRouter, too_busy
+from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
 BLOCK = 4
@@ -31,8 +32,6 @@ class FakeReplica:
         self.aborted: list[str] = []
         self.dead: str | None = None
         self.callbacks: list[Callable[[str], None]] = []
-        self.taken = 0  # this router's requests the engine took in, at its latest step
-        self.open = 1  # requests started through this handle and not ended
 
     def load(self) -> LoadSnapshot:
         return self.snapshot
@@ -46,16 +45,9 @@ class FakeReplica:
     def on_death(self, callback: Callable[[str], None]) -> None:
         self.callbacks.append(callback)
 
-    def received(self) -> int:
-        return self.taken
-
-    def open_requests(self) -> int:
-        return self.open
-
     async def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
         self.requests.add(request.request_id)
-        return
-        yield
+        yield Token(request.request_id, 1)
 
 
 def _router(count: int = 2) -> tuple[ReplicaRouter, list[FakeReplica]]:
@@ -63,58 +55,47 @@ def _router(count: int = 2) -> tuple[ReplicaRouter, list[FakeReplica]]:
     return ReplicaRouter(replicas), replicas
 
 
-def _busy(router: ReplicaRouter, index: int, running: int, waiting: int = 0,
-          taken: int | None = None) -> None:
-    """A step's load from replica `index`'s engine: `running` and `waiting` requests, having
-    taken in `taken` of this router's (default: all it was sent)."""
-    replica = router.replicas[index]
-    assert isinstance(replica, FakeReplica)
-    replica.snapshot = LoadSnapshot(running, waiting, 0, replica.snapshot.kv_total_blocks)
-    replica.taken = router.routed[index] if taken is None else taken
+def _busy(router: ReplicaRouter, index: int, requests: int) -> None:
+    """This router holding `requests` open on replica `index`."""
+    router.open[index] = requests
 
 
 def test_least_loaded_wins_ties_taken_in_turn() -> None:
     router, _ = _router(3)
     _busy(router, 2, 2)
-    # Between two steps: what is on its way counts (loads 0 0 2, 1 0 2, 1 1 2, 2 1 2).
+    # Each route counts at once (loads 0 0 2, 1 0 2, 1 1 2, 2 1 2).
     assert [router.route([i]) for i in range(4)] == [0, 1, 0, 1]
-    _busy(router, 0, 0)  # replica 0's engine stepped: its requests are done
+    _busy(router, 0, 0)  # replica 0's requests ended
     assert router.route([9]) == 0
-    _busy(router, 0, 3, 2)  # the engine knows of 5 (other frontends' included)
+    _busy(router, 0, 5)
     _busy(router, 1, 4)
     assert router.route([9]) == 2
     _busy(router, 2, 1)
     assert [router.route([i]) for i in range(4)] == [2, 2, 2, 1]  # 1 2 3 then 4 4: in turn
 
 
-def test_requests_on_their_way_count_until_the_engine_takes_them_in() -> None:
-    """A step's count that arrives while requests are still on their way to that engine does
-    not hide them: a burst stays spread."""
+def _request(i: int, prompt: list[int] | None = None) -> GenerateRequest:
+    return GenerateRequest(f"r{i}", tuple(prompt or [i]), SamplingParams(max_tokens=1))
+
+
+def test_a_request_counts_from_its_route_until_its_stream_ends() -> None:
+    """A burst is spread as it is routed, before any stream is read; a stream read to its
+    end, closed, or dropped unread (its client gone first) gives its count back once."""
     router, _ = _router()
-    assert [router.route([i]) for i in range(10)] == [0, 1] * 5
-    _busy(router, 0, 2, taken=2)  # replica 0 stepped having taken in 2 of its 5
-    # replica 0: 2 in the engine + 3 on their way; replica 1: 5 on their way
-    assert [router.route([i]) for i in range(4)] == [0, 1, 0, 1]
-    _busy(router, 0, 7)  # all 7 taken in and running
-    _busy(router, 1, 1, taken=1)  # 1 running, 6 still on their way
-    assert [router.route([0]) for _ in range(2)] == [0, 1]  # 7 against 7: in turn
+    streams = [router.generate(_request(i)) for i in range(6)]
+    assert router.open == [3, 3]
 
+    async def read_close_drop() -> None:
+        assert [event async for event in streams[0]] == [Token("r0", 1)]
+        assert router.open == [2, 3]
+        await streams[1].aclose()
+        await streams[1].aclose()  # once only
+        assert router.open == [2, 2]
 
-def test_an_idle_replica_forgets_requests_that_never_reached_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    router, replicas = _router()
-    clock = [100.0]
-    monkeypatch.setattr(router_module.time, "monotonic", lambda: clock[0])
-    for i in range(4):
-        router.route([i])  # 2 each, never sent (their clients went away first)
-    _busy(router, 0, 0, taken=0)
-    _busy(router, 1, 0, taken=0)
-    replicas[0].open = replicas[1].open = 0
-    # just routed: they may still be on their way, so they count
-    assert router.route([5]) == 0  # 2 against 2
-    clock[0] += router_module.SETTLE_S + 0.1
-    # idle, nothing started there, nothing routed there for a while: the counts restart
-    assert [router.route([i]) for i in range(3)] == [1, 0, 1]
+    asyncio.run(read_close_drop())
+    del streams[2]  # dropped unread
+    assert router.open == [1, 2]
+    assert [router.route([9]), router.route([9])] == [0, 1]
 
 
 def test_a_conversation_follows_its_prefix_until_its_replica_is_too_busy() -> None:

@@ -60,11 +60,6 @@ class EventStreams:
                     self._streams.pop(rid, None)
                 abort(rid)
 
-    def open_count(self) -> int:
-        """Requests registered and not ended."""
-        with self._lock:
-            return len(self._streams)
-
     def holds(self, request_id: str) -> bool:
         """Whether `request_id`'s stream is open here."""
         return request_id in self._streams

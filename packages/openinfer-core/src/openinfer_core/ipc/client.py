@@ -71,7 +71,6 @@ class EngineClient:
         welcome = self._handshake(connect_timeout)
         self._model_info = welcome.model_info
         self._load = welcome.load
-        self._received = 0  # this client's requests the engine has taken in (its last count)
         self._reader = threading.Thread(target=self._read, name="openinfer-engine-client",
                                         daemon=True)
         self._reader.start()
@@ -99,14 +98,6 @@ class EngineClient:
     def holds(self, request_id: str) -> bool:
         """Whether `request_id` was sent through this client and has not ended."""
         return self._streams.holds(request_id)
-
-    def received(self) -> int:
-        """How many of this client's requests the engine had taken in at its latest step."""
-        return self._received
-
-    def open_requests(self) -> int:
-        """This client's requests that have started and not ended."""
-        return self._streams.open_count()
 
     # -- lifecycle -------------------------------------------------------------------------
     def on_death(self, callback: Callable[[str], None]) -> None:
@@ -179,7 +170,6 @@ class EngineClient:
             msg = self._decoder.decode(frame.buffer)
             if isinstance(msg, StepOutput):
                 self._load = msg.load
-                self._received = msg.received
                 if msg.events:
                     self._streams.deliver([from_wire(e) for e in msg.events])
 

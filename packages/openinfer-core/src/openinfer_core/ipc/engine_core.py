@@ -81,7 +81,6 @@ class EngineCore:
         self._encoder = msgspec.msgpack.Encoder()
         self._owner: dict[str, bytes] = {}  # request id -> frontend
         self._frontends: list[bytes] = []
-        self._received: defaultdict[bytes, int] = defaultdict(int)  # Adds taken in, per frontend
         self._parent = os.getppid()
         self._stopping = False
 
@@ -123,7 +122,6 @@ class EngineCore:
                 return
             msg = self._decoder.decode(frame.buffer)
             if isinstance(msg, Add):
-                self._received[msg.frontend] += 1
                 if msg.request_id in self._owner:
                     self._send_to(msg.frontend, [Rejected(
                         msg.request_id, f"request id {msg.request_id!r} is already running")])
@@ -153,7 +151,7 @@ class EngineCore:
 
     def _send_to(self, frontend: bytes, events: list[TokenEvent]) -> None:
         self._send_raw(frontend, StepOutput([to_wire(e) for e in events],
-                                            self.engine.snapshot(), self._received[frontend]))
+                                            self.engine.snapshot()))
 
     def _send_raw(self, frontend: bytes, message: FromEngine) -> None:
         self._outputs.send_multipart([frontend, self._encoder.encode(message)], copy=False)

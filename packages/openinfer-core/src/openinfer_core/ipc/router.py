@@ -14,13 +14,14 @@ The prefix table (ipc/affinity.py) is the router's own with one frontend; with s
 (`--api-server-count`) the launcher shares one among them (`SharedAffinity`), so that a
 conversation's turns find the same replica whichever frontend each reaches.
 
-A replica's load is the engine's running + waiting count from its latest step (other
-frontends' requests included), plus this router's requests still on their way to it: routed
-here (counted at once) minus those the engine had taken in by that step (it says how many).
-Both counts only grow, so a step's count arriving while requests are in flight cannot hide
-them (a burst would otherwise all see the same counts and pile onto one replica). A request
-routed but never sent (its client gone first) would count for ever: when the engine and this
-router's client of it are both idle, the count restarts from the engine's.
+A replica's load is this router's requests on it: routed there and not yet ended (their
+streams finished, closed or dropped). Every frontend balances its own share, so the replicas'
+totals stay within a few requests of each other whatever the number of frontends, and a
+burst is spread as it arrives. The engines' own counts (running + waiting, other frontends'
+included) arrive a step late: in a burst of a thousand requests reaching four frontends at
+once they held one replica at 512 running and 141 waiting while the other had 141 free slots
+for seconds (`gpu_check.sh dp`, 2 x H200). A slow replica keeps its requests longer, so it
+gets fewer. The affinity thresholds below apply to these per-frontend counts.
 
 Aborts go to the replica holding the request. A dead replica fails its own requests (its
 client does that) and gets no new ones; the router then reports itself dead, so the server
@@ -31,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
@@ -53,9 +53,6 @@ log = logging.getLogger("openinfer")
 # make the replicas, so one long conversation cannot pile every request onto one replica.
 BALANCE_ABS = 32
 BALANCE_REL = 1.5
-# How long after its last request a replica's count may restart (see the module docstring):
-# a request routed is sent once its handler first awaits its stream, well within a second.
-SETTLE_S = 1.0
 
 
 class Replica(EngineHandle, Protocol):
@@ -67,15 +64,6 @@ class Replica(EngineHandle, Protocol):
 
     def on_death(self, callback: Callable[[str], None]) -> None:
         """Call `callback(message)` (on any thread) if the replica's engine dies."""
-        ...
-
-    def received(self) -> int:
-        """How many of the requests sent through this handle the engine had taken in at its
-        latest step."""
-        ...
-
-    def open_requests(self) -> int:
-        """Requests sent through this handle that have started and not ended."""
         ...
 
 
@@ -98,8 +86,7 @@ class ReplicaRouter:
         self._affinity = affinity
         self._block_size = replicas[0].model_info.kv_block_size
         self._turn = 0  # the replica ties start from, moved on each request
-        self.routed = [0] * len(replicas)  # requests this router sent each replica, ever
-        self._last_route = [0.0] * len(replicas)  # time.monotonic() of each one's latest
+        self.open = [0] * len(replicas)  # this router's requests on each: routed, not ended
         for i, replica in enumerate(replicas):
             replica.on_death(functools.partial(_log_death, i))
 
@@ -129,7 +116,8 @@ class ReplicaRouter:
             num_preemptions=sum(s.num_preemptions for s in loads))
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[TokenEvent]:
-        return self.replicas[self.route(request.prompt_token_ids)].generate(request)
+        index = self.route(request.prompt_token_ids)
+        return _Counted(self.open, index, self.replicas[index].generate(request))
 
     def abort(self, request_id: str) -> None:
         for replica in self.replicas:
@@ -148,7 +136,7 @@ class ReplicaRouter:
         live = [i for i, r in enumerate(self.replicas) if r.dead is None]
         if not live:
             return 0  # its client ends the request with the engine's error at once
-        loads = {i: self._load_of(i) for i in live}
+        loads = {i: self.open[i] for i in live}
         count, turn = len(self.replicas), self._turn
         self._turn = (turn + 1) % count
         by_load = sorted(live, key=lambda i: (loads[i], (i - turn) % count))
@@ -159,18 +147,42 @@ class ReplicaRouter:
         if holder is not None and not too_busy(loads[holder], loads[least]):
             chosen = holder
         self._affinity.record(keys, chosen)
-        self.routed[chosen] += 1
-        self._last_route[chosen] = time.monotonic()
+        self.open[chosen] += 1  # until its stream ends (`_Counted`)
         return chosen
 
-    def _load_of(self, index: int) -> int:
-        replica = self.replicas[index]
-        snapshot = replica.load()
-        received = replica.received()
-        if (snapshot.running + snapshot.waiting == 0 and replica.open_requests() == 0
-                and time.monotonic() - self._last_route[index] > SETTLE_S):
-            self.routed[index] = received  # idle: nothing of ours is on its way
-        return snapshot.running + snapshot.waiting + max(0, self.routed[index] - received)
+class _Counted:
+    """A replica's event stream that takes its request off the router's count (`open`) once,
+    when it ends: finished, failed, closed, or dropped without ever being read (a client
+    gone before its request was sent)."""
+
+    def __init__(self, open_counts: list[int], index: int,
+                 events: AsyncIterator[TokenEvent]) -> None:
+        self._open, self._index, self._events = open_counts, index, events
+        self._counted = True
+
+    def __aiter__(self) -> _Counted:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        try:
+            return await anext(self._events)
+        except Exception:  # the end (StopAsyncIteration) or a failure; a cancelled reader
+            self._end()    # closes or drops the stream
+            raise
+
+    async def aclose(self) -> None:
+        self._end()
+        close = getattr(self._events, "aclose", None)
+        if close is not None:
+            await close()
+
+    def __del__(self) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._open[self._index] -= 1
 
 
 def too_busy(holder_load: int, least_load: int) -> bool:

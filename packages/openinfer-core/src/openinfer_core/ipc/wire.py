@@ -114,9 +114,6 @@ class Welcome(msgspec.Struct, tag="welcome", array_like=True):
 class StepOutput(msgspec.Struct, tag="step", array_like=True):
     events: list[WireEvent]
     load: LoadSnapshot
-    # The `Add`s the engine has taken in from this frontend so far (rejected ones included):
-    # the frontend's sent minus this is what is still on its way (`ipc/router.py`).
-    received: int = 0
 
 
 FromEngine = Welcome | StepOutput
