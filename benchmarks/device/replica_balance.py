@@ -8,7 +8,8 @@ time (`samples`), which `dp_timeline.py` lines up with the bench's requests, and
 own mean TTFT and end-to-end latency (arrival at a frontend to its first token / its end) and
 intake (reaching the app to that arrival), `frontend`: each scrape is answered by one
 frontend, so these are the mean over the last scrapes' per-frontend means, set beside the
-client's in `dp_timeline.py`.
+client's in `dp_timeline.py`. They count every request since each frontend started: against
+a server that ran a bench before, they mix both.
 
 Usage: python replica_balance.py [--base-url URL] [--seconds 120] [--interval 0.5] [--json F]"""
 

@@ -46,7 +46,7 @@ stage_dp() {
   # streams end with an error within 15 s, the others finish, the server exits 1 and no
   # openinfer process is left. DP_SIZES (1 2), DP_CLIENTS (--client-processes values, a bench
   # each; 0, the bench's choice) and DP_EXTRAS=0 (the throughput alone) narrow a run.
-  local gpus servers=${DP_API_SERVERS:-4} dp pid
+  local gpus servers=${DP_API_SERVERS:-4} dp pid clients
   gpus=$(nvidia-smi -L | wc -l)
   if [ "$gpus" -lt 2 ]; then echo "dp: needs 2 GPUs, this machine shows $gpus; skipped"; return; fi
   for dp in ${DP_SIZES:-1 2}; do

@@ -210,3 +210,13 @@ def test_generate_reaches_the_routed_replica() -> None:
 def test_a_router_needs_two_replicas() -> None:
     with pytest.raises(ValueError, match="2 to 16 replicas"):
         ReplicaRouter([FakeReplica()])
+
+
+def test_with_every_replica_dead_a_stream_still_gives_its_count_back() -> None:
+    router, replicas = _router()
+    for replica in replicas:
+        replica.dead = "the engine process died"
+    stream = router.generate(_request(1))
+    assert router.open == [1, 0]
+    del stream
+    assert router.open == [0, 0]

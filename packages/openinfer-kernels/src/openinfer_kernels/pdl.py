@@ -24,9 +24,8 @@ add + norm, its residual row and norm weight (`collective.push_triton`); `linear
 `gemm.triton`) and `fp8` (`fp8_linear.triton`), the small-batch linears at one row, their first
 weight tile and its scales, in registers (no L2 prefetch then); `experts`, DeepSeek-V4's FP4
 experts' first launch at decode where its caller says its inputs are settled, everything but
-its store (`openinfer_deepseek_v4.kernels.moe.decode`). A comma list, `1` for all, `0`
-(the default) for none. Opt-in until measured kernel by kernel: all four on, batch-1 TPOT on
-the H100 went 5.65 -> 5.76 ms for Qwen3-8B bf16 and 3.86 -> 3.63 ms for kept FP8
+its store (`openinfer_deepseek_v4.kernels.moe.decode`). A comma list, `1` for all, `0` for
+none; unset, `DEFAULT_PRELOADS`: those that measured faster kernel by kernel
 (`gpu_check.sh preload`).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 

@@ -78,7 +78,7 @@ async def chat_plan(body: ChatCompletionRequest, state: ServerState) -> RunPlan:
 def chat_prompt(body: ChatCompletionRequest, tokenizer: Tokenizer,
                 limit: PromptLimit) -> Prompt:
     """The conversation rendered and tokenized, within `limit` (`prompts.text_prompt`).
-    Renders and tokenizes: call it on a worker thread (`TokenizerThreads`)."""
+    Renders and tokenizes: a large request's on a worker thread (`TokenizerThreads.run_for`)."""
     kwargs = dict(body.chat_template_kwargs or {})
     clash = _RESERVED_TEMPLATE_KWARGS & kwargs.keys()
     if clash:

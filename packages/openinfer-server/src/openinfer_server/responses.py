@@ -42,8 +42,12 @@ async def create_response(body: ResponsesRequest, request: Request,
         chat = body.chat_request(history)
         plan = await chat_plan(chat, state)
         try:
-            prompt = await state.threads.run_for(request, chat_prompt, chat, state.tokenizer,
+            if history:  # a stored conversation: the prompt is larger than this body
+                prompt = await state.threads.run(chat_prompt, chat, state.tokenizer,
                                                  state.prompt_limit)
+            else:
+                prompt = await state.threads.run_for(request, chat_prompt, chat,
+                                                     state.tokenizer, state.prompt_limit)
         except TooManyTokensError as e:
             plan.max_tokens.refuse(e.count, state.max_model_len)
         parsing = state.parsers.for_request(chat.tools, chat.tool_choice, prompt.text)

@@ -48,7 +48,7 @@ class TokenizerThreads:
         """`fn(*args, **kwargs)` for `request`: right here if its body is at most
         INLINE_MAX_BYTES (by its Content-Length; none means large), else as `run`."""
         length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) <= INLINE_MAX_BYTES:
+        if length.isascii() and length.isdigit() and int(length) <= INLINE_MAX_BYTES:
             return fn(*args, **kwargs)
         return await self.run(fn, *args, **kwargs)
 

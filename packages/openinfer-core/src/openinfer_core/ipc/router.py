@@ -16,7 +16,8 @@ conversation's turns find the same replica whichever frontend each reaches.
 
 A replica's load is this router's requests on it: routed there and not yet ended (their
 streams finished, closed or dropped). Every frontend balances its own share, so the replicas'
-totals stay within a few requests of each other whatever the number of frontends, and a
+totals stay within a few requests of each other whatever the number of frontends (prefix
+affinity aside, which each frontend may skew by its own BALANCE_ABS and BALANCE_REL), and a
 burst is spread as it arrives. The engines' own counts (running + waiting, other frontends'
 included) arrive a step late: in a burst of a thousand requests reaching four frontends at
 once they held one replica at 512 running and 141 waiting while the other had 141 free slots
@@ -134,8 +135,9 @@ class ReplicaRouter:
         """The replica for a new request with this prompt; remembers the choice for the
         prompt's blocks."""
         live = [i for i, r in enumerate(self.replicas) if r.dead is None]
-        if not live:
-            return 0  # its client ends the request with the engine's error at once
+        if not live:  # its client ends the request with the engine's error at once
+            self.open[0] += 1  # (and its stream gives the count back)
+            return 0
         loads = {i: self.open[i] for i in live}
         count, turn = len(self.replicas), self._turn
         self._turn = (turn + 1) % count
@@ -149,6 +151,7 @@ class ReplicaRouter:
         self._affinity.record(keys, chosen)
         self.open[chosen] += 1  # until its stream ends (`_Counted`)
         return chosen
+
 
 class _Counted:
     """A replica's event stream that takes its request off the router's count (`open`) once,
@@ -177,6 +180,8 @@ class _Counted:
             await close()
 
     def __del__(self) -> None:
+        # Dropped without an end (the server closes every stream it opens, so this is the
+        # rare path): on the loop's thread when the last reference goes, as it does there.
         self._end()
 
     def _end(self) -> None:
