@@ -136,6 +136,29 @@ def _step_scales(s_rows, n_ok, k, k_end, BLOCK_K: tl.constexpr, SUB: tl.constexp
 
 
 @triton.jit
+def _step_tiles(w_rows, s_rows, u_rows, t_rows, n_ok, k, k_end, BLOCK_K: tl.constexpr,
+                SUB: tl.constexpr, E8M0: tl.constexpr, GATED: tl.constexpr):
+    """A K step's weight tile and scales from k, and (GATED) the up rows' (at `u_rows`,
+    `t_rows`); without GATED the last two are the first two again, unused."""
+    w = _step_weights(w_rows, n_ok, k, k_end, BLOCK_K)
+    s = _step_scales(s_rows, n_ok, k, k_end, BLOCK_K, SUB, E8M0)
+    u = w
+    t = s
+    if GATED:
+        u = _step_weights(u_rows, n_ok, k, k_end, BLOCK_K)
+        t = _step_scales(t_rows, n_ok, k, k_end, BLOCK_K, SUB, E8M0)
+    return w, s, u, t
+
+
+@triton.jit
+def _fold_step(acc, w, s, x_row, k, k_end, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SUB: tl.constexpr):
+    """`acc` plus the activation row times a step's tile `w` loaded already, scaled by `s`:
+    one step of `_rows1`."""
+    return acc + tl.sum(_step_part(w, x_row, k, k_end, BLOCK_N, BLOCK_K, SUB) * s, axis=1)
+
+
+@triton.jit
 def _rows1(acc, x_ptr, w_rows, s_rows, n_ok, k_start, k_end, BLOCK_N: tl.constexpr,
            BLOCK_K: tl.constexpr, SUB: tl.constexpr, E8M0: tl.constexpr):
     """[BLOCK_N] fp32: `acc` plus one activation row times the weight rows at `w_rows` (their
@@ -215,38 +238,28 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     # loads nothing and adds zeros).
     k_next = k_start + BLOCK_K
     if PRELOAD >= 1:
-        w0 = _step_weights(w_rows, n_ok, k_start, k_end, BLOCK_K)
-        s0 = _step_scales(s_rows, n_ok, k_start, k_end, BLOCK_K, SUB, E8M0)
-        if GATED:
-            u0 = _step_weights(u_rows, n_ok, k_start, k_end, BLOCK_K)
-            t0 = _step_scales(t_rows, n_ok, k_start, k_end, BLOCK_K, SUB, E8M0)
+        w0, s0, u0, t0 = _step_tiles(w_rows, s_rows, u_rows, t_rows, n_ok, k_start, k_end,
+                                     BLOCK_K, SUB, E8M0, GATED)
     if PRELOAD >= 2:
-        w1 = _step_weights(w_rows, n_ok, k_next, k_end, BLOCK_K)
-        s1 = _step_scales(s_rows, n_ok, k_next, k_end, BLOCK_K, SUB, E8M0)
-        if GATED:
-            u1 = _step_weights(u_rows, n_ok, k_next, k_end, BLOCK_K)
-            t1 = _step_scales(t_rows, n_ok, k_next, k_end, BLOCK_K, SUB, E8M0)
+        w1, s1, u1, t1 = _step_tiles(w_rows, s_rows, u_rows, t_rows, n_ok, k_next, k_end,
+                                     BLOCK_K, SUB, E8M0, GATED)
     pdl_enter(PDL)
     if BLOCK_M == 1:
         x_row = x_ptr + pid_m * stride_xm
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         first = k_start + PRELOAD * BLOCK_K
         if PRELOAD >= 1:
-            acc += tl.sum(_step_part(w0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB) * s0,
-                          axis=1)
+            acc = _fold_step(acc, w0, s0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
         if PRELOAD >= 2:
-            acc += tl.sum(_step_part(w1, x_row, k_next, k_end, BLOCK_N, BLOCK_K, SUB) * s1,
-                          axis=1)
+            acc = _fold_step(acc, w1, s1, x_row, k_next, k_end, BLOCK_N, BLOCK_K, SUB)
         acc = _rows1(acc, x_row, w_rows, s_rows, n_ok, first, k_end, BLOCK_N, BLOCK_K, SUB,
                      E8M0)
         if GATED:
             up = tl.zeros([BLOCK_N], dtype=tl.float32)
             if PRELOAD >= 1:
-                up += tl.sum(_step_part(u0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB) * t0,
-                             axis=1)
+                up = _fold_step(up, u0, t0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
             if PRELOAD >= 2:
-                up += tl.sum(_step_part(u1, x_row, k_next, k_end, BLOCK_N, BLOCK_K, SUB) * t1,
-                             axis=1)
+                up = _fold_step(up, u1, t1, x_row, k_next, k_end, BLOCK_N, BLOCK_K, SUB)
             up = _rows1(up, x_row, u_rows, t_rows, n_ok, first, k_end, BLOCK_N, BLOCK_K, SUB,
                         E8M0)
             if SERIAL:  # this share's gate and up columns; the last share gates the sum
