@@ -74,6 +74,21 @@ def test_least_loaded_wins_ties_taken_in_turn() -> None:
     assert [router.route([i]) for i in range(4)] == [2, 2, 2, 1]  # 1 2 3 then 4 4: in turn
 
 
+def test_ties_go_to_the_replica_whose_engine_counted_fewer() -> None:
+    """Equal counts here (another frontend's request is not among them): the engines' own
+    counts, which include it, break the tie; equal there too, in turn."""
+    router, replicas = _router(3)
+    replicas[0].snapshot = LoadSnapshot(1, 0, 0, 50)  # another frontend's request
+    replicas[1].snapshot = LoadSnapshot(0, 2, 0, 50)
+    assert router.route([1]) == 2
+    assert router.route([2]) == 0  # own counts 0 0 1: the fewest first, whatever the engines
+    _busy(router, 0, 0)
+    _busy(router, 2, 0)
+    for replica in replicas:
+        replica.snapshot = LoadSnapshot(0, 0, 0, 50)
+    assert [router.route([i]) for i in range(3)] == [2, 0, 1]  # in turn, from the third
+
+
 def _request(i: int, prompt: list[int] | None = None) -> GenerateRequest:
     return GenerateRequest(f"r{i}", tuple(prompt or [i]), SamplingParams(max_tokens=1))
 

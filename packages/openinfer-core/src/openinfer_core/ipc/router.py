@@ -4,7 +4,8 @@
 Each new request goes to one replica, chosen in `route`:
 
     live    = the replicas whose engine is alive
-    least   = the live replica with the fewest requests (ties taken in turn)
+    least   = the live replica with the fewest requests (ties to the one whose engine counted
+              fewer at its latest step, then taken in turn)
     holder  = the live replica that served the longest whole-block prefix of the prompt lately
               (of several, the least loaded)
     holder, unless its load is both BALANCE_ABS more than least's and BALANCE_REL times it;
@@ -22,7 +23,10 @@ burst is spread as it arrives. The engines' own counts (running + waiting, other
 included) arrive a step late: in a burst of a thousand requests reaching four frontends at
 once they held one replica at 512 running and 141 waiting while the other had 141 free slots
 for seconds (`gpu_check.sh dp`, 2 x H200). A slow replica keeps its requests longer, so it
-gets fewer. The affinity thresholds below apply to these per-frontend counts.
+gets fewer. The affinity thresholds below apply to these per-frontend counts. Ties (common
+when few requests are in) go to the replica whose engine counted fewer running + waiting at
+its latest step: that count includes the other frontends' requests, so two requests reaching
+two frontends one after the other still land on different replicas.
 
 Aborts go to the replica holding the request. A dead replica fails its own requests (its
 client does that) and gets no new ones; the router then reports itself dead, so the server
@@ -141,7 +145,8 @@ class ReplicaRouter:
         loads = {i: self.open[i] for i in live}
         count, turn = len(self.replicas), self._turn
         self._turn = (turn + 1) % count
-        by_load = sorted(live, key=lambda i: (loads[i], (i - turn) % count))
+        engines = {i: self._engine_count(i) for i in live}
+        by_load = sorted(live, key=lambda i: (loads[i], engines[i], (i - turn) % count))
         least = by_load[0]
         keys = block_keys(prompt_token_ids, self._block_size)
         holder, _ = self._affinity.match(keys, by_load)
@@ -151,6 +156,10 @@ class ReplicaRouter:
         self._affinity.record(keys, chosen)
         self.open[chosen] += 1  # until its stream ends (`_Counted`)
         return chosen
+
+    def _engine_count(self, index: int) -> int:
+        load = self.replicas[index].load()
+        return load.running + load.waiting
 
 
 class _Counted:
