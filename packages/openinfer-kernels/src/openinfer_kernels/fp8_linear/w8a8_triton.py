@@ -26,7 +26,8 @@ from openinfer_kernels.device import sm_count
 from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.e4m3 import round_to_e4m3
 from openinfer_kernels.fp8_linear.reference import AMAX_FLOOR, E4M3_MAX, GROUP
-from openinfer_kernels.fp8_linear.triton import _block_scales, check_block_scales, sum_slices
+from openinfer_kernels.fp8_linear.steps import _block_scales
+from openinfer_kernels.fp8_linear.triton import check_block_scales, sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 QUANT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

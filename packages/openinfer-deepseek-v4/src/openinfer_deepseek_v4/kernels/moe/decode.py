@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_kernels.fp8_linear.triton import e8m0_to_fp32, sum_slices
+from openinfer_kernels.fp8_linear.steps import e8m0_to_fp32
+from openinfer_kernels.fp8_linear.triton import sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch, preloads
 
 PRELOAD = preloads("experts")  # OPENINFER_PDL_PRELOAD names it; read once

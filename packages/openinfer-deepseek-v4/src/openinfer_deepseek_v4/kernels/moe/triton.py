@@ -28,7 +28,8 @@ import triton.language as tl
 from openinfer_deepseek_v4.kernels.moe.align import align_by_expert
 from openinfer_deepseek_v4.kernels.moe.decode import DecodeTile, fp4_moe_decode
 from openinfer_kernels.dot import dot, dot_options
-from openinfer_kernels.fp8_linear.triton import e8m0_to_fp32, sum_slices
+from openinfer_kernels.fp8_linear.steps import e8m0_to_fp32
+from openinfer_kernels.fp8_linear.triton import sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
 GROUP = 32  # inputs per FP4 scale
