@@ -63,17 +63,28 @@ tp_gate() {
 }
 
 stage_tpprofile() {
-  # Rank 0's GPU time per decode step by op (collectives apart), Qwen3-8B at each TP size.
-  for tp in ${TP_SIZES:-1 2}; do
-    stage "decode step by op, Qwen3-8B, TP=$tp"
-    timeout 240 python3 benchmarks/device/decode_breakdown.py $M8 --tensor-parallel-size $tp \
-      --json "$OUT/decode-breakdown-8b-tp$tp.json" > "$OUT/decode-breakdown-tp$tp.log" 2>&1
-    python3 - "$OUT/decode-breakdown-8b-tp$tp.json" <<'PY' || tail -20 "$OUT/decode-breakdown-tp$tp.log"
+  # Rank 0's GPU time per decode step by op (collectives apart), at each TP size, for each of
+  # TPPROFILE_MODELS (default "8b"; "32b" makes the Qwen3-32B config folder).
+  local size model tp
+  for size in ${TPPROFILE_MODELS:-8b}; do
+    model=$M8
+    if [ "$size" = 32b ]; then
+      model=/tmp/qwen3-32b
+      python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$model')"
+    fi
+    for tp in ${TP_SIZES:-1 2}; do
+      stage "decode step by op, Qwen3-${size^^}, TP=$tp"
+      timeout 240 python3 benchmarks/device/decode_breakdown.py $model --tensor-parallel-size $tp \
+        --json "$OUT/decode-breakdown-$size-tp$tp.json" > "$OUT/decode-breakdown-$size-tp$tp.log" 2>&1
+      python3 - "$OUT/decode-breakdown-$size-tp$tp.json" <<'PY' || tail -20 "$OUT/decode-breakdown-$size-tp$tp.log"
 import json, sys
 r = json.load(open(sys.argv[1]))
 print(f"step {r['step_ms']:.2f} ms, GPU busy {r['gpu_busy_ms']:.2f} ms; marginal by op:",
       ", ".join(f"{k} {v:.2f}" for k, v in r["marginal_by_op_ms"].items()))
+print("marginal by kernel:", ", ".join(f"{k[:48]} {v:.3f}"
+                                       for k, v in r["marginal_top_kernels_ms"].items()))
 PY
+    done
   done
 }
 
