@@ -202,9 +202,10 @@ PY
       timeout 420 python3 -m openinfer_server.cli bench latency $d4 --load-format dummy \
         --tensor-parallel-size $tp $ep --max-num-seqs $b --max-model-len 4096 --input-len 128 \
         --output-len 64 --batch-size $b --num-iters 2 --num-iters-warmup 1 \
-        --result-file "$OUT/latency-dsv4-flash-tp$tp-bs$b.json" > "$OUT/latency-dsv4-flash-tp$tp-bs$b.log" 2>&1
-      grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp-bs$b.log" \
-        || tail -30 "$OUT/latency-dsv4-flash-tp$tp-bs$b.log"
+        --result-file "$OUT/latency-dsv4-flash-tp$tp${ep:+-ep}-bs$b.json" \
+        > "$OUT/latency-dsv4-flash-tp$tp${ep:+-ep}-bs$b.log" 2>&1
+      grep -E "TPOT|TTFT|floor|KV cache:" "$OUT/latency-dsv4-flash-tp$tp${ep:+-ep}-bs$b.log" \
+        || tail -30 "$OUT/latency-dsv4-flash-tp$tp${ep:+-ep}-bs$b.log"
       continue
     fi
     if [ "$part" = latency ]; then

@@ -1,6 +1,7 @@
-"""The expert-parallel exchange on two real ranks (gloo): a spawned process per rank runs
-`expert_parallel_moe` over a few chosen steps, with weights both make from one seed, and sends
-back its output (`test_expert_parallel.py` compares them with one rank's `reference.moe`)."""
+"""Expert parallelism on two real ranks (gloo): a spawned process per rank runs its part of
+the MoE (`moe_forward` over its own experts and its slice of the shared expert) and the
+all-reduce over a few chosen steps, with weights both make from one seed, and sends back the
+sum (`test_expert_parallel.py` compares it with one rank's `reference.moe`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from openinfer_core.distributed.group import TorchTensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
+from openinfer_deepseek_v4.moe_forward import moe_forward
 from openinfer_deepseek_v4.reference import MoEWeights
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 
@@ -20,12 +21,12 @@ HIDDEN, EXPERTS, TOP_K, INTER, VOCAB = 16, 8, 2, 8, 12
 # tokens 4-7 only rank 0's (0-3), tokens 8-11 one of each.
 TID2EID = torch.tensor([[4, 5], [6, 7], [5, 7], [4, 6], [0, 1], [2, 3], [1, 3], [0, 2],
                         [0, 4], [7, 3], [5, 1], [2, 6]])
-# name -> token ids of one step. Rank 0 routes the first ceil(T / 2) tokens, rank 1 the rest.
+# name -> token ids of one step.
 CASES = {
     "every expert on the other rank": [0, 1, 2, 4, 5],
-    "rank 1 sends nothing to rank 0": [8, 9, 10, 0, 3],
-    "rank 0 sends nothing to rank 1": [4, 6, 11, 9],
-    "one token (rank 1 has none)": [9],
+    "no token only on rank 0": [8, 9, 10, 0, 3],
+    "no token only on rank 1": [4, 6, 11, 9],
+    "one token": [9],
     "two tokens": [11, 2],
 }
 
@@ -55,10 +56,16 @@ def moe_weights(hashed: bool) -> MoEWeights:
                       shared_gate_up=randn(2 * INTER, HIDDEN), shared_down=randn(HIDDEN, INTER))
 
 
-def local_weights(w: MoEWeights, experts: range) -> MoEWeights:
+def local_weights(w: MoEWeights, shard: DeepseekV4Shard) -> MoEWeights:
+    """The rank's experts whole and its rows of the shared expert ([gate; up] rows, down
+    columns), as the loader cuts them."""
     assert isinstance(w.gate_up, torch.Tensor) and w.down is not None
+    experts, rows = shard.experts, shard.shared
+    gate, up = w.shared_gate_up.chunk(2)
     return MoEWeights(w.gate, w.bias, w.tid2eid, w.gate_up[experts.start:experts.stop],
-                      w.down[experts.start:experts.stop], w.shared_gate_up, w.shared_down)
+                      w.down[experts.start:experts.stop],
+                      torch.cat([gate[rows.start:rows.stop], up[rows.start:rows.stop]]),
+                      w.shared_down[:, rows.start:rows.stop])
 
 
 def case_inputs(token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,13 +82,13 @@ def run_rank(rank: int, store: str, conn: multiprocessing.connection.Connection)
     try:
         cfg = moe_config()
         shard = DeepseekV4Shard.of(cfg, rank, 2, expert_parallel=True)
-        starts = torch.tensor(shard.expert_starts)
         out = {}
         for hashed in (True, False):
-            w = local_weights(moe_weights(hashed), shard.experts)
+            w = local_weights(moe_weights(hashed), shard)
             for name, ids in CASES.items():
                 x, token_ids = case_inputs(ids)
-                out[name, hashed] = expert_parallel_moe(x, token_ids, w, cfg, starts, group)
+                part = moe_forward(x, token_ids, w, cfg, experts=shard.experts)
+                out[name, hashed] = group.all_reduce(part)
         # As numpy: a pickled tensor passes a file descriptor that the receiver must fetch
         # from this process, which may have exited by then.
         conn.send({key: t.numpy() for key, t in out.items()})

@@ -1,7 +1,7 @@
-"""Expert parallelism's exchange (`expert_parallel.py`) on two gloo ranks against one rank's
-`reference.moe`: steps whose tokens' experts all live on the other rank, a rank that sends the
-other nothing, a one-token step (a rank with no tokens at all), hash and score routing; and the
-dispatch plan and the shard arithmetic alone."""
+"""Expert parallelism (`expert_parallel.py`) on two gloo ranks against one rank's
+`reference.moe`: steps whose tokens' experts all live on the other rank, steps with no token
+whose experts all live on one, a one-token step, hash and score routing; and the local routes
+and the shard arithmetic alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ep_workers import CASES, case_inputs, moe_config, moe_weights, run_rank
 
 from openinfer_core.distributed.tp_model import check_expert_parallel
 from openinfer_core.errors import ModelConfigError
-from openinfer_deepseek_v4.expert_parallel import plan_dispatch
+from openinfer_deepseek_v4.expert_parallel import local_routes
 from openinfer_deepseek_v4.model_line import DeepseekV4ModelLine
 from openinfer_deepseek_v4.reference import moe
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
@@ -54,19 +54,19 @@ def test_two_ranks_give_one_ranks_moe(two_ranks: dict[tuple[str, bool], list[tor
     want = moe(x, token_ids, moe_weights(hashed), cfg)
     got = two_ranks[case, hashed]
     assert torch.equal(got[0], got[1]), "the ranks disagree"
-    # fp32: the routed outputs are summed per token in slot order, not expert by expert.
+    # fp32: each rank sums its experts and its shared slice, then the ranks are summed.
     torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-6)
 
 
-def test_dispatch_plan_sorts_pairs_by_rank() -> None:
-    starts = torch.tensor([0, 3, 5, 8])  # uneven: 3, 2 and 3 experts
+def test_local_routes_keep_the_ranks_experts_renumbered() -> None:
     ids = torch.tensor([[7, 0], [3, 4], [1, 6]])
-    plan = plan_dispatch(ids, starts)
-    assert plan.send_counts == [2, 2, 2]
-    assert plan.order.tolist() == [1, 4, 2, 3, 0, 5]  # flat pairs: token * k + slot
-    assert plan.local_ids.tolist() == [0, 1, 0, 1, 2, 1]
-    empty = plan_dispatch(ids[:0], starts)
-    assert empty.send_counts == [0, 0, 0] and empty.order.numel() == 0
+    weights = torch.tensor([[0.5, 0.25], [1.0, 2.0], [3.0, 4.0]])
+    local, kept = local_routes(ids, weights, range(3, 5))  # the middle rank of 3, 2 and 3
+    assert local.tolist() == [[-1, -1], [0, 1], [-1, -1]]
+    assert kept.tolist() == [[0.0, 0.0], [1.0, 2.0], [0.0, 0.0]]
+    local, kept = local_routes(ids, weights, range(0, 3))
+    assert local.tolist() == [[-1, 0], [-1, -1], [1, -1]]
+    assert kept.tolist() == [[0.0, 0.25], [0.0, 0.0], [3.0, 0.0]]
 
 
 def test_shards_split_heads_by_group_and_experts_whole() -> None:
@@ -74,6 +74,7 @@ def test_shards_split_heads_by_group_and_experts_whole() -> None:
     ranks = [DeepseekV4Shard.of(cfg, r, 2, expert_parallel=True) for r in range(2)]
     assert [s.experts for s in ranks] == [range(0, 4), range(4, 8)]
     assert all(s.intermediate == range(8) and len(s.heads) == 1 for s in ranks)
+    assert [s.shared for s in ranks] == [range(0, 4), range(4, 8)]  # by width, as without EP
     tp = [DeepseekV4Shard.of(cfg, r, 2) for r in range(2)]
     assert [s.experts for s in tp] == [range(8), range(8)]
     assert [s.intermediate for s in tp] == [range(0, 4), range(4, 8)]

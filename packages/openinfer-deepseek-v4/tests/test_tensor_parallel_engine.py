@@ -133,7 +133,7 @@ def test_each_rank_reads_only_its_shard(folder: Path, expert_parallel: bool) -> 
         parts.append(load_weights(ckpt, cfg, dtype=fp32, device=cpu, shard=shard))
         read.append(ckpt.bytes_read)
     split = re.compile(r"attn\.(wq_b|wo_a|wo_b)\.weight|attn_sink|ffn\.experts\.|embed|head\.weight"
-                       + ("" if expert_parallel else r"|shared_experts"))
+                       r"|shared_experts")
     split_bytes = sum(t.numel() * t.element_size() for name in whole_ckpt.names()
                       if split.search(name) for t in [whole_ckpt.get(name)])
     total = whole_ckpt.bytes_read - split_bytes  # (`get` counts the bytes it hands out)
@@ -150,9 +150,10 @@ def test_each_rank_reads_only_its_shard(folder: Path, expert_parallel: bool) -> 
         m = [p.layers[n].moe for p in parts]
         gate_up, down = layer.moe.gate_up, layer.moe.down
         assert isinstance(gate_up, torch.Tensor) and down is not None
+        # The shared expert by width either way: its down columns.
+        assert torch.equal(torch.cat([x.shared_down for x in m], 1), layer.moe.shared_down)  # type: ignore[misc]
         if expert_parallel:
             assert torch.equal(torch.cat([x.gate_up for x in m]), gate_up)  # type: ignore[misc]
-            assert all(torch.equal(x.shared_down, layer.moe.shared_down) for x in m)  # type: ignore[arg-type]
         else:  # each rank: its rows of w1, then of w3
             halves = [x.gate_up.chunk(2, dim=1) for x in m]  # type: ignore[union-attr]
             assert torch.equal(torch.cat([h[0] for h in halves] + [h[1] for h in halves], 1),

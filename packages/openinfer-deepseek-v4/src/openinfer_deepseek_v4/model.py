@@ -4,7 +4,8 @@ whole-sequence attention, batched over the step's requests. Its ops are its own 
 and openinfer-kernels' (Triton on the GPU, their plain-torch references on CPU); the weights
 stay in FP8/FP4 on the GPU (`quantized.py`). Under tensor parallelism, one rank's shard
 (`shard.py`): it meets the other ranks' in an all-reduce after the embedding, each attention
-and each MoE (or the exchanges of `expert_parallel.py`), and an all-gather of the logits. A
+and each MoE (with expert parallelism each rank's own experts' part, `expert_parallel.py`),
+and an all-gather of the logits. A
 decode step's rows are pushed into the peers' memory (the group's push memory): a sublayer's
 sum by its `hc_post` in the same launch (`kernels/mhc/push_post.py`), the embedding's by the
 group's push all-reduce."""
@@ -21,7 +22,6 @@ import torch
 from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import ForwardBatch, PushAreas, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.expert_parallel import expert_parallel_moe
 from openinfer_deepseek_v4.kernels.mhc import hc_head, hc_post, hc_post_all_reduce, hc_pre
 from openinfer_deepseek_v4.kernels.rotary import rope_table
 from openinfer_deepseek_v4.kv_cache import (
@@ -100,8 +100,9 @@ class DeepseekV4Model:
             if compressed not in ropes:
                 ropes[compressed] = Rope(freqs, rope_table(freqs, max_model_len, dtype))
         self._ropes = [ropes[kind != "window"] for kind in cfg.attention_kinds]
-        self._expert_starts = (None if shard is None or not shard.expert_parallel else
-                               torch.tensor(shard.expert_starts, device=device))
+        # Expert parallelism: the global ids of the experts this rank holds (None: every
+        # rank holds a width slice of each).
+        self._experts = None if shard is None or not shard.expert_parallel else shard.experts
         if tp is not None:
             # The group's push memory (on CUDA, where its mode asks for it): a decode step's
             # all-reduces, rows of the hidden width with the hyper-connections after them
@@ -115,15 +116,17 @@ class DeepseekV4Model:
                       else tp.push_areas(cfg.hidden_size, dtype))
         # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
         # the host and its widths follow `max_seq_len` (the graphs are captured with
-        # max_model_len): capturable, decode steps only; under tensor parallelism too (the
-        # collectives sit inside each rank's graphs), but not with expert parallelism, whose
-        # exchanges read their counts back to the host.
-        self.cuda_graph_safe = device.type == "cuda" and (shard is None
-                                                          or not shard.expert_parallel)
+        # max_model_len): capturable, decode steps only; under tensor and expert parallelism
+        # too (the collectives sit inside each rank's graphs).
+        self.cuda_graph_safe = device.type == "cuda"
         self.cuda_graph_max_tokens = 0
         # The sampler's device kernels take any model's fp32 logits [B, V].
         self.sampling_kernels = SAMPLING_KERNELS
-        self.weight_bytes = decode_weight_bytes(weights, cfg.top_k)
+        # The experts a rank reads at batch 1: top_k slices of every expert, or with expert
+        # parallelism top_k whole ones spread over the ranks (its share on average).
+        self.weight_bytes = decode_weight_bytes(
+            weights, cfg.top_k if self._experts is None
+            else cfg.top_k * len(self._experts) / cfg.num_experts)
         # Not SupportsCompileAhead: its forward indexes with what its own kernels compute
         # (the indexer's top-k, the experts' routing), which a forward with the kernels'
         # launches skipped would leave unset; a cold start compiles on first launch instead.
@@ -193,15 +196,10 @@ class DeepseekV4Model:
                              rope=self._ropes[i], slots=slots)
             streams = _around(streams, layer.attn_hc, layer.attn_norm, attend, cfg, self.tp,
                               self._push)
-            if self._expert_starts is not None:  # its exchanges give every rank whole rows
-                assert self.tp is not None
-                ffn = partial(expert_parallel_moe, token_ids=batch.input_ids, w=layer.moe,
-                              cfg=cfg, starts=self._expert_starts, group=self.tp)
-                streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg)
-            else:
-                ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg)
-                streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg, self.tp,
-                                  self._push)
+            ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg,
+                          experts=self._experts)
+            streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg, self.tp,
+                              self._push)
         # Only the rows that sample need the head (none in a step of prefill chunks only; the
         # head's ops take no empty batch, and every rank skips the all-gather alike).
         rows = streams[batch.logits_indices]
@@ -226,15 +224,15 @@ class DeepseekV4Model:
                                                  self.shard.vocab.rows.start))
 
 
-def decode_weight_bytes(w: ModelWeights, top_k: int) -> int:
+def decode_weight_bytes(w: ModelWeights, top_k: float) -> int:
     """Bytes of weights a batch-1 decode step reads (the benchmarks' floor): every weight
-    but the embedding table (one row of it) and the routed experts (`top_k` of each layer's),
-    in the formats they are held in."""
+    but the embedding table (one row of it) and the routed experts (`top_k` of each layer's
+    held ones, a mean where it is not whole), in the formats they are held in."""
     total = w.embed[0].numel() * w.embed.element_size()
     for layer in w.layers:
         experts = [e for e in (layer.moe.gate_up, layer.moe.down) if e is not None]
-        total += top_k * sum(t[0].numel() * t.element_size()
-                             for e in experts for t in _tensors(e))
+        total += round(top_k * sum(t[0].numel() * t.element_size()
+                                   for e in experts for t in _tensors(e)))
         total += sum(t.numel() * t.element_size() for t in _tensors(layer, skip=experts)
                      if t.is_floating_point() or t.element_size() == 1)
     return total + sum(t.numel() * t.element_size()

@@ -4,22 +4,29 @@ router after its logits (`kernels/router`) and the shared expert's clamped SwiGL
 `quantized.swiglu_linear`) one Triton launch each on the GPU in place of a dozen and four torch
 ops, and the shared expert's output added by the FP4 experts' decode kernel (one rounding of the
 sum where `reference.moe` rounds the routed sum first). On CPU every op is its reference, so
-the numbers are `reference.moe`'s exactly."""
+the numbers are `reference.moe`'s exactly. With expert parallelism (`experts`: the rank's) the
+pairs of other ranks' experts drop out (`expert_parallel.local_routes`) and the caller sums
+the ranks' outputs."""
 
 from __future__ import annotations
 
 import torch
 
 from openinfer_deepseek_v4.config import DeepseekV4Config
+from openinfer_deepseek_v4.expert_parallel import local_routes
 from openinfer_deepseek_v4.kernels.router import route_fused, route_hash, route_topk
 from openinfer_deepseek_v4.quantized import linear, routed_experts, swiglu_linear
 from openinfer_deepseek_v4.reference import MoEWeights
 
 
 def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
-                cfg: DeepseekV4Config) -> torch.Tensor:
-    """`reference.moe`: routed experts plus the shared expert, x [T, H] -> [T, H]."""
+                cfg: DeepseekV4Config, experts: range | None = None) -> torch.Tensor:
+    """`reference.moe`: routed experts plus the shared expert, x [T, H] -> [T, H]. With
+    `experts` (expert parallelism: the global ids of the experts `w` holds) only the pairs
+    routed to those, plus `w`'s slice of the shared expert: this rank's part of the sum."""
     weights, ids = route(x, token_ids, w, cfg)
+    if experts is not None:
+        ids, weights = local_routes(ids, weights, experts)
     # The shared expert's kernels run between the router and the routed experts: x, ids and
     # weights are settled (written two or more kernels back) when the experts' first runs.
     add = shared_expert(x, w, cfg)

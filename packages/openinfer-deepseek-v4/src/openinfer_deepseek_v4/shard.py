@@ -8,8 +8,9 @@ the official MP split, with the indexer replicated and the experts' choice below
   a top-k over all-reduced scores per layer if split, and its weights are small;
 - routed experts: split by width (each expert's `w1`/`w3` rows and `w2` columns: partial
   sums, all-reduced with the shared expert's, split the same way), or with expert
-  parallelism whole, experts [first, last) per rank (`expert_parallel.py`), the shared expert
-  then replicated;
+  parallelism whole, experts [first, last) per rank (`expert_parallel.py`: each rank's own
+  experts' part of the sum, all-reduced the same way), the shared expert split by width in
+  either case;
 - embedding and head by vocabulary rows (a masked lookup + all-reduce, an all-gather of the
   logits), as the Qwen3 line; router, hash tables, norms and hyper-connections replicated.
 
@@ -40,7 +41,7 @@ class DeepseekV4Shard:
     # parallelism: every rank holds a part of each).
     expert_starts: tuple[int, ...]
     intermediate: range  # rows of each held routed expert (expert parallel: all of them)
-    shared: range  # rows of the shared expert (expert parallel: all of them)
+    shared: range  # rows of the shared expert
     vocab: VocabShard
 
     @classmethod
@@ -65,7 +66,7 @@ class DeepseekV4Shard:
         return cls(rank, size, groups, range(groups.start * per_group, groups.stop * per_group),
                    expert_parallel, (*experts, cfg.num_experts),
                    whole if expert_parallel else split_range(len(whole), size, rank),
-                   range(shared) if expert_parallel else split_range(shared, size, rank),
+                   split_range(shared, size, rank),
                    vocab_shard(cfg.vocab_size, rank, size))
 
     @property

@@ -81,9 +81,43 @@ def test_alignment_tiles_each_expert_in_token_order() -> None:
     ids = torch.tensor([[3, 0], [0, 3], [3, 1]])  # pairs 0..5; expert 2 unused
     tiles = align_by_expert(ids, num_experts=4, block_m=2)
     assert tiles.pair.tolist() == [1, 2, 5, 0, 3, 4]  # expert 0: pairs 1, 2; 1: 5; 3: 0, 3, 4
-    assert tiles.tile_expert.tolist() == [0, 1, 3, 3, -1, -1, -1]
-    assert tiles.tile_start.tolist() == [0, 2, 3, 5, 0, 0, 0]
-    assert tiles.tile_rows.tolist() == [2, 1, 2, 1, 0, 0, 0]
+    assert tiles.tile_expert.tolist() == [0, 1, 3, 3, -1, -1, -1, -1]
+    assert tiles.tile_start.tolist() == [0, 2, 3, 5, 0, 0, 0, 0]
+    assert tiles.tile_rows.tolist() == [2, 1, 2, 1, 0, 0, 0, 0]
+
+
+def test_alignment_puts_other_ranks_pairs_in_a_bucket_after_the_experts() -> None:
+    """Id -1 (expert parallelism: another rank's expert): bucket 4 of 4 experts, last."""
+    ids = torch.tensor([[3, -1], [-1, 0], [-1, 3]])
+    tiles = align_by_expert(ids, num_experts=4, block_m=2)
+    assert tiles.pair.tolist() == [3, 0, 5, 1, 2, 4]  # 0: pair 3; 3: 0, 5; -1: 1, 2, 4
+    assert tiles.tile_expert.tolist()[:4] == [0, 3, 4, 4]
+    assert tiles.tile_start.tolist()[:4] == [0, 1, 3, 5]
+    assert tiles.tile_rows.tolist()[:4] == [1, 2, 2, 1]
+    assert set(tiles.tile_expert.tolist()[4:]) == {-1}
+
+
+@pytest.mark.parametrize("path", ["grouped", "decode"])
+@pytest.mark.parametrize("t", [1, 5])
+def test_other_ranks_pairs_add_nothing(path: str, t: int) -> None:
+    """Expert parallelism's local routes: pairs of id -1 carry weight 0 and are skipped; the
+    rest give the reference over the same pairs."""
+    case = make(t, hidden=64, inter=96, experts=4, k=3, dtype=torch.float32, seed=20 + t,
+                picked=4)
+    dropped = torch.zeros_like(case["ids"], dtype=torch.bool)
+    dropped[:, 1] = True
+    dropped[0, :] = True  # a token with no pair on this rank: output 0
+    ids = torch.where(dropped, -1, case["ids"])
+    weights = torch.where(dropped, 0.0, case["weights"])
+    case = {**case, "ids": ids, "weights": weights}
+    out = fp4_moe_experts_triton(**case, limit=LIMIT, path=path)
+    want = fp4_moe_experts_ref(**case, limit=LIMIT)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    kept = ~dropped
+    full = fp4_moe_experts_ref(**{**case, "ids": torch.where(kept, ids, 0),
+                                  "weights": weights}, limit=LIMIT)
+    torch.testing.assert_close(want, full, rtol=1e-5, atol=1e-6)
 
 
 def test_is_deterministic() -> None:

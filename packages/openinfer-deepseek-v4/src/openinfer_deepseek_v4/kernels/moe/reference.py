@@ -62,9 +62,12 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                     gate_up: torch.Tensor, down: torch.Tensor, limit: float) -> torch.Tensor:
     """sum over token t's picked experts e of weights[t, e] * down_e(swiglu(gate_up_e x_t)):
     x [T, H], ids/weights [T, k], gate_up [E, 2I, H], down [E, H, I] -> [T, H] in x's dtype.
-    One expert at a time over the tokens that picked it."""
+    One expert at a time over the tokens that picked it; id -1 (another rank's expert under
+    expert parallelism) adds nothing."""
     out = torch.zeros_like(x)
     for expert in ids.unique().tolist():
+        if expert < 0:
+            continue
         token, slot = torch.where(ids == expert)
         h = swiglu_clamped_ref(F.linear(x[token], gate_up[expert]), limit)
         y = F.linear(h, down[expert]) * weights[token, slot, None]
@@ -86,8 +89,14 @@ def fp4_moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
         return torch.stack([dequant_fp4_ref(p, s, dtype=x.dtype)
                             for p, s in zip(packed, scale, strict=True)])
 
-    # Only the picked experts, renumbered: all 256 of V4-Flash's would take 12 GiB in bf16.
-    used, local = torch.unique(ids, return_inverse=True)
+    # Only the picked experts, renumbered: all 256 of V4-Flash's would take 12 GiB in bf16
+    # (-1, another rank's, stays -1).
+    held = ids >= 0
+    if not held.any():
+        return torch.zeros_like(x) if add is None else add.clone()
+    used, renumbered = torch.unique(ids[held], return_inverse=True)
+    local = torch.full_like(ids, -1)
+    local[held] = renumbered
     out = moe_experts_ref(x, local, weights, dequant(gate_up[used], gate_up_scale[used]),
                           dequant(down[used], down_scale[used]), limit)
     return out if add is None else out + add

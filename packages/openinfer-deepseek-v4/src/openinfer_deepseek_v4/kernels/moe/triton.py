@@ -90,14 +90,16 @@ def _tile_product(a_ptr, w_ptr, s_ptr, a_row, row_ok, rn, n_ok, N, K, stride_am,
 
 @triton.jit
 def _expert_kernel(a_ptr, w_ptr, s_ptr, out_ptr, pair_ptr, tile_expert_ptr, tile_start_ptr,
-                   tile_rows_ptr, route_w_ptr, N, K, top_k, stride_am, stride_we, stride_wn,
-                   stride_se, stride_sn, stride_om, limit, GATED: tl.constexpr,
+                   tile_rows_ptr, route_w_ptr, N, K, top_k, num_experts, stride_am, stride_we,
+                   stride_wn, stride_se, stride_sn, stride_om, limit, GATED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one expert tile. GATED (gate_up, N = I):
     rows are the tokens of the tile's pairs; writes silu(min(gate, limit)) * clamp(up, ±limit)
     to the tile's rows of h. Else (down, N = H): rows are h's; writes the routing weight times
-    the product to the pairs' rows of y (fp32)."""
+    the product to the pairs' rows of y (fp32). A tile of the bucket after the experts
+    (`num_experts`: pairs of another rank's experts) computes nothing and, in the down
+    product, writes its pairs' rows of y as zeros."""
     pdl_enter(PDL)
     tile = tl.program_id(0)
     expert = tl.load(tile_expert_ptr + tile)
@@ -109,22 +111,26 @@ def _expert_kernel(a_ptr, w_ptr, s_ptr, out_ptr, pair_ptr, tile_expert_ptr, tile
         a_row = pair // top_k if GATED else start + r
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
-        acc, up = _tile_product(a_ptr, w_ptr + expert.to(tl.int64) * stride_we,
-                                s_ptr + expert.to(tl.int64) * stride_se, a_row, row_ok, rn,
-                                n_ok, N, K, stride_am, stride_wn, stride_sn, GATED, BLOCK_M,
-                                BLOCK_N, BLOCK_K, PRECISION, UPCAST)
         mask = n_ok[:, None] & row_ok[None, :]
-        if GATED:
-            gate = tl.minimum(acc, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-            h = gate / (1.0 + tl.exp(-gate)) * up
-            out = out_ptr + (start + r)[None, :].to(tl.int64) * stride_om + rn[:, None]
-            tl.store(out, h.to(out_ptr.dtype.element_ty), mask=mask)
+        if expert == num_experts:
+            if not GATED:
+                out = out_ptr + pair[None, :].to(tl.int64) * stride_om + rn[:, None]
+                tl.store(out, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), mask=mask)
         else:
-            route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)
-            out = out_ptr + pair[None, :].to(tl.int64) * stride_om + rn[:, None]
-            tl.store(out, acc * route_w[None, :], mask=mask)
-
+            acc, up = _tile_product(a_ptr, w_ptr + expert.to(tl.int64) * stride_we,
+                                    s_ptr + expert.to(tl.int64) * stride_se, a_row, row_ok,
+                                    rn, n_ok, N, K, stride_am, stride_wn, stride_sn, GATED,
+                                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
+            if GATED:
+                gate = tl.minimum(acc, limit)
+                up = tl.minimum(tl.maximum(up, -limit), limit)
+                h = gate / (1.0 + tl.exp(-gate)) * up
+                out = out_ptr + (start + r)[None, :].to(tl.int64) * stride_om + rn[:, None]
+                tl.store(out, h.to(out_ptr.dtype.element_ty), mask=mask)
+            else:
+                route_w = tl.load(route_w_ptr + pair, mask=row_ok, other=0.0)
+                out = out_ptr + pair[None, :].to(tl.int64) * stride_om + rn[:, None]
+                tl.store(out, acc * route_w[None, :], mask=mask)
 
 def moe_block_m(pairs: int, num_experts: int) -> int:
     """Rows per expert tile, from the mean rows an expert gets: 16 (the MMA's narrowest side)
@@ -217,7 +223,8 @@ def _grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up:
     for a, w, s, target, n, k, gated in ((x, gate_up, gate_up_scale, h, inter, hidden, True),
                                          (h, down, down_scale, y, hidden, inter, False)):
         _expert_kernel[(n_tiles, triton.cdiv(n, block_n))](
-            a, w, s, target, *routing, n, k, top_k, a.stride(0), w.stride(0), w.stride(1),
-            s.stride(0), s.stride(1), target.stride(0), float(limit), GATED=gated, **common)
+            a, w, s, target, *routing, n, k, top_k, num_experts, a.stride(0), w.stride(0),
+            w.stride(1), s.stride(0), s.stride(1), target.stride(0), float(limit), GATED=gated,
+            **common)
     sum_slices(y, out, top_k, hidden, top_k * hidden)
     return out
