@@ -114,7 +114,7 @@ class TensorParallelModel:
     def __init__(self, local: Model, group: TorchTensorParallelGroup,
                  workers: list[LocalRank | RemoteRank], publisher: zmq.Socket[bytes],
                  context: zmq.Context[Any], folder: Path,
-                 store: dist.Store | None = None, expert_parallel: bool = False) -> None:
+                 store: dist.Store | None = None) -> None:
         self.local = local
         self.group = group
         self.workers = workers
@@ -123,14 +123,14 @@ class TensorParallelModel:
         self.device = local.device
         self.size = group.size
         # Rank 0's capabilities. CUDA graphs (SupportsCudaGraphs, SupportsGraphPeers) where the
-        # shard can be captured and no step exchanges counts with the host (expert
-        # parallelism's all-to-all does).
+        # shard can be captured: its `cuda_graph_safe` says so, with expert parallelism too
+        # (a line whose expert-parallel steps sync with the host sets it False).
         self.weight_bytes = local.weight_bytes if supports_weight_bytes(local) else 0
         if supports_sampling_kernels(local):
             self.sampling_kernels = local.sampling_kernels
         self.cuda_graph_safe = False
         self.cuda_graph_max_tokens = 0
-        if supports_cuda_graphs(local) and local.cuda_graph_safe and not expert_parallel:
+        if supports_cuda_graphs(local) and local.cuda_graph_safe:
             self.cuda_graph_safe = True
             self.cuda_graph_max_tokens = local.cuda_graph_max_tokens
         # SupportsPooling: every rank ends with the whole (replicated) final hidden state.
@@ -216,8 +216,7 @@ class TensorParallelModel:
             raise
         log.info("tensor parallel: %d ranks (%s) on %d node(s), local worker pids %s", size,
                  options.device, layout.nnodes, [w.process.pid for w in local_ranks(workers)])
-        return cls(local, group, workers, publisher, context, folder, store,
-                   options.expert_parallel)
+        return cls(local, group, workers, publisher, context, folder, store)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         """Rank 0's: its shard is the largest (`sharding` gives earlier ranks the larger
