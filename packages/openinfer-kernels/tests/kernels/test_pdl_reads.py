@@ -167,11 +167,10 @@ def test_preloaded_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkey
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("steps", [1, 2], ids=["one-step-ahead", "two-steps-ahead"])
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
 @pytest.mark.parametrize("k", [300, 40], ids=["three-steps", "part-of-a-step"])
 def test_preloaded_fp8_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkeypatch,
-                                                                       gated, k, steps):
+                                                                       gated, k):
     g = torch.Generator().manual_seed(k)
     n = 16
     x = torch.randn((1, k), generator=g).to(torch.bfloat16).to(DEVICE)
@@ -189,7 +188,6 @@ def test_preloaded_fp8_linear_reads_x_after_the_wait_with_the_same_bits(wait, mo
     monkeypatch.setattr(fp8_module, "PRELOAD", False)
     want = run()
     monkeypatch.setattr(fp8_module, "PRELOAD", True)
-    monkeypatch.setattr(fp8_module, "PRELOAD_STEPS", steps)
     poison_until_the_wait(wait, x)
     got = run()
     assert wait.calls == (2 if INTERPRETED else 0)
@@ -209,16 +207,5 @@ def test_the_switch_names_the_kernels(monkeypatch):
         preloads("fp8")
 
 
-def test_the_fp8_preload_depth_is_one_or_two_steps(monkeypatch):
-    for raw, steps in (("1", 1), (" 2", 2)):
-        monkeypatch.setenv(fp8_module.PRELOAD_STEPS_ENV, raw)
-        assert fp8_module.preload_steps() == steps
-    monkeypatch.delenv(fp8_module.PRELOAD_STEPS_ENV)
-    assert fp8_module.preload_steps() == 1
-    monkeypatch.setenv(fp8_module.PRELOAD_STEPS_ENV, "3")
-    with pytest.raises(ValueError, match="1 or 2"):
-        fp8_module.preload_steps()
-
-
 def test_the_kernels_compile_with_those_reads_ahead_of_the_wait() -> None:
-    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=18)
+    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=16)
