@@ -189,10 +189,16 @@ stage_tpunfused() {
 }
 
 stage_tp32() {
-  local m32=/tmp/qwen3-32b tps=${TP_SIZES:-1 2}
+  # Qwen3-32B batch-1 TPOT at each TP size past 1; TP32_VARIANTS: A/Bs at each of them, each
+  # VAR=VALUE (e.g. "OPENINFER_PDL_PRELOAD=push OPENINFER_PDL_PRELOAD=linear,push").
+  local m32=/tmp/qwen3-32b tps=${TP_SIZES:-1 2} variant
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
   for tp in $tps; do
-    [ "$tp" = 1 ] || tp_latency 32b $m32 $tp auto
+    [ "$tp" = 1 ] && continue
+    tp_latency 32b $m32 $tp auto
+    for variant in ${TP32_VARIANTS:-}; do
+      tp_latency 32b $m32 $tp "${variant//[=,]/-}" "$variant"  # (file names: no '=', no ',')
+    done
   done
 }
 
