@@ -73,9 +73,9 @@ class EngineConfig:
     # Ranks the model is split over (`--tensor-parallel-size`): one process per GPU (CPU: all
     # on the CPU, gloo), started by the engine (openinfer_core.distributed).
     tensor_parallel_size: int = 1
-    # Routed experts split whole over the tensor-parallel ranks, tokens sent to their experts'
-    # ranks (`--enable-expert-parallel`); off: every expert's width is split. Lines with routed
-    # experts only; with one rank it changes nothing.
+    # Routed experts split whole over the tensor-parallel ranks (`--enable-expert-parallel`);
+    # off: every expert's width is split. Lines with routed experts only; with one rank it
+    # changes nothing.
     enable_expert_parallel: bool = False
     # Several nodes (`--nnodes`, `--node-rank`, `--master-addr`, `--master-port`; torchrun's
     # variables give the defaults): tensor_parallel_size / nnodes ranks on each node; node 0

@@ -384,7 +384,8 @@ class TensorParallelGroup(Protocol):
         r are `recv_counts[r]` of them, in the order r sent them), and `recv_counts`. Without
         `recv_counts` the ranks first exchange their counts (on the GPU that reads them back to
         the host: a sync); a reply along the same routes passes the counts it received.
-        Expert parallelism's dispatch and combine."""
+        For a line whose expert parallelism moves rows between ranks (none in this repository
+        does: DeepSeek-V4's sums each rank's experts' part in its sublayer's all-reduce)."""
         ...
 
 
@@ -402,9 +403,9 @@ class LoadOptions:
     # slices) and make `forward` run the collectives; only lines with
     # `capabilities.SupportsTensorParallel` are given one.
     tensor_parallel: TensorParallelGroup | None = None
-    # With `tensor_parallel`: split the routed experts over the ranks whole (each token's rows
-    # go to its experts' ranks and back, `TensorParallelGroup.all_to_all`) instead of splitting
-    # every expert's width. Only lines with `capabilities.SupportsExpertParallel`.
+    # With `tensor_parallel`: split the routed experts over the ranks whole instead of
+    # splitting every expert's width (how the ranks combine their experts' outputs is the
+    # line's). Only lines with `capabilities.SupportsExpertParallel`.
     expert_parallel: bool = False
     # The KV pages' dtype: None, the model's `dtype`; float8_e4m3fn (`--kv-cache-dtype fp8`)
     # only for lines with `capabilities.SupportsFp8KVCache`.

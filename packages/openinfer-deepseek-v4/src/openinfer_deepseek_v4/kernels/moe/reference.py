@@ -95,7 +95,7 @@ def fp4_moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     if not held.any():
         return torch.zeros_like(x) if add is None else add.clone()
     used, renumbered = torch.unique(ids[held], return_inverse=True)
-    local = torch.full_like(ids, -1)
+    local = torch.full_like(ids, -1, dtype=torch.long)
     local[held] = renumbered
     out = moe_experts_ref(x, local, weights, dequant(gate_up[used], gate_up_scale[used]),
                           dequant(down[used], down_scale[used]), limit)
