@@ -122,6 +122,3 @@ def _tiles(x_ptr, w_ptr, s_ptr, rn, n_ok, rm, m_ok, k_start, k_end, stride_xm, s
         else:  # the step lies in one scale block: its fp32 product takes the scale, unrounded
             acc += dot(w.to(x.dtype), tl.trans(x), PRECISION, UPCAST) * s[:, None]
     return acc
-
-
-# M follows the batch size: not specialized, so every CUDA-graph size shares one variant.

@@ -11,10 +11,10 @@ activation row (decode) multiplies on the CUDA cores, BLOCK_K up to 512 bytes of
 row per step, so enough bytes are in flight to stream the weight at the bandwidth floor; more
 rows use `tl.dot` with the weight tile as the left operand (its rows fill the MMA's 64-row
 side, the few activation rows its narrow side): both paths' K steps are `steps.py`'s. With
-SPLIT_K > 1 the shares land in an fp32
-workspace, added in a fixed order (the same bits every run) by the last share of each output
-block to arrive (`split_k.sum_if_last`), or by `sum_slices`, a second launch, with
-OPENINFER_SPLIT_SUM=kernel or inside a CUDA-graph capture that would make the arrival counts.
+SPLIT_K > 1 the shares land in an fp32 workspace, added in a fixed order (the same bits every
+run) by the last share of each output block to arrive (`split_k.sum_if_last`), or by
+`sum_slices`, a second launch, with OPENINFER_SPLIT_SUM=kernel or inside a CUDA-graph capture
+that would make the arrival counts.
 
 Two fused forms save a decode step's launches. The gated one (`fp8_block_linear_silu_mul`, a
 gated MLP's [gate; up] weight) gives each program gate rows n and the up rows n + I beside
@@ -75,6 +75,7 @@ class Fp8Tile:
     num_stages: int = 3
 
 
+# M follows the batch size: not specialized, so every CUDA-graph size shares one variant.
 @triton.jit(do_not_specialize=["M"])
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_xm,
                        stride_wn, stride_sn, k_per_split, rows_per_group, stride_xg,
