@@ -6,19 +6,14 @@ is one call's share of a CUDA graph of calls that each route to other experts (i
 37; at one token a call reads 80 MB, more than the 50 MB L2), against its floor: the picked
 experts' FP4 weights and scales, read once, plus x and the output, over the copy bandwidth
 measured in the same run. Every decode result is checked against the grouped path's, and the
-grouped path against the reference up to 16 tokens. The grouped path runs both ways of its
-tiles' product (`OPENINFER_FP4_DOT`): `grouped` dequantizes the codes for `tl.dot`, `scaled`
-hands them to `tl.dot_scaled`; the two are checked against each other (and said whether
-bit-equal). Last, a table of all, then the `DECODE_TILES` rows and `DECODE_MAX_PAIRS` it
-suggests (decode wins up to that many pairs).
+grouped path against the reference up to 16 tokens. Last, a table of all, then the
+`DECODE_TILES` rows and `DECODE_MAX_PAIRS` it suggests (decode wins up to that many pairs).
 
 --tp N: the experts one rank of N holds when they are split by width (I / N: 1024 at TP2, 512
-at TP4), the rows printed for `WIDTH_TILES` then. --grouped-only: the grouped path's two ways
-alone (no decode tiles), for batch sizes past the decode path's (e.g. --tokens 64 256).
+at TP4), the rows printed for `WIDTH_TILES` then.
 
 Usage (on the GPU machine, from the repo root; about a minute, most of it compiling):
     python benchmarks/device/dsv4_moe_sweep.py [--tokens 1 4 16 64] [--copies 8] [--tp 1]
-        [--grouped-only]
 On CPU, the same flow at tiny shapes under the interpreter, T = 1, 4 by default (about a
 minute; the times are the interpreter's, meaningless):
     TRITON_INTERPRET=1 python benchmarks/device/dsv4_moe_sweep.py --dry-run"""
@@ -86,15 +81,13 @@ def make_experts(shape: Shape, device: str) -> tuple[torch.Tensor, ...]:
 
 
 def sweep_tokens(t: int, shape: Shape, experts: tuple[torch.Tensor, ...], gbps: float,
-                 copies: int, timer: Timer, grouped_only: bool) -> dict[str, float]:
-    """{"floor": us, "grouped": us, "scaled": us, "table": us, candidate name: us} at t
-    tokens (the decode ones left out with `grouped_only`)."""
+                 copies: int, timer: Timer) -> dict[str, float]:
+    """{"floor": us, "grouped": us, "table": us, candidate name: us} at t tokens."""
     device = experts[0].device
     x = torch.randn((t, shape.hidden), device=device, dtype=torch.bfloat16)
     ids = torch.rand((t, shape.experts), device=device).topk(shape.top_k, dim=-1).indices
     route_w = torch.rand((t, shape.top_k), device=device)
-    grouped = fp4_moe_experts_triton(x, ids, route_w, *experts, LIMIT, path="grouped",
-                                     fp4_dot="dequant").float()
+    grouped = fp4_moe_experts_triton(x, ids, route_w, *experts, LIMIT, path="grouped").float()
     if t <= 16:  # the reference dequantizes every picked expert to bf16 (50 MB each)
         want = fp4_moe_experts_ref(x, ids, route_w, *experts, LIMIT).float()
         torch.testing.assert_close(grouped, want, rtol=2**-5, atol=2**-5 * want.abs().max())
@@ -107,18 +100,9 @@ def sweep_tokens(t: int, shape: Shape, experts: tuple[torch.Tensor, ...], gbps: 
         return timer([partial(fp4_moe_experts_triton, x, r, route_w, *experts, LIMIT, **kw)
                       for r in rolled])
 
-    scaled = fp4_moe_experts_triton(x, ids, route_w, *experts, LIMIT, path="grouped",
-                                    fp4_dot="scaled").float()
-    same = torch.equal(scaled, grouped)
-    torch.testing.assert_close(scaled, grouped, rtol=2**-7, atol=2**-7 * grouped.abs().max())
-    result = {"floor": floor, "grouped": timed(path="grouped", fp4_dot="dequant"),
-              "scaled": timed(path="grouped", fp4_dot="scaled")}
+    result = {"floor": floor, "grouped": timed(path="grouped")}
     print(f"T={t} ({t * shape.top_k} pairs, {picked} experts): floor {floor:.1f} us, "
-          f"grouped {result['grouped']:.1f} us ({result['grouped'] / floor:.2f}x), "
-          f"scaled {result['scaled']:.1f} us ({result['scaled'] / floor:.2f}x, "
-          f"{'the same bits' if same else 'NOT bit-equal'})", flush=True)
-    if grouped_only:
-        return result
+          f"grouped {result['grouped']:.1f} us ({result['grouped'] / floor:.2f}x)", flush=True)
     for name, tile in {"table": decode_tile(t, shape.inter), **CANDIDATES}.items():
         out = fp4_moe_experts_triton(x, ids, route_w, *experts, LIMIT, path="decode",
                                      tile=tile).float()
@@ -130,13 +114,7 @@ def sweep_tokens(t: int, shape: Shape, experts: tuple[torch.Tensor, ...], gbps: 
 
 
 def report(results: dict[int, dict[str, float]], top_k: int, table: str) -> None:
-    if any("table" not in r for r in results.values()):  # --grouped-only
-        print(f"\n{'T':>3s} {'floor us':>8s} {'grouped':>14s} {'scaled':>14s}")
-        for t, r in results.items():
-            print(f"{t:3d} {r['floor']:8.1f} " + " ".join(
-                f"{r[n]:8.1f} {r[n] / r['floor']:4.1f}x" for n in ("grouped", "scaled")))
-        return
-    names = ["grouped", "scaled", "table", *CANDIDATES]
+    names = ["grouped", "table", *CANDIDATES]
     print(f"\n{'T':>3s} {'floor us':>8s} " + " ".join(f"{n:>14s}" for n in names)
           + "  best decode tile")
     best_rows = []
@@ -158,8 +136,6 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=8, help="calls (expert sets) per graph")
     p.add_argument("--tp", type=int, default=1,
                    help="the experts of one rank of N, split by width (I / N)")
-    p.add_argument("--grouped-only", action="store_true",
-                   help="the grouped path's two products alone, no decode tiles")
     p.add_argument("--dry-run", action="store_true",
                    help="tiny shapes on CPU under TRITON_INTERPRET=1: checks the flow only")
     args = p.parse_args()
@@ -181,8 +157,7 @@ def main() -> None:
     with torch.inference_mode():
         experts = make_experts(shape, device)
         tokens = args.tokens or ([1, 4] if args.dry_run else [1, 4, 16, 64])
-        results = {t: sweep_tokens(t, shape, experts, gbps, copies, timer, args.grouped_only)
-                   for t in tokens}
+        results = {t: sweep_tokens(t, shape, experts, gbps, copies, timer) for t in tokens}
     report(results, shape.top_k,
            "DECODE_TILES" if args.tp == 1 else f"WIDTH_TILES[{shape.inter}]")
 

@@ -25,15 +25,22 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from openinfer_core.engine.config import EngineConfig
 from openinfer_core.engine.engine import Engine
-from openinfer_core.events import Token
+from openinfer_core.events import Error, Finished, Rejected, Token
 from openinfer_core.params import SamplingParams
 from openinfer_core.request import GenerateRequest
 
 
 def until_token(engine: Engine, request_id: str) -> None:
-    """Steps until `request_id` has its (only) token: one step, or one per prefill chunk."""
-    while not any(isinstance(e, Token) and e.request_id == request_id for e in engine.step()):
-        pass
+    """Steps until `request_id` has its (only) token: one step, or one per prefill chunk. A
+    request that ends without one (rejected, failed) raises rather than waiting forever."""
+    while True:
+        for event in engine.step():
+            if event.request_id != request_id:
+                continue
+            if isinstance(event, Token):
+                return
+            if isinstance(event, Rejected | Error | Finished):
+                raise RuntimeError(f"{request_id} ended without a token: {event}")
 
 
 def first_token_step(engine: Engine, request_id: str, prompt: tuple[int, ...]) -> float:
@@ -131,7 +138,9 @@ def host_phases(engine: Engine, prompts: list[tuple[int, ...]]) -> dict[str, flo
 
 def breakdown(engine: Engine, prompt_len: int, warm: bool, iters: int) -> dict[str, Any]:
     rng = random.Random(prompt_len * 2 + warm)
-    prompts = [tuple(rng.randrange(100, 150_000) for _ in range(prompt_len))
+    vocab = engine.model.vocab_size  # Qwen3's 151,936, DeepSeek-V4's 129,280
+    print(f"progress: prompt {prompt_len} {'warm' if warm else 'cold'}", flush=True)
+    prompts = [tuple(rng.randrange(100, vocab) for _ in range(prompt_len))
                for _ in range(3 * (iters + 2) + 4)]  # the last 4: timeline, host phases
 
     def run(i: int, tag: str) -> float:
@@ -197,6 +206,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine(EngineConfig(model=args.model, load_format="dummy", max_model_len=17408,
                                  max_num_seqs=4))
+    print("progress: engine ready", flush=True)
     reports = []
     for n in args.prompt_len:
         for warm in (False, True):

@@ -45,22 +45,16 @@ stage_dsv4official() {
 }
 
 # The FP4 experts' decode tiles at the widths a rank holds (DSV4_MOE_TP, "2 4": I / TP),
-# for moe/decode.py's WIDTH_TILES (DSV4_MOE_TOKENS: the token counts, "1 4 16 64"), with the
-# grouped path's two products (OPENINFER_FP4_DOT dequant / scaled) beside them; then
-# DSV4_MOE_GROUPED_TOKENS (none by default, e.g. "256") on the grouped path alone at every
-# width, and the experts' kernel tests compiled, both products among them.
+# for moe/decode.py's WIDTH_TILES (DSV4_MOE_TOKENS: the token counts, "1 4 16 64"), then the
+# experts' kernel tests compiled.
 stage_dsv4moe() {
   local tp
   for tp in ${DSV4_MOE_TP:-2 4}; do
     stage "DeepSeek-V4 FP4 experts at decode sizes, one rank of TP$tp (experts split by width)"
     timeout 240 python3 benchmarks/device/dsv4_moe_sweep.py --tp $tp --tokens ${DSV4_MOE_TOKENS:-1 4 16 64} 2>&1 \
       | tee "$OUT/dsv4-moe-sweep-tp$tp.log" | grep -E "^T=|^ *[0-9]+ +[0-9.]+ |DECODE_MAX|Error"
-    if [ -n "${DSV4_MOE_GROUPED_TOKENS:-}" ]; then
-      timeout 120 python3 benchmarks/device/dsv4_moe_sweep.py --tp $tp --grouped-only \
-        --tokens $DSV4_MOE_GROUPED_TOKENS 2>&1 | tee "$OUT/dsv4-moe-grouped-tp$tp.log" | grep -E "^T=|Error"
-    fi
   done
-  stage "DeepSeek-V4 FP4 expert kernel tests, compiled (both grouped products)"
+  stage "DeepSeek-V4 FP4 expert kernel tests, compiled"
   timeout 240 python3 -m pytest -p no:cacheprovider -q -n 4 -m "gpu or not gpu" \
     packages/openinfer-deepseek-v4/tests/kernels/test_fp4_moe.py \
     packages/openinfer-deepseek-v4/tests/kernels/test_fp4_moe_decode.py 2>&1 \
@@ -69,9 +63,9 @@ stage_dsv4moe() {
 
 # Where a long V4-Flash prompt's step goes: V4-Flash widths at DSV4_PREFILL_LAYERS (3) layers on
 # one GPU, one prompt of DSV4_PREFILL_LEN (8192) tokens (`prefill_breakdown.py`: GPU time by op
-# and top kernels), once per OPENINFER_FP4_DOT in DSV4_FP4_DOTS ("dequant scaled").
+# and top kernels; its progress lines say how far it got if the deadline cuts it).
 stage_dsv4prefill() {
-  local d4=/tmp/dsv4-prefill dot
+  local d4=/tmp/dsv4-prefill
   python3 - "$d4" "${DSV4_PREFILL_LAYERS:-3}" <<'PY'
 import json, sys
 from pathlib import Path
@@ -83,14 +77,12 @@ out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
     "architectures": ["DeepseekV4ForCausalLM"]}))
 write_tokenizer_files(out)
 PY
-  for dot in ${DSV4_FP4_DOTS:-dequant scaled}; do
-    stage "DeepSeek-V4-Flash widths, ${DSV4_PREFILL_LAYERS:-3} layers: a ${DSV4_PREFILL_LEN:-8192}-token prompt's step by op, OPENINFER_FP4_DOT=$dot"
-    OPENINFER_FP4_DOT=$dot timeout 240 python3 benchmarks/device/prefill_breakdown.py $d4 \
-      --prompt-len ${DSV4_PREFILL_LEN:-8192} --iters 2 \
-      --json "$OUT/prefill-breakdown-dsv4-$dot.json" > "$OUT/prefill-breakdown-dsv4-$dot.log" 2>&1
-    grep -E "^prompt|^  +[0-9.]+ ms" "$OUT/prefill-breakdown-dsv4-$dot.log" | head -24 \
-      || tail -20 "$OUT/prefill-breakdown-dsv4-$dot.log"
-  done
+  stage "DeepSeek-V4-Flash widths, ${DSV4_PREFILL_LAYERS:-3} layers: a ${DSV4_PREFILL_LEN:-8192}-token prompt's step by op"
+  timeout ${DSV4_PREFILL_TIMEOUT_S:-400} python3 benchmarks/device/prefill_breakdown.py $d4 \
+    --prompt-len ${DSV4_PREFILL_LEN:-8192} --iters 2 \
+    --json "$OUT/prefill-breakdown-dsv4.json" > "$OUT/prefill-breakdown-dsv4.log" 2>&1
+  grep -E "^prompt|^  +[0-9.]+ ms|^progress" "$OUT/prefill-breakdown-dsv4.log" | head -30 \
+    || tail -20 "$OUT/prefill-breakdown-dsv4.log"
 }
 
 dsv4_kernel_tests() {

@@ -57,17 +57,6 @@ def test_fp4_moe_matches_reference(t: int, k: int, dtype: torch.dtype) -> None:
     torch.testing.assert_close(out.float(), want, **tolerance(dtype, want))
 
 
-@pytest.mark.parametrize(("t", "k"), [(1, 2), (17, 2), (40, 3)])
-def test_scaled_dot_takes_the_same_weights(t: int, k: int) -> None:
-    """`tl.dot_scaled` (OPENINFER_FP4_DOT=scaled) multiplies the same bf16 weights as the
-    dequantizing tile (each code times its power-of-two scale is exact in bf16) in the same
-    tiles: the same bits, at decode-sized and prefill-sized tiles (40 rows an expert)."""
-    case = make(t, hidden=96, inter=160, experts=5, k=k, dtype=torch.bfloat16, seed=t + 3)
-    scaled = fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped", fp4_dot="scaled")
-    assert torch.equal(scaled, fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped",
-                                                      fp4_dot="dequant"))
-
-
 def test_many_rows_per_expert_use_wider_tiles() -> None:
     """40 tokens x 3 of 3 experts: 40 rows an expert, tiles of 64 rows (the prefill path)."""
     case = make(40, hidden=64, inter=96, experts=4, k=3, dtype=torch.float32, seed=7, picked=3)
@@ -148,14 +137,12 @@ def test_bad_shapes_are_refused() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fp4_dot", ["dequant", "scaled"])
 @pytest.mark.parametrize("t", [1, 64])
-def test_v4_flash_shapes(t: int, fp4_dot: str) -> None:
+def test_v4_flash_shapes(t: int) -> None:
     """H=4096, I=2048, E=256, k=6, bf16, against the bf16 reference (which rounds its
     products to bf16 too); run twice: the same bits."""
     case = make(t, 4096, 2048, 256, 6, torch.bfloat16, seed=t, picked=256)
-    run = dict(limit=10.0, path="grouped", fp4_dot=fp4_dot)
-    out = fp4_moe_experts_triton(**case, **run)
+    out = fp4_moe_experts_triton(**case, limit=10.0, path="grouped")
     want = fp4_moe_experts_ref(**case, limit=10.0).float()
     torch.testing.assert_close(out.float(), want, rtol=2**-5, atol=2**-5 * want.abs().max())
-    assert torch.equal(out, fp4_moe_experts_triton(**case, **run))
+    assert torch.equal(out, fp4_moe_experts_triton(**case, limit=10.0, path="grouped"))

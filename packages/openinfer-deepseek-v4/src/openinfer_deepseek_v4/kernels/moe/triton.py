@@ -11,16 +11,6 @@ every run. A tile streams only its own expert's weights, so a decode step reads 
 experts and nothing else. Weight rows fill the MMA's wide side (BLOCK_N), the tile's few
 tokens its narrow side (BLOCK_M).
 
-A tile's product takes the FP4 codes one of two ways (`OPENINFER_FP4_DOT`, read once):
-- `dequant` (the default): `_fp4_tile` places each code's bits in an fp16, upcasts it to fp32,
-  multiplies it by its group's scale and rounds it to x's dtype, then `tl.dot`;
-- `scaled`: `tl.dot_scaled` with the packed codes and E8M0 scales as they are (the OCP
-  microscaling format, e2m1 with one scale per 32 inputs), which Triton upcasts to bf16 on GPUs
-  without native microscaled MMAs. The same bf16 weights (each code times its scale is exact
-  in bf16) go into the product. With few tokens an expert (a decode batch: 64 tokens at top-6
-  give ~1.5 per expert) the per-weight upcast is most of a tile's work, so its cost sets the
-  kernel's speed. Activations in bf16 or fp16 only; fp32 ones always dequantize.
-
 A few tokens (`DECODE_MAX_PAIRS` pairs at most) take the decode path instead (`decode.py`):
 matrix-vector products per pair, no routing step, two or three launches. OPENINFER_MOE=decode
 or =grouped forces one path at every size.
@@ -52,10 +42,6 @@ _CHOICE = os.environ.get("OPENINFER_MOE") or None
 if _CHOICE not in (None, "decode", "grouped"):
     raise ValueError(f"OPENINFER_MOE must be 'decode' or 'grouped' (or unset: decode up to "
                      f"{DECODE_MAX_PAIRS} (token, expert) pairs), not {_CHOICE!r}")
-FP4_DOT = os.environ.get("OPENINFER_FP4_DOT", "dequant")
-if FP4_DOT not in ("dequant", "scaled"):
-    raise ValueError(f"OPENINFER_FP4_DOT must be 'dequant' or 'scaled', not {FP4_DOT!r}")
-SCALED_FORMATS = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # tl.dot_scaled's rhs formats
 
 
 @triton.jit
@@ -80,28 +66,11 @@ def _fp4_tile(w_ptr, s_ptr, rn, n_ok, k, K, stride_wn, stride_sn, BLOCK_N: tl.co
 
 
 @triton.jit
-def _scaled_tile(w_ptr, s_ptr, rn, n_ok, k, K, stride_wn, stride_sn, a_t, acc,
-                 A_FORMAT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """`acc` plus weight rows `rn` (inputs [k, k + BLOCK_K), packed codes and their scales as
-    stored, 0 past K) times `a_t` ([BLOCK_K, BLOCK_M] in A_FORMAT), by `tl.dot_scaled`."""
-    rb = k // 2 + tl.arange(0, BLOCK_K // 2)
-    b = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rb[None, :],
-                mask=n_ok[:, None] & (rb < K // 2)[None, :], other=0)
-    rg = k // 32 + tl.arange(0, BLOCK_K // 32)
-    s = tl.load(s_ptr + rn[:, None] * stride_sn + rg[None, :],
-                mask=n_ok[:, None] & (rg < K // 32)[None, :], other=0)
-    return tl.dot_scaled(b, s, "e2m1", a_t, None, A_FORMAT, acc=acc)
-
-
-@triton.jit
 def _tile_product(a_ptr, w_ptr, s_ptr, a_row, row_ok, rn, n_ok, N, K, stride_am, stride_wn,
                   stride_sn, GATED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                  SCALED: tl.constexpr, A_FORMAT: tl.constexpr):
+                  BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """([BLOCK_N, BLOCK_M] fp32, transposed) weight rows `rn` times activation rows `a_row`;
-    GATED: also the rows N below them (the up projection), else the second is zeros.
-    SCALED: the codes go to `tl.dot_scaled` as stored (activations in A_FORMAT), else
-    `_fp4_tile` dequantizes them for `tl.dot`."""
+    GATED: also the rows N below them (the up projection), else the second is zeros."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     a_rows = a_ptr + a_row[:, None].to(tl.int64) * stride_am
@@ -109,21 +78,13 @@ def _tile_product(a_ptr, w_ptr, s_ptr, a_row, row_ok, rn, n_ok, N, K, stride_am,
         rk = k + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + rk[None, :], mask=row_ok[:, None] & (rk < K)[None, :], other=0.0)
         a_t = tl.trans(a)
-        if SCALED:
-            acc = _scaled_tile(w_ptr, s_ptr, rn, n_ok, k, K, stride_wn, stride_sn, a_t, acc,
-                               A_FORMAT, BLOCK_K)
-            if GATED:
-                acc_up = _scaled_tile(w_ptr + N * stride_wn, s_ptr + N * stride_sn, rn, n_ok,
-                                      k, K, stride_wn, stride_sn, a_t, acc_up, A_FORMAT,
-                                      BLOCK_K)
-        else:
-            w = _fp4_tile(w_ptr, s_ptr, rn, n_ok, k, K, stride_wn, stride_sn, BLOCK_N,
-                          BLOCK_K, a.dtype)
-            acc += dot(w, a_t, PRECISION, UPCAST)
-            if GATED:
-                w_up = _fp4_tile(w_ptr + N * stride_wn, s_ptr + N * stride_sn, rn, n_ok, k,
-                                 K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, a.dtype)
-                acc_up += dot(w_up, a_t, PRECISION, UPCAST)
+        w = _fp4_tile(w_ptr, s_ptr, rn, n_ok, k, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K,
+                      a.dtype)
+        acc += dot(w, a_t, PRECISION, UPCAST)
+        if GATED:
+            w_up = _fp4_tile(w_ptr + N * stride_wn, s_ptr + N * stride_sn, rn, n_ok, k, K,
+                             stride_wn, stride_sn, BLOCK_N, BLOCK_K, a.dtype)
+            acc_up += dot(w_up, a_t, PRECISION, UPCAST)
     return acc, acc_up
 
 
@@ -132,8 +93,7 @@ def _expert_kernel(a_ptr, w_ptr, s_ptr, out_ptr, pair_ptr, tile_expert_ptr, tile
                    tile_rows_ptr, route_w_ptr, N, K, top_k, num_experts, stride_am, stride_we,
                    stride_wn, stride_se, stride_sn, stride_om, limit, GATED: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
-                   SCALED: tl.constexpr = False, A_FORMAT: tl.constexpr = "bf16"):
+                   PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one expert tile. GATED (gate_up, N = I):
     rows are the tokens of the tile's pairs; writes silu(min(gate, limit)) * clamp(up, ±limit)
     to the tile's rows of h. Else (down, N = H): rows are h's; writes the routing weight times
@@ -160,8 +120,7 @@ def _expert_kernel(a_ptr, w_ptr, s_ptr, out_ptr, pair_ptr, tile_expert_ptr, tile
             acc, up = _tile_product(a_ptr, w_ptr + expert.to(tl.int64) * stride_we,
                                     s_ptr + expert.to(tl.int64) * stride_se, a_row, row_ok,
                                     rn, n_ok, N, K, stride_am, stride_wn, stride_sn, GATED,
-                                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST, SCALED,
-                                    A_FORMAT)
+                                    BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
             if GATED:
                 gate = tl.minimum(acc, limit)
                 up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -208,16 +167,15 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
                            path: Literal["auto", "decode", "grouped"] = "auto",
                            tile: DecodeTile | None = None,
                            add: torch.Tensor | None = None,
-                           settled: bool = False,
-                           fp4_dot: Literal["dequant", "scaled"] | None = None) -> torch.Tensor:
+                           settled: bool = False) -> torch.Tensor:
     """x [T, H] bf16/fp32, ids [T, k] int, weights [T, k] fp32, gate_up [E, 2I, H/2] and
     down [E, H, I/2] packed e2m1 (uint8/int8), scales [E, 2I, H/32], [E, H, I/32] E8M0
     (uint8/float8_e8m0fnu) -> [T, H] in x's dtype; `add` [T, H] in x's dtype, added to it
     (on the decode path in the down kernel, before the result's rounding); `settled`: x, ids
     and weights were written two or more kernels back (the decode path may then compute
     before its PDL wait: `decode.py`). No host sync (CUDA-graph capturable).
-    `path` and `tile` (the decode path's) override `takes_decode_path` and `decode_tile`, and
-    `fp4_dot` the grouped path's `OPENINFER_FP4_DOT` (benchmarks, tests)."""
+    `path` and `tile` (the decode path's) override `takes_decode_path` and `decode_tile`
+    (benchmarks, tests)."""
     _check(x, ids, weights, gate_up, gate_up_scale, down, down_scale)
     (t, hidden), top_k = x.shape, ids.shape[1]
     if add is not None and (add.shape != x.shape or add.dtype != x.dtype):
@@ -232,7 +190,7 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
         if add is not None and add.stride(1) != 1:
             add = add.contiguous()
         return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add, settled)
-    out = _grouped(x, ids, weights, *packed, limit, fp4_dot or FP4_DOT)
+    out = _grouped(x, ids, weights, *packed, limit)
     return out if add is None else out + add
 
 
@@ -247,7 +205,7 @@ def takes_decode_path(pairs: int) -> bool:
 
 def _grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
              gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
-             limit: float, fp4_dot: str) -> torch.Tensor:
+             limit: float) -> torch.Tensor:
     (t, hidden), top_k = x.shape, ids.shape[1]
     num_experts, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
@@ -257,11 +215,9 @@ def _grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up:
     route_w = weights.reshape(-1).to(torch.float32).contiguous()
     fp32 = x.dtype == torch.float32
     block_n, block_k = 64, 64 if fp32 else 128
-    scaled = fp4_dot == "scaled" and x.dtype in SCALED_FORMATS
     common = dict(BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   **dot_options(x), num_warps=4,
-                  num_stages=2 if fp32 else 3, SCALED=scaled,
-                  A_FORMAT=SCALED_FORMATS.get(x.dtype, "bf16"), **pdl_launch(x))
+                  num_stages=2 if fp32 else 3, **pdl_launch(x))
     routing = (tiles.pair, tiles.tile_expert, tiles.tile_start, tiles.tile_rows, route_w)
     n_tiles = tiles.tile_expert.numel()
     for a, w, s, target, n, k, gated in ((x, gate_up, gate_up_scale, h, inter, hidden, True),
