@@ -51,10 +51,12 @@ def main() -> None:
             run[path.stem] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         elif (path.name.startswith(("kernel_tests", "golden_tests", "flashinfer_tests",
                                     "dsv4_kernel_tests", "dsv4_golden", "dsv4_official_golden",
-                                    "dsv4_mhc_tests", "fp8serve_tests", "gate_kernel_tests"))
+                                    "dsv4_mhc_tests", "dsv4_moe_tests", "fp8serve_tests",
+                                    "gate_kernel_tests"))
               and path.suffix == ".log"):
             run[path.stem] = (path.read_text().strip().splitlines() or [""])[-1]
-        elif path.name in TABLE_LOGS or path.name.startswith("dsv4-moe-sweep"):
+        elif path.name in TABLE_LOGS or path.name.startswith(("dsv4-moe-sweep",
+                                                               "dsv4-moe-grouped")):
             # printed tables, kept whole
             run[path.stem] = path.read_text().strip().splitlines()
     text = json.dumps(run, indent=1) + "\n"
