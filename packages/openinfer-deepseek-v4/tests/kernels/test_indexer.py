@@ -188,6 +188,18 @@ def test_v4_flash_shapes(tokens: int) -> None:
     assert torch.equal(out, indexer_topk_paged_ref(**step, **options))
 
 
+def test_topk_at_v4_width_folds_many_chunks() -> None:
+    """V4-Flash's top 512 (KP = 512: nine merge stages a fold) over rows of 2,600 tied scores
+    (five full chunks and a part; the second row sees 1,250), in one piece and in three."""
+    scores = tied_scores(2, 2600, seed=3)
+    positions = torch.tensor([10399, 5000], device=DEVICE)
+    want = indexer_topk_ordered_ref(scores, positions, ratio=4, top_k=512)
+    for pieces in (1, 3):
+        out = torch.empty(2, 512, dtype=torch.int64, device=DEVICE)
+        launch_topk(scores, positions, out, 4, {}, pieces=pieces)
+        assert torch.equal(out, want)
+
+
 @pytest.mark.parametrize("pieces", [1, 2, 5, 16])
 def test_any_piece_count_gives_the_same(pieces: int) -> None:
     """Rows cut into pieces, each piece's best list merged: empty pieces (past a query's

@@ -5,8 +5,10 @@ Each score becomes one int64 key, (the score's order-preserving bits << 32) | (2
 so that a plain descending sort ranks higher scores first and equal scores by earlier entry
 (-0.0 counted as 0.0). A program streams its part of a row in chunks of KP (top_k padded to a
 power of two): the chunk sorted ascending against the running best sorted descending,
-elementwise max, holds the best KP of both (a bitonic split), and one sort restores the order;
-a chunk that beats nothing is skipped. A long row (a 64k context: 16k entries, 32 chunks of
+elementwise max, holds the best KP of both (a bitonic split). That maximum falls and then rises
+(a bitonic sequence), so a bitonic merge of log2(KP) compare-exchange stages sorts it again,
+where a sort takes log2(KP) * (log2(KP) + 1) / 2 (9 against 45 at KP = 512); a chunk that beats
+nothing is skipped. A long row (a 64k context: 16k entries, 32 chunks of
 512) is cut into pieces, one program each (`_piece_kernel`), whose best lists
 `_merge_kernel` folds the same way, one sort per piece: fewer serial sorts, and more programs
 for a decode batch of one.
@@ -49,11 +51,25 @@ def _keys(scores, entries, valid):
 
 
 @triton.jit
-def _fold(best, ascending):
+def _merge_descending(x, KP: tl.constexpr, LOG_KP: tl.constexpr):
+    """A bitonic sequence x [KP] (here one that falls, then rises) sorted descending: at each
+    stride s = KP/2 .. 1, within every block of 2s the larger of elements i and i + s goes
+    first."""
+    for stage in tl.static_range(LOG_KP):
+        half: tl.constexpr = KP >> (stage + 1)
+        pairs = tl.permute(tl.reshape(x, [KP // (2 * half), 2, half]), (0, 2, 1))
+        first, second = tl.split(pairs)
+        merged = tl.join(tl.maximum(first, second), tl.minimum(first, second))
+        x = tl.reshape(tl.permute(merged, (0, 2, 1)), [KP])
+    return x
+
+
+@triton.jit
+def _fold(best, ascending, KP: tl.constexpr, LOG_KP: tl.constexpr):
     """The best KP of `best` (sorted descending) and `ascending` (sorted ascending), sorted
     descending; `best` itself when `ascending` beats none of it."""
     if tl.max(ascending, 0) > tl.min(best, 0):
-        best = tl.sort(tl.maximum(best, ascending), descending=True)
+        best = _merge_descending(tl.maximum(best, ascending), KP, LOG_KP)
     return best
 
 
@@ -81,6 +97,7 @@ def _piece_kernel(
     num_entries, width, piece_len, stride_st, stride_bt, stride_ot,
     RATIO: tl.constexpr, AS_SLOTS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr, PIECES: tl.constexpr, PDL: tl.constexpr,
+    LOG_KP: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
@@ -93,7 +110,7 @@ def _piece_kernel(
         entries = start + offs
         valid = entries < end
         scores = tl.load(scores_ptr + token * stride_st + entries, mask=valid, other=0.0)
-        best = _fold(best, tl.sort(_keys(scores, entries, valid)))
+        best = _fold(best, tl.sort(_keys(scores, entries, valid)), KP, LOG_KP)
     if PIECES == 1:
         _store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                      stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
@@ -106,13 +123,15 @@ def _merge_kernel(
     part_ptr, positions_ptr, table_ptr, requests_ptr, out_ptr, width, stride_bt, stride_ot,
     RATIO: tl.constexpr, AS_SLOTS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr, PIECES: tl.constexpr, PDL: tl.constexpr,
+    LOG_KP: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, KP)
     best = tl.full([KP], NONE_KEY, tl.int64)
     for piece in range(PIECES):
-        best = _fold(best, tl.load(part_ptr + (token * PIECES + piece) * KP + offs))
+        best = _fold(best, tl.load(part_ptr + (token * PIECES + piece) * KP + offs), KP,
+                     LOG_KP)
     _store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                  stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
 
@@ -140,7 +159,8 @@ def launch_topk(scores: torch.Tensor, positions: torch.Tensor, out: torch.Tensor
         if pieces > 1 else out
     common = dict(RATIO=ratio, AS_SLOTS=bool(paged.get("as_slots", False)),
                   BLOCK_SIZE=paged.get("block_size", 1),
-                  SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), KP=kp, PIECES=pieces,
+                  SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), KP=kp,
+                  LOG_KP=kp.bit_length() - 1, PIECES=pieces,
                   num_warps=4 if kp <= 512 else 8, **pdl_launch(scores))
     _piece_kernel[(num_tokens, pieces)](
         scores, positions, table, requests, out, part, num_entries, width, piece_len,
