@@ -85,6 +85,17 @@ PY
     || tail -20 "$OUT/prefill-breakdown-dsv4.log"
 }
 
+# V4-Flash's indexer on a prompt step (`dsv4_indexer_bench.py`): the scores kernel at 1 to 16
+# query tokens a program and the ordered top-k, at T:C (tokens:context) DSV4_INDEXER_CASES
+# (default 8192:8192 8192:65536 8192:524288 1:524288), keys in bf16 and FP4, against the
+# matmul floor of the same run.
+stage_dsv4indexer() {
+  stage "DeepSeek-V4-Flash indexer on a prompt step: scores by tokens a program, ordered top-512"
+  timeout ${DSV4_INDEXER_TIMEOUT_S:-300} python3 benchmarks/device/dsv4_indexer_bench.py --fp4 \
+    --cases ${DSV4_INDEXER_CASES:-8192:8192 8192:65536 8192:524288 1:524288} \
+    --json "$OUT/dsv4-indexer.json" 2>&1 | tee "$OUT/dsv4-indexer.log" | grep -E "^T=|Error|rror:"
+}
+
 dsv4_kernel_tests() {
   stage "DeepSeek-V4 kernel tests (its own and the shared FP8 linear), compiled, every size"
   timeout 180 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \

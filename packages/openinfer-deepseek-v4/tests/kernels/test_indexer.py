@@ -32,17 +32,20 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCORE_TOLERANCE = dict(atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("per_program", [None, 4], ids=["default", "blocks-of-4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tokens,heads,dim,entries", [(1, 3, 40, 70), (5, 8, 64, 9),
                                                       (7, 5, 48, 33), (2, 4, 40, 0)])
 def test_scores_match_reference(tokens: int, heads: int, dim: int, entries: int,
-                                dtype: torch.dtype) -> None:
+                                dtype: torch.dtype, per_program: int | None) -> None:
+    """Every token a program (the default at these sizes), or blocks of 4 tokens sharing each
+    key tile (a prompt's), the last block short."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(tokens, heads, dim, generator=g).to(dtype).to(DEVICE)
     keys = torch.randn(entries, dim, generator=g).to(dtype).to(DEVICE)
     weights = torch.randn(tokens, heads, generator=g).to(DEVICE)
     scales = dict(softmax_scale=dim ** -0.5, weights_scale=heads ** -0.5)
-    out = indexer_scores_triton(q, keys, weights, **scales)
+    out = indexer_scores_triton(q, keys, weights, **scales, tokens=per_program)
     assert out.dtype == torch.float32 and out.shape == (tokens, entries)
     torch.testing.assert_close(out, indexer_scores_ref(q, keys, weights, **scales),
                                **SCORE_TOLERANCE)
@@ -119,6 +122,18 @@ def test_paged_matches_reference(dtype: torch.dtype, top_k: int, as_slots: bool)
     assert out.dtype == torch.int32 and out.shape == (7, top_k)
     assert torch.equal(out, indexer_topk_paged_ref(**step, **options))
     assert (out[-1] == -1).all()  # padding at position 0 sees nothing
+
+
+@pytest.mark.parametrize("per_program", [2, 4, 8])
+def test_token_blocks_pick_the_same(per_program: int) -> None:
+    """Blocks of tokens sharing a key tile, as a prompt's do: here the blocks straddle the
+    step's four requests (a token of another request than its block's first reads its own
+    keys) and the graph padding, and each token still sees only its own entries."""
+    step, _ = paged_step(5, 40, torch.bfloat16, seed=per_program)
+    options = dict(ratio=RATIO, block_size=BLOCK_SIZE, top_k=8, softmax_scale=0.25,
+                   weights_scale=0.5, as_slots=True)
+    out = indexer_topk_paged_triton(**step, **options, tokens=per_program)
+    assert torch.equal(out, indexer_topk_paged_ref(**step, **options))
 
 
 def test_paged_max_entries_bounds_the_scan() -> None:

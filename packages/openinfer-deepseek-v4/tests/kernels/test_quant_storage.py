@@ -203,3 +203,7 @@ def test_indexer_reads_fp4_keys_as_their_values(dtype: torch.dtype) -> None:
                  key_format=fmt)
         assert torch.equal(got, want)
         assert (want >= 0).all()
+    # The Triton scores in blocks of 2 tokens (a prompt's), each block's FP4 keys decoded once.
+    got = indexer_topk_paged_triton(index_pool=stored.view(24, 4, fmt.row_bytes).to(DEVICE),
+                                    **step, **options, key_format=fmt, tokens=2)
+    assert torch.equal(got, want)

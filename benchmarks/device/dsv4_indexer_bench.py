@@ -1,0 +1,148 @@
+"""DeepSeek-V4-Flash's lightning indexer on a prompt step: one request's last T tokens at a
+context of C tokens (64 index heads of 128 dims, compression ratio 4, top 512, the paged pool of
+the model's KV layout), timed in its two kernels: the scores (`_scores_kernel`, at each
+--tokens per program: 1 is a decode step's split, more share each key tile across a prompt's
+tokens) and the ordered top-k (`launch_topk`). Beside each, its floor: the scores' FLOPs
+(T x visible entries x heads x dims x 2) over the bf16 matmul rate measured in the same run.
+Keys in bf16, and with --fp4 also stored in FP4 (the official checkpoint's indexer keys). Each
+key format's picks are checked equal across the settings.
+
+Usage (on the GPU machine, from the repo root):
+    python benchmarks/device/dsv4_indexer_bench.py [--tokens-per-program 1 2 4 8 16]
+        [--cases 8192:8192 8192:65536 8192:524288 1:524288] [--fp4] [--json OUT]
+On CPU, the same flow at tiny shapes under the interpreter (times meaningless):
+    TRITON_INTERPRET=1 python benchmarks/device/dsv4_indexer_bench.py --dry-run"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+
+import torch
+from cuda_timing import median_us
+
+from openinfer_deepseek_v4.kernels.indexer.topk_triton import launch_topk
+from openinfer_deepseek_v4.kernels.indexer.triton import _launch_scores
+from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys, encode_rows
+
+HEADS, DIM, RATIO, TOP_K, BLOCK = 64, 128, 4, 512, 16
+
+
+def matmul_tflops() -> float:
+    """The bf16 matmul rate of this GPU (8192^3), TFLOP/s."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    us = median_us(lambda: a @ a, reps=10, warmup=3)
+    return 2 * 8192 ** 3 / us / 1e6
+
+
+def wall_us(fn: Callable[[], object], reps: int = 1, warmup: int = 1) -> float:
+    """--dry-run's stand-in for `median_us`."""
+    for _ in range(warmup):
+        fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) * 1e6 / reps
+
+
+def case(tokens: int, context: int, device: str, heads: int, dim: int,
+         seed: int) -> dict[str, object]:
+    """One request whose last `tokens` of `context` are this step's: q, weights, a pool of
+    every compressed entry (blocks in a shuffled order) and its block table."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = context // BLOCK
+    table = (torch.randperm(blocks, generator=g) + 1).to(torch.int32)[None]
+    pool = torch.randn(blocks + 1, BLOCK // RATIO, dim, generator=g).to(torch.bfloat16)
+    return {"q": torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16).to(device),
+            "weights": torch.randn(tokens, heads, generator=g).to(device),
+            "pool": pool.to(device), "block_tables": table.to(device),
+            "positions": torch.arange(context - tokens, context).to(device),
+            "requests": torch.zeros(tokens, dtype=torch.int32, device=device)}
+
+
+def run_case(c: dict[str, object], per_program: list[int], fp4: bool, timer: Callable,
+             tflops: float) -> list[dict[str, object]]:
+    q, weights, pool = c["q"], c["weights"], c["pool"]
+    assert isinstance(q, torch.Tensor) and isinstance(pool, torch.Tensor)
+    assert isinstance(weights, torch.Tensor)
+    tokens, context = q.shape[0], int(c["positions"][-1]) + 1  # type: ignore[index]
+    entries = context // RATIO
+    visible = sum(min((p + 1) // RATIO, entries)
+                  for p in range(context - tokens, context))
+    floor_us = visible * q.shape[1] * q.shape[2] * 2 / tflops / 1e6
+    formats: list[tuple[str, torch.Tensor, Fp4Keys | None]] = [("bf16", pool, None)]
+    if fp4:
+        fmt = Fp4Keys(pool.shape[-1])
+        stored = encode_rows(pool.flatten(0, 1), fmt).view(*pool.shape[:2], fmt.row_bytes)
+        formats.append(("fp4", stored, fmt))
+    paged: dict[str, object] = {"block_tables": c["block_tables"], "requests": c["requests"],
+                                "positions": c["positions"], "ratio": RATIO,
+                                "block_size": BLOCK, "slots_per_block": pool.shape[1],
+                                "as_slots": False}
+    rows = []
+    first_picks: dict[str, torch.Tensor] = {}  # each key format's picks at its first setting
+    scores = torch.empty(tokens, entries, dtype=torch.float32, device=q.device)
+    out = torch.empty(tokens, TOP_K, dtype=torch.int32, device=q.device)
+    for name, keys, fmt in formats:
+        for n in per_program:
+            def scores_call(keys: torch.Tensor = keys, fmt: Fp4Keys | None = fmt,
+                            n: int = n) -> None:
+                _launch_scores(q, weights, keys.flatten(0, 1), scores, 0.01, paged, fmt, n)
+            us = timer(scores_call)
+            scores_call()
+            launch_topk(scores, c["positions"], out, RATIO, paged)  # type: ignore[arg-type]
+            same = torch.equal(out, first_picks.setdefault(name, out.clone()))
+            row = {"tokens": tokens, "context": context, "keys": name, "per_program": n,
+                   "scores_us": round(us, 1), "floor_us": round(floor_us, 1),
+                   "x_floor": round(us / floor_us, 2), "same_picks": bool(same)}
+            rows.append(row)
+            print(f"T={tokens} C={context} {name} keys, {n:2d} tokens a program: scores "
+                  f"{us:10.1f} us ({us / floor_us:5.2f}x the matmul floor {floor_us:.1f} us)"
+                  f"{'' if same else '  PICKS DIFFER'}", flush=True)
+    topk_us = timer(lambda: launch_topk(scores, c["positions"], out, RATIO,  # type: ignore[arg-type]
+                                        paged))
+    rows.append({"tokens": tokens, "context": context, "topk_us": round(topk_us, 1)})
+    print(f"T={tokens} C={context} top-{TOP_K}: {topk_us:10.1f} us", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens-per-program", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--cases", nargs="+", default=["8192:8192", "8192:65536", "8192:524288",
+                                                   "1:524288"],
+                    help="TOKENS:CONTEXT pairs")
+    ap.add_argument("--fp4", action="store_true", help="also keys stored in FP4")
+    ap.add_argument("--json")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes on CPU under TRITON_INTERPRET=1: checks the flow only")
+    args = ap.parse_args()
+    if args.dry_run:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            ap.error("--dry-run runs the kernels under the interpreter: set TRITON_INTERPRET=1")
+        device, heads, dim, timer, tflops = "cpu", 4, 32, wall_us, 1.0
+        cases = [(8, 256)]
+    else:
+        device, heads, dim, timer = "cuda", HEADS, DIM, median_us
+        tflops = matmul_tflops()
+        print(f"{torch.cuda.get_device_name()}: bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
+        cases = [tuple(int(x) for x in c.split(":")) for c in args.cases]
+    rows: list[dict[str, object]] = []
+    with torch.inference_mode():
+        for i, (tokens, context) in enumerate(cases):
+            c = case(tokens, context, device, heads, dim, seed=i)
+            per_program = [n for n in args.tokens_per_program if n <= max(tokens, 1)]
+            rows += run_case(c, per_program, args.fp4, timer, tflops)
+            del c
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tflops": tflops, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
