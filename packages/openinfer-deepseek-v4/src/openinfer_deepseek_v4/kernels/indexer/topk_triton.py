@@ -56,12 +56,18 @@ def _merge_descending(x, KP: tl.constexpr, LOG_KP: tl.constexpr):
     stride s = KP/2 .. 1, within every block of 2s the larger of elements i and i + s goes
     first."""
     for stage in tl.static_range(LOG_KP):
-        half: tl.constexpr = KP >> (stage + 1)
-        pairs = tl.permute(tl.reshape(x, [KP // (2 * half), 2, half]), (0, 2, 1))
-        first, second = tl.split(pairs)
-        merged = tl.join(tl.maximum(first, second), tl.minimum(first, second))
-        x = tl.reshape(tl.permute(merged, (0, 2, 1)), [KP])
+        x = _merge_stage(x, KP, 1 << stage, KP >> (stage + 1))
     return x
+
+
+@triton.jit
+def _merge_stage(x, KP: tl.constexpr, BLOCKS: tl.constexpr, HALF: tl.constexpr):
+    """One compare-exchange stage of `_merge_descending`: x [KP] as BLOCKS blocks of 2 x HALF,
+    the larger of each pair (i, i + HALF) first."""
+    pairs = tl.permute(tl.reshape(x, [BLOCKS, 2, HALF]), (0, 2, 1))
+    first, second = tl.split(pairs)
+    merged = tl.join(tl.maximum(first, second), tl.minimum(first, second))
+    return tl.reshape(tl.permute(merged, (0, 2, 1)), [KP])
 
 
 @triton.jit

@@ -57,10 +57,11 @@ def _visible(positions_ptr, tokens, t_ok, num_entries, PAGED: tl.constexpr,
              RATIO: tl.constexpr):
     """How many entries each of `tokens` sees: (position + 1) // RATIO paged (at most
     num_entries), every entry flat; none past the step's tokens."""
+    seen = tl.where(t_ok, num_entries, 0)
     if PAGED:
         positions = tl.load(positions_ptr + tokens, mask=t_ok, other=-1)
-        return tl.where(t_ok, tl.minimum((positions + 1) // RATIO, num_entries), 0)
-    return tl.where(t_ok, num_entries, 0)
+        seen = tl.where(t_ok, tl.minimum((positions + 1) // RATIO, num_entries), 0)
+    return seen.to(tl.int32)
 
 
 @triton.jit
