@@ -119,6 +119,7 @@ def _scores_kernel(
 # one token's keys spread over the GPU), PROMPT_TOKENS past DECODE_TOKENS tokens a step.
 DECODE_TOKENS = 256
 PROMPT_TOKENS = 8
+MAX_GRID_Y = 65535
 
 
 def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
@@ -133,7 +134,9 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
     block_h = max(16, triton.next_power_of_2(num_heads))
     block_e = 64 if block_h * head_dim > 4096 else 128
-    tokens = tokens or (1 if num_tokens <= DECODE_TOKENS else PROMPT_TOKENS)
+    # The token blocks are the grid's second axis, which CUDA caps at 65,535 programs.
+    tokens = tokens or (1 if num_tokens <= DECODE_TOKENS else max(
+        PROMPT_TOKENS, triton.next_power_of_2(triton.cdiv(num_tokens, MAX_GRID_Y))))
     table = paged.get("block_tables", scores)
     assert isinstance(table, torch.Tensor)
     _scores_kernel[(triton.cdiv(scores.shape[1], block_e), triton.cdiv(num_tokens, tokens))](
