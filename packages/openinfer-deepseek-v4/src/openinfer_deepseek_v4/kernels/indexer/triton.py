@@ -6,8 +6,9 @@ ordered top-k kernels are in `topk_triton.py`).
 tile's keys once for all index heads and all the block's tokens (a [heads, d] x [d, BLOCK_E]
 product a token), ReLU, weighted sum over the heads. The paged form finds entry j's row through
 the request's block table and skips the tiles its queries cannot see. Decode steps (few tokens,
-each its own request) take one token a program, so one token spreads its key stream (the bulk
-of the bytes: 16k entries x 128 dims at a 64k context) over the whole GPU. A prompt's tokens
+each its own request) take one token a program, the token first in the grid, so one token
+spreads its key stream (the bulk of the bytes: 16k entries x 128 dims at a 64k context) over
+the whole GPU. A prompt's tokens
 share their request's keys: TOKENS of them a program read (and, stored in FP4, decode) a key
 tile once, and with the entry tiles fastest in the grid the programs running together share
 one block's q in L2 instead of reading every token's q again for every tile (8192 tokens
@@ -75,8 +76,10 @@ def _scores_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, FP4: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
-    tile = tl.program_id(0) * BLOCK_E
-    first = tl.program_id(1).to(tl.int64) * TOKENS
+    # One token a program (decode): the grid is (token, tile), as a decode step always ran;
+    # blocks of tokens: (tile, block), the tiles fastest.
+    tile = tl.program_id(1 if TOKENS == 1 else 0) * BLOCK_E
+    first = tl.program_id(0 if TOKENS == 1 else 1).to(tl.int64) * TOKENS
     block = first + tl.arange(0, TOKENS)
     seen = _visible(positions_ptr, block, block < num_tokens, num_entries, PAGED, RATIO)
     if tile >= tl.max(seen, 0):  # no token of the block sees this tile
@@ -134,12 +137,13 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
     block_h = max(16, triton.next_power_of_2(num_heads))
     block_e = 64 if block_h * head_dim > 4096 else 128
-    # The token blocks are the grid's second axis, which CUDA caps at 65,535 programs.
+    # Blocks of tokens are the grid's second axis, which CUDA caps at 65,535 programs.
     tokens = tokens or (1 if num_tokens <= DECODE_TOKENS else max(
         PROMPT_TOKENS, triton.next_power_of_2(triton.cdiv(num_tokens, MAX_GRID_Y))))
     table = paged.get("block_tables", scores)
     assert isinstance(table, torch.Tensor)
-    _scores_kernel[(triton.cdiv(scores.shape[1], block_e), triton.cdiv(num_tokens, tokens))](
+    grid = (triton.cdiv(scores.shape[1], block_e), triton.cdiv(num_tokens, tokens))
+    _scores_kernel[grid[::-1] if tokens == 1 else grid](
         q, weights, keys, table, paged.get("requests", scores),
         paged.get("positions", scores), scores, scale, num_heads, scores.shape[1], num_tokens,
         q.stride(0), q.stride(1), weights.stride(0), keys.stride(-2), table.stride(0),
