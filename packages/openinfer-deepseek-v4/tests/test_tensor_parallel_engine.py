@@ -1,13 +1,15 @@
 """DeepSeek-V4 over two ranks on CPU (gloo, fp32): attention split by heads, the routed experts
 split by width (`--tensor-parallel-size 2`) or whole (`--enable-expert-parallel`), the
-vocabulary split; greedy tokens under continuous batching with chunked prefill equal one
-rank's, prefill logits equal them within fp32 rounding, and each rank reads only its shard.
+vocabulary split, and with the indexer's top-k split by token; greedy tokens under
+continuous batching with chunked prefill equal one rank's, prefill logits equal them within
+fp32 rounding, and each rank reads only its shard.
 The tiny model of conftest.py with 4 heads in 2 output groups and an odd vocabulary (63: the
 last rank's part is padded)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -28,6 +30,7 @@ from openinfer_core.testing import tokens_of as tokens
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.model import DeepseekV4Model
+from openinfer_deepseek_v4.paged_attention import INDEXER_SPLIT_ENV
 from openinfer_deepseek_v4.reference import ModelWeights
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.weights import load_weights
@@ -55,16 +58,30 @@ def one(folder: Path) -> Engine:
     return engine(folder)
 
 
-@pytest.fixture(scope="module", params=["tp", "tp+ep"])
+@pytest.fixture(scope="module", params=["tp", "tp+ep", "tp+split-indexer"])
 def two(request: pytest.FixtureRequest, folder: Path) -> Iterator[Engine]:
-    """Two ranks (one group per process: the two kinds are built one after the other)."""
-    eng = engine(folder, tensor_parallel_size=2, enable_expert_parallel=request.param == "tp+ep")
-    assert isinstance(eng.model, TensorParallelModel)
-    local = eng.model.local
-    assert isinstance(local, DeepseekV4Model) and local.shard is not None
-    assert local.shard.expert_parallel == (request.param == "tp+ep")
-    yield eng
-    eng.model.close()
+    """Two ranks (one group per process: the kinds are built one after the other).
+    tp+split-indexer: every step's indexer top-k split by token over the ranks (from 1 token;
+    set before the worker starts, and each rank reads it at each call, so both take the same
+    path)."""
+    split = request.param == "tp+split-indexer"
+    before = os.environ.get(INDEXER_SPLIT_ENV)
+    if split:
+        os.environ[INDEXER_SPLIT_ENV] = "1"
+    try:
+        eng = engine(folder, tensor_parallel_size=2,
+                     enable_expert_parallel=request.param == "tp+ep")
+        assert isinstance(eng.model, TensorParallelModel)
+        local = eng.model.local
+        assert isinstance(local, DeepseekV4Model) and local.shard is not None
+        assert local.shard.expert_parallel == (request.param == "tp+ep")
+        yield eng
+        eng.model.close()
+    finally:
+        if split and before is None:
+            del os.environ[INDEXER_SPLIT_ENV]
+        elif split:
+            os.environ[INDEXER_SPLIT_ENV] = before  # type: ignore[assignment]
 
 
 def prompts(n: int, seed: int, lengths: tuple[int, int]) -> list[tuple[int, ...]]:
@@ -94,6 +111,18 @@ def test_prefill_logits_match_one_rank(one: Engine, two: Engine) -> None:
         # added in another order than one rank's matmuls.
         rel = (got - ref).norm() / ref.norm()
         assert rel < 1e-5, f"relative error {rel:.2e} for a {len(ids)}-token prompt"
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    assert two.kv.num_used_blocks == 0
+
+
+def test_prompts_of_any_length_against_one_rank(one: Engine, two: Engine) -> None:
+    """Prompts of 1 token (with the indexer split, rank 1's share empty), 7 (uneven shares)
+    and 44 (past several compressed windows, more entries than the indexer picks)."""
+    for length, seed in ((1, 5), (7, 6), (44, 7)):
+        ids = prompts(1, seed=seed, lengths=(length, length))[0]
+        ref, got = prompt_logits(one, ids), prompt_logits(two, ids)
+        rel = (got - ref).norm() / ref.norm()
+        assert rel < 1e-5, f"relative error {rel:.2e} for a {length}-token prompt"
         assert torch.equal(got.argmax(-1), ref.argmax(-1))
     assert two.kv.num_used_blocks == 0
 

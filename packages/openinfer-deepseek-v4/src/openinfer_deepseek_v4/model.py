@@ -193,7 +193,7 @@ class DeepseekV4Model:
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
             attend = partial(paged_attention, w=layer.attention, products=self._products[i],
                              cfg=self.attn_cfg, layer=i, cache=cache, batch=batch,
-                             rope=self._ropes[i], slots=slots)
+                             rope=self._ropes[i], slots=slots, tp=self.tp)
             streams = _around(streams, layer.attn_hc, layer.attn_norm, attend, cfg, self.tp,
                               self._push)
             ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg,

@@ -15,17 +15,24 @@ host-known bounds), with the Triton kernels on the GPU and their references on C
    `kv_cache.entry_formats`);
 3. per query, its keys as slots: the window's raw entries, and the compressed entries it sees
    (HCA: all; CSA: `indexer_topk_paged`'s picks); the slot arithmetic the layers share is
-   made once a step (`StepSlots`);
+   made once a step (`StepSlots`). The indexer is replicated over tensor-parallel ranks, and on
+   a prompt step its work grows with tokens x context: a step of at least
+   `OPENINFER_DSV4_INDEXER_SPLIT_TOKENS` tokens (512) cuts its top-k by token, each rank the
+   picks of its share, put together by one all-gather (the same picks: every rank has the same
+   queries and keys);
 4. `sparse_sink_attention` over those slots (its stores rotate the output back), then the
    output projection."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from openinfer_core.interfaces.model import ForwardBatch
+from openinfer_core.interfaces.model import ForwardBatch, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
 from openinfer_deepseek_v4.kernels.compress import store_and_pool
 from openinfer_deepseek_v4.kernels.indexer import indexer_topk_paged
@@ -45,6 +52,18 @@ from openinfer_deepseek_v4.reference import (
 from openinfer_deepseek_v4.shared_input import AttentionProducts
 from openinfer_deepseek_v4.step_slots import StepSlots
 
+# Read at each call, so that every rank (and a CUDA graph, when captured) takes the same path.
+INDEXER_SPLIT_ENV = "OPENINFER_DSV4_INDEXER_SPLIT_TOKENS"
+INDEXER_SPLIT_TOKENS = 512
+
+
+def indexer_split_tokens() -> int:
+    """The fewest tokens of a step whose indexer top-k the tensor-parallel ranks split."""
+    value = os.environ.get(INDEXER_SPLIT_ENV, str(INDEXER_SPLIT_TOKENS))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{INDEXER_SPLIT_ENV}={value!r}: a token count of at least 1")
+    return int(value)
+
 
 @dataclass(frozen=True, slots=True)
 class Rope:
@@ -58,11 +77,13 @@ class Rope:
 
 def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionProducts,
                     cfg: DeepseekV4Config, layer: int, cache: LayerCache, batch: ForwardBatch,
-                    rope: Rope, slots: StepSlots) -> torch.Tensor:
+                    rope: Rope, slots: StepSlots,
+                    tp: TensorParallelGroup | None = None) -> torch.Tensor:
     """x [T, H] (the step's normed collapsed streams) -> [T, H]; `products`: the layer's
     products of x and of the q lora's output, stacked (`shared_input.attention_products` of
-    `w`). Mutates the layer's cache: the step's raw entries, compressor projections and newly
-    closed compressed entries."""
+    `w`); `tp`: the tensor-parallel ranks, which share a prompt step's indexer. Mutates the
+    layer's cache: the step's raw entries, compressor projections and newly closed compressed
+    entries."""
     kind = cfg.attention_kinds[layer]
     of_x = products.of_x(x)
     of_q, q = _project(of_x, products, w, cfg, batch, rope, cache, slots)
@@ -93,7 +114,7 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionPro
     if cache.compressor is not None:
         pool = cache.compressor.entries.flatten(0, 1)
         entry_format = cache.compressor.fmt
-        picked = _picked_slots(of_x, of_q, batch, cfg, cache, rope, slots)
+        picked = _picked_slots(of_x, of_q, batch, cfg, cache, rope, slots, tp)
     # The values carry their keys' rotation: the attention's stores rotate it back.
     out = sparse_sink_attention(q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
                                 cfg.head_dim ** -0.5, entry_format=entry_format,
@@ -142,7 +163,7 @@ def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config) -> to
 
 def _picked_slots(of_x: dict[str, torch.Tensor], of_q: dict[str, torch.Tensor],
                   batch: ForwardBatch, cfg: DeepseekV4Config, cache: LayerCache, rope: Rope,
-                  slots: StepSlots) -> torch.Tensor:
+                  slots: StepSlots, tp: TensorParallelGroup | None) -> torch.Tensor:
     """[T, K] int32: the compressed-entry slots each query attends to (-1: none). CSA: the
     indexer's top k of the entries it sees; HCA: all it sees. K is bounded by the step's
     longest request (`max_seq_len`), so no width depends on device values."""
@@ -155,11 +176,31 @@ def _picked_slots(of_x: dict[str, torch.Tensor], of_q: dict[str, torch.Tensor],
     q = rms_rotary(q, None, batch.positions, rope.table, eps=None)
     if cfg.quant_sim:
         q = indexer_round(q)  # [T, heads, d]: each head's row
-    return indexer_topk_paged(q, of_x["indexer.weights"], cache.indexer.entries,
-                              batch.group_table(cache.indexer.entry_group),
-                              batch.query_start_loc, batch.positions,
-                              ratio=part.ratio, block_size=part.projections.shape[1],
-                              top_k=cfg.index_topk, softmax_scale=cfg.index_head_dim ** -0.5,
-                              weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,
-                              max_entries=batch.max_seq_len // part.ratio,
-                              requests=slots.requests, key_format=cache.indexer.fmt)
+    topk = partial(indexer_topk_paged, index_pool=cache.indexer.entries,
+                   block_tables=batch.group_table(cache.indexer.entry_group),
+                   query_start_loc=batch.query_start_loc, ratio=part.ratio,
+                   block_size=part.projections.shape[1], top_k=cfg.index_topk,
+                   softmax_scale=cfg.index_head_dim ** -0.5,
+                   weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,
+                   max_entries=batch.max_seq_len // part.ratio, key_format=cache.indexer.fmt)
+    weights = of_x["indexer.weights"]
+    if tp is None or tp.size == 1 or q.shape[0] < indexer_split_tokens():
+        return topk(q, weights, positions=batch.positions, requests=slots.requests)
+    return _split_by_token(tp, topk, q, weights, batch.positions, slots.requests)
+
+
+def _split_by_token(tp: TensorParallelGroup, topk: Callable[..., torch.Tensor],
+                    q: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor,
+                    requests: torch.Tensor) -> torch.Tensor:
+    """`topk` of every token, each rank computing a share of ceil(T / size) tokens (the last
+    shares short or empty, padded with rows of -1), then all-gathered in rank order: [T, K]."""
+    t, size = q.shape[0], tp.size
+    share = -(-t // size)
+    lo = min(tp.rank * share, t)
+    hi = min(lo + share, t)
+    part = topk(q[lo:hi], weights[lo:hi], positions=positions[lo:hi], requests=requests[lo:hi])
+    if hi - lo < share:
+        part = torch.cat([part, part.new_full((share - (hi - lo), part.shape[1]), -1)])
+    width = part.shape[1]
+    gathered = tp.all_gather(part)  # [share, size * K]: the ranks' shares side by side
+    return gathered.view(share, size, width).transpose(0, 1).reshape(size * share, width)[:t]

@@ -5,7 +5,8 @@ the official MP split, with the indexer replicated and the experts' choice below
   the rank's heads, `wo_a` rows of its groups, `wo_b` columns of its groups (partial sums,
   all-reduced). The one shared KV head (`wkv`, `kv_norm`), `wq_a`, the compressors and the
   indexer are replicated, so each rank keeps the whole KV cache: the indexer's 64 heads cost
-  a top-k over all-reduced scores per layer if split, and its weights are small;
+  a top-k over all-reduced scores per layer if split, and its weights are small (a prompt
+  step splits its work by token instead: `paged_attention.py`);
 - routed experts: split by width (each expert's `w1`/`w3` rows and `w2` columns: partial
   sums, all-reduced with the shared expert's, split the same way), or with expert
   parallelism whole, experts [first, last) per rank (`expert_parallel.py`: each rank's own
