@@ -3,9 +3,10 @@ context of C tokens (64 index heads of 128 dims, compression ratio 4, top 512, t
 the model's KV layout), timed in its two kernels: the scores (`_scores_kernel`, at each
 --tokens per program: 1 is a decode step's split, more share each key tile across a prompt's
 tokens) and the ordered top-k (`launch_topk`). Beside each, its floor: the scores' FLOPs
-(T x visible entries x heads x dims x 2) over the bf16 matmul rate measured in the same run.
-Keys in bf16, and with --fp4 also stored in FP4 (the official checkpoint's indexer keys). Each
-key format's picks are checked equal across the settings.
+(T x visible entries x heads x dims x 2) over the bf16 matmul rate measured in the same run
+(`openinfer_server.bench.ceiling`, as `openinfer bench` measures it). Keys in bf16, and with
+--fp4 also stored in FP4 (the official checkpoint's indexer keys). Each key format's picks are
+checked equal across the settings.
 
 Usage (on the GPU machine, from the repo root):
     python benchmarks/device/dsv4_indexer_bench.py [--tokens-per-program 1 2 4 8 16]
@@ -27,15 +28,9 @@ from cuda_timing import median_us
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import launch_topk
 from openinfer_deepseek_v4.kernels.indexer.triton import _launch_scores
 from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys, encode_rows
+from openinfer_server.bench.ceiling import measure_ceiling
 
 HEADS, DIM, RATIO, TOP_K, BLOCK = 64, 128, 4, 512, 16
-
-
-def matmul_tflops() -> float:
-    """The bf16 matmul rate of this GPU (8192^3), TFLOP/s."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    us = median_us(lambda: a @ a, reps=10, warmup=3)
-    return 2 * 8192 ** 3 / us / 1e6
 
 
 def wall_us(fn: Callable[[], object], reps: int = 1, warmup: int = 1) -> float:
@@ -127,7 +122,7 @@ def main() -> None:
         cases = [(8, 256)]
     else:
         device, heads, dim, timer = "cuda", HEADS, DIM, median_us
-        tflops = matmul_tflops()
+        tflops = measure_ceiling(torch.device("cuda")).matmul_tflops
         print(f"{torch.cuda.get_device_name()}: bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
         cases = [tuple(int(x) for x in c.split(":")) for c in args.cases]
     rows: list[dict[str, object]] = []

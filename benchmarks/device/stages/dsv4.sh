@@ -1,6 +1,22 @@
 # DeepSeek-V4: its kernels (`dsv4`) and the model at V4-Flash widths (`dsv4model`; `dsv4` runs
 # both).
 
+# A V4-Flash config folder cut to LAYERS layers (tests/gpu's `flash_config`: DeepSeek's keys,
+# no quantization_config) with the tokenizer files: flash_folder DIR LAYERS.
+flash_folder() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "tests/gpu")
+from test_tp_deepseek_v4_gpu import flash_config
+from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
+out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+(out / "config.json").write_text(json.dumps(flash_config(int(sys.argv[2])) | {
+    "architectures": ["DeepseekV4ForCausalLM"]}))
+write_tokenizer_files(out)
+PY
+}
+
 stage_dsv4() {
   dsv4_kernel_tests
   stage "DeepSeek-V4 kernels against their read floors"
@@ -66,17 +82,7 @@ stage_dsv4moe() {
 # and top kernels; its progress lines say how far it got if the deadline cuts it).
 stage_dsv4prefill() {
   local d4=/tmp/dsv4-prefill
-  python3 - "$d4" "${DSV4_PREFILL_LAYERS:-3}" <<'PY'
-import json, sys
-from pathlib import Path
-sys.path.insert(0, "tests/gpu")
-from test_tp_deepseek_v4_gpu import flash_config
-from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
-out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
-(out / "config.json").write_text(json.dumps(flash_config(int(sys.argv[2])) | {
-    "architectures": ["DeepseekV4ForCausalLM"]}))
-write_tokenizer_files(out)
-PY
+  flash_folder "$d4" "${DSV4_PREFILL_LAYERS:-3}"
   stage "DeepSeek-V4-Flash widths, ${DSV4_PREFILL_LAYERS:-3} layers: a ${DSV4_PREFILL_LEN:-8192}-token prompt's step by op"
   timeout ${DSV4_PREFILL_TIMEOUT_S:-400} python3 benchmarks/device/prefill_breakdown.py $d4 \
     --prompt-len ${DSV4_PREFILL_LEN:-8192} --iters 2 \
@@ -173,17 +179,7 @@ stage_dsv4full() {
   local d4=/tmp/dsv4-flash tp ep="" part
   tp=$(nvidia-smi -L | wc -l)
   [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
-  python3 - "$d4" <<'PY'
-import json, sys
-from pathlib import Path
-sys.path.insert(0, "tests/gpu")
-from test_tp_deepseek_v4_gpu import flash_config
-from openinfer_deepseek_v4.tokenizer_files import write_tokenizer_files
-out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
-(out / "config.json").write_text(json.dumps(flash_config(43) | {
-    "architectures": ["DeepseekV4ForCausalLM"]}))
-write_tokenizer_files(out)
-PY
+  flash_folder "$d4" 43
   for part in ${DSV4FULL_PARTS:-latency serve longest}; do
     if [ "$part" = longest ]; then
       # No --max-model-len: the engine lowers the model's 1M to what the KV cache holds (and

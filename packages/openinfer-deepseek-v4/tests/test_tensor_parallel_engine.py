@@ -62,8 +62,7 @@ def one(folder: Path) -> Engine:
 def two(request: pytest.FixtureRequest, folder: Path) -> Iterator[Engine]:
     """Two ranks (one group per process: the kinds are built one after the other).
     tp+split-indexer: every step's indexer top-k split by token over the ranks (from 1 token;
-    set before the worker starts, and each rank reads it at each call, so both take the same
-    path)."""
+    set before the ranks build their models, each of which reads it then)."""
     split = request.param == "tp+split-indexer"
     before = os.environ.get(INDEXER_SPLIT_ENV)
     if split:

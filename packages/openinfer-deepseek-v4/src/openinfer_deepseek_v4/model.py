@@ -32,7 +32,12 @@ from openinfer_deepseek_v4.kv_cache import (
     kv_groups,
 )
 from openinfer_deepseek_v4.moe_forward import moe_forward
-from openinfer_deepseek_v4.paged_attention import Rope, paged_attention
+from openinfer_deepseek_v4.paged_attention import (
+    INDEXER_SPLIT_TOKENS,
+    Rope,
+    indexer_split_tokens,
+    paged_attention,
+)
 from openinfer_deepseek_v4.reference import (
     HyperConnectionWeights,
     ModelWeights,
@@ -103,6 +108,8 @@ class DeepseekV4Model:
         # Expert parallelism: the global ids of the experts this rank holds (None: every
         # rank holds a width slice of each).
         self._experts = None if shard is None or not shard.expert_parallel else shard.experts
+        # Prompt steps from this many tokens split the indexer over the ranks (read once).
+        self._indexer_split = INDEXER_SPLIT_TOKENS if tp is None else indexer_split_tokens()
         if tp is not None:
             # The group's push memory (on CUDA, where its mode asks for it): a decode step's
             # all-reduces, rows of the hidden width with the hyper-connections after them
@@ -193,7 +200,8 @@ class DeepseekV4Model:
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
             attend = partial(paged_attention, w=layer.attention, products=self._products[i],
                              cfg=self.attn_cfg, layer=i, cache=cache, batch=batch,
-                             rope=self._ropes[i], slots=slots, tp=self.tp)
+                             rope=self._ropes[i], slots=slots, tp=self.tp,
+                             split_tokens=self._indexer_split)
             streams = _around(streams, layer.attn_hc, layer.attn_norm, attend, cfg, self.tp,
                               self._push)
             ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg,

@@ -52,7 +52,7 @@ from openinfer_deepseek_v4.reference import (
 from openinfer_deepseek_v4.shared_input import AttentionProducts
 from openinfer_deepseek_v4.step_slots import StepSlots
 
-# Read at each call, so that every rank (and a CUDA graph, when captured) takes the same path.
+# Read when a tensor-parallel model is built: every rank builds its own with the same value.
 INDEXER_SPLIT_ENV = "OPENINFER_DSV4_INDEXER_SPLIT_TOKENS"
 INDEXER_SPLIT_TOKENS = 512
 
@@ -77,13 +77,13 @@ class Rope:
 
 def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionProducts,
                     cfg: DeepseekV4Config, layer: int, cache: LayerCache, batch: ForwardBatch,
-                    rope: Rope, slots: StepSlots,
-                    tp: TensorParallelGroup | None = None) -> torch.Tensor:
+                    rope: Rope, slots: StepSlots, tp: TensorParallelGroup | None = None,
+                    split_tokens: int = INDEXER_SPLIT_TOKENS) -> torch.Tensor:
     """x [T, H] (the step's normed collapsed streams) -> [T, H]; `products`: the layer's
     products of x and of the q lora's output, stacked (`shared_input.attention_products` of
-    `w`); `tp`: the tensor-parallel ranks, which share a prompt step's indexer. Mutates the
-    layer's cache: the step's raw entries, compressor projections and newly closed compressed
-    entries."""
+    `w`); `tp`: the tensor-parallel ranks, which share the indexer of a step of at least
+    `split_tokens` tokens (`indexer_split_tokens()`). Mutates the layer's cache: the step's raw
+    entries, compressor projections and newly closed compressed entries."""
     kind = cfg.attention_kinds[layer]
     of_x = products.of_x(x)
     of_q, q = _project(of_x, products, w, cfg, batch, rope, cache, slots)
@@ -114,7 +114,7 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionPro
     if cache.compressor is not None:
         pool = cache.compressor.entries.flatten(0, 1)
         entry_format = cache.compressor.fmt
-        picked = _picked_slots(of_x, of_q, batch, cfg, cache, rope, slots, tp)
+        picked = _picked_slots(of_x, of_q, batch, cfg, cache, rope, slots, tp, split_tokens)
     # The values carry their keys' rotation: the attention's stores rotate it back.
     out = sparse_sink_attention(q, cache.kv.flatten(0, 1), pool, window, picked, w.sinks,
                                 cfg.head_dim ** -0.5, entry_format=entry_format,
@@ -163,7 +163,8 @@ def _output(out: torch.Tensor, w: AttentionWeights, cfg: DeepseekV4Config) -> to
 
 def _picked_slots(of_x: dict[str, torch.Tensor], of_q: dict[str, torch.Tensor],
                   batch: ForwardBatch, cfg: DeepseekV4Config, cache: LayerCache, rope: Rope,
-                  slots: StepSlots, tp: TensorParallelGroup | None) -> torch.Tensor:
+                  slots: StepSlots, tp: TensorParallelGroup | None,
+                  split_tokens: int) -> torch.Tensor:
     """[T, K] int32: the compressed-entry slots each query attends to (-1: none). CSA: the
     indexer's top k of the entries it sees; HCA: all it sees. K is bounded by the step's
     longest request (`max_seq_len`), so no width depends on device values."""
@@ -184,7 +185,7 @@ def _picked_slots(of_x: dict[str, torch.Tensor], of_q: dict[str, torch.Tensor],
                    weights_scale=cfg.index_n_heads ** -0.5, as_slots=True,
                    max_entries=batch.max_seq_len // part.ratio, key_format=cache.indexer.fmt)
     weights = of_x["indexer.weights"]
-    if tp is None or tp.size == 1 or q.shape[0] < indexer_split_tokens():
+    if tp is None or tp.size == 1 or q.shape[0] < split_tokens:
         return topk(q, weights, positions=batch.positions, requests=slots.requests)
     return _split_by_token(tp, topk, q, weights, batch.positions, slots.requests)
 
