@@ -95,14 +95,14 @@ def host_phases(engine: Engine, prompts: list[tuple[int, ...]]) -> dict[str, flo
     from openinfer_core.engine import runner as runner_module
     from openinfer_core.interfaces.model import HostBatch
 
-    attention = engine.model.attention
+    attention = getattr(engine.model, "attention", None)  # DeepSeek-V4's is per layer
     targets = [(engine.scheduler, "schedule", "schedule"), (engine.scheduler, "update", "update"),
                (runner_module, "plan_batch", "plan_batch"),
                (HostBatch, "to_device", "to_device"),
                (engine.model, "forward", "forward_launch"),
                (engine.runner.sampler, "sample_async", "sample_launch"),
                (runner_module.Launched, "result", "wait")]
-    if hasattr(attention, "_plan"):
+    if attention is not None and hasattr(attention, "_plan"):
         targets.append((attention, "_plan", "flashinfer_plan"))
     # Instance attributes are dropped after, class and module ones put back.
     saved = [(obj, name, obj.__dict__.get(name)) for obj, name, _ in targets]
