@@ -203,13 +203,19 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, nargs="+", default=[256, 4096, 16384])
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--json", help="write the breakdown here")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="the profile is rank 0's, its collectives a category of their own")
+    ap.add_argument("--cold-only", action="store_true",
+                    help="skip the warm (prefix-cached) pass")
     args = ap.parse_args()
-    engine = Engine(EngineConfig(model=args.model, load_format="dummy", max_model_len=17408,
-                                 max_num_seqs=4))
+    engine = Engine(EngineConfig(model=args.model, load_format="dummy",
+                                 max_model_len=max(17408, max(args.prompt_len) + 1024),
+                                 max_num_seqs=4,
+                                 tensor_parallel_size=args.tensor_parallel_size))
     print("progress: engine ready", flush=True)
     reports = []
     for n in args.prompt_len:
-        for warm in (False, True):
+        for warm in (False,) if args.cold_only else (False, True):
             r = breakdown(engine, n, warm, args.iters)
             reports.append(r)
             print(f"prompt {n} {'warm' if warm else 'cold'}: TTFT p50 {r['ttft_ms_p50']:.2f} ms "
