@@ -174,7 +174,7 @@ stage_dsv4full() {
   # engine's batch-1 latency against the per-rank read floor of what a decode step reads, then
   # served: batch-64 TPOT (64 requests of 1024/128 at concurrency 64) and 1,024 prompts of
   # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it; then the
-  # longest context the KV cache fits, admitted (`longest_context.py`); `profile`: rank 0's
+  # longest context the KV cache fits, admitted (`longest_context.py`, DSV4_LONGEST_TIMEOUT_S: its limit, 400 s); `profile`: rank 0's
   # decode step by op and kernel (`decode_breakdown.py`); `gate`: TP2 against one GPU at 3
   # layers (tests/gpu/test_tp_deepseek_v4_gpu.py); `batch`: DSV4_BATCH (64) requests decoding
   # together (`bench latency --batch-size`). An engine start each; DSV4FULL_PARTS picks them
@@ -194,7 +194,7 @@ stage_dsv4full() {
       server=$!
       if WAIT_READY_S=420 wait_ready $server; then
         grep -E "KV cache:|max_model_len lowered" "$OUT/serve-dsv4-flash-longest.log" | tail -2
-        timeout 400 python3 benchmarks/device/longest_context.py \
+        timeout ${DSV4_LONGEST_TIMEOUT_S:-400} python3 benchmarks/device/longest_context.py \
           --json "$OUT/longest-context-dsv4-flash.json"
       else
         echo "dsv4full: no server (see serve-dsv4-flash-longest.log)"
