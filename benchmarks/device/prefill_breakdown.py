@@ -205,11 +205,14 @@ def main() -> None:
     ap.add_argument("--json", help="write the breakdown here")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="the profile is rank 0's, its collectives a category of their own")
+    ap.add_argument("--max-model-len", type=int,
+                    help="default: the longest prompt + 1024, at least 17,408")
     ap.add_argument("--cold-only", action="store_true",
                     help="skip the warm (prefix-cached) pass")
     args = ap.parse_args()
     engine = Engine(EngineConfig(model=args.model, load_format="dummy",
-                                 max_model_len=max(17408, max(args.prompt_len) + 1024),
+                                 max_model_len=args.max_model_len
+                                 or max(17408, max(args.prompt_len) + 1024),
                                  max_num_seqs=4,
                                  tensor_parallel_size=args.tensor_parallel_size))
     print("progress: engine ready", flush=True)

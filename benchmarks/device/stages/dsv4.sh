@@ -78,8 +78,9 @@ stage_dsv4moe() {
 }
 
 # Where a long V4-Flash prompt's step goes: V4-Flash widths at DSV4_PREFILL_LAYERS (3) layers on
-# one GPU (DSV4_PREFILL_TP, e.g. "1 2": each tensor-parallel size, rank 0's profile), one prompt of DSV4_PREFILL_LEN
-# (8192) tokens, cold (`prefill_breakdown.py`: GPU time by op and top kernels; its progress
+# one GPU (DSV4_PREFILL_TP, e.g. "1 2": each tensor-parallel size, rank 0's profile;
+# DSV4_PREFILL_MAX_LEN: the engine's --max-model-len), one prompt of DSV4_PREFILL_LEN (8192)
+# tokens, cold (`prefill_breakdown.py`: GPU time by op and top kernels; its progress
 # lines say how far it got if the deadline cuts it).
 stage_dsv4prefill() {
   local d4=/tmp/dsv4-prefill tp log
@@ -89,6 +90,7 @@ stage_dsv4prefill() {
     stage "DeepSeek-V4-Flash widths, ${DSV4_PREFILL_LAYERS:-3} layers, TP=$tp: a ${DSV4_PREFILL_LEN:-8192}-token prompt's step by op"
     timeout ${DSV4_PREFILL_TIMEOUT_S:-400} python3 benchmarks/device/prefill_breakdown.py $d4 \
       --prompt-len ${DSV4_PREFILL_LEN:-8192} --iters 2 --cold-only --tensor-parallel-size $tp \
+      ${DSV4_PREFILL_MAX_LEN:+--max-model-len $DSV4_PREFILL_MAX_LEN} \
       --json "$log.json" > "$log.log" 2>&1
     grep -E "^prompt|^  +[0-9.]+ ms|^progress" "$log.log" | head -30 || tail -20 "$log.log"
   done
