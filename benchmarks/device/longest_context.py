@@ -23,12 +23,14 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=8)
     p.add_argument("--vocab", type=int, default=100_000, help="token ids drawn below this")
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--prompt-len", type=int,
+                   help="send a prompt this long instead (a step-time probe, not the longest)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args()
     with httpx.Client(base_url=args.base_url, timeout=args.timeout) as client:
         card = client.get("/v1/models").json()["data"][0]
         limit = int(card["max_model_len"])
-        prompt_len = limit - args.output_len
+        prompt_len = args.prompt_len or limit - args.output_len
         rng = random.Random(0)
         prompt = [rng.randrange(10, args.vocab) for _ in range(prompt_len)]
         start = time.perf_counter()
