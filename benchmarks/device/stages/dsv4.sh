@@ -77,6 +77,22 @@ stage_dsv4moe() {
     | tail -15 | tee "$OUT/dsv4_moe_tests.log"
 }
 
+# The FP4 experts on a prompt step (`dsv4_moe_prefill.py`): the grouped GEMMs at candidate tiles,
+# DSV4_MOE_PREFILL_TOKENS (8192) tokens at a rank's width on one GPU and at TP2, against the
+# run's matmul ceiling; then the grouped path's kernel tests compiled (the prompt tiles and
+# V4-Flash's shapes).
+stage_dsv4moeprefill() {
+  stage "DeepSeek-V4 FP4 experts on a prompt step: grouped tiles against the matmul ceiling"
+  timeout 150 python3 benchmarks/device/dsv4_moe_prefill.py \
+    --tokens ${DSV4_MOE_PREFILL_TOKENS:-8192} --json "$OUT/dsv4-moe-prefill.json" 2>&1 \
+    | tee "$OUT/dsv4-moe-prefill.log" | grep -E "^T=|ceiling:|Error"
+  stage "DeepSeek-V4 grouped FP4 expert tests, compiled"
+  timeout 120 python3 -m pytest -p no:cacheprovider -q -n 8 -m "gpu or not gpu" \
+    -k "prompt_tiles or v4_flash or matches_reference" \
+    packages/openinfer-deepseek-v4/tests/kernels/test_fp4_moe.py 2>&1 | tail -4 \
+    | tee "$OUT/dsv4_moe_prefill_tests.log"
+}
+
 # Where a long V4-Flash prompt's step goes: V4-Flash widths at DSV4_PREFILL_LAYERS (3) layers on
 # one GPU (DSV4_PREFILL_TP, e.g. "1 2": each tensor-parallel size, rank 0's profile;
 # DSV4_PREFILL_MAX_LEN: the engine's --max-model-len), one prompt of DSV4_PREFILL_LEN (8192)

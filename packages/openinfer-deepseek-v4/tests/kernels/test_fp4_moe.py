@@ -12,7 +12,7 @@ import torch
 import openinfer_deepseek_v4.kernels.moe as moe
 from openinfer_deepseek_v4.kernels.moe import dequant_fp4_ref, fp4_moe_experts_ref, moe_experts_ref
 from openinfer_deepseek_v4.kernels.moe.align import align_by_expert
-from openinfer_deepseek_v4.kernels.moe.triton import fp4_moe_experts_triton
+from openinfer_deepseek_v4.kernels.moe.triton import GroupedTile, fp4_moe_experts_triton
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,6 +63,19 @@ def test_many_rows_per_expert_use_wider_tiles() -> None:
     want = fp4_moe_experts_ref(**case, limit=LIMIT)
     torch.testing.assert_close(fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped"),
                                want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tile", [GroupedTile(128, 64, 8, 3), GroupedTile(128, 128, 8, 2),
+                                  GroupedTile(64, 128, 4, 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prompt_tiles_match_reference(tile: GroupedTile, dtype: torch.dtype) -> None:
+    """The taller and wider tiles a prompt step may take (`dsv4_moe_prefill.py` measures them):
+    150 tokens x 3 of 3 experts, 150 rows an expert (a full tile of 128 and a part); a width
+    and hidden size that the 128-row tiles cut short."""
+    case = make(150, hidden=96, inter=160, experts=4, k=3, dtype=dtype, seed=11, picked=3)
+    out = fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped", grouped=tile)
+    want = fp4_moe_experts_ref(**{**case, "x": case["x"].float()}, limit=LIMIT)
+    torch.testing.assert_close(out.float(), want, **tolerance(dtype, want))
 
 
 def test_reference_is_moe_experts_ref_of_the_dequantized_weights() -> None:

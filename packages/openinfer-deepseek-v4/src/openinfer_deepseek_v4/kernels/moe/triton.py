@@ -19,6 +19,7 @@ or =grouped forces one path at every size.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -139,6 +140,23 @@ def moe_block_m(pairs: int, num_experts: int) -> int:
     return 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
 
 
+@dataclass(frozen=True, slots=True)
+class GroupedTile:
+    """The grouped GEMMs' launch: token rows (block_m) and weight rows (block_n) a tile, and
+    its warps and pipeline stages."""
+
+    block_m: int
+    block_n: int = 64
+    warps: int = 4
+    stages: int = 3
+
+
+def grouped_tile(pairs: int, num_experts: int, fp32: bool) -> GroupedTile:
+    """The grouped GEMMs' tile for `pairs` (token, expert) pairs over `num_experts` experts:
+    `moe_block_m`'s rows, 64 weight rows, 4 warps (2 stages in fp32, whose K step is half)."""
+    return GroupedTile(moe_block_m(pairs, num_experts), stages=2 if fp32 else 3)
+
+
 def _check(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
            gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor) -> None:
     (t, h), (e, two_i) = x.shape, gate_up.shape[:2]
@@ -167,15 +185,16 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
                            path: Literal["auto", "decode", "grouped"] = "auto",
                            tile: DecodeTile | None = None,
                            add: torch.Tensor | None = None,
-                           settled: bool = False) -> torch.Tensor:
+                           settled: bool = False,
+                           grouped: GroupedTile | None = None) -> torch.Tensor:
     """x [T, H] bf16/fp32, ids [T, k] int, weights [T, k] fp32, gate_up [E, 2I, H/2] and
     down [E, H, I/2] packed e2m1 (uint8/int8), scales [E, 2I, H/32], [E, H, I/32] E8M0
     (uint8/float8_e8m0fnu) -> [T, H] in x's dtype; `add` [T, H] in x's dtype, added to it
     (on the decode path in the down kernel, before the result's rounding); `settled`: x, ids
     and weights were written two or more kernels back (the decode path may then compute
     before its PDL wait: `decode.py`). No host sync (CUDA-graph capturable).
-    `path` and `tile` (the decode path's) override `takes_decode_path` and `decode_tile`
-    (benchmarks, tests)."""
+    `path`, `tile` (the decode path's) and `grouped` (the grouped path's) override
+    `takes_decode_path`, `decode_tile` and `grouped_tile` (benchmarks, tests)."""
     _check(x, ids, weights, gate_up, gate_up_scale, down, down_scale)
     (t, hidden), top_k = x.shape, ids.shape[1]
     if add is not None and (add.shape != x.shape or add.dtype != x.dtype):
@@ -190,7 +209,7 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
         if add is not None and add.stride(1) != 1:
             add = add.contiguous()
         return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add, settled)
-    out = _grouped(x, ids, weights, *packed, limit)
+    out = _grouped(x, ids, weights, *packed, limit, grouped)
     return out if add is None else out + add
 
 
@@ -205,19 +224,20 @@ def takes_decode_path(pairs: int) -> bool:
 
 def _grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
              gate_up_scale: torch.Tensor, down: torch.Tensor, down_scale: torch.Tensor,
-             limit: float) -> torch.Tensor:
+             limit: float, tile: GroupedTile | None) -> torch.Tensor:
     (t, hidden), top_k = x.shape, ids.shape[1]
     num_experts, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    fp32 = x.dtype == torch.float32
+    tile = tile or grouped_tile(t * top_k, num_experts, fp32)
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
-    tiles = align_by_expert(ids, num_experts, moe_block_m(t * top_k, num_experts))
+    tiles = align_by_expert(ids, num_experts, tile.block_m)
     h = torch.empty((t * top_k, inter), dtype=x.dtype, device=x.device)
     y = torch.empty((t * top_k, hidden), dtype=torch.float32, device=x.device)
     route_w = weights.reshape(-1).to(torch.float32).contiguous()
-    fp32 = x.dtype == torch.float32
-    block_n, block_k = 64, 64 if fp32 else 128
+    block_n, block_k = tile.block_n, 64 if fp32 else 128
     common = dict(BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                  **dot_options(x), num_warps=4,
-                  num_stages=2 if fp32 else 3, **pdl_launch(x))
+                  **dot_options(x), num_warps=tile.warps, num_stages=tile.stages,
+                  **pdl_launch(x))
     routing = (tiles.pair, tiles.tile_expert, tiles.tile_start, tiles.tile_rows, route_w)
     n_tiles = tiles.tile_expert.numel()
     for a, w, s, target, n, k, gated in ((x, gate_up, gate_up_scale, h, inter, hidden, True),
