@@ -56,7 +56,7 @@ def main() -> None:
             default = grouped_tile(tokens * TOP_K, EXPERTS, fp32=False)
             want = fp4_moe_experts_triton(**c, limit=LIMIT, path="grouped", grouped=default)
             for tile in [default, *(t for t in CANDIDATES if t != default)]:
-                def run(tile: GroupedTile = tile) -> torch.Tensor:
+                def run(tile: GroupedTile = tile, c: dict[str, torch.Tensor] = c) -> torch.Tensor:
                     return fp4_moe_experts_triton(**c, limit=LIMIT, path="grouped", grouped=tile)
                 got = run()
                 diff = (got.float() - want.float()).abs().max().item()
