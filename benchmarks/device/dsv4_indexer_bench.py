@@ -2,7 +2,8 @@
 context of C tokens (64 index heads of 128 dims, compression ratio 4, top 512, the paged pool of
 the model's KV layout), timed in its two kernels: the scores (`_scores_kernel`, at each
 --tokens per program: 1 is a decode step's split, more share each key tile across a prompt's
-tokens) and the ordered top-k (`launch_topk`). Beside each, its floor: the scores' FLOPs
+tokens) and the ordered top-k, by both methods (`launch_topk`, sorting; `launch_topk_select`,
+a radix select; their picks checked equal). Beside the scores, their floor: their FLOPs
 (T x visible entries x heads x dims x 2) over the bf16 matmul rate measured in the same run
 (`openinfer_server.bench.ceiling`, as `openinfer bench` measures it). Keys in bf16, and with
 --fp4 also stored in FP4 (the official checkpoint's indexer keys). Each key format's picks are
@@ -25,6 +26,7 @@ from collections.abc import Callable
 import torch
 from cuda_timing import median_us
 
+from openinfer_deepseek_v4.kernels.indexer.topk_select_triton import launch_topk_select
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import launch_topk
 from openinfer_deepseek_v4.kernels.indexer.triton import _launch_scores
 from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys, encode_rows
@@ -99,8 +101,15 @@ def run_case(c: dict[str, object], per_program: list[int], fp4: bool, timer: Cal
                   f"{'' if same else '  PICKS DIFFER'}", flush=True)
     topk_us = timer(lambda: launch_topk(scores, c["positions"], out, RATIO,  # type: ignore[arg-type]
                                         paged))
-    rows.append({"tokens": tokens, "context": context, "topk_us": round(topk_us, 1)})
-    print(f"T={tokens} C={context} top-{TOP_K}: {topk_us:10.1f} us", flush=True)
+    launch_topk(scores, c["positions"], out, RATIO, paged)  # type: ignore[arg-type]
+    sorted_picks = out.clone()
+    select_us = timer(lambda: launch_topk_select(scores, c["positions"],  # type: ignore[arg-type]
+                                                 out, RATIO, paged))
+    same = torch.equal(out, sorted_picks)
+    rows.append({"tokens": tokens, "context": context, "topk_us": round(topk_us, 1),
+                 "select_us": round(select_us, 1), "select_same_picks": bool(same)})
+    print(f"T={tokens} C={context} top-{TOP_K}: sort {topk_us:10.1f} us, radix select "
+          f"{select_us:10.1f} us{'' if same else '  PICKS DIFFER'}", flush=True)
     return rows
 
 

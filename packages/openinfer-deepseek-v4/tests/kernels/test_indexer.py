@@ -17,6 +17,7 @@ from openinfer_deepseek_v4.kernels.indexer import (
     paged_entry_slots,
     token_requests,
 )
+from openinfer_deepseek_v4.kernels.indexer.topk_select_triton import launch_topk_select
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import launch_topk
 from openinfer_deepseek_v4.kernels.indexer.triton import (
     indexer_scores_triton,
@@ -224,3 +225,59 @@ def test_any_piece_count_gives_the_same(pieces: int) -> None:
     out = torch.empty(4, 24, dtype=torch.int64, device=DEVICE)
     launch_topk(scores, positions, out, 4, {}, pieces=pieces)
     assert torch.equal(out, indexer_topk_ordered_ref(scores, positions, ratio=4, top_k=24))
+
+
+@pytest.mark.parametrize("kind", ["tied", "spread"])
+@pytest.mark.parametrize(("entries", "top_k"), [(9, 5), (70, 16), (70, 100), (3000, 33),
+                                                (2600, 512)])
+def test_radix_select_picks_as_the_reference(entries: int, top_k: int, kind: str) -> None:
+    """The select's threshold and ties: rows of a few tied levels (both zeros among them), or
+    of spread scores of mixed sign and scale; positions from nothing visible to past the row's
+    end, and top_k above and below the visible count."""
+    if kind == "tied":
+        scores = tied_scores(6, entries, seed=entries + top_k)
+    else:
+        g = torch.Generator().manual_seed(entries * top_k)
+        scores = (torch.randn(6, entries, generator=g)
+                  * torch.logspace(-20, 20, 6)[:, None]).to(DEVICE)
+    positions = torch.tensor([0, 3, 13, 42, 150, 4 * entries + 10], device=DEVICE)
+    out = torch.empty(6, min(top_k, entries), dtype=torch.int64, device=DEVICE)
+    launch_topk_select(scores, positions, out, 4, {})
+    assert torch.equal(out, indexer_topk_ordered_ref(scores, positions, ratio=4, top_k=top_k))
+
+
+def test_radix_select_gives_pool_rows_as_the_sort() -> None:
+    """The paged form's picks as pool rows (`as_slots`), through each token's request's block
+    table: the same as the sorting kernel's."""
+    g = torch.Generator().manual_seed(5)
+    scores = tied_scores(4, 300, seed=6)
+    tables = (1 + torch.randperm(2 * 75, generator=g)).view(2, 75).to(torch.int32).to(DEVICE)
+    paged = {"block_tables": tables, "requests": torch.tensor([0, 0, 1, 1], device=DEVICE),
+             "as_slots": True, "block_size": 16, "slots_per_block": 4}
+    positions = torch.tensor([1199, 20, 700, 3], device=DEVICE)
+    want = torch.empty(4, 24, dtype=torch.int32, device=DEVICE)
+    launch_topk(scores, positions, want, 4, paged)
+    out = torch.empty_like(want)
+    launch_topk_select(scores, positions, out, 4, paged)
+    assert torch.equal(out, want)
+
+
+def test_prompt_steps_take_the_select_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OPENINFER_DSV4_TOPK=select (read at import: set here on the module) sends a prompt
+    step's top-k (past DECODE_TOKENS tokens) through the radix select, with the same picks."""
+    import openinfer_deepseek_v4.kernels.indexer.triton as indexer_triton
+
+    calls = []
+
+    def counted(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        launch_topk_select(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(indexer_triton, "_TOPK", "select")
+    monkeypatch.setattr(indexer_triton, "launch_topk_select", counted)
+    tokens = indexer_triton.DECODE_TOKENS + 4
+    scores = tied_scores(tokens, 40, seed=9)
+    positions = torch.arange(tokens, device=DEVICE) % 200
+    out = indexer_topk_triton(scores, positions, ratio=4, top_k=8)
+    assert calls == [1]
+    assert torch.equal(out, indexer_topk_ordered_ref(scores, positions, ratio=4, top_k=8))

@@ -1,6 +1,7 @@
 # mypy: disable-error-code="no-untyped-def"
 """Triton lightning indexer: the scores kernel, and the launchers of the public ops (the
-ordered top-k kernels are in `topk_triton.py`).
+ordered top-k kernels are in `topk_triton.py`, sorting, and `topk_select_triton.py`, a radix
+select that a prompt step takes under OPENINFER_DSV4_TOPK=select).
 
 `_scores_kernel`: program = (tile of BLOCK_E entries, block of TOKENS query tokens): the
 tile's keys once for all index heads and all the block's tokens (a [heads, d] x [d, BLOCK_E]
@@ -22,10 +23,13 @@ Launches depend on shapes only: graph-safe.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+from openinfer_deepseek_v4.kernels.indexer.topk_select_triton import launch_topk_select
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import entry_rows, launch_topk
 from openinfer_deepseek_v4.kernels.quant_sim.storage import Fp4Keys
 from openinfer_deepseek_v4.kernels.quant_sim.storage_triton import load_fp4_rows
@@ -123,6 +127,13 @@ def _scores_kernel(
 DECODE_TOKENS = 256
 PROMPT_TOKENS = 8
 MAX_GRID_Y = 65535
+# The ordered top-k of a prompt step (past DECODE_TOKENS tokens): `sort` (topk_triton.py, a
+# row cut into pieces, every chunk sorted) or `select` (topk_select_triton.py, a radix select
+# a row). Decode steps always sort.
+TOPK_ENV = "OPENINFER_DSV4_TOPK"
+_TOPK = os.environ.get(TOPK_ENV) or "sort"
+if _TOPK not in ("sort", "select"):
+    raise ValueError(f"{TOPK_ENV} must be 'sort' or 'select' (or unset: sort), not {_TOPK!r}")
 
 
 def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
@@ -173,8 +184,18 @@ def indexer_topk_triton(scores: torch.Tensor, positions: torch.Tensor, *, ratio:
     out = torch.empty(scores.shape[0], min(top_k, scores.shape[1]), dtype=torch.int64,
                       device=scores.device)
     if out.numel():
-        launch_topk(scores.float().contiguous(), positions, out, ratio, {})
+        _launch_topk(scores.float().contiguous(), positions, out, ratio, {})
     return out
+
+
+def _launch_topk(scores: torch.Tensor, positions: torch.Tensor, out: torch.Tensor, ratio: int,
+                 paged: dict[str, object]) -> None:
+    """The ordered top-k of each row, by TOPK_ENV's method on a prompt step (the same picks
+    either way), else by sorting."""
+    if _TOPK == "select" and scores.shape[0] > DECODE_TOKENS:
+        launch_topk_select(scores, positions, out, ratio, paged)
+    else:
+        launch_topk(scores, positions, out, ratio, paged)
 
 
 def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool: torch.Tensor,
@@ -208,5 +229,5 @@ def indexer_topk_paged_triton(q: torch.Tensor, weights: torch.Tensor, index_pool
     scores = torch.empty(num_tokens, num_entries, dtype=torch.float32, device=q.device)
     _launch_scores(q, weights, index_pool.flatten(0, 1), scores,
                    softmax_scale * weights_scale, paged, key_format, tokens)
-    launch_topk(scores, positions, out, ratio, paged)
+    _launch_topk(scores, positions, out, ratio, paged)
     return out
