@@ -3,13 +3,13 @@
 without sorting the row.
 
 One program a row. Each score's order-preserving 32 bits (-0.0 counted as 0.0, as
-`topk_triton._keys` does) are an unsigned key. Four passes over the row, each a histogram of
+`topk_triton.sortable_keys` does) are an unsigned key. Four passes over the row, each a histogram of
 one byte of the key among the entries whose higher bytes equal the threshold's so far, find
 the threshold key: fewer than `width` entries lie above it, and at least `width` at or above
 it. A fifth pass gathers the entries above it and, in entry order, as many entries equal to it
 as are still needed (the tie rule: the earlier entry first). At most `width` picks (KP padded)
-are then sorted once. The row is read five times, against `topk_triton`'s sort of every
-512-entry chunk: past a few thousand entries a row, the passes cost less than the sorts.
+are then sorted once. The row is read five times, where `topk_triton` sorts every 512-entry
+chunk of it; `benchmarks/device/dsv4_indexer_bench.py` times the two on a prompt step.
 
 A row is one program's serial work, so a step of few tokens (decode) keeps `topk_triton`,
 which cuts a row into pieces over the GPU.
@@ -22,11 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from openinfer_deepseek_v4.kernels.indexer.topk_triton import NONE_KEY, _keys, _store_picks
+from openinfer_deepseek_v4.kernels.indexer.topk_triton import (
+    NONE_KEY,
+    sortable_keys,
+    store_picks,
+)
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
-BINS: tl.constexpr = tl.constexpr(512)  # a byte's 256 values, and 256 (no entry) after them
-OTHER: tl.constexpr = tl.constexpr(256)
+BINS: tl.constexpr = tl.constexpr(256)  # a byte's values
 
 
 @triton.jit
@@ -41,16 +44,18 @@ def _unsigned_key(scores):
 @triton.jit
 def _byte_histogram(row_ptr, visible, prefix, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
     """[BINS] counts of byte SHIFT/8 of the keys of entries [0, visible) whose bytes above it
-    equal `prefix`'s; the other entries count in bin OTHER."""
+    equal `prefix`'s. (The others go to bin 0 and are taken out of it after: a histogram of
+    256 bins costs half one of 512, which a bin of their own would need.)"""
     hist = tl.zeros([BINS], dtype=tl.int32)
+    others = tl.zeros([BLOCK], dtype=tl.int32)
     for start in range(0, visible, BLOCK):
         entries = start + tl.arange(0, BLOCK)
         valid = entries < visible
         key = _unsigned_key(tl.load(row_ptr + entries, mask=valid, other=0.0))
         same = valid & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
-        byte = tl.where(same, (key >> SHIFT) & 255, OTHER)
-        hist += tl.histogram(byte.to(tl.int32), BINS)
-    return hist
+        hist += tl.histogram(tl.where(same, (key >> SHIFT) & 255, 0).to(tl.int32), BINS)
+        others += (~same).to(tl.int32)
+    return hist - tl.where(tl.arange(0, BINS) == 0, tl.sum(others, 0), 0)
 
 
 @triton.jit
@@ -69,10 +74,9 @@ def _select_kernel(
     prefix = tl.zeros([], dtype=tl.int64)  # the threshold's bytes found so far
     for i in tl.static_range(4):
         hist = _byte_histogram(row_ptr, visible, prefix, 24 - 8 * i, BLOCK)
-        hist = tl.where(bins < OTHER, hist, 0)
         at_or_above = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
         # The highest byte with `need` entries at or above it; those above it are all picks.
-        byte = tl.max(tl.where((at_or_above >= need) & (bins < OTHER), bins, 0), 0)
+        byte = tl.max(tl.where(at_or_above >= need, bins, 0), 0)
         need -= tl.sum(tl.where(bins > byte, hist, 0), 0)
         prefix = prefix | (byte.to(tl.int64) << (24 - 8 * i))
     # Gather: every entry above the threshold, and the first `need` equal to it.
@@ -88,14 +92,14 @@ def _select_kernel(
         tie_rank = ties + tl.cumsum(tie.to(tl.int32), 0) - 1
         take = (valid & (key > prefix)) | (tie & (tie_rank < need))
         slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(picks_row + slot, _keys(scores, entries, valid), mask=take)
+        tl.store(picks_row + slot, sortable_keys(scores, entries, valid), mask=take)
         taken += tl.sum(take.to(tl.int32), 0)
         ties += tl.sum(tie.to(tl.int32), 0)
     tl.debug_barrier()  # the gathered picks, stored by every thread, read back by all
     offs = tl.arange(0, KP)
     best = tl.load(picks_row + offs, mask=offs < taken, other=NONE_KEY)
     best = tl.sort(best, descending=True)
-    _store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
+    store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                  stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
 
 

@@ -40,7 +40,7 @@ def entry_rows(entries, table_ptr, RATIO: tl.constexpr, BLOCK_SIZE: tl.constexpr
 
 
 @triton.jit
-def _keys(scores, entries, valid):
+def sortable_keys(scores, entries, valid):
     """Sortable int64 keys: descending order = higher score first, then earlier entry. -0.0
     counts as 0.0 (a negative weight times a ReLU'd 0 is -0.0, and it ties with 0.0)."""
     s = tl.where(scores == 0.0, 0.0, scores)
@@ -80,7 +80,7 @@ def _fold(best, ascending, KP: tl.constexpr, LOG_KP: tl.constexpr):
 
 
 @triton.jit
-def _store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
+def store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                  stride_bt, stride_ot, RATIO: tl.constexpr, AS_SLOTS: tl.constexpr,
                  BLOCK_SIZE: tl.constexpr, SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr):
     """The first `width` picks of `best`: entry numbers (or with AS_SLOTS pool rows), -1 for
@@ -116,9 +116,9 @@ def _piece_kernel(
         entries = start + offs
         valid = entries < end
         scores = tl.load(scores_ptr + token * stride_st + entries, mask=valid, other=0.0)
-        best = _fold(best, tl.sort(_keys(scores, entries, valid)), KP, LOG_KP)
+        best = _fold(best, tl.sort(sortable_keys(scores, entries, valid)), KP, LOG_KP)
     if PIECES == 1:
-        _store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
+        store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                      stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
     else:  # scratch [T, PIECES, KP], each list stored ascending, as the merge folds them
         tl.store(part_ptr + (token * PIECES + piece) * KP + (KP - 1 - offs), best)
@@ -138,7 +138,7 @@ def _merge_kernel(
     for piece in range(PIECES):
         best = _fold(best, tl.load(part_ptr + (token * PIECES + piece) * KP + offs), KP,
                      LOG_KP)
-    _store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
+    store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                  stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
 
 
