@@ -1,16 +1,17 @@
 """DeepSeek-V4-Flash's lightning indexer on a prompt step: one request's last T tokens at a
 context of C tokens (64 index heads of 128 dims, compression ratio 4, top 512, the paged pool of
-the model's KV layout), timed in its two kernels: the scores (`_scores_kernel`, at each
---tokens per program: 1 is a decode step's split, more share each key tile across a prompt's
-tokens) and the ordered top-k, by both methods (`launch_topk`, sorting; `launch_topk_select`,
-a radix select; their picks checked equal). Beside the scores, their floor: their FLOPs
-(T x visible entries x heads x dims x 2) over the bf16 matmul rate measured in the same run
-(`openinfer_server.bench.ceiling`, as `openinfer bench` measures it). Keys in bf16, and with
+the model's KV layout), timed in its two kernels. The scores (`_scores_kernel`) at each
+--tiles setting: query tokens a program (1 is a decode step's split; more share each key tile
+across a prompt's tokens), entries a tile, warps. The ordered top-k by both methods
+(`launch_topk`, sorting; `launch_topk_select`, a radix select), their picks checked equal.
+Beside the scores, their floor: their FLOPs (T x visible entries x heads x dims x 2) over the
+bf16 matmul rate measured in the same run (`openinfer_server.bench.ceiling`, as `openinfer
+bench` measures it). Keys in bf16, and with
 --fp4 also stored in FP4 (the official checkpoint's indexer keys). Each key format's picks are
 checked equal across the settings.
 
 Usage (on the GPU machine, from the repo root):
-    python benchmarks/device/dsv4_indexer_bench.py [--tokens-per-program 1 2 4 8 16]
+    python benchmarks/device/dsv4_indexer_bench.py [--tiles 1 8 16 8:128:8 ...]
         [--cases 8192:8192 8192:65536 8192:524288 1:524288] [--fp4] [--json OUT]
 On CPU, the same flow at tiny shapes under the interpreter (times meaningless):
     TRITON_INTERPRET=1 python benchmarks/device/dsv4_indexer_bench.py --dry-run"""
@@ -60,8 +61,14 @@ def case(tokens: int, context: int, device: str, heads: int, dim: int,
             "requests": torch.zeros(tokens, dtype=torch.int32, device=device)}
 
 
-def run_case(c: dict[str, object], per_program: list[int], fp4: bool, timer: Callable,
-             tflops: float) -> list[dict[str, object]]:
+def parse_tile(text: str) -> tuple[int, int | None, int]:
+    """TOKENS[:ENTRIES[:WARPS]] -> (tokens a program, entries a tile or None, warps)."""
+    parts = [int(p) for p in text.split(":")]
+    return parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else 4
+
+
+def run_case(c: dict[str, object], tiles: list[tuple[int, int | None, int]], fp4: bool,
+             timer: Callable, tflops: float) -> list[dict[str, object]]:
     q, weights, pool = c["q"], c["weights"], c["pool"]
     assert isinstance(q, torch.Tensor) and isinstance(pool, torch.Tensor)
     assert isinstance(weights, torch.Tensor)
@@ -84,19 +91,24 @@ def run_case(c: dict[str, object], per_program: list[int], fp4: bool, timer: Cal
     scores = torch.empty(tokens, entries, dtype=torch.float32, device=q.device)
     out = torch.empty(tokens, TOP_K, dtype=torch.int32, device=q.device)
     for name, keys, fmt in formats:
-        for n in per_program:
-            def scores_call(keys: torch.Tensor = keys, fmt: Fp4Keys | None = fmt,
-                            n: int = n) -> None:
-                _launch_scores(q, weights, keys.flatten(0, 1), scores, 0.01, paged, fmt, n)
+        for n, block_e, warps in tiles:
+            def scores_call(keys: torch.Tensor = keys, fmt: Fp4Keys | None = fmt, n: int = n,
+                            block_e: int | None = block_e, warps: int = warps) -> None:
+                _launch_scores(q, weights, keys.flatten(0, 1), scores, 0.01, paged, fmt, n,
+                               block_e, warps)
             us = timer(scores_call)
             scores_call()
             launch_topk(scores, c["positions"], out, RATIO, paged)  # type: ignore[arg-type]
             same = torch.equal(out, first_picks.setdefault(name, out.clone()))
+            label = f"{n:2d} tokens a program" + (
+                "" if block_e is None and warps == 4 else f", {block_e or 'default'} entries"
+                f" a tile, {warps} warps")
             row = {"tokens": tokens, "context": context, "keys": name, "per_program": n,
+                   "block_e": block_e, "warps": warps,
                    "scores_us": round(us, 1), "floor_us": round(floor_us, 1),
                    "x_floor": round(us / floor_us, 2), "same_picks": bool(same)}
             rows.append(row)
-            print(f"T={tokens} C={context} {name} keys, {n:2d} tokens a program: scores "
+            print(f"T={tokens} C={context} {name} keys, {label}: scores "
                   f"{us:10.1f} us ({us / floor_us:5.2f}x the matmul floor {floor_us:.1f} us)"
                   f"{'' if same else '  PICKS DIFFER'}", flush=True)
     topk_us = timer(lambda: launch_topk(scores, c["positions"], out, RATIO,  # type: ignore[arg-type]
@@ -115,7 +127,10 @@ def run_case(c: dict[str, object], per_program: list[int], fp4: bool, timer: Cal
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens-per-program", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--tiles", nargs="+", default=["1", "8", "16", "8:128:8", "16:128:8",
+                                                  "4:128:4"],
+                    help="scores launches: TOKENS[:ENTRIES[:WARPS]] (query tokens a program, "
+                    "entries a tile, warps; default the kernel's)")
     ap.add_argument("--cases", nargs="+", default=["8192:8192", "8192:65536", "8192:524288",
                                                    "1:524288"],
                     help="TOKENS:CONTEXT pairs")
@@ -138,8 +153,8 @@ def main() -> None:
     with torch.inference_mode():
         for i, (tokens, context) in enumerate(cases):
             c = case(tokens, context, device, heads, dim, seed=i)
-            per_program = [n for n in args.tokens_per_program if n <= max(tokens, 1)]
-            rows += run_case(c, per_program, args.fp4, timer, tflops)
+            tiles = [t for t in map(parse_tile, args.tiles) if t[0] <= max(tokens, 1)]
+            rows += run_case(c, tiles, args.fp4, timer, tflops)
             del c
             if device == "cuda":
                 torch.cuda.empty_cache()

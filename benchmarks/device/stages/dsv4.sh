@@ -112,13 +112,15 @@ stage_dsv4prefill() {
   done
 }
 
-# V4-Flash's indexer on a prompt step (`dsv4_indexer_bench.py`): the scores kernel at 1 to 16
-# query tokens a program and the ordered top-k, at T:C (tokens:context) DSV4_INDEXER_CASES
+# V4-Flash's indexer on a prompt step (`dsv4_indexer_bench.py`): the scores kernel at each of
+# DSV4_INDEXER_TILES (query tokens a program[:entries a tile[:warps]]; default the bench's) and
+# the ordered top-k by sorting and by radix select, at T:C (tokens:context) DSV4_INDEXER_CASES
 # (default 8192:8192 8192:65536 8192:524288 1:524288), keys in bf16 and FP4, against the
 # matmul floor of the same run.
 stage_dsv4indexer() {
-  stage "DeepSeek-V4-Flash indexer on a prompt step: scores by tokens a program, ordered top-512"
+  stage "DeepSeek-V4-Flash indexer on a prompt step: scores by tile, ordered top-512 by sort and by select"
   timeout ${DSV4_INDEXER_TIMEOUT_S:-300} python3 benchmarks/device/dsv4_indexer_bench.py --fp4 \
+    ${DSV4_INDEXER_TILES:+--tiles $DSV4_INDEXER_TILES} \
     --cases ${DSV4_INDEXER_CASES:-8192:8192 8192:65536 8192:524288 1:524288} \
     --json "$OUT/dsv4-indexer.json" 2>&1 | tee "$OUT/dsv4-indexer.log" | grep -E "^T=|Error|rror:"
 }

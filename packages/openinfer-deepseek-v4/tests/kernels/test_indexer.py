@@ -20,6 +20,7 @@ from openinfer_deepseek_v4.kernels.indexer import (
 from openinfer_deepseek_v4.kernels.indexer.topk_select_triton import launch_topk_select
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import launch_topk
 from openinfer_deepseek_v4.kernels.indexer.triton import (
+    _launch_scores,
     indexer_scores_triton,
     indexer_topk_paged_triton,
     indexer_topk_triton,
@@ -31,6 +32,20 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Products of fp32 (or bf16, exact in fp32) inputs summed in another order than the
 # reference's einsum: a few fp32 ulps of the largest partial sum.
 SCORE_TOLERANCE = dict(atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("block_e", "warps"), [(16, 4), (128, 8)])
+def test_scores_at_other_tiles(block_e: int, warps: int) -> None:
+    """The entry tile and warps the bench sweeps (`_launch_scores`'s knobs): 7 tokens in
+    blocks of 4 over 150 entries, the last tile short."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(7, 8, 64, generator=g).to(DEVICE)
+    keys = torch.randn(150, 64, generator=g).to(DEVICE)
+    weights = torch.randn(7, 8, generator=g).to(DEVICE)
+    out = torch.empty(7, 150, dtype=torch.float32, device=DEVICE)
+    _launch_scores(q, weights, keys, out, 0.125, {}, tokens=4, block_e=block_e, warps=warps)
+    torch.testing.assert_close(out, indexer_scores_ref(q, keys, weights, softmax_scale=0.125,
+                                                       weights_scale=1.0), **SCORE_TOLERANCE)
 
 
 @pytest.mark.parametrize("per_program", [None, 4], ids=["default", "blocks-of-4"])

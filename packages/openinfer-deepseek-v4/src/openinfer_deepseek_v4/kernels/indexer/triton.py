@@ -138,16 +138,18 @@ if _TOPK not in ("sort", "select"):
 
 def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                    scores: torch.Tensor, scale: float, paged: dict[str, object],
-                   key_format: Fp4Keys | None = None, tokens: int | None = None) -> None:
+                   key_format: Fp4Keys | None = None, tokens: int | None = None,
+                   block_e: int | None = None, warps: int = 4) -> None:
     """Fill scores [T, E] (E = scores.shape[1]); `paged` holds the paged arguments, or is
     empty for flat keys (every entry, no causal limit); `key_format`: keys are uint8 rows of
     that format; `tokens`: query tokens a program (a power of two; default from T, as
-    DECODE_TOKENS says)."""
+    DECODE_TOKENS says); `block_e` (entries a tile, a power of two; default by the heads'
+    width) and `warps`: the launch's other knobs (benchmarks, tests)."""
     num_tokens, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or keys.stride(-1) != 1 or weights.stride(-1) != 1:
         raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
     block_h = max(16, triton.next_power_of_2(num_heads))
-    block_e = 64 if block_h * head_dim > 4096 else 128
+    block_e = block_e or (64 if block_h * head_dim > 4096 else 128)
     # Blocks of tokens are the grid's second axis, which CUDA caps at 65,535 programs.
     tokens = tokens or (1 if num_tokens <= DECODE_TOKENS else max(
         PROMPT_TOKENS, triton.next_power_of_2(triton.cdiv(num_tokens, MAX_GRID_Y))))
@@ -162,7 +164,7 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         RATIO=paged.get("ratio", 1), BLOCK_SIZE=paged.get("block_size", 1),
         SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), TOKENS=tokens, **dot_options(q),
-        FP4=key_format is not None, num_warps=4, **pdl_launch(q))
+        FP4=key_format is not None, num_warps=warps, **pdl_launch(q))
 
 
 def indexer_scores_triton(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, *,
