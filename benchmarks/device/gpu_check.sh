@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/openinfer-out}
 mkdir -p "$OUT"
 # The order stages run in, whatever order they are named in.
-ORDER="tests basetests gate allreduce tpfused tptriton tp tplatency tpprofile tp32 tpgate tpserve dsv4 dsv4gates dsv4official dsv4mhc dsv4moe dsv4moeprefill dsv4prefill dsv4indexer dsv4model dsv4full qwen35 qwen35long qwen35tiles fp8 fp8ttft fp8fused fp8kv fp8serve tpunfused latency ab prefillattn fusion verify sampling tiles tptiles gemm pdl preload
+ORDER="tests basetests gate allreduce tpfused tptriton tp tplatency tpprofile tp32 tpgate tpserve dsv4 dsv4gates dsv4official dsv4mhc dsv4moe dsv4moeprefill dsv4attnprefill dsv4prefill dsv4indexer dsv4model dsv4full qwen35 qwen35long qwen35tiles fp8 fp8ttft fp8fused fp8kv fp8serve tpunfused latency ab prefillattn fusion verify sampling tiles tptiles gemm pdl preload
        prefetch ttft flashinfer attention ops throughput serve dp deferred stream1 timeline prefix qps
        interference structured offload startup embed"
 stages=${*:-tests latency throughput serve stream1 timeline prefix qps interference structured offload startup}

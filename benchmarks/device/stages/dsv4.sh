@@ -93,6 +93,17 @@ stage_dsv4moeprefill() {
     | tee "$OUT/dsv4_moe_prefill_tests.log"
 }
 
+# V4-Flash's sparse attention on a prompt step (`dsv4_attention_prefill.py`): 8,192 tokens of
+# one request, CSA and HCA, entries in bf16 and in the official FP8 rows (quant_sim's), 64 and
+# 32 heads (one GPU, a TP2 rank), at DSV4_ATTN_PREFILL_CONTEXTS (8192 65536), the plan's tile
+# and candidates, against the matmul floor of the same run.
+stage_dsv4attnprefill() {
+  stage "DeepSeek-V4-Flash sparse attention on a prompt step: tiles, bf16 and FP8 entries"
+  timeout ${DSV4_ATTN_PREFILL_TIMEOUT_S:-240} python3 benchmarks/device/dsv4_attention_prefill.py \
+    --context ${DSV4_ATTN_PREFILL_CONTEXTS:-8192 65536} --json "$OUT/dsv4-attention-prefill.json" \
+    2>&1 | tee "$OUT/dsv4-attention-prefill.log" | grep -E "^T=|ceiling:|Error"
+}
+
 # Where a long V4-Flash prompt's step goes: V4-Flash widths at DSV4_PREFILL_LAYERS (3) layers on
 # one GPU (DSV4_PREFILL_TP, e.g. "1 2": each tensor-parallel size, rank 0's profile;
 # DSV4_PREFILL_MAX_LEN: the engine's --max-model-len), one prompt of DSV4_PREFILL_LEN (8192)
