@@ -2,16 +2,16 @@
 context of C tokens (64 index heads of 128 dims, compression ratio 4, top 512, the paged pool of
 the model's KV layout), timed in its two kernels. The scores (`_scores_kernel`) at each
 --tiles setting: query tokens a program (1 is a decode step's split; more share each key tile
-across a prompt's tokens), entries a tile, warps. The ordered top-k by both methods
-(`launch_topk`, sorting; `launch_topk_select`, a radix select), their picks checked equal.
-Beside the scores, their floor: their FLOPs (T x visible entries x heads x dims x 2) over the
-bf16 matmul rate measured in the same run (`openinfer_server.bench.ceiling`, as `openinfer
-bench` measures it). Keys in bf16, and with
---fp4 also stored in FP4 (the official checkpoint's indexer keys). Each key format's picks are
-checked equal across the settings.
+across a prompt's tokens), entries a tile, warps, and the product's orientation. The ordered
+top-k by both methods (`launch_topk`, sorting; `launch_topk_select`, a radix select), their
+picks checked equal. Beside the scores, their floor: their FLOPs (T x visible entries x heads x
+dims x 2) over the bf16 matmul rate measured in the same run (`openinfer_server.bench.ceiling`,
+as `openinfer bench` measures it). Keys in bf16, and with --fp4 also stored in FP4 (the
+official checkpoint's indexer keys). Each key format's picks are checked equal across the
+settings.
 
 Usage (on the GPU machine, from the repo root):
-    python benchmarks/device/dsv4_indexer_bench.py [--tiles 1 8 16 8:128:8 ...]
+    python benchmarks/device/dsv4_indexer_bench.py [--tiles 1 8 8:0:4:e 8:128:8:e ...]
         [--cases 8192:8192 8192:65536 8192:524288 1:524288] [--fp4] [--json OUT]
 On CPU, the same flow at tiny shapes under the interpreter (times meaningless):
     TRITON_INTERPRET=1 python benchmarks/device/dsv4_indexer_bench.py --dry-run"""
@@ -61,13 +61,15 @@ def case(tokens: int, context: int, device: str, heads: int, dim: int,
             "requests": torch.zeros(tokens, dtype=torch.int32, device=device)}
 
 
-def parse_tile(text: str) -> tuple[int, int | None, int]:
-    """TOKENS[:ENTRIES[:WARPS]] -> (tokens a program, entries a tile or None, warps)."""
-    parts = [int(p) for p in text.split(":")]
-    return parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else 4
+def parse_tile(text: str) -> tuple[int, int | None, int, bool]:
+    """TOKENS[:ENTRIES[:WARPS[:e]]] -> (tokens a program, entries a tile or None, warps, the
+    product with the entries first); ENTRIES 0 is the kernel's default."""
+    parts = text.split(":")
+    return (int(parts[0]), int(parts[1]) or None if len(parts) > 1 else None,
+            int(parts[2]) if len(parts) > 2 else 4, len(parts) > 3 and parts[3] == "e")
 
 
-def run_case(c: dict[str, object], tiles: list[tuple[int, int | None, int]], fp4: bool,
+def run_case(c: dict[str, object], tiles: list[tuple[int, int | None, int, bool]], fp4: bool,
              timer: Callable, tflops: float) -> list[dict[str, object]]:
     q, weights, pool = c["q"], c["weights"], c["pool"]
     assert isinstance(q, torch.Tensor) and isinstance(pool, torch.Tensor)
@@ -91,20 +93,21 @@ def run_case(c: dict[str, object], tiles: list[tuple[int, int | None, int]], fp4
     scores = torch.empty(tokens, entries, dtype=torch.float32, device=q.device)
     out = torch.empty(tokens, TOP_K, dtype=torch.int32, device=q.device)
     for name, keys, fmt in formats:
-        for n, block_e, warps in tiles:
+        for n, block_e, warps, first in tiles:
             def scores_call(keys: torch.Tensor = keys, fmt: Fp4Keys | None = fmt, n: int = n,
-                            block_e: int | None = block_e, warps: int = warps) -> None:
+                            block_e: int | None = block_e, warps: int = warps,
+                            first: bool = first) -> None:
                 _launch_scores(q, weights, keys.flatten(0, 1), scores, 0.01, paged, fmt, n,
-                               block_e, warps)
+                               block_e, warps, first)
             us = timer(scores_call)
             scores_call()
             launch_topk(scores, c["positions"], out, RATIO, paged)  # type: ignore[arg-type]
             same = torch.equal(out, first_picks.setdefault(name, out.clone()))
             label = f"{n:2d} tokens a program" + (
                 "" if block_e is None and warps == 4 else f", {block_e or 'default'} entries"
-                f" a tile, {warps} warps")
+                f" a tile, {warps} warps") + (", entries first" if first else "")
             row = {"tokens": tokens, "context": context, "keys": name, "per_program": n,
-                   "block_e": block_e, "warps": warps,
+                   "block_e": block_e, "warps": warps, "entries_first": first,
                    "scores_us": round(us, 1), "floor_us": round(floor_us, 1),
                    "x_floor": round(us / floor_us, 2), "same_picks": bool(same)}
             rows.append(row)
@@ -127,10 +130,11 @@ def run_case(c: dict[str, object], tiles: list[tuple[int, int | None, int]], fp4
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiles", nargs="+", default=["1", "8", "16", "8:128:8", "16:128:8",
-                                                  "4:128:4"],
-                    help="scores launches: TOKENS[:ENTRIES[:WARPS]] (query tokens a program, "
-                    "entries a tile, warps; default the kernel's)")
+    ap.add_argument("--tiles", nargs="+", default=["1", "8", "16", "8:0:4:e", "16:0:4:e",
+                                                  "8:128:8", "8:128:8:e", "16:128:8:e"],
+                    help="scores launches: TOKENS[:ENTRIES[:WARPS[:e]]] (query tokens a "
+                    "program, entries a tile (0: the kernel's), warps, e: the product with "
+                    "the entries first)")
     ap.add_argument("--cases", nargs="+", default=["8192:8192", "8192:65536", "8192:524288",
                                                    "1:524288"],
                     help="TOKENS:CONTEXT pairs")

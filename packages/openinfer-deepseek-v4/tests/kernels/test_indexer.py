@@ -34,16 +34,18 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCORE_TOLERANCE = dict(atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("entries_first", [False, True], ids=["heads-first", "entries-first"])
 @pytest.mark.parametrize(("block_e", "warps"), [(16, 4), (128, 8)])
-def test_scores_at_other_tiles(block_e: int, warps: int) -> None:
-    """The entry tile and warps the bench sweeps (`_launch_scores`'s knobs): 7 tokens in
-    blocks of 4 over 150 entries, the last tile short."""
+def test_scores_at_other_tiles(block_e: int, warps: int, entries_first: bool) -> None:
+    """The launch knobs the bench sweeps (`_launch_scores`'s: entries a tile, warps, the
+    product's orientation): 7 tokens in blocks of 4 over 150 entries, the last tile short."""
     g = torch.Generator().manual_seed(3)
     q = torch.randn(7, 8, 64, generator=g).to(DEVICE)
     keys = torch.randn(150, 64, generator=g).to(DEVICE)
     weights = torch.randn(7, 8, generator=g).to(DEVICE)
     out = torch.empty(7, 150, dtype=torch.float32, device=DEVICE)
-    _launch_scores(q, weights, keys, out, 0.125, {}, tokens=4, block_e=block_e, warps=warps)
+    _launch_scores(q, weights, keys, out, 0.125, {}, tokens=4, block_e=block_e, warps=warps,
+                   entries_first=entries_first)
     torch.testing.assert_close(out, indexer_scores_ref(q, keys, weights, softmax_scale=0.125,
                                                        weights_scale=1.0), **SCORE_TOLERANCE)
 

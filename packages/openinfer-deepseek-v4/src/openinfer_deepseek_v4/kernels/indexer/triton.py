@@ -77,7 +77,8 @@ def _scores_kernel(
     HEAD_DIM: tl.constexpr, PAGED: tl.constexpr, RATIO: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, SLOTS_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, TOKENS: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, FP4: tl.constexpr, PDL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, FP4: tl.constexpr,
+    ENTRIES_FIRST: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_enter(PDL)
     # One token a program (decode): the grid is (token, tile), as a decode step always ran;
@@ -117,8 +118,15 @@ def _scores_kernel(
             q = tl.load(q_ptr + token * stride_qt + heads[:, None] * stride_qh
                         + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0)
             w = tl.load(w_ptr + token * stride_wt + heads, mask=h_mask, other=0.0)
-            dots = tl.maximum(dot(q, tl.trans(keys), PRECISION, UPCAST), 0.0)
-            scores = tl.sum(dots * (w.to(tl.float32) * scale)[:, None], 0)
+            w = w.to(tl.float32) * scale
+            if ENTRIES_FIRST:
+                # [BLOCK_E, BLOCK_H]: the sum over the heads runs along a row, within a warp,
+                # where [BLOCK_H, BLOCK_E]'s runs down the columns, across the warps.
+                dots = tl.maximum(dot(keys, tl.trans(q), PRECISION, UPCAST), 0.0)
+                scores = tl.sum(dots * w[None, :], 1)
+            else:
+                dots = tl.maximum(dot(q, tl.trans(keys), PRECISION, UPCAST), 0.0)
+                scores = tl.sum(dots * w[:, None], 0)
             tl.store(scores_ptr + token * stride_st + entries, scores, mask=e_mask)
 
 
@@ -139,12 +147,14 @@ if _TOPK not in ("sort", "select"):
 def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                    scores: torch.Tensor, scale: float, paged: dict[str, object],
                    key_format: Fp4Keys | None = None, tokens: int | None = None,
-                   block_e: int | None = None, warps: int = 4) -> None:
+                   block_e: int | None = None, warps: int = 4,
+                   entries_first: bool = False) -> None:
     """Fill scores [T, E] (E = scores.shape[1]); `paged` holds the paged arguments, or is
     empty for flat keys (every entry, no causal limit); `key_format`: keys are uint8 rows of
     that format; `tokens`: query tokens a program (a power of two; default from T, as
     DECODE_TOKENS says); `block_e` (entries a tile, a power of two; default by the heads'
-    width) and `warps`: the launch's other knobs (benchmarks, tests)."""
+    width), `warps` and `entries_first` (the product as keys x q^T, entries its rows): the
+    launch's other knobs (benchmarks, tests)."""
     num_tokens, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or keys.stride(-1) != 1 or weights.stride(-1) != 1:
         raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
@@ -164,7 +174,8 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
         RATIO=paged.get("ratio", 1), BLOCK_SIZE=paged.get("block_size", 1),
         SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), BLOCK_H=block_h, BLOCK_E=block_e,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), TOKENS=tokens, **dot_options(q),
-        FP4=key_format is not None, num_warps=warps, **pdl_launch(q))
+        FP4=key_format is not None, ENTRIES_FIRST=entries_first, num_warps=warps,
+        **pdl_launch(q))
 
 
 def indexer_scores_triton(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, *,
