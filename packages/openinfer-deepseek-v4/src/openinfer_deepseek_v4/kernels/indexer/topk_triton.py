@@ -11,7 +11,10 @@ where a sort takes log2(KP) * (log2(KP) + 1) / 2 (9 against 45 at KP = 512); a c
 nothing is skipped. A long row (a 64k context: 16k entries, 32 chunks of
 512) is cut into pieces, one program each (`_piece_kernel`), whose best lists
 `_merge_kernel` folds the same way, one sort per piece: fewer serial sorts, and more programs
-for a decode batch of one.
+for a decode batch of one. The piece count follows the row's width, which a long prompt's
+chunks widen step by step, so it is a runtime argument: a new count compiles nothing (as a
+constant, each of its 16 values compiled both kernels anew, on a cold start in the middle of
+a long prompt's steps).
 
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
@@ -97,12 +100,12 @@ def store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, wi
              mask=offs < width)
 
 
-@triton.jit(do_not_specialize=["piece_len"])
+@triton.jit(do_not_specialize=["piece_len", "pieces"])
 def _piece_kernel(
     scores_ptr, positions_ptr, table_ptr, requests_ptr, out_ptr, part_ptr,
-    num_entries, width, piece_len, stride_st, stride_bt, stride_ot,
+    num_entries, width, piece_len, pieces, stride_st, stride_bt, stride_ot,
     RATIO: tl.constexpr, AS_SLOTS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr, PIECES: tl.constexpr, PDL: tl.constexpr,
+    SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
     LOG_KP: tl.constexpr,
 ):
     pdl_enter(PDL)
@@ -117,26 +120,26 @@ def _piece_kernel(
         valid = entries < end
         scores = tl.load(scores_ptr + token * stride_st + entries, mask=valid, other=0.0)
         best = _fold(best, tl.sort(sortable_keys(scores, entries, valid)), KP, LOG_KP)
-    if PIECES == 1:
+    if SINGLE:
         store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
-                     stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
-    else:  # scratch [T, PIECES, KP], each list stored ascending, as the merge folds them
-        tl.store(part_ptr + (token * PIECES + piece) * KP + (KP - 1 - offs), best)
+                    stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
+    else:  # scratch [T, pieces, KP], each list stored ascending, as the merge folds them
+        tl.store(part_ptr + (token * pieces + piece) * KP + (KP - 1 - offs), best)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["pieces"])
 def _merge_kernel(
-    part_ptr, positions_ptr, table_ptr, requests_ptr, out_ptr, width, stride_bt, stride_ot,
-    RATIO: tl.constexpr, AS_SLOTS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr, PIECES: tl.constexpr, PDL: tl.constexpr,
+    part_ptr, positions_ptr, table_ptr, requests_ptr, out_ptr, width, pieces, stride_bt,
+    stride_ot, RATIO: tl.constexpr, AS_SLOTS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SLOTS_PER_BLOCK: tl.constexpr, KP: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
     LOG_KP: tl.constexpr,
 ):
     pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, KP)
     best = tl.full([KP], NONE_KEY, tl.int64)
-    for piece in range(PIECES):
-        best = _fold(best, tl.load(part_ptr + (token * PIECES + piece) * KP + offs), KP,
+    for piece in range(pieces):
+        best = _fold(best, tl.load(part_ptr + (token * pieces + piece) * KP + offs), KP,
                      LOG_KP)
     store_picks(best, token, positions_ptr, table_ptr, requests_ptr, out_ptr, width,
                  stride_bt, stride_ot, RATIO, AS_SLOTS, BLOCK_SIZE, SLOTS_PER_BLOCK, KP)
@@ -166,11 +169,11 @@ def launch_topk(scores: torch.Tensor, positions: torch.Tensor, out: torch.Tensor
     common = dict(RATIO=ratio, AS_SLOTS=bool(paged.get("as_slots", False)),
                   BLOCK_SIZE=paged.get("block_size", 1),
                   SLOTS_PER_BLOCK=paged.get("slots_per_block", 1), KP=kp,
-                  LOG_KP=kp.bit_length() - 1, PIECES=pieces,
+                  LOG_KP=kp.bit_length() - 1, SINGLE=pieces == 1,
                   num_warps=4 if kp <= 512 else 8, **pdl_launch(scores))
     _piece_kernel[(num_tokens, pieces)](
-        scores, positions, table, requests, out, part, num_entries, width, piece_len,
+        scores, positions, table, requests, out, part, num_entries, width, piece_len, pieces,
         scores.stride(0), table.stride(0), out.stride(0), **common)
     if pieces > 1:
-        _merge_kernel[(num_tokens,)](part, positions, table, requests, out, width,
+        _merge_kernel[(num_tokens,)](part, positions, table, requests, out, width, pieces,
                                      table.stride(0), out.stride(0), **common)
