@@ -110,11 +110,11 @@ stage_dsv4attnprefill() {
 # tokens, cold (`prefill_breakdown.py`: GPU time by op and top kernels; its progress
 # lines say how far it got if the deadline cuts it).
 stage_dsv4prefill() {
-  local d4=/tmp/dsv4-prefill tp log
+  local d4=/tmp/dsv4-prefill tp log what="${DSV4_PREFILL_LEN:-8192}-token prompt's step by op"
   flash_folder "$d4" "${DSV4_PREFILL_LAYERS:-3}"
   for tp in ${DSV4_PREFILL_TP:-1}; do
     log="$OUT/prefill-breakdown-dsv4-tp$tp"
-    stage "DeepSeek-V4-Flash widths, ${DSV4_PREFILL_LAYERS:-3} layers, TP=$tp: a ${DSV4_PREFILL_LEN:-8192}-token prompt's step by op"
+    stage "DeepSeek-V4-Flash widths, ${DSV4_PREFILL_LAYERS:-3} layers, TP=$tp: a $what"
     timeout ${DSV4_PREFILL_TIMEOUT_S:-400} python3 benchmarks/device/prefill_breakdown.py $d4 \
       --prompt-len ${DSV4_PREFILL_LEN:-8192} --iters 2 --cold-only --tensor-parallel-size $tp \
       ${DSV4_PREFILL_MAX_LEN:+--max-model-len $DSV4_PREFILL_MAX_LEN} \
@@ -129,7 +129,7 @@ stage_dsv4prefill() {
 # (default 8192:8192 8192:65536 8192:524288 1:524288), keys in bf16 and FP4, against the
 # matmul floor of the same run.
 stage_dsv4indexer() {
-  stage "DeepSeek-V4-Flash indexer on a prompt step: scores by tile, ordered top-512 by sort and by select"
+  stage "DeepSeek-V4-Flash indexer on a prompt step: scores by tile, top-512 by sort and select"
   timeout ${DSV4_INDEXER_TIMEOUT_S:-300} python3 benchmarks/device/dsv4_indexer_bench.py --fp4 \
     ${DSV4_INDEXER_TILES:+--tiles $DSV4_INDEXER_TILES} \
     --cases ${DSV4_INDEXER_CASES:-8192:8192 8192:65536 8192:524288 1:524288} \
@@ -205,8 +205,9 @@ stage_dsv4full() {
   # engine's batch-1 latency against the per-rank read floor of what a decode step reads, then
   # served: batch-64 TPOT (64 requests of 1024/128 at concurrency 64) and 1,024 prompts of
   # 1024/128 at concurrency 256, with the KV cache's size as the engine logs it; then the
-  # longest context the KV cache fits, admitted (`longest_context.py`, DSV4_LONGEST_TIMEOUT_S: its limit, 400 s); `profile`: rank 0's
-  # decode step by op and kernel (`decode_breakdown.py`); `gate`: TP2 against one GPU at 3
+  # longest context the KV cache fits, admitted (`longest_context.py`; DSV4_LONGEST_TIMEOUT_S:
+  # its limit, 400 s); `profile`: rank 0's decode step by op and kernel
+  # (`decode_breakdown.py`); `gate`: TP2 against one GPU at 3
   # layers (tests/gpu/test_tp_deepseek_v4_gpu.py); `batch`: DSV4_BATCH (64) requests decoding
   # together (`bench latency --batch-size`). An engine start each; DSV4FULL_PARTS picks them
   # (default "latency serve longest").
