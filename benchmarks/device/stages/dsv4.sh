@@ -211,26 +211,29 @@ stage_dsv4full() {
   # layers (tests/gpu/test_tp_deepseek_v4_gpu.py); `batch`: DSV4_BATCH (64) requests decoding
   # together (`bench latency --batch-size`). An engine start each; DSV4FULL_PARTS picks them
   # (default "latency serve longest").
-  local d4=/tmp/dsv4-flash tp ep="" part
+  local d4=/tmp/dsv4-flash tp ep="" part longest_runs=0
   tp=$(nvidia-smi -L | wc -l)
   [ "${DSV4_EP:-0}" = 1 ] && ep=--enable-expert-parallel
   flash_folder "$d4" 43
   for part in ${DSV4FULL_PARTS:-latency serve longest}; do
     if [ "$part" = longest ]; then
       # No --max-model-len: the engine lowers the model's 1M to what the KV cache holds (and
-      # logs it); one prompt of that length, admitted or not.
-      stage "DeepSeek-V4-Flash (43 layers): the longest context, admitted, TP=$tp"
+      # logs it); one prompt of that length, admitted or not. Named twice ("longest longest"),
+      # the second runs on the first's Triton cache (a warm start): -1, -2 in the file names.
+      longest_runs=$((longest_runs + 1))
+      local name="dsv4-flash-longest-$longest_runs"
+      stage "DeepSeek-V4-Flash (43 layers): the longest context, admitted, TP=$tp (run $longest_runs)"
       OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $d4 \
         --load-format dummy --tensor-parallel-size $tp \
-        $ep --max-num-seqs 4 --port 8000 > "$OUT/serve-dsv4-flash-longest.log" 2>&1 &
+        $ep --max-num-seqs 4 --port 8000 > "$OUT/serve-$name.log" 2>&1 &
       server=$!
       if WAIT_READY_S=420 wait_ready $server; then
-        grep -E "KV cache:|max_model_len lowered" "$OUT/serve-dsv4-flash-longest.log" | tail -2
+        grep -E "KV cache:|max_model_len lowered|engine ready in" "$OUT/serve-$name.log" | tail -3
         timeout ${DSV4_LONGEST_TIMEOUT_S:-400} python3 benchmarks/device/longest_context.py \
-          --json "$OUT/longest-context-dsv4-flash.json"
+          --json "$OUT/$name.json"
       else
-        echo "dsv4full: no server (see serve-dsv4-flash-longest.log)"
-        tail -20 "$OUT/serve-dsv4-flash-longest.log"
+        echo "dsv4full: no server (see serve-$name.log)"
+        tail -20 "$OUT/serve-$name.log"
       fi
       stop $server
       continue
