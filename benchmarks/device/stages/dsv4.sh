@@ -222,7 +222,7 @@ stage_dsv4full() {
       # the second runs on the first's Triton cache (a warm start): -1, -2 in the file names.
       longest_runs=$((longest_runs + 1))
       local name="dsv4-flash-longest-$longest_runs"
-      stage "DeepSeek-V4-Flash (43 layers): the longest context, admitted, TP=$tp (run $longest_runs)"
+      stage "DeepSeek-V4-Flash (43 layers): the longest context admitted, TP=$tp, run $longest_runs"
       OPENINFER_CUDA_GRAPHS_AT_START=$SERVE_GRAPHS python3 -m openinfer_server.cli serve $d4 \
         --load-format dummy --tensor-parallel-size $tp \
         $ep --max-num-seqs 4 --port 8000 > "$OUT/serve-$name.log" 2>&1 &
