@@ -3,7 +3,7 @@
 without sorting the row.
 
 One program a row. Each score's order-preserving 32 bits (-0.0 counted as 0.0, as
-`topk_triton.sortable_keys` does) are an unsigned key. Four passes over the row, each a histogram of
+`topk_triton.ordered_bits`) are an unsigned key. Four passes over the row, each a histogram of
 one byte of the key among the entries whose higher bytes equal the threshold's so far, find
 the threshold key: fewer than `width` entries lie above it, and at least `width` at or above
 it. A fifth pass gathers the entries above it and, in entry order, as many entries equal to it
@@ -24,6 +24,7 @@ import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.indexer.topk_triton import (
     NONE_KEY,
+    ordered_bits,
     sortable_keys,
     store_picks,
 )
@@ -34,11 +35,8 @@ BINS: tl.constexpr = tl.constexpr(256)  # a byte's values
 
 @triton.jit
 def _unsigned_key(scores):
-    """[0, 2^32) int64: higher score, higher key; -0.0 as 0.0."""
-    s = tl.where(scores == 0.0, 0.0, scores)
-    bits = s.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return ordered.to(tl.int64) + 2147483648
+    """[0, 2^32) int64: higher score, higher key (`ordered_bits`, shifted to unsigned)."""
+    return ordered_bits(scores).to(tl.int64) + 2147483648
 
 
 @triton.jit

@@ -43,13 +43,19 @@ def entry_rows(entries, table_ptr, RATIO: tl.constexpr, BLOCK_SIZE: tl.constexpr
 
 
 @triton.jit
-def sortable_keys(scores, entries, valid):
-    """Sortable int64 keys: descending order = higher score first, then earlier entry. -0.0
-    counts as 0.0 (a negative weight times a ReLU'd 0 is -0.0, and it ties with 0.0)."""
+def ordered_bits(scores):
+    """int32 with the scores' order: a higher score, a higher value. -0.0 counts as 0.0 (a
+    negative weight times a ReLU'd 0 is -0.0, and it ties with 0.0)."""
     s = tl.where(scores == 0.0, 0.0, scores)
     bits = s.to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    key = (ordered.to(tl.int64) << 32) | (4294967295 - entries.to(tl.int64))
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def sortable_keys(scores, entries, valid):
+    """Sortable int64 keys: descending order = higher score first, then earlier entry
+    (`ordered_bits` of the score, then the entry)."""
+    key = (ordered_bits(scores).to(tl.int64) << 32) | (4294967295 - entries.to(tl.int64))
     return tl.where(valid, key, NONE_KEY)
 
 
