@@ -286,14 +286,16 @@ PY
     if [ "$part" = latency ]; then
       # DSV4FULL_VARIANTS: A/Bs after the default, each VAR=VALUE (e.g.
       # "OPENINFER_DSV4_STACK=0 OPENINFER_DSV4_PUSH_POST=0"), the same command with it set, or
-      # a flag (e.g. "--enable-expert-parallel"), the same command with it added.
+      # a flag (e.g. "--enable-expert-parallel"), the same command with it added; a '+' joins
+      # settings of one variant (A=1+B=2).
       local variant name vars flags
       for variant in default ${DSV4FULL_VARIANTS:-}; do
         vars=() flags=() name=""
         case $variant in
           default) ;;
           --*) flags=("$variant") name="-${variant#--}" ;;
-          *) vars=("$variant") name="-${variant//[=,]/-}" ;;  # (a file name: no '=', no ',')
+          *) read -ra vars <<< "${variant//+/ }"
+             name="-${variant//[=,+]/-}" ;;  # (a file name: no '=', ',' or '+')
         esac
         stage "DeepSeek-V4-Flash (43 layers) batch-1 latency, TP=$tp ${ep:-(experts split by width)} $variant"
         env "${vars[@]}" timeout 420 python3 -m \

@@ -40,10 +40,11 @@ stage_tplatency() {
   done
   # A/Bs at TP2, or at each size of TP_VARIANT_SIZES (TP_VARIANTS="OPENINFER_TP_ALL_REDUCE=nccl
   # OPENINFER_LINEAR=cublas": the all-reduce through NCCL only; the linears on cuBLAS, not the
-  # shard tiles).
+  # shard tiles). A '+' joins settings of one variant (A=1+B=2).
   for variant in ${TP_VARIANTS:-}; do
     for tp in ${TP_VARIANT_SIZES:-2}; do
-      tp_latency 8b $M8 $tp "${variant//[=,]/-}" "$variant"  # (file names: no '=', no ',')
+      # (file names: no '=', ',' or '+')
+      tp_latency 8b $M8 $tp "${variant//[=,+]/-}" ${variant//+/ }
     done
   done
 }
@@ -190,14 +191,15 @@ stage_tpunfused() {
 
 stage_tp32() {
   # Qwen3-32B batch-1 TPOT at each TP size past 1; TP32_VARIANTS: A/Bs at each of them, each
-  # VAR=VALUE (e.g. "OPENINFER_PDL_PRELOAD=push OPENINFER_PDL_PRELOAD=linear,push").
+  # VAR=VALUE (e.g. "OPENINFER_PDL_PRELOAD=push OPENINFER_PDL_PRELOAD=linear,push"; a '+'
+  # joins settings of one variant).
   local m32=/tmp/qwen3-32b tps=${TP_SIZES:-1 2} variant
   python3 -c "from openinfer_qwen3.shapes import write_config_folder as w; w('Qwen3-32B', '$m32')"
   for tp in $tps; do
     [ "$tp" = 1 ] && continue
     tp_latency 32b $m32 $tp auto
     for variant in ${TP32_VARIANTS:-}; do
-      tp_latency 32b $m32 $tp "${variant//[=,]/-}" "$variant"  # (file names: no '=', no ',')
+      tp_latency 32b $m32 $tp "${variant//[=,+]/-}" ${variant//+/ }  # (no '=', ',', '+')
     done
   done
 }
