@@ -26,9 +26,7 @@ weight tile and its scales, in registers (no L2 prefetch then); `experts`, DeepS
 experts' first launch at decode where its caller says its inputs are settled, everything but
 its store (`openinfer_deepseek_v4.kernels.moe.decode`). A comma list, `1` for all, `0` for
 none; unset, `DEFAULT_PRELOADS`: those that measured faster kernel by kernel
-(`gpu_check.sh preload`). `OPENINFER_PDL_PRELOAD_TILES` (1 or 2, default 1) is how many K
-tiles of each program's share the linears (`linear`, `fp8`) load so, none past the share: at
-a tensor-parallel shard's small shares two tiles are much of the weight.
+(`gpu_check.sh preload`).
 (The mypy line above: @triton.jit functions annotate only their constexpr parameters.)"""
 
 from __future__ import annotations
@@ -104,18 +102,6 @@ def preloads(kernel: str) -> bool:
         raise ValueError(f"{PRELOAD_ENV}={raw!r}: {sorted(unknown)} not among "
                          f"{', '.join(PRELOAD_KERNELS)} (a comma list; 1 for all, 0 for none)")
     return kernel in names
-
-
-PRELOAD_TILES_ENV = "OPENINFER_PDL_PRELOAD_TILES"
-
-
-def preload_tiles() -> int:
-    """`OPENINFER_PDL_PRELOAD_TILES`: the K tiles a preloading linear loads before its wait."""
-    raw = os.environ.get(PRELOAD_TILES_ENV, "1").strip()
-    if raw not in ("1", "2"):
-        raise ValueError(f"{PRELOAD_TILES_ENV}={raw!r}: 1 or 2 (the K tiles a preloading "
-                         "linear loads before its PDL wait)")
-    return int(raw)
 
 
 def prefetch_lines(rows: int, elem_bytes: int, k_share: int, programs_per_row: int,

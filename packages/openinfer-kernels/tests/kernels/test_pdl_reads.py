@@ -40,13 +40,7 @@ from openinfer_kernels.fp8_linear.triton import (
     fp8_block_linear_triton,
 )
 from openinfer_kernels.gemm.triton import Tile, linear_triton
-from openinfer_kernels.pdl import (
-    PRELOAD_ENV,
-    PRELOAD_KERNELS,
-    PRELOAD_TILES_ENV,
-    preload_tiles,
-    preloads,
-)
+from openinfer_kernels.pdl import PRELOAD_ENV, PRELOAD_KERNELS, preloads
 from openinfer_kernels.testing.compiled_session import run_compiled_session
 from openinfer_kernels.testing.ranks import push_memory
 
@@ -155,14 +149,10 @@ def poison_until_the_wait(wait: Wait, x: torch.Tensor) -> None:
         x.fill_(float("nan"))
 
 
-@pytest.mark.parametrize("tiles", [1, 2], ids=["one-tile", "two-tiles"])
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("k", [96, 40, 64], ids=["three-tiles", "part-of-a-tile", "two-tiles"])
+@pytest.mark.parametrize("k", [96, 40], ids=["three-tiles", "part-of-a-tile"])
 def test_preloaded_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkeypatch, gated,
-                                                                   k, tiles):
-    # `tiles` preloaded at most (OPENINFER_PDL_PRELOAD_TILES): two of three, both of two, or
-    # the one tile a short share has.
-    monkeypatch.setattr(gemm_module, "PRELOAD_TILES", tiles)
+                                                                   k):
     torch.manual_seed(k)
     n = 8
     x = torch.randn(1, k).to(torch.bfloat16).to(DEVICE)
@@ -177,13 +167,10 @@ def test_preloaded_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkey
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("tiles", [1, 2], ids=["one-step", "two-steps"])
 @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
-@pytest.mark.parametrize("k", [300, 40, 200], ids=["three-steps", "part-of-a-step",
-                                                   "two-steps"])
+@pytest.mark.parametrize("k", [300, 40], ids=["three-steps", "part-of-a-step"])
 def test_preloaded_fp8_linear_reads_x_after_the_wait_with_the_same_bits(wait, monkeypatch,
-                                                                       gated, k, tiles):
-    monkeypatch.setattr(fp8_module, "PRELOAD_TILES", tiles)
+                                                                       gated, k):
     g = torch.Generator().manual_seed(k)
     n = 16
     x = torch.randn((1, k), generator=g).to(torch.bfloat16).to(DEVICE)
@@ -220,15 +207,5 @@ def test_the_switch_names_the_kernels(monkeypatch):
         preloads("fp8")
 
 
-def test_the_preloaded_tiles_are_one_or_two(monkeypatch):
-    monkeypatch.delenv(PRELOAD_TILES_ENV, raising=False)
-    assert preload_tiles() == 1
-    monkeypatch.setenv(PRELOAD_TILES_ENV, "2")
-    assert preload_tiles() == 2
-    monkeypatch.setenv(PRELOAD_TILES_ENV, "3")
-    with pytest.raises(ValueError, match="1 or 2"):
-        preload_tiles()
-
-
 def test_the_kernels_compile_with_those_reads_ahead_of_the_wait() -> None:
-    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=20)
+    run_compiled_session(Path(__file__).with_name("pdl_reads_ptx_unit.py"), min_passed=16)

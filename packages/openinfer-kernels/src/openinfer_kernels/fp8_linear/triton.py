@@ -47,7 +47,6 @@ from openinfer_kernels.pdl import (
     pdl_launch,
     prefetch_lines,
     prefetch_rows,
-    preload_tiles,
     preloads,
 )
 from openinfer_kernels.split_k import sum_if_last
@@ -56,11 +55,10 @@ BLOCK = 128  # the FP8 scale block, both ways
 # E8M0 (as bytes or float8_e8m0fnu) or float32 multipliers.
 SCALE_DTYPES = (torch.uint8, torch.float8_e8m0fnu, torch.float32)
 LINE = tl.constexpr(LINE_BYTES)  # e4m3 elements in an L2 line: one byte each
-# OPENINFER_PDL_PRELOAD names it; read once. One K step loaded before the wait by default:
-# two measured slower on the H100 (Qwen3-8B kept FP8 batch-1 TPOT 3.84 against 3.59 ms), the
-# registers they hold taken from the loop; OPENINFER_PDL_PRELOAD_TILES=2 loads two.
+# OPENINFER_PDL_PRELOAD names it; read once. One K step loaded before the wait: two measured
+# slower on the H100 (Qwen3-8B kept FP8 batch-1 TPOT 3.84 against 3.59 ms), the registers
+# they hold taken from the loop.
 PRELOAD = preloads("fp8")
-PRELOAD_TILES = preload_tiles()  # OPENINFER_PDL_PRELOAD_TILES; read once
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +83,7 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
                        SUB: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                        E8M0: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
                        GATED: tl.constexpr = False, SERIAL: tl.constexpr = False,
-                       LIMIT: tl.constexpr = 0.0, PRELOAD: tl.constexpr = 0):
+                       LIMIT: tl.constexpr = 0.0, PRELOAD: tl.constexpr = False):
     """out[split, m, n] (row-major, [M, N] when not split) for one tile and K share. Grouped
     (`fp8_grouped_linear`): weight rows g * rows_per_group.. take activations x + g * stride_xg
     (a tile never straddles groups); one group: rows_per_group = N. PREFETCH: lines of each
@@ -95,8 +93,8 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     [split, M, 2N], each program's gate and up columns. SERIAL (split): the output block's last
     share to arrive sums the shares into `final_ptr` [M, N] (`split_k.sum_if_last`; gated, the
     sum's silu(gate) * up); `count_ptr`: the arrival counts, zeros before and after.
-    PRELOAD (BLOCK_M = 1): the first PRELOAD (0, 1 or 2) K steps' weight tiles and scales
-    (both, gated) loaded before `pdl_enter`; the same sums in the same order."""
+    PRELOAD (BLOCK_M = 1): the first K step's weight tiles and scales (both, gated) loaded
+    before `pdl_enter`; the same sums in the same order."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -116,32 +114,22 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, out_ptr, final_ptr, count_ptr, M, N,
     u_rows = w_ptr + (rn + N)[:, None].to(tl.int64) * stride_wn
     t_rows = s_ptr + ((rn + N) // 128)[:, None] * stride_sn
     # The weights and scales, never the previous kernel's output.
-    if PRELOAD >= 1:
+    if PRELOAD:
         w0, s0, u0, t0 = _step_tiles(w_rows, s_rows, u_rows, t_rows, n_ok, k_start, k_end,
                                      BLOCK_K, SUB, E8M0, GATED)
-        w1, s1, u1, t1 = w0, s0, u0, t0
-        if PRELOAD >= 2:
-            w1, s1, u1, t1 = _step_tiles(w_rows, s_rows, u_rows, t_rows, n_ok,
-                                         k_start + BLOCK_K, k_end, BLOCK_K, SUB, E8M0, GATED)
     pdl_enter(PDL)
     if BLOCK_M == 1:
         x_row = x_ptr + pid_m * stride_xm
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        first = k_start + PRELOAD * BLOCK_K
-        if PRELOAD >= 1:
+        first = k_start + BLOCK_K if PRELOAD else k_start
+        if PRELOAD:
             acc = _fold_step(acc, w0, s0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
-        if PRELOAD >= 2:
-            acc = _fold_step(acc, w1, s1, x_row, k_start + BLOCK_K, k_end, BLOCK_N, BLOCK_K,
-                             SUB)
         acc = _rows1(acc, x_row, w_rows, s_rows, n_ok, first, k_end, BLOCK_N, BLOCK_K, SUB,
                      E8M0)
         if GATED:
             up = tl.zeros([BLOCK_N], dtype=tl.float32)
-            if PRELOAD >= 1:
+            if PRELOAD:
                 up = _fold_step(up, u0, t0, x_row, k_start, k_end, BLOCK_N, BLOCK_K, SUB)
-            if PRELOAD >= 2:
-                up = _fold_step(up, u1, t1, x_row, k_start + BLOCK_K, k_end, BLOCK_N, BLOCK_K,
-                                SUB)
             up = _rows1(up, x_row, u_rows, t_rows, n_ok, first, k_end, BLOCK_N, BLOCK_K, SUB,
                         E8M0)
             if SERIAL:  # this share's gate and up columns; the last share gates the sum
@@ -393,9 +381,7 @@ def _launch_shares(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, tile.block_m), split)
     pdl = pdl_launch(x)
     prefetch = 0
-    # The K steps loaded before the wait: PRELOAD_TILES at most, none past the share.
-    preload = min(PRELOAD_TILES, triton.cdiv(k_per_split, tile.block_k)) if (
-        pdl["PDL"] and tile.block_m == 1 and PRELOAD) else 0
+    preload = pdl["PDL"] and tile.block_m == 1 and PRELOAD
     if pdl["PDL"] and not preload:  # e4m3: a byte an element
         prefetch = prefetch_lines(w.shape[0], 1, k_per_split, split, tile.block_n,
                                   PREFETCH_BUDGET)

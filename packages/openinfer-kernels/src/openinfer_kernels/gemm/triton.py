@@ -30,13 +30,11 @@ from openinfer_kernels.pdl import (
     pdl_launch,
     prefetch_lines,
     prefetch_rows,
-    preload_tiles,
     preloads,
 )
 from openinfer_kernels.split_k import sum_if_last
 
 PRELOAD = preloads("linear")  # OPENINFER_PDL_PRELOAD names it; read once
-PRELOAD_TILES = preload_tiles()  # OPENINFER_PDL_PRELOAD_TILES; read once
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +71,15 @@ def first_tile(w_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def preloaded_product(x_ptr, w_ptr, w0, w1, rn, n_ok, k_start, k_end, stride_wn,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
-    """`partial_product` at M = 1 whose first TILES (1 or 2) tiles `w0`, `w1` (`first_tile`
-    from k_start and k_start + BLOCK_K; `w1` unused at TILES = 1) are at hand: the same sum in
-    the same order, so the same bits."""
+def preloaded_product(x_ptr, w_ptr, w0, rn, n_ok, k_start, k_end, stride_wn,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`partial_product` at M = 1 whose first tile `w0` (`first_tile`) is at hand: the same
+    sum in the same order, so the same bits."""
     rk = k_start + tl.arange(0, BLOCK_K)
     x = tl.load(x_ptr + rk, mask=rk < k_end, other=0.0)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc += tl.sum(w0.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-    if TILES >= 2:
-        rk1 = rk + BLOCK_K
-        x1 = tl.load(x_ptr + rk1, mask=rk1 < k_end, other=0.0)
-        acc += tl.sum(w1.to(tl.float32) * x1.to(tl.float32)[None, :], axis=1)
-    acc = row_product(x_ptr, w_ptr, rn, n_ok, k_start + TILES * BLOCK_K, k_end, stride_wn, acc,
+    acc = row_product(x_ptr, w_ptr, rn, n_ok, k_start + BLOCK_K, k_end, stride_wn, acc,
                       BLOCK_K)
     return acc[None, :]
 
@@ -122,14 +115,13 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                    GATED: tl.constexpr, SERIAL: tl.constexpr, PRECISION: tl.constexpr,
                    UPCAST: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr = 0,
-                   LINE: tl.constexpr = 64, PRELOAD: tl.constexpr = 0):
+                   LINE: tl.constexpr = 64, PRELOAD: tl.constexpr = False):
     """Output columns [pid_n * BLOCK_N, +BLOCK_N) of one K share. GATED: N is the width of
     silu(gate) * up, the gate's weight rows first and the up rows N rows after them.
     SERIAL (split): the block's last share to arrive sums the workspace into `final_ptr`
     ([M, N], row stride stride_om); `count_ptr`: the arrival counts, zeros before and after.
     PREFETCH: lines (LINE elements) of each weight row asked of L2 before `pdl_enter`.
-    PRELOAD (M = 1 only): the first PRELOAD (0, 1 or 2) weight tiles of each product loaded
-    before `pdl_enter`."""
+    PRELOAD (M = 1 only): the first weight tile of each product loaded before `pdl_enter`."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,29 +134,22 @@ def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, count_ptr, M, N, K, stride_
     if GATED:
         prefetch_rows(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn, PREFETCH,
                       LINE)
-    if PRELOAD >= 1:  # the weights, never the previous kernel's output
+    if PRELOAD:  # the weights, never the previous kernel's output
         w0 = first_tile(w_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
-        w1 = w0
-        if PRELOAD >= 2:
-            w1 = first_tile(w_ptr, rn, n_ok, k_start + BLOCK_K, k_end, stride_wn, BLOCK_K)
         if GATED:
-            u_ptr = w_ptr + N * stride_wn
-            u0 = first_tile(u_ptr, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
-            u1 = u0
-            if PRELOAD >= 2:
-                u1 = first_tile(u_ptr, rn, n_ok, k_start + BLOCK_K, k_end, stride_wn, BLOCK_K)
+            u0 = first_tile(w_ptr + N * stride_wn, rn, n_ok, k_start, k_end, stride_wn, BLOCK_K)
     pdl_enter(PDL)
-    if PRELOAD >= 1:
-        first = preloaded_product(x_ptr, w_ptr, w0, w1, rn, n_ok, k_start, k_end, stride_wn,
-                                  BLOCK_N, BLOCK_K, PRELOAD)
+    if PRELOAD:
+        first = preloaded_product(x_ptr, w_ptr, w0, rn, n_ok, k_start, k_end, stride_wn,
+                                  BLOCK_N, BLOCK_K)
     else:
         first = partial_product(x_ptr, w_ptr, rn, n_ok, rm, M, k_start, k_end, stride_xm,
                                 stride_wn, M_PAD, BLOCK_N, BLOCK_K, PRECISION, UPCAST)
     mask = (rm < M)[:, None] & n_ok[None, :]
     if GATED:
-        if PRELOAD >= 1:
-            second = preloaded_product(x_ptr, w_ptr + N * stride_wn, u0, u1, rn, n_ok, k_start,
-                                       k_end, stride_wn, BLOCK_N, BLOCK_K, PRELOAD)
+        if PRELOAD:
+            second = preloaded_product(x_ptr, w_ptr + N * stride_wn, u0, rn, n_ok, k_start,
+                                       k_end, stride_wn, BLOCK_N, BLOCK_K)
         else:
             second = partial_product(x_ptr, w_ptr + N * stride_wn, rn, n_ok, rm, M, k_start,
                                      k_end, stride_xm, stride_wn, M_PAD, BLOCK_N, BLOCK_K,
@@ -255,9 +240,7 @@ def _launch_linear(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, out: 
     grid = (triton.cdiv(n, tile.block_n), split)
     pdl = pdl_launch(x)
     prefetch = 0
-    # The tiles loaded before the wait: PRELOAD_TILES at most, none past the share.
-    preload = min(PRELOAD_TILES, triton.cdiv(k_per_split, tile.block_k)) if (
-        pdl["PDL"] and m_pad == 1 and PRELOAD) else 0
+    preload = pdl["PDL"] and m_pad == 1 and PRELOAD
     if pdl["PDL"] and not preload:
         prefetch = prefetch_lines(w.shape[0], w.element_size(), k_per_split, split,
                                   tile.block_n * (2 if gated else 1), PREFETCH_BUDGET)
