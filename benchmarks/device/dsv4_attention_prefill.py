@@ -29,7 +29,7 @@ from openinfer_deepseek_v4.kernels.sparse_attention.triton import (
 from openinfer_server.bench.ceiling import measure_ceiling
 
 DIM, ROPE, WINDOW, PICKED = 512, 64, 128, 512
-# (block_h, block_n, warps): the plan's at one GPU's 64 heads is (16, 64, 8).
+# (block_h, block_n, warps), beside the plan's (`prompt_tile` at these token counts).
 TILES = [(16, 32, 4), (16, 64, 8), (32, 32, 8), (32, 64, 8), (64, 16, 8), (64, 32, 8)]
 
 
@@ -87,11 +87,11 @@ def main() -> None:
             for kind in ("csa", "hca"):
                 c = case(args.tokens, context, heads, kind)
                 floor_us = c.rows * heads * DIM * 4 / (peak * 1e12) * 1e6
-                planned = plan(args.tokens, heads, DIM, WINDOW + c.slots.shape[1],
-                               torch.device("cuda"))
                 stored = encode_rows(c.entry_pool, fmt)
                 for name, pool, entry_format in (("bf16", c.entry_pool, None),
                                                  ("fp8", stored, fmt)):
+                    planned = plan(args.tokens, heads, DIM, WINDOW + c.slots.shape[1],
+                                   torch.device("cuda"), entry_format is not None)
                     def run(tile: tuple[int, int, int] | None = None,
                             pool: torch.Tensor = pool, c: Case = c,
                             entry_format: Fp8Entries | None = entry_format) -> torch.Tensor:

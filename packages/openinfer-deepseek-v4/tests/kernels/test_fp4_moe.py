@@ -12,7 +12,11 @@ import torch
 import openinfer_deepseek_v4.kernels.moe as moe
 from openinfer_deepseek_v4.kernels.moe import dequant_fp4_ref, fp4_moe_experts_ref, moe_experts_ref
 from openinfer_deepseek_v4.kernels.moe.align import align_by_expert
-from openinfer_deepseek_v4.kernels.moe.triton import GroupedTile, fp4_moe_experts_triton
+from openinfer_deepseek_v4.kernels.moe.triton import (
+    GroupedTile,
+    fp4_moe_experts_triton,
+    grouped_tile,
+)
 
 # The kernel runs compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,7 +70,7 @@ def test_many_rows_per_expert_use_wider_tiles() -> None:
 
 
 @pytest.mark.parametrize("tile", [GroupedTile(128, 64, 8, 3), GroupedTile(128, 128, 8, 2),
-                                  GroupedTile(64, 128, 4, 3)], ids=str)
+                                  GroupedTile(64, 128, 4, 3), GroupedTile(128)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_prompt_tiles_match_reference(tile: GroupedTile, dtype: torch.dtype) -> None:
     """The taller and wider tiles a prompt step may take (`dsv4_moe_prefill.py` measures them):
@@ -76,6 +80,13 @@ def test_prompt_tiles_match_reference(tile: GroupedTile, dtype: torch.dtype) -> 
     out = fp4_moe_experts_triton(**case, limit=LIMIT, path="grouped", grouped=tile)
     want = fp4_moe_experts_ref(**{**case, "x": case["x"].float()}, limit=LIMIT)
     torch.testing.assert_close(out.float(), want, **tolerance(dtype, want))
+
+
+def test_long_prompts_take_128_row_tiles_in_bf16() -> None:
+    assert grouped_tile(8192 * 6, 256, fp32=False) == GroupedTile(128)  # 192 rows an expert
+    assert grouped_tile(8192 * 6, 256, fp32=True) == GroupedTile(64, stages=2)
+    assert grouped_tile(2048 * 6, 256, fp32=False) == GroupedTile(64)  # 48 rows an expert
+    assert grouped_tile(6, 256, fp32=False) == GroupedTile(16)
 
 
 def test_reference_is_moe_experts_ref_of_the_dequantized_weights() -> None:

@@ -279,9 +279,12 @@ def test_radix_select_gives_pool_rows_as_the_sort() -> None:
     assert torch.equal(out, want)
 
 
-def test_prompt_steps_take_the_select_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """OPENINFER_DSV4_TOPK=select (read at import: set here on the module) sends a prompt
-    step's top-k (past DECODE_TOKENS tokens) through the radix select, with the same picks."""
+@pytest.mark.parametrize("method", ["select", "sort"])
+def test_prompt_steps_take_the_chosen_top_k(monkeypatch: pytest.MonkeyPatch,
+                                            method: str) -> None:
+    """OPENINFER_DSV4_TOPK (read at import: set here on the module; unset, select) sends a
+    prompt step's top-k (past DECODE_TOKENS tokens) through the radix select or the sort,
+    with the same picks."""
     import openinfer_deepseek_v4.kernels.indexer.triton as indexer_triton
 
     calls = []
@@ -290,11 +293,12 @@ def test_prompt_steps_take_the_select_when_asked(monkeypatch: pytest.MonkeyPatch
         calls.append(1)
         launch_topk_select(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(indexer_triton, "_TOPK", "select")
+    assert indexer_triton._TOPK == "select"  # the default
+    monkeypatch.setattr(indexer_triton, "_TOPK", method)
     monkeypatch.setattr(indexer_triton, "launch_topk_select", counted)
     tokens = indexer_triton.DECODE_TOKENS + 4
     scores = tied_scores(tokens, 40, seed=9)
     positions = torch.arange(tokens, device=DEVICE) % 200
     out = indexer_topk_triton(scores, positions, ratio=4, top_k=8)
-    assert calls == [1]
+    assert calls == ([1] if method == "select" else [])
     assert torch.equal(out, indexer_topk_ordered_ref(scores, positions, ratio=4, top_k=8))

@@ -12,7 +12,10 @@ from openinfer_deepseek_v4.kernels.sparse_attention import (
     sparse_sink_attention,
     sparse_sink_attention_ref,
 )
-from openinfer_deepseek_v4.kernels.sparse_attention.triton import sparse_sink_attention_triton
+from openinfer_deepseek_v4.kernels.sparse_attention.triton import (
+    plan,
+    sparse_sink_attention_triton,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -50,6 +53,8 @@ CASES = {
     "window only": (4, 6, 40, 11, 0),
     "picked only": (2, 4, 64, 0, 21),
     "nine tokens": (9, 7, 40, 5, 6),
+    # 512-dim rows over enough tokens for the prompt tile (32 heads a program; 4 SMs here)
+    "prompt tile, 32 heads x 512": (8, 32, 512, 16, 40),
 }
 
 
@@ -144,8 +149,18 @@ def test_op_runs_the_reference_on_cpu() -> None:
     assert torch.equal(sparse_sink_attention(*args, 0.3), sparse_sink_attention_ref(*args, 0.3))
 
 
+def test_prompt_steps_take_the_wide_head_tiles() -> None:
+    cpu = torch.device("cpu")  # the interpreter's 4 SMs: 8 tokens fill them twice
+    assert plan(8, 64, 512, 640, cpu) == (64, 32, 1, 8)
+    assert plan(8, 32, 512, 640, cpu) == (32, 64, 1, 8)
+    assert plan(8, 32, 512, 640, cpu, fp8_entries=True) == (64, 32, 1, 8)
+    assert plan(8, 16, 512, 640, cpu)[:2] == (16, 64)  # a TP4 rank's heads: unmeasured
+    assert plan(7, 64, 512, 640, cpu)[:2] == (16, 64)  # too few tokens: the decode tile
+    assert plan(8, 64, 128, 640, cpu)[0] == 64 and plan(8, 64, 128, 640, cpu)[3] == 4
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens", [1, 64])
+@pytest.mark.parametrize("tokens", [1, 64, 512])  # 512: the prompt tile on a GPU
 @pytest.mark.parametrize("window,picked", [(128, 512), (128, 0)], ids=["csa/hca", "window"])
 def test_v4_flash_shapes(tokens: int, window: int, picked: int) -> None:
     """64 heads x 512 dims, a 128-entry window and 512 picked entries (CSA's top 512, HCA at

@@ -1,7 +1,7 @@
 # mypy: disable-error-code="no-untyped-def"
 """Triton lightning indexer: the scores kernel, and the launchers of the public ops (the
 ordered top-k kernels are in `topk_triton.py`, sorting, and `topk_select_triton.py`, a radix
-select that a prompt step takes under OPENINFER_DSV4_TOPK=select).
+select that a prompt step takes unless OPENINFER_DSV4_TOPK=sort).
 
 `_scores_kernel`: program = (tile of BLOCK_E entries, block of TOKENS query tokens): the
 tile's keys once for all index heads and all the block's tokens (a [heads, d] x [d, BLOCK_E]
@@ -133,28 +133,39 @@ def _scores_kernel(
 # Query tokens a scores program takes: one at decode sizes (each token its own request, and
 # one token's keys spread over the GPU), PROMPT_TOKENS past DECODE_TOKENS tokens a step.
 DECODE_TOKENS = 256
-PROMPT_TOKENS = 8
+# A prompt step's scores programs: PROMPT_TOKENS tokens each, the product as keys x q^T (the
+# sum over the heads within a warp). dsv4_indexer_bench.py on one H200, 8,192 tokens, against
+# 8 tokens heads first: 16 entries first took bf16 keys 0.70 / 9.15 / 76.6 ms at 8K / 64K /
+# 512K of context against 0.89 / 11.4 / 93.6, FP4 keys 1.05 / 12.3 / 102 against 1.30 / 16.5
+# / 134. (The sums' order differs, so near-tied picks may differ; either order is the model's
+# sum in fp32.)
+PROMPT_TOKENS = 16
+PROMPT_ENTRIES_FIRST = True
 MAX_GRID_Y = 65535
-# The ordered top-k of a prompt step (past DECODE_TOKENS tokens): `sort` (topk_triton.py, a
-# row cut into pieces, every chunk sorted) or `select` (topk_select_triton.py, a radix select
-# a row). Decode steps always sort.
+# The ordered top-k of a prompt step (past DECODE_TOKENS tokens): `select` (topk_select_triton
+# .py, a radix select a row) or `sort` (topk_triton.py, a row cut into pieces, every chunk
+# sorted); the same picks. The same bench, 8,192 tokens: select 0.56 / 3.86 / 29.1 ms at 8K /
+# 64K / 512K of context against sort's 0.61 / 6.25 / 50.5. Decode steps always sort (one
+# token against 512K: sort 0.17 ms, select 0.89).
 TOPK_ENV = "OPENINFER_DSV4_TOPK"
-_TOPK = os.environ.get(TOPK_ENV) or "sort"
+_TOPK = os.environ.get(TOPK_ENV) or "select"
 if _TOPK not in ("sort", "select"):
-    raise ValueError(f"{TOPK_ENV} must be 'sort' or 'select' (or unset: sort), not {_TOPK!r}")
+    raise ValueError(f"{TOPK_ENV} must be 'select' or 'sort' (or unset: select), not "
+                     f"{_TOPK!r}")
 
 
 def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
                    scores: torch.Tensor, scale: float, paged: dict[str, object],
                    key_format: Fp4Keys | None = None, tokens: int | None = None,
                    block_e: int | None = None, warps: int = 4,
-                   entries_first: bool = False) -> None:
+                   entries_first: bool | None = None) -> None:
     """Fill scores [T, E] (E = scores.shape[1]); `paged` holds the paged arguments, or is
     empty for flat keys (every entry, no causal limit); `key_format`: keys are uint8 rows of
     that format; `tokens`: query tokens a program (a power of two; default from T, as
     DECODE_TOKENS says); `block_e` (entries a tile, a power of two; default by the heads'
-    width), `warps` and `entries_first` (the product as keys x q^T, entries its rows): the
-    launch's other knobs (benchmarks, tests)."""
+    width), `warps` and `entries_first` (the product as keys x q^T, entries its rows; default
+    PROMPT_ENTRIES_FIRST past DECODE_TOKENS tokens): the launch's other knobs (benchmarks,
+    tests)."""
     num_tokens, num_heads, head_dim = q.shape
     if q.stride(2) != 1 or keys.stride(-1) != 1 or weights.stride(-1) != 1:
         raise ValueError("the indexer needs q, keys and weights contiguous in their last dim")
@@ -163,6 +174,8 @@ def _launch_scores(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor,
     # Blocks of tokens are the grid's second axis, which CUDA caps at 65,535 programs.
     tokens = tokens or (1 if num_tokens <= DECODE_TOKENS else max(
         PROMPT_TOKENS, triton.next_power_of_2(triton.cdiv(num_tokens, MAX_GRID_Y))))
+    if entries_first is None:
+        entries_first = PROMPT_ENTRIES_FIRST and num_tokens > DECODE_TOKENS
     table = paged.get("block_tables", scores)
     assert isinstance(table, torch.Tensor)
     grid = (triton.cdiv(scores.shape[1], block_e), triton.cdiv(num_tokens, tokens))

@@ -152,18 +152,40 @@ def _merge_kernel(part_out_ptr, part_lse_ptr, sinks_ptr, out_ptr, pos_ptr, table
 
 
 def plan(num_tokens: int, num_heads: int, head_dim: int, entries: int,
-         device: torch.device) -> tuple[int, int, int, int]:
+         device: torch.device, fp8_entries: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_H, BLOCK_N, num_splits, num_warps) from the shapes alone (never the slot
     values: a CUDA graph replays them changed). Splits fill every SM about once, each with at
     least one tile of rows (benchmarks/device/dsv4_attention_bench.py on the H100, V4-Flash's
     64 heads x 512 over 640 entries: 64-row tiles, 10 splits at batch 1 and none at 64 were the
-    fastest tried). Under the interpreter: 4 SMs, a few splits to keep the merge in play."""
+    fastest tried). Under the interpreter: 4 SMs, a few splits to keep the merge in play.
+    A prompt-size step (`prompt_tile`) takes wider head tiles. `fp8_entries`: the entry pool
+    holds FP8 rows, decoded as they are read."""
+    if head_dim > 128 and (tile := prompt_tile(num_tokens, num_heads, device, fp8_entries)):
+        return tile[0], tile[1], 1, tile[2]
     block_h = 16 if head_dim > 128 else min(64, max(16, triton.next_power_of_2(num_heads)))
     block_n = 64
     programs = num_tokens * triton.cdiv(num_heads, block_h)
     wanted = triton.cdiv(sm_count(device), max(1, programs))
     splits = max(1, min(MAX_SPLITS, wanted, triton.cdiv(entries, block_n)))
     return block_h, block_n, splits, 8 if head_dim > 128 else 4
+
+
+def prompt_tile(num_tokens: int, num_heads: int, device: torch.device,
+                fp8_entries: bool) -> tuple[int, int, int] | None:
+    """(BLOCK_H, BLOCK_N, num_warps) for wide (512-dim) rows on a step of enough tokens that
+    64-head programs fill every SM twice over, else None. A program then holds 32 or 64 heads,
+    so each tile of entries is read (and, FP8, decoded) once for all of them. Measured with
+    benchmarks/device/dsv4_attention_prefill.py on one H200 (8,192 tokens, contexts of 8K and
+    64K), against the 16-head tile (16, 64, 8): at 64 heads (64, 32, 8) took bf16 CSA 4.08 /
+    4.15 ms against 5.51 / 5.39, HCA 1.59 / 4.00 against 2.06 / 5.35, FP8 rows CSA 11.8 / 12.2
+    against 41.6 / 44.1; at 32 heads, bf16 (32, 64, 8) CSA 2.61 / 2.63 against 2.75 / 2.82,
+    and FP8 (64, 32, 8) (half its heads masked) CSA 11.7 / 12.2 against 20.9 / 22.2. Fewer
+    heads (a TP4 rank's 16) were not measured: None."""
+    if num_heads < 32 or num_tokens * triton.cdiv(num_heads, 64) < 2 * sm_count(device):
+        return None
+    if fp8_entries or num_heads >= 64:
+        return 64, 32, 8
+    return 32, 64, 8
 
 
 def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
@@ -193,7 +215,8 @@ def sparse_sink_attention_triton(q: torch.Tensor, kv_pool: torch.Tensor,
                     ("window_slots", window_slots), ("picked_slots", picked_slots)):
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"sparse_sink_attention needs {name} contiguous in its last dim")
-    planned = plan(num_tokens, num_heads, head_dim, window + picked, q.device)
+    planned = plan(num_tokens, num_heads, head_dim, window + picked, q.device,
+                   entry_format is not None)
     block_h = block_h or planned[0]
     block_n = block_n or planned[1]
     splits = num_splits or planned[2]
