@@ -181,6 +181,29 @@ def test_attention_reads_fp8_entries_as_their_values(dtype: torch.dtype, splits:
                        sparse_sink_attention_ref(q, kv_pool, decoded, *args))
 
 
+def test_attention_over_fp8_entries_at_the_prompt_tile() -> None:
+    """The prompt tile that FP8 entries take at a TP2 rank's 32 heads (`prompt_tile`: 64 heads
+    a program, half of them masked, 32 entries a tile) gives exactly what the same tile gives
+    over the decoded entries, and the reference's values."""
+    g = torch.Generator().manual_seed(5)
+    tokens, heads, dim, rope = 8, 32, 512, 64
+    fmt = Fp8Entries(dim, rope, 2)
+    q = torch.randn(tokens, heads, dim, generator=g).to(torch.bfloat16).to(DEVICE)
+    kv_pool = torch.randn(24, dim, generator=g).to(torch.bfloat16).to(DEVICE)
+    stored = encode_rows(torch.randn(40, dim, generator=g).to(torch.bfloat16).to(DEVICE), fmt)
+    decoded = decode_rows(stored, fmt, torch.bfloat16)
+    window = torch.randint(-1, 24, (tokens, 9), generator=g, dtype=torch.int32).to(DEVICE)
+    picked = torch.randint(-1, 40, (tokens, 50), generator=g, dtype=torch.int32).to(DEVICE)
+    sinks = torch.randn(heads, generator=g).to(DEVICE)
+    args = (window, picked, sinks, dim ** -0.5)
+    got = sparse_sink_attention_triton(q, kv_pool, stored, *args, entry_format=fmt)
+    want = sparse_sink_attention_triton(q, kv_pool, decoded, *args, block_h=64, block_n=32,
+                                        num_warps=8)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(got.float(), sparse_sink_attention_ref(
+        q, kv_pool, decoded, *args).float(), atol=2e-2, rtol=2e-2)
+
+
 @DTYPES
 def test_indexer_reads_fp4_keys_as_their_values(dtype: torch.dtype) -> None:
     """The paged indexer over keys stored in FP4 picks what it picks over the decoded keys."""
