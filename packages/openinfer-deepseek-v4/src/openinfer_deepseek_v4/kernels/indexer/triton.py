@@ -137,8 +137,8 @@ DECODE_TOKENS = 256
 # sum over the heads within a warp). dsv4_indexer_bench.py on one H200, 8,192 tokens, against
 # 8 tokens heads first: 16 entries first took bf16 keys 0.70 / 9.15 / 76.6 ms at 8K / 64K /
 # 512K of context against 0.89 / 11.4 / 93.6, FP4 keys 1.05 / 12.3 / 102 against 1.30 / 16.5
-# / 134. (The sums' order differs, so near-tied picks may differ; either order is the model's
-# sum in fp32.)
+# / 134. (The sum over the heads runs in another order, so near-tied picks may differ from the
+# heads-first kernel's; the golden gates hold with either.)
 PROMPT_TOKENS = 16
 PROMPT_ENTRIES_FIRST = True
 MAX_GRID_Y = 65535
