@@ -45,7 +45,8 @@ class Shape(NamedTuple):
 FLASH = Shape(4096, 2048, 256, 6)
 TINY = Shape(64, 96, 8, 2)  # --dry-run
 LIMIT = 10.0
-# name: tile. gate_up programs = pairs * I / block_n, down = T * H / down_block_n * split.
+# name: tile. gate_up programs = pairs * I / block_n, down = T * H / down_block_n * split *
+# slot shares.
 CANDIDATES = {
     "n16k512": DecodeTile(16, 512, 16, 512),
     "n16k512s2": DecodeTile(16, 512, 16, 512, down_split=2),
@@ -57,6 +58,14 @@ CANDIDATES = {
     "n8k1024d16k512": DecodeTile(8, 1024, 16, 512),
     "n8k1024d32k256": DecodeTile(8, 1024, 32, 256),
     "n16k512d32k512": DecodeTile(16, 512, 32, 512),
+    # more programs at one token on a TP4 rank's width (gate_up: 6 pairs x 512 / block_n;
+    # down: H / down_block_n x the slot shares, each walking fewer of the token's 6 slots)
+    "n4k1024d16k512": DecodeTile(4, 1024, 16, 512),
+    "n4k1024d16k512w2": DecodeTile(4, 1024, 16, 512, num_warps=2),
+    "n8k1024d16k512o2": DecodeTile(8, 1024, 16, 512, down_slot_split=2),
+    "n8k1024d16k512o3": DecodeTile(8, 1024, 16, 512, down_slot_split=3),
+    "n8k1024d8k512o3": DecodeTile(8, 1024, 8, 512, down_slot_split=3),
+    "n4k1024d16k512o3": DecodeTile(4, 1024, 16, 512, down_slot_split=3),
 }
 Timer = Callable[[Sequence[Callable[[], object]]], float]
 

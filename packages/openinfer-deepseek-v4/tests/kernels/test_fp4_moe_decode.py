@@ -1,7 +1,7 @@
 """The FP4 experts' decode path (a matrix-vector product per (token, expert) pair, no routing
 step) against the reference and the grouped path: one to a few tokens, hidden and intermediate
 sizes that no tile divides, experts repeated across and within tokens, zero routing weights,
-hash routing, and down split in K shares."""
+hash routing, and down split in K shares and in shares of the slots."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ TILES = {
     "split": DecodeTile(block_n=64, block_k=32, down_block_n=64, down_block_k=32, down_split=3),
     "wide_k": DecodeTile(block_n=8, block_k=256, down_block_n=32, down_block_k=128,
                          num_warps=2),
+    # down's slots in 3 shares (of 2 slots at k = 6, of 1 at k = 3; 2 shares at k = 2, 1 at
+    # k = 1), and in 2 shares with K in 2 too (at k = 3 a last share of 1 slot): each share
+    # its own slice, summed in share order.
+    "slot_split": DecodeTile(block_n=16, block_k=64, down_block_n=32, down_block_k=64,
+                             down_slot_split=3),
+    "slot_and_k_split": DecodeTile(block_n=16, block_k=64, down_block_n=32, down_block_k=64,
+                                   down_split=2, down_slot_split=2),
 }
 
 

@@ -8,8 +8,9 @@ path does); the second, one program per token and block of output columns, strea
 rows of each of the token's k experts in slot order, scales each by its routing weight and
 writes their sum: the combine over the top-k is that loop, so no fp32 [T * k, H] buffer and no
 sum launch. At one token the second launch has only H / BLOCK_N programs, so it may also split
-the inputs (split-K): each share then lands in an fp32 workspace that `sum_slices` adds in a
-fixed order (a third, tiny launch). No atomics: the same bits every run.
+the inputs (split-K) and the slots (each share a run of the token's slots): each share then
+lands in an fp32 workspace that `sum_slices` adds in a fixed order (a third, tiny launch). No
+atomics: the same bits every run.
 
 A K step dequantizes [BLOCK_N, BLOCK_K / 2] bytes: each e2m1 code's bits are placed in an fp16
 (the value times 2^-14, exact) and multiplied by the token's input, the even inputs by the low
@@ -43,7 +44,8 @@ PRELOAD = preloads("experts")  # OPENINFER_PDL_PRELOAD names it; read once
 @dataclass(frozen=True, slots=True)
 class DecodeTile:
     """block_n / block_k: gate_up rows (each of gate and up) and inputs per program step;
-    down_block_n / down_block_k: the same for down; down_split: K shares of down (1: none).
+    down_block_n / down_block_k: the same for down; down_split: K shares of down (1: none);
+    down_slot_split: shares of each token's slots in down, each K share split so (1: none).
     Block sizes are powers of two, block_k's at least 32 (one scale group)."""
 
     block_n: int = 16
@@ -53,6 +55,7 @@ class DecodeTile:
     down_split: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    down_slot_split: int = 1
 
 
 # (most tokens, tile): the first row whose bound holds, else the last. Picked by
@@ -166,12 +169,13 @@ def _gate_up_kernel(x_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, h_ptr, N, K, top_k, st
 
 @triton.jit
 def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, top_k,
-                 steps_per_split, stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
-                 stride_se, stride_sn, stride_am, stride_os, stride_om, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ADD: tl.constexpr,
-                 PDL: tl.constexpr):
-    """out[split, token, block]: over the token's slots in order, the routing weight times
-    the slot's expert's down rows against its row of h, inputs of this K share only; ADD: the
+                 steps_per_split, slots_per_share, k_shares, stride_hm, stride_ids, stride_rw,
+                 stride_we, stride_wn, stride_se, stride_sn, stride_am, stride_os, stride_om,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 ADD: tl.constexpr, PDL: tl.constexpr):
+    """out[split, token, block], split = slot share * k_shares + K share: over the share's
+    slots (slots_per_share of them from its first) in order, the routing weight times the
+    slot's expert's down rows against its row of h, inputs of this K share only; ADD: the
     first share starts from the token's row of `add` instead of 0. One loop over (slot,
     step), so loads run ahead across slots (unrolling the slots at compile time measured
     slower at every tile and token count: dsv4_moe_sweep.py, H200); a slot of weight 0 masks
@@ -181,18 +185,21 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, t
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(2)
     n_ok = rn < N
-    k_start = split * steps_per_split * BLOCK_K
+    k_start = (split % k_shares) * steps_per_split * BLOCK_K
     k_end = tl.minimum(k_start + steps_per_split * BLOCK_K, K)
     steps = tl.cdiv(k_end - k_start, BLOCK_K)
+    first_slot = (split // k_shares) * slots_per_share
+    slots = tl.minimum(slots_per_share, top_k - first_slot)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if ADD:  # noqa: SIM102 (a compile-time branch around a runtime one)
         if split == 0:
             acc += tl.load(add_ptr + token.to(tl.int64) * stride_am + rn, mask=n_ok,
                            other=0.0).to(tl.float32)
-    for i in range(top_k * steps):
-        slot = i // steps
+    for i in range(slots * steps):
+        slot = first_slot + i // steps
         acc = _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot,
-                              k_start + (i - slot * steps) * BLOCK_K, k_end, rn, N, top_k,
+                              k_start + (i - (slot - first_slot) * steps) * BLOCK_K, k_end,
+                              rn, N, top_k,
                               stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
                               stride_se, stride_sn, BLOCK_N, BLOCK_K, EVEN_K)
     out = out_ptr + split.to(tl.int64) * stride_os + token.to(tl.int64) * stride_om + rn
@@ -242,16 +249,19 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         gate_up_scale.stride(0), gate_up_scale.stride(1), h.stride(0), float(limit),
         BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, EVEN_K=hidden % tile.block_k == 0,
         SETTLED=settled and PRELOAD and pdl["PDL"], **common)
-    # Shares in whole steps, none empty.
+    # Shares in whole steps and whole slots, none empty.
     steps_per_split = triton.cdiv(triton.cdiv(inter, tile.down_split), tile.down_block_k)
-    split = triton.cdiv(inter, steps_per_split * tile.down_block_k)
+    k_shares = triton.cdiv(inter, steps_per_split * tile.down_block_k)
+    slots_per_share = triton.cdiv(top_k, tile.down_slot_split)
+    split = k_shares * triton.cdiv(top_k, slots_per_share)
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     target = out if split == 1 else torch.empty((split, t, hidden), dtype=torch.float32,
                                                 device=x.device)
     _down_kernel[(t, triton.cdiv(hidden, tile.down_block_n), split)](
         h, ids, weights, down, down_scale, add if add is not None else out, target, hidden,
-        inter, top_k, steps_per_split, h.stride(0), ids.stride(0), weights.stride(0),
-        down.stride(0), down.stride(1), down_scale.stride(0), down_scale.stride(1),
+        inter, top_k, steps_per_split, slots_per_share, k_shares, h.stride(0), ids.stride(0),
+        weights.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
+        down_scale.stride(1),
         add.stride(0) if add is not None else 0, t * hidden, hidden,
         BLOCK_N=tile.down_block_n, BLOCK_K=tile.down_block_k,
         EVEN_K=inter % tile.down_block_k == 0, ADD=add is not None, **common)
