@@ -1,4 +1,5 @@
-"""Qwen3-8B's FP8 linears at M = 1 .. 8192 rows: W8A8 vs weight-only vs bf16, against ceilings.
+"""Qwen3-8B's FP8 linears at M = 1 .. 8192 rows: W8A8 vs weight-only vs bf16, against ceilings
+(and, by name, DeepSeek-V4-Flash's as a TP2 / TP4 rank holds them).
 
 The weights are e4m3 with float32 128 x 128 block scales (as Qwen3-8B-FP8 stores them), each
 multiplied every way the engine can, beside the ceilings of the same run: read bandwidth and
@@ -16,7 +17,9 @@ every side is first checked against the reference. Printed: us, TFLOP/s and its 
 the FP8 peak, GB/s of the operands read against the read bandwidth; --json keeps the rows.
 
 Usage: python benchmarks/device/fp8_gemm.py [--rows 1,16,64,...] [--shapes qkv,o,gate_up,down]
-       [--sweep] [--json F]"""
+       [--sweep] [--decode-sweep] [--json F]
+V4-Flash at TP4 decode: --rows 1,16 --decode-sweep --shapes v4-wq_a,v4-wkv,v4-wq_b/4,
+       v4-wo_b/4,v4-shared-up/4,v4-shared-down/4"""
 
 from __future__ import annotations
 
@@ -45,6 +48,16 @@ from openinfer_kernels.fp8_linear.w8a8_triton import (
 
 SHAPES = {  # Qwen3-8B, weight [N, K]: hidden 4096, 32 + 2 x 8 heads of 128, intermediate 12288
     "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+# DeepSeek-V4-Flash's FP8 linears as a rank holds them (`--shapes v4-...`; not in the default
+# run): wq_a and wkv whole; at TP2 / TP4 wq_b's rows (64 heads x 512 over q_lora 1024), wo_b's
+# columns (8 groups x o_lora 1024) and the shared expert's width (2048: up as the plain
+# product of its gate and up rows, down).
+V4_SHAPES = {
+    "v4-wq_a": (1024, 4096), "v4-wkv": (512, 4096),
+    "v4-wq_b/2": (16384, 1024), "v4-wo_b/2": (4096, 4096), "v4-shared-up/2": (2048, 4096),
+    "v4-shared-down/2": (4096, 1024),
+    "v4-wq_b/4": (8192, 1024), "v4-wo_b/4": (4096, 2048), "v4-shared-up/4": (1024, 4096),
+    "v4-shared-down/4": (4096, 512)}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SWEEP = [W8a8Tile(64, 64), W8a8Tile(64, 128, num_stages=4), W8a8Tile(128, 64, num_stages=4),
          W8a8Tile(128, 128, num_warps=4, num_stages=4), W8a8Tile(128, 128, num_warps=8),
@@ -206,16 +219,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=list(ROWS),
                    help="comma-separated M values (default: 1,2,4,...,8192)")
     p.add_argument("--shapes", type=lambda s: s.split(","), default=list(SHAPES),
-                   help=f"comma-separated, of {','.join(SHAPES)}")
+                   help=f"comma-separated, of {','.join(SHAPES | V4_SHAPES)} (default: "
+                   f"{','.join(SHAPES)})")
     p.add_argument("--sweep", action="store_true",
                    help="also time the W8A8 GEMM at each candidate tile (M >= 16)")
     p.add_argument("--decode-sweep", action="store_true",
                    help="also time the weight-only kernel at candidate tiles (M <= 16)")
     p.add_argument("--json", help="write the ceilings and rows here")
     args = p.parse_args(argv)
-    unknown = [s for s in args.shapes if s not in SHAPES]
+    unknown = [s for s in args.shapes if s not in SHAPES | V4_SHAPES]
     if unknown:
-        p.error(f"unknown shapes {unknown}; choose from {', '.join(SHAPES)}")
+        p.error(f"unknown shapes {unknown}; choose from {', '.join(SHAPES | V4_SHAPES)}")
     return args
 
 
@@ -235,8 +249,8 @@ def main() -> None:
     rows: list[Row] = []
     with torch.inference_mode():
         for name in args.shapes:
-            rows += bench_shape(name, *SHAPES[name], args.rows, args.sweep, ceiling.read_gbps,
-                                fp8_tflops, args.decode_sweep)
+            rows += bench_shape(name, *(SHAPES | V4_SHAPES)[name], args.rows, args.sweep,
+                                ceiling.read_gbps, fp8_tflops, args.decode_sweep)
             torch.cuda.empty_cache()
     cross = crossings(rows)
     print("w8a8 beats weight-only from M =", cross)
