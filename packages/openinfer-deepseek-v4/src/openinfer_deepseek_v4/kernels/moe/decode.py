@@ -196,9 +196,9 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, t
             acc += tl.load(add_ptr + token.to(tl.int64) * stride_am + rn, mask=n_ok,
                            other=0.0).to(tl.float32)
     for i in range(slots * steps):
-        slot = first_slot + i // steps
-        acc = _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot,
-                              k_start + (i - (slot - first_slot) * steps) * BLOCK_K, k_end,
+        nth = i // steps  # the share's nth slot
+        acc = _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token,
+                              first_slot + nth, k_start + (i - nth * steps) * BLOCK_K, k_end,
                               rn, N, top_k,
                               stride_hm, stride_ids, stride_rw, stride_we, stride_wn,
                               stride_se, stride_sn, BLOCK_N, BLOCK_K, EVEN_K)
