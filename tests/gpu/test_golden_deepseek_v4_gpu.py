@@ -108,3 +108,28 @@ def test_decodes_in_cuda_graphs(engine, sequences, reference) -> None:  # type: 
                        use_graphs=True)
     assert engine.graphs.replays["decode"] - before == DECODES - 1
     _compare("decode-cuda-graphs", picks, reference, which)
+
+
+def test_side_stream_gives_the_same_bits(folder, engine, sequences) -> None:  # type: ignore[no-untyped-def]
+    """The side stream's branches (side_branches.py) move launches onto a second stream and
+    nothing else: decodes replayed from CUDA graphs (the fork and join captured), and eager
+    ones, give the same logprobs to the bit with them on and off (the same dummy weights:
+    they are made from the tensor names)."""
+    from openinfer_core.engine.config import EngineConfig
+    from openinfer_core.engine.engine import Engine
+    from openinfer_deepseek_v4.side_branches import SIDE_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SIDE_ENV, "0" if engine.model._side else "1")
+        other = Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
+                                    max_model_len=4096, max_num_seqs=16, num_kv_blocks=2048))
+    assert not engine.model._side or not other.model._side
+    assert engine.model._side or other.model._side
+    for use_graphs in (True, False):
+        picks = [run_forced(e, sequences, lambda step, i, done: len(sequences[i]) - DECODES
+                            if step == 0 else 1, use_graphs=use_graphs)
+                 for e in (engine, other)]
+        for a, b in zip(*picks, strict=True):
+            assert a.positions == b.positions
+            assert torch.equal(a.top_ids, b.top_ids)
+            assert torch.equal(a.top_logprobs, b.top_logprobs)

@@ -125,6 +125,20 @@ def test_greedy_equals_the_reference_and_transformers(folder: Path, model, weigh
     assert eng.kv.num_used_blocks == 0
 
 
+def test_side_branches_named_give_the_reference_tokens(folder: Path, weights, cfg,  # type: ignore[no-untyped-def]
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every side branch named (side_branches.py) the decode steps run the compressor's
+    and indexer's pools before the query path and the shared expert before the router (on
+    CPU in place of a side stream): the same greedy tokens as the reference."""
+    monkeypatch.setenv("OPENINFER_DSV4_SIDE_STREAM", "1")
+    eng = engine(folder)
+    assert eng.model._side == {"shared", "pool"}
+    batch = [(7,), *prompts(2, 1, (13, 45))]
+    for prompt, got in zip(batch, one_at_a_time(eng, batch), strict=True):
+        assert got == reference_greedy(weights, cfg, prompt)
+    assert eng.kv.num_used_blocks == 0
+
+
 @pytest.mark.parametrize("variant", ["plain", "tied"])
 def test_staggered_chunked_and_preempted_requests_match_one_at_a_time(  # type: ignore[no-untyped-def]
         folder: Path, weights, cfg, tied, variant: str) -> None:

@@ -46,6 +46,7 @@ from openinfer_deepseek_v4.reference import (
 )
 from openinfer_deepseek_v4.shard import DeepseekV4Shard
 from openinfer_deepseek_v4.shared_input import AttentionProducts, attention_products
+from openinfer_deepseek_v4.side_branches import side_branches
 from openinfer_deepseek_v4.step_slots import StepSlots
 from openinfer_kernels.collective import (
     all_reduce_add_rms_norm,
@@ -110,6 +111,8 @@ class DeepseekV4Model:
         self._experts = None if shard is None or not shard.expert_parallel else shard.experts
         # Prompt steps from this many tokens split the indexer over the ranks (read once).
         self._indexer_split = INDEXER_SPLIT_TOKENS if tp is None else indexer_split_tokens()
+        # The branches of a decode step on the side stream (read once; side_branches.py).
+        self._side = side_branches()
         if tp is not None:
             # The group's push memory (on CUDA, where its mode asks for it): a decode step's
             # all-reduces, rows of the hidden width with the hyper-connections after them
@@ -201,11 +204,11 @@ class DeepseekV4Model:
             attend = partial(paged_attention, w=layer.attention, products=self._products[i],
                              cfg=self.attn_cfg, layer=i, cache=cache, batch=batch,
                              rope=self._ropes[i], slots=slots, tp=self.tp,
-                             split_tokens=self._indexer_split)
+                             split_tokens=self._indexer_split, side=self._side)
             streams = _around(streams, layer.attn_hc, layer.attn_norm, attend, cfg, self.tp,
                               self._push)
             ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg,
-                          experts=self._experts)
+                          experts=self._experts, side=self._side)
             streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg, self.tp,
                               self._push)
         # Only the rows that sample need the head (none in a step of prefill chunks only; the

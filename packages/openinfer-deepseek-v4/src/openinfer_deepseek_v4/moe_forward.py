@@ -17,21 +17,30 @@ from openinfer_deepseek_v4.expert_parallel import local_routes
 from openinfer_deepseek_v4.kernels.router import route_fused, route_hash, route_topk
 from openinfer_deepseek_v4.quantized import linear, routed_experts, swiglu_linear
 from openinfer_deepseek_v4.reference import MoEWeights
+from openinfer_deepseek_v4.side_branches import takes_side
+from openinfer_kernels.side_stream import beside
 
 
 def moe_forward(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,
-                cfg: DeepseekV4Config, experts: range | None = None) -> torch.Tensor:
+                cfg: DeepseekV4Config, experts: range | None = None,
+                side: frozenset[str] = frozenset()) -> torch.Tensor:
     """`reference.moe`: routed experts plus the shared expert, x [T, H] -> [T, H]. With
     `experts` (expert parallelism: the global ids of the experts `w` holds) only the pairs
-    routed to those, plus `w`'s slice of the shared expert: this rank's part of the sum."""
+    routed to those, plus `w`'s slice of the shared expert: this rank's part of the sum.
+    `side`: the branches that may run on the side stream (`side_branches`)."""
+    beside_router = takes_side(side, "shared", x.shape[0])
+    if beside_router:  # the shared expert beside the router and the routed experts' gate_up
+        add, ready = beside(True, x.device, shared_expert, x, w, cfg)
     weights, ids = route(x, token_ids, w, cfg)
     if experts is not None:
         ids, weights = local_routes(ids, weights, experts)
-    # The shared expert's kernels run between the router and the routed experts: x, ids and
-    # weights are settled (written two or more kernels back) when the experts' first runs.
-    add = shared_expert(x, w, cfg)
+    if not beside_router:
+        # The shared expert's kernels run between the router and the routed experts: x, ids
+        # and weights are settled (written two or more kernels back) when the experts' first
+        # runs.
+        add, ready = shared_expert(x, w, cfg), None
     return routed_experts(x, ids, weights, w.gate_up, w.down, cfg.swiglu_limit, add=add,
-                          settled=True)
+                          settled=not beside_router, add_ready=ready)
 
 
 def route(x: torch.Tensor, token_ids: torch.Tensor, w: MoEWeights,

@@ -50,7 +50,9 @@ from openinfer_deepseek_v4.reference import (
     CompressorWeights,
 )
 from openinfer_deepseek_v4.shared_input import AttentionProducts
+from openinfer_deepseek_v4.side_branches import takes_side
 from openinfer_deepseek_v4.step_slots import StepSlots
+from openinfer_kernels.side_stream import beside, wait_for
 
 # Read when a tensor-parallel model is built: every rank builds its own with the same value.
 INDEXER_SPLIT_ENV = "OPENINFER_DSV4_INDEXER_SPLIT_TOKENS"
@@ -78,15 +80,16 @@ class Rope:
 def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionProducts,
                     cfg: DeepseekV4Config, layer: int, cache: LayerCache, batch: ForwardBatch,
                     rope: Rope, slots: StepSlots, tp: TensorParallelGroup | None = None,
-                    split_tokens: int = INDEXER_SPLIT_TOKENS) -> torch.Tensor:
+                    split_tokens: int = INDEXER_SPLIT_TOKENS,
+                    side: frozenset[str] = frozenset()) -> torch.Tensor:
     """x [T, H] (the step's normed collapsed streams) -> [T, H]; `products`: the layer's
     products of x and of the q lora's output, stacked (`shared_input.attention_products` of
     `w`); `tp`: the tensor-parallel ranks, which share the indexer of a step of at least
-    `split_tokens` tokens (`indexer_split_tokens()`). Mutates the layer's cache: the step's raw
-    entries, compressor projections and newly closed compressed entries."""
+    `split_tokens` tokens (`indexer_split_tokens()`); `side`: the branches that may run on the
+    side stream (`side_branches`). Mutates the layer's cache: the step's raw entries,
+    compressor projections and newly closed compressed entries."""
     kind = cfg.attention_kinds[layer]
     of_x = products.of_x(x)
-    of_q, q = _project(of_x, products, w, cfg, batch, rope, cache, slots)
     parts: list[tuple[CompressedCache, CompressorWeights, str, bool]] = []
     if cache.compressor is not None:
         assert w.compressor is not None
@@ -94,18 +97,20 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionPro
     if cache.indexer is not None:
         assert w.indexer is not None
         parts.append((cache.indexer, w.indexer.compressor, "indexer", True))
-    for part, weights, name, overlap in parts:
-        # `reference.compressor_inputs`' two products (of the stacked products of x) into
-        # their rows, then the pooling of the windows that close (one launch at decode)
-        store_and_pool(of_x[f"{name}.kv"], of_x[f"{name}.gate"],
-                       slots.token_slots(part.projection_group), part.projections,
-                       part.entries, weights.position_bias, weights.norm, rope.freqs,
-                       batch.group_table(part.projection_group),
-                       batch.group_table(part.entry_group), batch.seq_lens,
-                       batch.query_start_loc, batch.max_query_len, ratio=part.ratio,
-                       overlap=overlap, norm_eps=cfg.rms_norm_eps, store=part.fmt)
-        if cfg.quant_sim and part.fmt is None:
-            _round_closed_entries(part, slots, cfg, indexer=part is cache.indexer)
+    if parts and takes_side(side, "pool", x.shape[0]):
+        # The pools beside the query path, on the side stream, waited for before the top-k;
+        # the slots both streams read are made first, here (StepSlots caches them).
+        for part, *_ in parts:
+            slots.token_slots(part.projection_group)
+            if cfg.quant_sim and part.fmt is None:
+                slots.closed_entries(part.ratio, part.entries.shape[1], part.entry_group)
+        _, pooled = beside(True, x.device, _store_and_pool, parts, of_x, cfg, cache, batch,
+                           rope, slots)
+        of_q, q = _project(of_x, products, w, cfg, batch, rope, cache, slots)
+        wait_for(pooled)
+    else:
+        of_q, q = _project(of_x, products, w, cfg, batch, rope, cache, slots)
+        _store_and_pool(parts, of_x, cfg, cache, batch, rope, slots)
 
     window = slots.window(cfg.sliding_window, cache.kv_group)
     pool = cache.kv.new_zeros((0, cfg.head_dim))
@@ -120,6 +125,24 @@ def paged_attention(x: torch.Tensor, w: AttentionWeights, products: AttentionPro
                                 cfg.head_dim ** -0.5, entry_format=entry_format,
                                 positions=batch.positions, rope_table=rope.table)
     return _output(out, w, cfg)
+
+
+def _store_and_pool(parts: list[tuple[CompressedCache, CompressorWeights, str, bool]],
+                    of_x: dict[str, torch.Tensor], cfg: DeepseekV4Config, cache: LayerCache,
+                    batch: ForwardBatch, rope: Rope, slots: StepSlots) -> None:
+    """Step 2 for the compressor and the indexer (`parts`): `reference.compressor_inputs`'
+    two products (of the stacked products of x) into their rows, then the pooling of the
+    windows that close (one launch at decode), rounded where quant_sim rounds them."""
+    for part, weights, name, overlap in parts:
+        store_and_pool(of_x[f"{name}.kv"], of_x[f"{name}.gate"],
+                       slots.token_slots(part.projection_group), part.projections,
+                       part.entries, weights.position_bias, weights.norm, rope.freqs,
+                       batch.group_table(part.projection_group),
+                       batch.group_table(part.entry_group), batch.seq_lens,
+                       batch.query_start_loc, batch.max_query_len, ratio=part.ratio,
+                       overlap=overlap, norm_eps=cfg.rms_norm_eps, store=part.fmt)
+        if cfg.quant_sim and part.fmt is None:
+            _round_closed_entries(part, slots, cfg, indexer=part is cache.indexer)
 
 
 def _project(of_x: dict[str, torch.Tensor], products: AttentionProducts, w: AttentionWeights,

@@ -15,6 +15,7 @@ from openinfer_deepseek_v4.kernels.moe import dequant_fp4_ref, moe_experts_ref
 from openinfer_kernels.fp8_linear import dequant_fp8_blocks_ref
 from openinfer_kernels.gemm import grouped_linear_ref
 from openinfer_kernels.gemm import linear as dense_linear
+from openinfer_kernels.side_stream import wait_for
 
 BLOCK = 128  # FP8 scale block, both dims
 GROUP = 32  # FP4 scale group along the input
@@ -99,10 +100,12 @@ def grouped_linear(x: torch.Tensor, w: Weight) -> torch.Tensor:
 def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                    gate_up: torch.Tensor | Fp4Experts, down: torch.Tensor | None,
                    limit: float, add: torch.Tensor | None = None,
-                   settled: bool = False) -> torch.Tensor:
+                   settled: bool = False,
+                   add_ready: torch.cuda.Event | None = None) -> torch.Tensor:
     """sum over token t's experts of weights[t, e] * down_e(swiglu(gate_up_e x_t)): x [T, H],
     ids/weights [T, k] -> [T, H]; plus `add` [T, H] where given (the shared expert's output:
-    the FP4 experts' decode kernel adds it before its rounding, saving a launch). `settled`:
+    the FP4 experts' decode kernel adds it before its rounding, saving a launch), waited for
+    through `add_ready` where a side stream writes it (`side_stream.beside`). `settled`:
     x, ids and weights were written two or more kernels before this call's first (its kernels
     may then read them before their PDL wait)."""
     if isinstance(gate_up, Fp4Experts):
@@ -110,7 +113,8 @@ def routed_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 
         return fp4_moe_experts(x, ids, weights, gate_up.gate_up, gate_up.gate_up_scale,
                                gate_up.down, gate_up.down_scale, limit, add=add,
-                               settled=settled)
+                               settled=settled, add_ready=add_ready)
     assert down is not None
     out = moe_experts_ref(x, ids, weights, gate_up, down, limit)
+    wait_for(add_ready)
     return out if add is None else out + add

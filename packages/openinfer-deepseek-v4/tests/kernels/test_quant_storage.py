@@ -40,7 +40,11 @@ from openinfer_deepseek_v4.kernels.quant_sim.triton import (
     indexer_round_triton,
 )
 from openinfer_deepseek_v4.kernels.sparse_attention import sparse_sink_attention_ref
-from openinfer_deepseek_v4.kernels.sparse_attention.triton import sparse_sink_attention_triton
+from openinfer_deepseek_v4.kernels.sparse_attention.triton import (
+    prompt_tile,
+    sparse_sink_attention_triton,
+)
+from openinfer_kernels.device import sm_count
 
 # The kernels run compiled on a GPU, else under the Triton interpreter (tests/conftest.py).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -184,7 +188,11 @@ def test_attention_reads_fp8_entries_as_their_values(dtype: torch.dtype, splits:
 def test_attention_over_fp8_entries_at_the_prompt_tile() -> None:
     """The prompt tile that FP8 entries take at a TP2 rank's 32 heads (`prompt_tile`: 64 heads
     a program, half of them masked, 32 entries a tile) gives exactly what the same tile gives
-    over the decoded entries, and the reference's values."""
+    over the decoded entries, and the reference's values. (The tile is named: the plan takes
+    it only from a step of 2 tokens an SM, more than this test's on a GPU.)"""
+    device = torch.device(DEVICE)
+    tile = prompt_tile(2 * sm_count(device), 32, device, fp8_entries=True)
+    assert tile == (64, 32, 8)
     g = torch.Generator().manual_seed(5)
     tokens, heads, dim, rope = 8, 32, 512, 64
     fmt = Fp8Entries(dim, rope, 2)
@@ -196,9 +204,9 @@ def test_attention_over_fp8_entries_at_the_prompt_tile() -> None:
     picked = torch.randint(-1, 40, (tokens, 50), generator=g, dtype=torch.int32).to(DEVICE)
     sinks = torch.randn(heads, generator=g).to(DEVICE)
     args = (window, picked, sinks, dim ** -0.5)
-    got = sparse_sink_attention_triton(q, kv_pool, stored, *args, entry_format=fmt)
-    want = sparse_sink_attention_triton(q, kv_pool, decoded, *args, block_h=64, block_n=32,
-                                        num_warps=8)
+    named = {"block_h": tile[0], "block_n": tile[1], "num_warps": tile[2], "num_splits": 1}
+    got = sparse_sink_attention_triton(q, kv_pool, stored, *args, entry_format=fmt, **named)
+    want = sparse_sink_attention_triton(q, kv_pool, decoded, *args, **named)
     assert torch.equal(got, want)
     torch.testing.assert_close(got.float(), sparse_sink_attention_ref(
         q, kv_pool, decoded, *args).float(), atol=2e-2, rtol=2e-2)

@@ -11,6 +11,8 @@ result to all). `OPENINFER_SPLIT_SUM=kernel` keeps the second kernel instead (an
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import triton
@@ -21,20 +23,36 @@ from openinfer_kernels.activation.triton import silu_mul
 SPLIT_SUM_ENV = "OPENINFER_SPLIT_SUM"  # serial (default) | kernel; read once, at import
 SERIAL_SUM = os.environ.get(SPLIT_SUM_ENV, "serial") != "kernel"
 COUNTERS = 1 << 16  # output blocks one split launch may have (int32 counts, 256 KB a device)
-_counters: dict[torch.device, torch.Tensor] = {}
+_counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+_lane = 0  # the counts' set that launches take now (`lane`)
+
+
+@contextmanager
+def lane(n: int) -> Iterator[None]:
+    """Launches made inside take counts set `n` (0 outside any): work on a side stream
+    (`side_stream.beside`) takes a set of its own, since its launches may overlap the main
+    stream's."""
+    global _lane
+    before, _lane = _lane, n
+    try:
+        yield
+    finally:
+        _lane = before
 
 
 def split_counters(device: torch.device) -> torch.Tensor | None:
-    """The arrival counts of split launches on `device`, zeros between launches. Launches
-    never overlap at the counts (a kernel touches them after `pdl_enter`, which waits for the
-    kernel before to finish, and the engine runs one step at a time), so one array serves
-    them all. Made on first use outside CUDA graph capture (the engine's eager warm-up comes
-    first); None while a capture would have to make it."""
-    counts = _counters.get(device)
+    """The arrival counts of split launches on `device` in the current `lane`, zeros between
+    launches. Launches of one lane never overlap at the counts (a kernel touches them after
+    `pdl_enter`, which waits for the kernel before it in its stream to finish, and the engine
+    runs one step at a time), so one array a lane serves them all. Made on first use outside
+    CUDA graph capture (the engine's eager warm-up comes first); None while a capture would
+    have to make it."""
+    counts = _counters.get((device, _lane))
     if counts is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        counts = _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
+        counts = _counters[device, _lane] = torch.zeros(COUNTERS, dtype=torch.int32,
+                                                        device=device)
     return counts
 
 

@@ -37,6 +37,7 @@ import triton.language as tl
 from openinfer_kernels.fp8_linear.steps import e8m0_to_fp32
 from openinfer_kernels.fp8_linear.triton import sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch, preloads
+from openinfer_kernels.side_stream import wait_for
 
 PRELOAD = preloads("experts")  # OPENINFER_PDL_PRELOAD names it; read once
 
@@ -69,12 +70,15 @@ DECODE_TILES: tuple[tuple[int, DecodeTile], ...] = (
 
 
 # The same for the narrower experts a tensor-parallel rank holds (its share of I: 1024 at TP2,
-# 512 at TP4), keyed by that width; a width not here takes DECODE_TILES. Swept on the H100
-# (`dsv4_moe_sweep.py --tp N`, gpu_check.sh stage dsv4moe): at 512, one token 32.8 us against
-# DECODE_TILES' 35.8 (down's K step no longer than its 512 inputs), four tokens 68.6 against
-# 75.8, 16 the same; at 1024 DECODE_TILES was already the best.
+# 512 at TP4), keyed by that width; a width not here takes DECODE_TILES. Swept with
+# `dsv4_moe_sweep.py --tp N` (gpu_check.sh stage dsv4moe): at 512 on the H100, four tokens
+# 68.6 us against DECODE_TILES' 75.8 (down's K step no longer than its 512 inputs), 16 the
+# same; on one H200, one token 24.9 us with 4-row gate_up programs and down's 6 slots in 3
+# shares against 33.5 for the 8-row tile without shares (7.3 us the read floor); at 1024
+# DECODE_TILES was already the best (H100).
 WIDTH_TILES: dict[int, tuple[tuple[int, DecodeTile], ...]] = {
-    512: ((1, DecodeTile(block_n=8, block_k=1024, down_block_n=16, down_block_k=512)),
+    512: ((1, DecodeTile(block_n=4, block_k=1024, down_block_n=16, down_block_k=512,
+                         down_slot_split=3)),
           (4, DecodeTile(block_n=16, block_k=512, down_block_n=32, down_block_k=512)),
           (16, DecodeTile(block_n=32, down_block_n=32))),
 }
@@ -228,13 +232,15 @@ def _down_slot_step(acc, h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, token, slot, k, k
 def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                    gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                    down_scale: torch.Tensor, limit: float, tile: DecodeTile | None = None,
-                   add: torch.Tensor | None = None, settled: bool = False) -> torch.Tensor:
+                   add: torch.Tensor | None = None, settled: bool = False,
+                   add_ready: torch.cuda.Event | None = None) -> torch.Tensor:
     """`fp4_moe_experts` (shapes as there, checked by the caller; weights and scales as
     uint8 views) by the decode kernels -> [T, H] in x's dtype; `tile` overrides
     `decode_tile` (benchmarks). `add` [T, H] (rows contiguous): added in fp32 to the
-    experts' sum before its one rounding (the shared expert's output: no add launch).
-    `settled`: x, ids and weights were written two or more kernels back (see the module). No
-    host sync (CUDA-graph capturable)."""
+    experts' sum before its one rounding (the shared expert's output: no add launch);
+    `add_ready`: the event of the side stream that writes `add` (`side_stream.beside`),
+    waited for by the down launch only. `settled`: x, ids and weights were written two or
+    more kernels back (see the module). No host sync (CUDA-graph capturable)."""
     (t, hidden), top_k = x.shape, ids.shape[1]
     inter = gate_up.shape[1] // 2
     tile = tile or decode_tile(t, inter)
@@ -257,6 +263,7 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     target = out if split == 1 else torch.empty((split, t, hidden), dtype=torch.float32,
                                                 device=x.device)
+    wait_for(add_ready)
     _down_kernel[(t, triton.cdiv(hidden, tile.down_block_n), split)](
         h, ids, weights, down, down_scale, add if add is not None else out, target, hidden,
         inter, top_k, steps_per_split, slots_per_share, k_shares, h.stride(0), ids.stride(0),

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from openinfer_kernels.fp8_linear.reference import e8m0_to_float
+from openinfer_kernels.side_stream import wait_for
 
 # e2m1 code -> value: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
@@ -78,19 +79,22 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
 def fp4_moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                         gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                         down_scale: torch.Tensor, limit: float,
-                        add: torch.Tensor | None = None, settled: bool = False) -> torch.Tensor:
+                        add: torch.Tensor | None = None, settled: bool = False,
+                        add_ready: torch.cuda.Event | None = None) -> torch.Tensor:
     """`moe_experts_ref` over FP4 experts, dequantized to x's dtype first: gate_up
     [E, 2I, H/2] and down [E, H, I/2] packed e2m1 codes (uint8 or int8), their E8M0 scales
     [E, 2I, H/32] and [E, H, I/32] (uint8 or float8_e8m0fnu) -> [T, H] in x's dtype; plus
-    `add` ([T, H] in x's dtype, the shared expert's output) where given, as `moe` adds it.
-    `settled` (the kernels' launch hint: when x, ids and weights were written) changes
-    nothing here."""
+    `add` ([T, H] in x's dtype, the shared expert's output) where given, as `moe` adds it,
+    once the stream has waited for `add_ready` (the event of the side stream that writes it;
+    None on CPU). `settled` (the kernels' launch hint: when x, ids and weights were written)
+    changes nothing here."""
     def dequant(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return torch.stack([dequant_fp4_ref(p, s, dtype=x.dtype)
                             for p, s in zip(packed, scale, strict=True)])
 
     # Only the picked experts, renumbered: all 256 of V4-Flash's would take 12 GiB in bf16
     # (-1, another rank's, stays -1).
+    wait_for(add_ready)
     held = ids >= 0
     if not held.any():
         return torch.zeros_like(x) if add is None else add.clone()

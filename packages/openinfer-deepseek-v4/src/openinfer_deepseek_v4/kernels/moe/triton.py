@@ -32,6 +32,7 @@ from openinfer_kernels.dot import dot, dot_options
 from openinfer_kernels.fp8_linear.steps import e8m0_to_fp32
 from openinfer_kernels.fp8_linear.triton import sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
+from openinfer_kernels.side_stream import wait_for
 
 GROUP = 32  # inputs per FP4 scale
 # (token, expert) pairs up to which the decode path runs: there each pair streams its expert's
@@ -193,13 +194,16 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
                            tile: DecodeTile | None = None,
                            add: torch.Tensor | None = None,
                            settled: bool = False,
-                           grouped: GroupedTile | None = None) -> torch.Tensor:
+                           grouped: GroupedTile | None = None,
+                           add_ready: torch.cuda.Event | None = None) -> torch.Tensor:
     """x [T, H] bf16/fp32, ids [T, k] int, weights [T, k] fp32, gate_up [E, 2I, H/2] and
     down [E, H, I/2] packed e2m1 (uint8/int8), scales [E, 2I, H/32], [E, H, I/32] E8M0
     (uint8/float8_e8m0fnu) -> [T, H] in x's dtype; `add` [T, H] in x's dtype, added to it
-    (on the decode path in the down kernel, before the result's rounding); `settled`: x, ids
-    and weights were written two or more kernels back (the decode path may then compute
-    before its PDL wait: `decode.py`). No host sync (CUDA-graph capturable).
+    (on the decode path in the down kernel, before the result's rounding), once the current
+    stream has waited for `add_ready` where given (the side stream's event that marks `add`
+    written: `side_stream.beside`); `settled`: x, ids and weights were written two or more
+    kernels back (the decode path may then compute before its PDL wait: `decode.py`). No host
+    sync (CUDA-graph capturable).
     `path`, `tile` (the decode path's) and `grouped` (the grouped path's) override
     `takes_decode_path`, `decode_tile` and `grouped_tile` (benchmarks, tests)."""
     _check(x, ids, weights, gate_up, gate_up_scale, down, down_scale)
@@ -209,14 +213,16 @@ def fp4_moe_experts_triton(x: torch.Tensor, ids: torch.Tensor, weights: torch.Te
                          f"{tuple(add.shape)} {add.dtype}")
     if t * top_k == 0:
         out = torch.zeros((t, hidden), dtype=x.dtype, device=x.device)
+        wait_for(add_ready)
         return out if add is None else out + add
     packed = (gate_up.view(torch.uint8), gate_up_scale.view(torch.uint8), down.view(torch.uint8),
               down_scale.view(torch.uint8))
     if path == "decode" or (path == "auto" and takes_decode_path(t * top_k)):
         if add is not None and add.stride(1) != 1:
             add = add.contiguous()
-        return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add, settled)
+        return fp4_moe_decode(x, ids, weights, *packed, limit, tile, add, settled, add_ready)
     out = _grouped(x, ids, weights, *packed, limit, grouped)
+    wait_for(add_ready)
     return out if add is None else out + add
 
 
