@@ -22,7 +22,13 @@ import torch
 from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import ForwardBatch, PushAreas, TensorParallelGroup
 from openinfer_deepseek_v4.config import DeepseekV4Config
-from openinfer_deepseek_v4.kernels.mhc import hc_head, hc_post, hc_post_all_reduce, hc_pre
+from openinfer_deepseek_v4.kernels.mhc import (
+    hc_head,
+    hc_post,
+    hc_post_all_reduce,
+    hc_post_pre_all_reduce,
+    hc_pre,
+)
 from openinfer_deepseek_v4.kernels.rotary import rope_table
 from openinfer_deepseek_v4.kv_cache import (
     LayerCache,
@@ -61,6 +67,9 @@ from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_block
 # or the all-reduce fused with hc_post (kernels/mhc/push_post.py) off.
 STACK_ENV = "OPENINFER_DSV4_STACK"
 PUSH_POST_ENV = "OPENINFER_DSV4_PUSH_POST"
+# "1": a one-token step's pushed hc_post and the next sublayer's hc_pre in one launch
+# (kernels/mhc/push_post_pre.py). Off until a GPU run measures it.
+POST_PRE_ENV = "OPENINFER_DSV4_POST_PRE"
 
 
 class DeepseekV4Model:
@@ -124,6 +133,7 @@ class DeepseekV4Model:
         # PUSH_POST_ENV=0: the all-reduce, then hc_post (A/B).
         self._push = (None if tp is None or os.environ.get(PUSH_POST_ENV, "1") == "0"
                       else tp.push_areas(cfg.hidden_size, dtype))
+        self._post_pre = self._push is not None and os.environ.get(POST_PRE_ENV, "0") == "1"
         # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
         # the host and its widths follow `max_seq_len` (the graphs are captured with
         # max_model_len): capturable, decode steps only; under tensor and expert parallelism
@@ -200,17 +210,23 @@ class DeepseekV4Model:
         streams = self._embed(batch.input_ids).unsqueeze(1).expand(-1, cfg.hc_mult, -1)
         streams = streams.contiguous()
         slots = StepSlots(batch, self.layers[0].kv.shape[1])
+        sublayers: list[tuple[HyperConnectionWeights, torch.Tensor,
+                              Callable[[torch.Tensor], torch.Tensor]]] = []
         for i, (layer, cache) in enumerate(zip(self.w.layers, self.layers, strict=True)):
             attend = partial(paged_attention, w=layer.attention, products=self._products[i],
                              cfg=self.attn_cfg, layer=i, cache=cache, batch=batch,
                              rope=self._ropes[i], slots=slots, tp=self.tp,
                              split_tokens=self._indexer_split, side=self._side)
-            streams = _around(streams, layer.attn_hc, layer.attn_norm, attend, cfg, self.tp,
-                              self._push)
             ffn = partial(moe_forward, token_ids=batch.input_ids, w=layer.moe, cfg=cfg,
                           experts=self._experts, side=self._side)
-            streams = _around(streams, layer.ffn_hc, layer.ffn_norm, ffn, cfg, self.tp,
-                              self._push)
+            sublayers += [(layer.attn_hc, layer.attn_norm, attend),
+                          (layer.ffn_hc, layer.ffn_norm, ffn)]
+        pre = None  # the next sublayer's hc_pre, where the last hc_post's launch made it
+        for k, (hc, norm, sublayer) in enumerate(sublayers):
+            then = (sublayers[k + 1][:2] if self._post_pre and k + 1 < len(sublayers)
+                    else None)
+            streams, pre = _around(streams, hc, norm, sublayer, cfg, self.tp, self._push, pre,
+                                   then)
         # Only the rows that sample need the head (none in a step of prefill chunks only; the
         # head's ops take no empty batch, and every rank skips the all-gather alike).
         rows = streams[batch.logits_indices]
@@ -266,21 +282,32 @@ def _tensors(obj: object, skip: Sequence[object] | None = None) -> Iterator[torc
 
 def _around(streams: torch.Tensor, hc: HyperConnectionWeights, norm: torch.Tensor,
             sublayer: Callable[[torch.Tensor], torch.Tensor], cfg: DeepseekV4Config,
-            tp: TensorParallelGroup | None = None, push: PushAreas | None = None
-            ) -> torch.Tensor:
+            tp: TensorParallelGroup | None = None, push: PushAreas | None = None,
+            pre: tuple[torch.Tensor, ...] | None = None,
+            then: tuple[HyperConnectionWeights, torch.Tensor] | None = None
+            ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """`reference.around` in two ops (Triton kernels on the GPU): the mixing weights, collapse
-    and norm before the sublayer, the expansion after. With `tp` the sublayer's output is this
-    rank's partial sum: summed over the ranks by the expansion itself where the group's push
-    memory takes the rows (`hc_post_all_reduce`), else by the group's all-reduce first."""
+    and norm before the sublayer, the expansion after: (new streams, None). With `tp` the
+    sublayer's output is this rank's partial sum: summed over the ranks by the expansion itself
+    where the group's push memory takes the rows (`hc_post_all_reduce`), else by the group's
+    all-reduce first. `pre`: hc_pre's (x, post, comb's logits), made already; `then`: the next
+    sublayer's (hc, norm), whose hc_pre the expansion's launch also makes where it can
+    (`hc_post_pre_all_reduce`, one token): (new streams, that hc_pre's outputs)."""
     # comb's Sinkhorn-Knopp runs in hc_post (kernels/mhc/triton.py says why)
-    x, post, comb_logits = hc_pre(streams, hc.fn, hc.base, hc.scale, norm, hc_eps=cfg.hc_eps,
-                           norm_eps=cfg.rms_norm_eps)
+    x, post, comb_logits = pre if pre is not None else hc_pre(
+        streams, hc.fn, hc.base, hc.scale, norm, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
     out = sublayer(x)
     eps, iters = cfg.hc_eps, cfg.hc_sinkhorn_iters
     if tp is None:
-        return hc_post(streams, out, post, comb_logits, hc_eps=eps, sinkhorn_iters=iters)
+        return hc_post(streams, out, post, comb_logits, hc_eps=eps, sinkhorn_iters=iters), None
+    if then is not None:
+        both = hc_post_pre_all_reduce(streams, out, post, comb_logits, push, then[0].fn,
+                                      then[0].base, then[0].scale, then[1], hc_eps=eps,
+                                      sinkhorn_iters=iters, norm_eps=cfg.rms_norm_eps)
+        if both is not None:
+            return both[0], both[1:]
     fused = hc_post_all_reduce(streams, out, post, comb_logits, push, hc_eps=eps,
                                sinkhorn_iters=iters)
     return (fused if fused is not None
             else hc_post(streams, tp.all_reduce(out), post, comb_logits, hc_eps=eps,
-                         sinkhorn_iters=iters))
+                         sinkhorn_iters=iters)), None

@@ -61,7 +61,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
                 BLOCK_D: tl.constexpr, HEAD: tl.constexpr, SERIAL: tl.constexpr,
                 PDL: tl.constexpr, NORM: tl.constexpr = True):
     # SERIAL: the tile's last program to arrive at count_ptr[pid_t] computes its tokens'
-    # weights (`_token_weights`, the other programs' shares read from L2) and zeroes the count.
+    # weights (`token_weights`, the other programs' shares read from L2) and zeroes the count.
     pdl_enter(PDL)
     pid_t, pid_s = tl.program_id(0), tl.program_id(1)
     rt = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -91,7 +91,7 @@ def _mix_kernel(x_ptr, fn_ptr, part_ptr, ssq_ptr, count_ptr, base_ptr, scale_ptr
         count = count_ptr + pid_t
         if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
             for t in range(pid_t * BLOCK_T, tl.minimum(pid_t * BLOCK_T + BLOCK_T, T)):
-                _token_weights(pid_t * 0 + t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
+                token_weights(pid_t * 0 + t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                                norm_w_ptr,
                                y_ptr, post_ptr, logits_ptr, T, tl.num_programs(1), stride_xt,
                                stride_xn, hc_eps, norm_eps, N, D, M_PAD, SPLIT_PAD,
@@ -119,20 +119,21 @@ def _weights_kernel(x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y
                     SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                     PDL: tl.constexpr, NORM: tl.constexpr = True):
     pdl_enter(PDL)
-    _token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
+    token_weights(tl.program_id(0), x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr,
                    norm_w_ptr, y_ptr, post_ptr, logits_ptr, T, SPLIT, stride_xt, stride_xn,
                    hc_eps, norm_eps, N, D, M_PAD, SPLIT_PAD, BLOCK_D, HEAD, NORM, "")
 
 
 @triton.jit
-def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr,
+def token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr, y_ptr,
                    post_ptr, logits_ptr, T, SPLIT, stride_xt, stride_xn, hc_eps, norm_eps,
                    N: tl.constexpr, D: tl.constexpr, M_PAD: tl.constexpr,
                    SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, HEAD: tl.constexpr,
                    NORM: tl.constexpr, CACHE: tl.constexpr):
-    """Token t's weights from its SPLIT shares (read with cache modifier CACHE: ".cg" where
-    other programs of the same launch wrote them), its collapse and (NORM) the RMSNorm of it
-    by norm_w_ptr; comb's logits, not comb. HEAD: the head's form, `pre` only."""
+    """Token t's weights from its SPLIT shares (these and the streams read with cache modifier
+    CACHE: ".cg" where other programs of the same launch wrote them), its collapse and (NORM)
+    the RMSNorm of it by norm_w_ptr; comb's logits, not comb. HEAD: the head's form, `pre`
+    only."""
     rs, rn, rd = tl.arange(0, SPLIT_PAD), tl.arange(0, N), tl.arange(0, BLOCK_D)
     s_ok, d_ok = rs < SPLIT, rd < D
     inv_rms = tl.rsqrt(tl.sum(tl.load(ssq_ptr + rs * T + t, mask=s_ok, other=0.0,
@@ -154,7 +155,7 @@ def _token_weights(t, x_ptr, part_ptr, ssq_ptr, base_ptr, scale_ptr, norm_w_ptr,
         logits = comb * inv_rms * tl.load(scale_ptr + 2) + tl.load(base_ptr + 2 * N + nn)
         tl.store(logits_ptr + t * N * N + nn, logits)
     h = tl.load(x_ptr + t.to(tl.int64) * stride_xt + rn[:, None] * stride_xn + rd[None, :],
-                mask=d_ok[None, :], other=0.0)
+                mask=d_ok[None, :], other=0.0, cache_modifier=CACHE)
     out_ty = y_ptr.dtype.element_ty
     u = tl.sum(pre[:, None] * h.to(tl.float32), axis=0).to(out_ty).to(tl.float32)
     if NORM:
@@ -177,7 +178,7 @@ def expand_columns(out, streams_ptr, post_ptr, comb, new_ptr, t, rd, d_ok, strid
     """Token t's new streams at columns `rd` (where `d_ok`) from the sublayer's output `out`
     there (in the streams' dtype) and its comb [N, N] (`comb_of`): the weights rounded to that
     dtype first, each of the two terms rounded, their sum rounded (the reference's rounding
-    points)."""
+    points). Stored, and returned ([N, len(rd)] in the streams' dtype)."""
     rn = tl.arange(0, N)
     ty = new_ptr.dtype.element_ty
     mixed = tl.zeros([N, rd.shape[0]], dtype=tl.float32)
@@ -188,9 +189,9 @@ def expand_columns(out, streams_ptr, post_ptr, comb, new_ptr, t, rd, d_ok, strid
         mixed += c[:, None] * h.to(tl.float32)[None, :]
     post = tl.load(post_ptr + t * N + rn).to(ty).to(tl.float32)
     spread = (post[:, None] * out.to(tl.float32)[None, :]).to(ty).to(tl.float32)
-    new = spread + mixed.to(ty).to(tl.float32)
-    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new.to(ty),
-             mask=d_ok[None, :])
+    new = (spread + mixed.to(ty).to(tl.float32)).to(ty)
+    tl.store(new_ptr + t * N * D + rn[:, None] * D + rd[None, :], new, mask=d_ok[None, :])
+    return new
 
 
 @triton.jit
