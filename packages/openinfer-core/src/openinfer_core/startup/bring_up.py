@@ -9,7 +9,8 @@
 4. build the KV offload tiers and warm up the sampler's kernels;
 5. capture the CUDA graphs a start needs (engine/cuda_graphs.py; with `defer_graphs` the rest
    are left to the engine's idle time) and warm up the eager step shapes (eager_warmup.py);
-6. stamp what compiled, and log where the time and the host memory went.
+6. stamp what compiled, and log where the time and the host memory went; from then on, log
+   any kernel that still compiles (late_compiles.py).
 
 What the engine does with idle time after (host_memory.py, the deferred graphs) is its own."""
 
@@ -44,6 +45,7 @@ from openinfer_core.startup.compile_round import compile_start_kernels
 from openinfer_core.startup.eager_warmup import warm_up_eager_steps
 from openinfer_core.startup.host_memory import resident_mb
 from openinfer_core.startup.kernel_compilers import KernelCompilers
+from openinfer_core.startup.late_compiles import log_late_compiles
 from openinfer_core.startup.memory_budget import (
     StepMemory,
     fit_max_model_len,
@@ -104,6 +106,8 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
     plan.finish()
     seconds["other"] = time.perf_counter() - start - sum(seconds.values())
     _log_ready(time.perf_counter() - start, seconds, resident)
+    if model.device.type == "cuda":
+        log_late_compiles()
     return StartedEngine(model, kv, loaded.eos_token_ids, loaded.hf_config, offload, graphs,
                          seconds)
 
