@@ -19,7 +19,7 @@ the FP8 peak, GB/s of the operands read against the read bandwidth; --json keeps
 Usage: python benchmarks/device/fp8_gemm.py [--rows 1,16,64,...] [--shapes qkv,o,gate_up,down]
        [--sweep] [--decode-sweep] [--json F]
 V4-Flash at TP4 decode: --rows 1,16 --decode-sweep --shapes v4-wq_a,v4-wkv,v4-wq_b/4,
-       v4-wo_b/4,v4-shared-up/4,v4-shared-down/4"""
+       v4-wo_b/4,v4-shared-up/4,v4-shared-down/4 (the stacks: v4-of_x,v4-of_q/4)"""
 
 from __future__ import annotations
 
@@ -51,8 +51,11 @@ SHAPES = {  # Qwen3-8B, weight [N, K]: hidden 4096, 32 + 2 x 8 heads of 128, int
 # DeepSeek-V4-Flash's FP8 linears as a rank holds them (`--shapes v4-...`; not in the default
 # run): wq_a and wkv whole; at TP2 / TP4 wq_b's rows (64 heads x 512 over q_lora 1024), wo_b's
 # columns (8 groups x o_lora 1024) and the shared expert's width (2048: up as the plain
-# product of its gate and up rows, down).
+# product of its gate and up rows, down); and the stacks the model runs (shared_input.py):
+# x's FP8 products (wq_a and wkv, the compressors' being bf16) and, in a CSA layer, the q
+# lora's (wq_b's rows and the indexer's wq_b, 64 heads x 128, which every rank holds whole).
 V4_SHAPES = {
+    "v4-of_x": (1536, 4096), "v4-of_q/2": (24576, 1024), "v4-of_q/4": (16384, 1024),
     "v4-wq_a": (1024, 4096), "v4-wkv": (512, 4096),
     "v4-wq_b/2": (16384, 1024), "v4-wo_b/2": (4096, 4096), "v4-shared-up/2": (2048, 4096),
     "v4-shared-down/2": (4096, 1024),
