@@ -47,6 +47,25 @@ def _push_post_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, areas, 
                    t, rd, d_ok, stride_st, stride_sn, N, D)
 
 
+def check_inputs(op: str, streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
+                 comb_logits: torch.Tensor, areas: Sequence[torch.Tensor], seqs: torch.Tensor,
+                 rank: int) -> None:
+    """The shapes, dtypes and push memory a pushed hc_post takes (ValueError naming `op`)."""
+    t, n, d = streams.shape
+    world = len(areas)
+    if (partial.shape != (t, d) or post.shape != (t, n) or comb_logits.shape != (t, n, n)
+            or n & (n - 1) or partial.dtype != streams.dtype or partial.element_size() not in (2, 4)
+            or not 0 <= rank < world or t > MAX_PROGRAMS):
+        raise ValueError(f"{op}: need streams [T, N, D] (N a power of two), partial [T, D] of "
+                         f"their dtype (16 or 32 bits), post [T, N], comb's [T, N, N], at most "
+                         f"{MAX_PROGRAMS} rows, rank {rank} of {world}; got "
+                         f"{tuple(streams.shape)}, {tuple(partial.shape)} {partial.dtype}, "
+                         f"{tuple(post.shape)}, {tuple(comb_logits.shape)}")
+    if areas[rank].numel() < area_elements(world, d) or seqs.numel() < MAX_PROGRAMS:
+        raise ValueError(f"areas of {areas[rank].numel()} and counts of {seqs.numel()} are too "
+                         f"small for {world} ranks of width {d}: see area_elements")
+
+
 def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post: torch.Tensor,
                               comb_logits: torch.Tensor, areas: Sequence[torch.Tensor],
                               seqs: torch.Tensor, rank: int, *, hc_eps: float,
@@ -58,19 +77,9 @@ def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post
     likes with the group's push calls on `areas` (every rank's landing area, rows as their
     signal: empty bytes `EMPTY_BYTE`) and `seqs` (this rank's call counts); T at most
     `MAX_PROGRAMS`."""
+    check_inputs("hc_post_all_reduce", streams, partial, post, comb_logits, areas, seqs, rank)
     t, n, d = streams.shape
     world = len(areas)
-    if (partial.shape != (t, d) or post.shape != (t, n) or comb_logits.shape != (t, n, n)
-            or n & (n - 1) or partial.dtype != streams.dtype or partial.element_size() not in (2, 4)
-            or not 0 <= rank < world or t > MAX_PROGRAMS):
-        raise ValueError(f"hc_post_all_reduce: need streams [T, N, D] (N a power of two), "
-                         f"partial [T, D] of their dtype (16 or 32 bits), post [T, N], comb's "
-                         f"[T, N, N], at most {MAX_PROGRAMS} rows, rank {rank} of {world}; got "
-                         f"{tuple(streams.shape)}, {tuple(partial.shape)} {partial.dtype}, "
-                         f"{tuple(post.shape)}, {tuple(comb_logits.shape)}")
-    if areas[rank].numel() < area_elements(world, d) or seqs.numel() < MAX_PROGRAMS:
-        raise ValueError(f"areas of {areas[rank].numel()} and counts of {seqs.numel()} are too "
-                         f"small for {world} ranks of width {d}: see area_elements")
     streams = streams if streams.stride(2) == 1 else streams.contiguous()
     partial = partial if partial.stride(1) == 1 else partial.contiguous()
     post, comb_logits = post.float().contiguous(), comb_logits.float().contiguous()

@@ -31,9 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_deepseek_v4.kernels.mhc.push_post import check_inputs
 from openinfer_deepseek_v4.kernels.mhc.triton import comb_of, expand_columns, token_weights
 from openinfer_kernels import split_k
-from openinfer_kernels.collective.push_triton import EMPTY_BYTE, area_elements, exchange_row
+from openinfer_kernels.collective.push_triton import EMPTY_BYTE, exchange_row
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -92,24 +93,15 @@ def hc_post_pre_all_reduce_triton(
     arrival counts inside a capture), and then nothing was done. Collective, as
     `hc_post_all_reduce_triton`."""
     t, n, d = streams.shape
-    world = len(areas)
     m = (2 + n) * n
     if t != 1:
         return None
-    if (partial.shape != (t, d) or post.shape != (t, n) or comb_logits.shape != (t, n, n)
-            or n & (n - 1) or partial.dtype != streams.dtype or partial.element_size() not in (2, 4)
-            or fn.shape != (m, n * d) or base.shape != (m,) or norm_weight.shape != (d,)
-            or not 0 <= rank < world):
-        raise ValueError(f"hc_post_pre_all_reduce: need streams [1, N, D] (N a power of two), "
-                         f"partial [1, D] of their dtype (16 or 32 bits), post [1, N], comb's "
-                         f"[1, N, N], fn [(2 + N) N, N D], base [(2 + N) N], norm_weight [D], "
-                         f"rank {rank} of {world}; got {tuple(streams.shape)}, "
-                         f"{tuple(partial.shape)} {partial.dtype}, {tuple(post.shape)}, "
-                         f"{tuple(comb_logits.shape)}, {tuple(fn.shape)}, {tuple(base.shape)}, "
-                         f"{tuple(norm_weight.shape)}")
-    if areas[rank].numel() < area_elements(world, d) or seqs.numel() < MAX_PROGRAMS:
-        raise ValueError(f"areas of {areas[rank].numel()} and counts of {seqs.numel()} are too "
-                         f"small for {world} ranks of width {d}: see area_elements")
+    check_inputs("hc_post_pre_all_reduce", streams, partial, post, comb_logits, areas, seqs,
+                 rank)
+    if fn.shape != (m, n * d) or base.shape != (m,) or norm_weight.shape != (d,):
+        raise ValueError(f"hc_post_pre_all_reduce: need the next sublayer's fn [(2 + N) N, N D], "
+                         f"base [(2 + N) N] and norm_weight [D]; got {tuple(fn.shape)}, "
+                         f"{tuple(base.shape)}, {tuple(norm_weight.shape)}")
     counts = split_k.counts_for(streams.device, 1)
     if counts is None:
         return None
@@ -131,7 +123,7 @@ def hc_post_pre_all_reduce_triton(
         partial, streams, post, comb_logits, new, tuple(areas), seqs, fn.contiguous(), part, ssq,
         counts, base.float().contiguous(), scale.float().contiguous(), norm_weight, y, post2,
         logits2, d, streams.stride(0), streams.stride(1), hc_eps, sinkhorn_iters, norm_eps,
-        RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS, BITS=8 * partial.element_size(), N=n,
+        RANK=rank, WORLD=len(areas), PROGRAMS=MAX_PROGRAMS, BITS=8 * partial.element_size(), N=n,
         M=m, M_PAD=m_pad, BLOCK_C=block_c, SPLIT_PAD=triton.next_power_of_2(programs),
         BLOCK_D=block_d, num_warps=max(4, min(16, n * block_d // 1024)), **pdl_launch(streams))
     return new, y, post2, logits2
