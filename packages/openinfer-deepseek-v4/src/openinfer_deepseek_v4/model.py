@@ -70,6 +70,19 @@ PUSH_POST_ENV = "OPENINFER_DSV4_PUSH_POST"
 # "1": a one-token step's pushed hc_post and the next sublayer's hc_pre in one launch
 # (kernels/mhc/push_post_pre.py). Off until a GPU run measures it.
 POST_PRE_ENV = "OPENINFER_DSV4_POST_PRE"
+# N > 0: mixed steps of up to N tokens are captured in CUDA graphs too. A captured step's
+# widths come from max_model_len (an HCA query's max_model_len / 128 entries, the indexer's
+# max_model_len / 4 scores), so whether it beats the eager step is a measurement still to
+# make: 0 (decode steps only) until then. tests/test_graph_contract.py checks the layout.
+GRAPH_TOKENS_ENV = "OPENINFER_DSV4_GRAPH_TOKENS"
+
+
+def graph_tokens() -> int:
+    """`OPENINFER_DSV4_GRAPH_TOKENS`: the most tokens of a mixed step captured (0: none)."""
+    value = os.environ.get(GRAPH_TOKENS_ENV, "0").strip()
+    if not value.isdigit():
+        raise ValueError(f"{GRAPH_TOKENS_ENV}={value!r}: a token count (0: decode steps only)")
+    return int(value)
 
 
 class DeepseekV4Model:
@@ -134,12 +147,13 @@ class DeepseekV4Model:
         self._push = (None if tp is None or os.environ.get(PUSH_POST_ENV, "1") == "0"
                       else tp.push_areas(cfg.hidden_size, dtype))
         self._post_pre = self._push is not None and os.environ.get(POST_PRE_ENV, "0") == "1"
-        # Capabilities (interfaces.capabilities). CUDA graphs: a decode step syncs nothing with
-        # the host and its widths follow `max_seq_len` (the graphs are captured with
-        # max_model_len): capturable, decode steps only; under tensor and expert parallelism
-        # too (the collectives sit inside each rank's graphs).
+        # Capabilities (interfaces.capabilities). CUDA graphs: a step syncs nothing with the
+        # host and its widths follow `max_seq_len` (the graphs are captured with
+        # max_model_len): capturable, decode steps only unless GRAPH_TOKENS_ENV says more;
+        # under tensor and expert parallelism too (the collectives sit inside each rank's
+        # graphs).
         self.cuda_graph_safe = device.type == "cuda"
-        self.cuda_graph_max_tokens = 0
+        self.cuda_graph_max_tokens = graph_tokens()
         # The sampler's device kernels take any model's fp32 logits [B, V].
         self.sampling_kernels = SAMPLING_KERNELS
         # The experts a rank reads at batch 1: top_k slices of every expert, or with expert
