@@ -133,3 +133,29 @@ def test_side_stream_gives_the_same_bits(folder, engine, sequences) -> None:  # 
             assert a.positions == b.positions
             assert torch.equal(a.top_ids, b.top_ids)
             assert torch.equal(a.top_logprobs, b.top_logprobs)
+
+
+def test_mixed_batches_in_cuda_graphs(folder, sequences, reference) -> None:  # type: ignore[no-untyped-def]
+    """With mixed steps captured (`OPENINFER_DSV4_GRAPH_TOKENS`, opt-in): staggered prompt
+    chunks of 96 tokens beside decodes, every step of at most 512 tokens replayed from a
+    mixed-step graph, within the same gate."""
+    from openinfer_core.engine.config import EngineConfig
+    from openinfer_core.engine.engine import Engine
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPENINFER_DSV4_GRAPH_TOKENS", "512")
+        mixed = Engine(EngineConfig(model=str(folder), device="cuda", load_format="dummy",
+                                    max_model_len=4096, max_num_seqs=16, num_kv_blocks=2048))
+    assert mixed.graphs is not None and mixed.graphs.mixed[-1] == 512
+    which = list(range(len(sequences)))
+
+    def plan(step: int, i: int, done: int) -> int:
+        if step < i % 4:  # staggered arrivals
+            return 0
+        n = len(sequences[i]) - DECODES
+        return min(96, n - done) if done < n else 1
+
+    before = dict(mixed.graphs.replays)
+    picks = run_forced(mixed, [sequences[i] for i in which], plan, use_graphs=True)
+    assert mixed.graphs.replays["mixed"] > before["mixed"] + 10
+    _compare("mixed-cuda-graphs-96", picks, reference, which)
