@@ -71,6 +71,17 @@ def _compare(name: str, picks: list[Picks], reference: list[torch.Tensor],
     check_gate(f"dsv4-{LAYERS}layers-{name}", picks, reference, which)
 
 
+def _staggered(sequences: list[list[int]], chunk: int):  # type: ignore[no-untyped-def]
+    """A run_forced plan: sequence i arrives at step i % 4, its prompt in chunks of `chunk`
+    tokens, then a token a step."""
+    def plan(step: int, i: int, done: int) -> int:
+        if step < i % 4:
+            return 0
+        n = len(sequences[i]) - DECODES
+        return min(chunk, n - done) if done < n else 1
+    return plan
+
+
 def test_weights_stay_in_their_formats(engine) -> None:  # type: ignore[no-untyped-def]
     from openinfer_deepseek_v4.quantized import Fp4Experts, Fp8Linear
 
@@ -86,14 +97,8 @@ def test_batch1(engine, sequences, reference) -> None:  # type: ignore[no-untype
 
 def test_mixed_batch_with_chunked_prefill(engine, sequences, reference) -> None:  # type: ignore[no-untyped-def]
     which = list(range(len(sequences)))
-
-    def plan(step: int, i: int, done: int) -> int:
-        if step < i % 4:  # staggered arrivals
-            return 0
-        n = len(sequences[i]) - DECODES
-        return min(512, n - done) if done < n else 1
-
-    picks = run_forced(engine, [sequences[i] for i in which], plan, use_graphs=False)
+    picks = run_forced(engine, [sequences[i] for i in which], _staggered(sequences, 512),
+                       use_graphs=False)
     _compare("mixed-chunked-512", picks, reference, which)
 
 
@@ -148,14 +153,8 @@ def test_mixed_batches_in_cuda_graphs(folder, sequences, reference) -> None:  # 
                                     max_model_len=4096, max_num_seqs=16, num_kv_blocks=2048))
     assert mixed.graphs is not None and mixed.graphs.mixed[-1] == 512
     which = list(range(len(sequences)))
-
-    def plan(step: int, i: int, done: int) -> int:
-        if step < i % 4:  # staggered arrivals
-            return 0
-        n = len(sequences[i]) - DECODES
-        return min(96, n - done) if done < n else 1
-
     before = dict(mixed.graphs.replays)
-    picks = run_forced(mixed, [sequences[i] for i in which], plan, use_graphs=True)
+    picks = run_forced(mixed, [sequences[i] for i in which], _staggered(sequences, 96),
+                       use_graphs=True)
     assert mixed.graphs.replays["mixed"] > before["mixed"] + 10
     _compare("mixed-cuda-graphs-96", picks, reference, which)
