@@ -274,3 +274,14 @@ def test_dummy_weights_need_no_files_and_depend_only_on_the_config(tmp_path: Pat
     assert len(outs[0]) == 6 and outs[0] == outs[1]
     vocab = json.loads((qwen3_dir / "config.json").read_text())["vocab_size"]
     assert all(0 <= t < vocab for t in outs[0])
+
+
+def test_the_warm_up_ladder_runs_token_counts_on_and_off_the_16_grid() -> None:
+    from openinfer_core.startup.eager_warmup import ladder_shapes
+
+    shapes = ladder_shapes(8192, 2048, 512)
+    assert shapes == [(1024, 2048), (1023, 2047), (2048, 2048), (2047, 2047), (4096, 2048),
+                      (4095, 2047), (8192, 2048), (8191, 2047)]
+    assert ladder_shapes(100, 64, 0) == [(16, 64), (15, 63), (32, 64), (31, 63), (64, 64),
+                                         (63, 63)]
+    assert ladder_shapes(8192, 2048, 8192) == []  # every step in a graph

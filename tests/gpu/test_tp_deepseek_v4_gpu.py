@@ -79,6 +79,52 @@ def test_tp2_matches_one_gpu(tmp_path: Path, ep: bool) -> None:
     assert_within(row)
 
 
+def test_post_pre_against_plain_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`OPENINFER_DSV4_POST_PRE=1` against the same TP2 engine without it, position by
+    position. The fused engine runs first: a process sets up symmetric memory for its first
+    group only, so the second engine's all-reduces go through NCCL, which over two ranks sums
+    the same two rows in the same bits, with hc_post apart (the pushed hc_post's bits). The
+    fused launch runs at one-token steps only, so every position of a longer prompt step is
+    the same bits (and stays so after the fused steps of the sequences before it); the
+    one-token steps differ by the mix projection's fp32 summation order only, within the
+    gate's bounds. Each one-token position's largest |Δ logprob| and the worst positions go to
+    the results."""
+    from openinfer_deepseek_v4.model import POST_PRE_ENV
+
+    folder = _folder(tmp_path, flash_config(3))
+    sequences = random_sequences(8, PROMPT_LENS, DECODES, vocab=128000)
+    runs = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv(POST_PRE_ENV, flag)
+        runs.append(_picks(folder, sequences, 2, False))
+    fused, plain = runs
+    rows, prompt_changed = [], 0
+    for n, (pa, pb) in enumerate(zip(plain, fused, strict=True)):
+        prompt_len = len(sequences[n]) - DECODES
+        for k, pos in enumerate(pa.positions):
+            one_token = pos >= prompt_len or prompt_len == 1  # a decode, or a 1-token prompt
+            lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
+            regret = (pa.top_logprobs[k, 0].item()
+                      - lp_a.get(int(pb.top_ids[k, 0]), pa.top_logprobs[k, -1].item()))
+            delta = max((abs(lp_a[i] - lp) for i, lp in zip(
+                pb.top_ids[k].tolist(), pb.top_logprobs[k].tolist(), strict=True) if i in lp_a),
+                default=float("inf"))
+            same = (torch.equal(pa.top_ids[k], pb.top_ids[k])
+                    and torch.equal(pa.top_logprobs[k], pb.top_logprobs[k]))
+            prompt_changed += not one_token and not same
+            rows.append((regret, delta, n, pos, one_token, same))
+    row = {"case": "dsv4-3layers-tp2-post-pre-vs-plain", **pick_distance(plain, fused),
+           "prompt_positions_changed": prompt_changed,
+           "one_token_positions": sum(r[4] for r in rows),
+           "one_token_positions_same": sum(r[5] for r in rows if r[4]),
+           "one_token_max_dlogprob": [round(r[1], 4) for r in rows if r[4]],
+           "worst": [dict(zip(("regret", "max_dlogprob", "sequence", "position", "one_token"),
+                              r[:5], strict=True)) for r in sorted(rows, reverse=True)[:6]]}
+    record(row)
+    assert prompt_changed == 0, row
+    assert_within(row)
+
+
 @pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])
 def test_v4_flash_full_size_serves_on_two_gpus(tmp_path: Path, ep: bool) -> None:
     from openinfer_core import GenerateRequest, SamplingParams

@@ -321,9 +321,10 @@ PY
     grep -E "KV cache:|bytes a token|per token" "$OUT/serve-dsv4-flash.log" | tail -3
     # A first pass (kept apart as -first): the first requests after a start have stalled for
     # seconds (run 225: 442 against 916 tok/s for the next 64 new prompts). Each run its own
-    # seed, so no run's prompts are in the prefix cache from another's.
+    # seed, so no run's prompts are in the prefix cache from another's. DSV4FULL_SERVE_RUNS:
+    # the runs, each PROMPTS:CONCURRENCY[:first].
     local seed=0
-    for run in 64:64:first 64:64 1024:256; do
+    for run in ${DSV4FULL_SERVE_RUNS:-64:64:first 64:64 1024:256}; do
       seed=$((seed + 1))
       local n=${run%%:*} rest=${run#*:} c tag
       c=${rest%%:*} tag=c$c; [ "${rest#*:}" = first ] && tag=c$c-first

@@ -9,7 +9,7 @@ import pytest
 from openinfer_core.startup.late_compiles import log_late_compiles
 
 
-def test_a_late_compile_is_logged_by_kernel_name(monkeypatch: pytest.MonkeyPatch,
+def test_a_late_compile_is_logged_with_its_specialization(monkeypatch: pytest.MonkeyPatch,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     knobs = pytest.importorskip("triton").knobs
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
@@ -19,4 +19,4 @@ def test_a_late_compile_is_logged_by_kernel_name(monkeypatch: pytest.MonkeyPatch
     with caplog.at_level(logging.INFO, logger="openinfer"):
         assert hook(key="k", repr="_mix_kernel(x_ptr, fn_ptr)", fn=None, compile={},
                     is_manual_warmup=False, already_compiled=False) is False
-    assert "kernel compiled after start-up: _mix_kernel (" in caplog.text
+    assert "kernel compiled after start-up: _mix_kernel(x_ptr, fn_ptr) (" in caplog.text

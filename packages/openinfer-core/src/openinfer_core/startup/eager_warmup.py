@@ -6,7 +6,8 @@ Decode and mixed steps up to the largest graph are warmed by the CUDA-graph capt
 left are eager steps, larger than any graph: many short requests (a burst of new prompts
 beside decodes), whose attention takes the short-query kernel, and prompt chunks, which take
 the prefill kernel. Eager forwards of both kinds, at the smallest and the largest eager token
-count, compile them; every token writes into the padding block 0 and the outputs are thrown
+count, compile them, and a ladder of token counts between, on and off the multiples of 16
+(`ladder_shapes`); every token writes into the padding block 0 and the outputs are thrown
 away."""
 
 from __future__ import annotations
@@ -44,21 +45,40 @@ def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: in
 def warm_up_batches(config: EngineConfig, model: Model,
                     graph_max_tokens: int) -> list[ForwardBatch]:
     """The eager steps to warm up, on the device: short and long requests filling the token
-    budget, and the smallest step past the graphs (`graph_max_tokens`) of each kind."""
+    budget, the smallest step past the graphs (`graph_max_tokens`) of each kind, and the
+    ladder of `ladder_shapes` between."""
     budget = config.max_num_batched_tokens
+    long_query = min(LONG_QUERY, model.max_model_len)
     shapes = []
-    for query, rows in ((SHORT_QUERY, config.max_num_seqs),
-                        (min(LONG_QUERY, model.max_model_len), budget)):
+    for query, rows in ((SHORT_QUERY, config.max_num_seqs), (long_query, budget)):
         largest = min(budget, rows * query)
         for num_tokens in sorted({min(largest, graph_max_tokens + 64), largest}):
             if num_tokens > graph_max_tokens:
                 shapes.append((num_tokens, query))
+    shapes += [s for s in ladder_shapes(min(budget, config.max_num_seqs * long_query),
+                                        long_query, graph_max_tokens) if s not in shapes]
     batches = [padding_requests(num_tokens, query, config.block_size)
                for num_tokens, query in shapes]
     groups = kv_groups_of(model)
     for batch in batches:
         batch.group_block_tables = scratch_group_tables(groups, batch.block_tables)
     return [batch.to_device(model.device) for batch in batches]
+
+
+def ladder_shapes(most: int, query: int, graph_max_tokens: int) -> list[tuple[int, int]]:
+    """(tokens, query) steps at each power of two past the graphs up to `most` tokens, and one
+    token short of each in requests one token short of `query`. Triton compiles a variant per
+    class of each integer argument (1, a multiple of 16, neither), and a served step's token
+    count, request count and lengths are mostly neither; kernels also pick their tiles by
+    token count. Without these steps a V4-Flash server's first mixed steps compiled 17
+    kernels (`gpu_check.sh dsv4full`'s serve part on 4 x H200: its first 64 requests at about
+    half the output rate of the next 64)."""
+    shapes, tokens = [], 16
+    while tokens <= most:
+        if tokens > graph_max_tokens:
+            shapes += [(tokens, query), (tokens - 1, max(1, query - 1))]
+        tokens *= 2
+    return shapes
 
 
 def padding_requests(num_tokens: int, query: int, block_size: int) -> HostBatch:

@@ -13,17 +13,20 @@ log = logging.getLogger("openinfer")
 
 def log_late_compiles() -> bool:
     """From now on, log each Triton kernel this process compiles (or loads from Triton's disk
-    cache), by name. False where Triton (or its hook) is missing: nothing is watched."""
+    cache), by name and specialization. False where Triton (or its hook) is missing: nothing
+    is watched."""
     try:
         from triton import knobs
     except ImportError:
         return False
 
     def compiled(*args: Any, **kwargs: Any) -> bool:
-        name = str(kwargs.get("repr", "?")).split("(")[0]
+        # Triton's whole `name[options](arg: specialization, ...)`: the integers' classes
+        # (1, divisible by 16, neither) say which step shape the warm-up missed.
         log.info("kernel compiled after start-up: %s (the step that launched it waited on "
-                 "the JIT)", name)
+                 "the JIT)", kwargs.get("repr", "?"))
         return False
 
     knobs.runtime.jit_post_compile_hook = compiled
     return True
+
