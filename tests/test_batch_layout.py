@@ -282,6 +282,7 @@ def test_the_warm_up_ladder_runs_token_counts_on_and_off_the_16_grid() -> None:
     shapes = ladder_shapes(8192, 2048, 512)
     assert shapes == [(1024, 2048), (1023, 2047), (2048, 2048), (2047, 2047), (4096, 2048),
                       (4095, 2047), (8192, 2048), (8191, 2047)]
-    assert ladder_shapes(100, 64, 0) == [(16, 64), (15, 63), (32, 64), (31, 63), (64, 64),
+    assert ladder_shapes(100, 64, 0) == [(2, 64), (1, 63), (4, 64), (3, 63), (8, 64), (7, 63),
+                                         (16, 64), (15, 63), (32, 64), (31, 63), (64, 64),
                                          (63, 63)]
     assert ladder_shapes(8192, 2048, 8192) == []  # every step in a graph

@@ -70,7 +70,7 @@ def test_push_reads_the_residual_and_weight_before_the_wait(add_norm: bool,
     h = 4096
     before, after = _loads(_push_data_add_rms_norm_kernel, PUSH, {
         "RANK": 0, "WORLD": 2, "PROGRAMS": 64, "BITS": 16, "BLOCK_H": h, "PDL": True,
-        "ADD_NORM": add_norm, "SHARES": 0, "PRELOAD": preload})
+        "ADD_NORM": add_norm, "SHARES": 0, "PRELOAD": preload, "COPIES": False})
     # The residual row and the weight before; x (and the peers' rows, volatile) after.
     assert before == (["b16"] * (2 * h // THREADS) if add_norm and preload else [])
     assert after.count("b16") >= h // THREADS

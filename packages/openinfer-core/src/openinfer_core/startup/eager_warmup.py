@@ -66,14 +66,14 @@ def warm_up_batches(config: EngineConfig, model: Model,
 
 
 def ladder_shapes(most: int, query: int, graph_max_tokens: int) -> list[tuple[int, int]]:
-    """(tokens, query) steps at each power of two past the graphs up to `most` tokens, and one
-    token short of each in requests one token short of `query`. Triton compiles a variant per
-    class of each integer argument (1, a multiple of 16, neither), and a served step's token
-    count, request count and lengths are mostly neither; kernels also pick their tiles by
-    token count. Without these steps a V4-Flash server's first mixed steps compiled 17
-    kernels (`gpu_check.sh dsv4full`'s serve part on 4 x H200: its first 64 requests at about
-    half the output rate of the next 64)."""
-    shapes, tokens = [], 16
+    """(tokens, query) steps at each power of two from 2 past the graphs up to `most` tokens,
+    and one token short of each in requests one token short of `query`. Triton compiles a
+    variant per class of each integer argument (1, a multiple of 16, neither), and a served
+    step's token count, request count and lengths are mostly neither; kernels also pick their
+    tiles by token count. Without these steps a V4-Flash server's first mixed steps compiled
+    17 kernels (`gpu_check.sh dsv4full`'s serve part on 4 x H200: its first 64 requests at
+    about half the output rate of the next 64); with the steps from 16 tokens up, 8."""
+    shapes, tokens = [], 2
     while tokens <= most:
         if tokens > graph_max_tokens:
             shapes += [(tokens, query), (tokens - 1, max(1, query - 1))]

@@ -139,36 +139,51 @@ def pushed(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def take_landed(slot, mask, BITS: tl.constexpr):
+def take_landed(slot, mask, BITS: tl.constexpr, COPIES: tl.constexpr = False):
     """The row at `slot` (written by another GPU), polled past the caches until no value is
-    the empty mark; the slot is then emptied again for its next use."""
+    the empty mark; the slot is then emptied again for its next use. COPIES: the row has
+    fewer values than the program has threads, so the layout holds each value in several
+    threads, and the loop's count saw one copy of each (another copy, loaded a moment
+    earlier, may still hold the empty mark): every thread then reads the landed row again
+    before it is emptied. `copies` says when."""
     bits_type = tl.int16 if BITS == 16 else tl.int32
     theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
     waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
     while waiting > 0:
         theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
         waiting = tl.sum(((theirs.to(bits_type, bitcast=True) == -1) & mask).to(tl.int32))
+    if COPIES:
+        theirs = tl.load(slot, mask=mask, other=0.0, volatile=True)
+        tl.debug_barrier()  # every copy read before the slot is emptied
     # The loop's sum needed every thread's last read: the slot is read out.
     tl.store(slot, tl.full(theirs.shape, -1, bits_type).to(theirs.dtype, bitcast=True),
              mask=mask)
     return theirs
 
 
+def copies(values: int, num_warps: int) -> bool:
+    """Whether a program of `num_warps` warps holds each of a row's `values` (a power of two)
+    in several threads: `take_landed`'s COPIES."""
+    return values < 32 * num_warps
+
+
 @triton.jit
 def exchange_row(x_row, areas, seq_ptr, pid, H, cols, mask, RANK: tl.constexpr,
-                 WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr):
+                 WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr,
+                 COPIES: tl.constexpr = False):
     """Program `pid`'s row at `x_row` (columns `cols` where `mask`) pushed into every peer's
     landing area, and the ranks' rows summed in fp32 in rank order once landed (the slots
     emptied again): the data-signalled protocol of this module, for program pid's next call
     (its count at seq_ptr + pid). Any kernel that pushes rows this way interleaves with these
-    on the same memory."""
+    on the same memory. COPIES: `take_landed`'s."""
     return exchange_values(tl.load(x_row + cols, mask=mask), areas, seq_ptr, pid, H, cols,
-                           mask, RANK, WORLD, PROGRAMS, BITS)
+                           mask, RANK, WORLD, PROGRAMS, BITS, COPIES)
 
 
 @triton.jit
 def exchange_values(x, areas, seq_ptr, pid, H, cols, mask, RANK: tl.constexpr,
-                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr):
+                    WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr,
+                    COPIES: tl.constexpr = False):
     """`exchange_row` of the row's values `x` (in the landing areas' dtype) rather than its
     address."""
     seq = count_call(seq_ptr + pid)
@@ -185,7 +200,7 @@ def exchange_values(x, areas, seq_ptr, pid, H, cols, mask, RANK: tl.constexpr,
             acc += x.to(tl.float32)
         else:
             slot = areas[RANK] + ((parity * WORLD + peer) * PROGRAMS + row) * H + cols
-            acc += take_landed(slot, mask, BITS).to(tl.float32)
+            acc += take_landed(slot, mask, BITS, COPIES).to(tl.float32)
     return acc
 
 
@@ -196,7 +211,7 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
                                    BITS: tl.constexpr, BLOCK_H: tl.constexpr,
                                    PDL: tl.constexpr, ADD_NORM: tl.constexpr = True,
                                    SHARES: tl.constexpr = 0, share_stride=0,
-                                   PRELOAD: tl.constexpr = False):
+                                   PRELOAD: tl.constexpr = False, COPIES: tl.constexpr = False):
     # areas: every rank's landing area (sum_ptr's dtype), in rank order; empty slots all-ones
     # bits. ADD_NORM False: the sum alone, into sum_ptr (res_ptr, w_ptr and out_ptr unused).
     # SHARES > 0: x is that many fp32 split-K shares of the rank's row, share_stride apart,
@@ -219,10 +234,10 @@ def _push_data_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, area
             part += tl.load(x_ptr + s * share_stride + row * x_row_stride + cols, mask=mask,
                             other=0.0)
         acc = exchange_values(part.to(sum_ptr.dtype.element_ty), areas, seq_ptr, pid, H, cols,
-                              mask, RANK, WORLD, PROGRAMS, BITS)
+                              mask, RANK, WORLD, PROGRAMS, BITS, COPIES)
     else:
         acc = exchange_row(x_ptr + row * x_row_stride, areas, seq_ptr, pid, H, cols, mask,
-                           RANK, WORLD, PROGRAMS, BITS)
+                           RANK, WORLD, PROGRAMS, BITS, COPIES)
     if ADD_NORM:
         s = acc.to(sum_ptr.dtype.element_ty).to(tl.float32)
         if PRELOAD:
@@ -258,8 +273,8 @@ def all_reduce_push_triton(x: torch.Tensor, areas: Sequence[torch.Tensor], seqs:
         _push_data_add_rms_norm_kernel[(t,)](
             rows, rows, rows, rows, summed, tuple(areas), seqs, h, rows.stride(0),
             rows.stride(0), 0.0, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
-            BITS=8 * x.element_size(), BLOCK_H=block, ADD_NORM=False, num_warps=num_warps,
-            **pdl_launch(x))
+            BITS=8 * x.element_size(), BLOCK_H=block, ADD_NORM=False,
+            COPIES=copies(block, num_warps), num_warps=num_warps, **pdl_launch(x))
     return summed.view(x.shape)
 
 
@@ -316,7 +331,7 @@ def all_reduce_add_rms_norm_push_triton(x: torch.Tensor, residual: torch.Tensor,
             rows.stride(0), res.stride(0), eps, RANK=rank, WORLD=world, PROGRAMS=MAX_PROGRAMS,
             BITS=8 * out_dtype.itemsize, BLOCK_H=block, SHARES=x.shape[0] if shares else 0,
             share_stride=x.stride(0) if shares else 0, num_warps=num_warps,
-            PRELOAD=PRELOAD and pdl["PDL"], **pdl)
+            PRELOAD=PRELOAD and pdl["PDL"], COPIES=copies(block, num_warps), **pdl)
     elif t:
         block, num_warps = row_settings(h)
         _push_add_rms_norm_kernel[(t,)](

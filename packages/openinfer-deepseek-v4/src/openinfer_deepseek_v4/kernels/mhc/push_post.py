@@ -24,7 +24,12 @@ import triton
 import triton.language as tl
 
 from openinfer_deepseek_v4.kernels.mhc.triton import comb_of, expand_columns
-from openinfer_kernels.collective.push_triton import EMPTY_BYTE, area_elements, exchange_row
+from openinfer_kernels.collective.push_triton import (
+    EMPTY_BYTE,
+    area_elements,
+    copies,
+    exchange_row,
+)
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -33,7 +38,8 @@ from openinfer_kernels.pdl import pdl_enter, pdl_launch
 def _push_post_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, areas, seq_ptr, D,
                       stride_x, stride_st, stride_sn, hc_eps, iters, RANK: tl.constexpr,
                       WORLD: tl.constexpr, PROGRAMS: tl.constexpr, BITS: tl.constexpr,
-                      N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                      N: tl.constexpr, BLOCK_D: tl.constexpr, COPIES: tl.constexpr,
+                      PDL: tl.constexpr):
     pid = tl.program_id(0)
     t = tl.cast(pid, tl.int64)
     comb = comb_of(logits_ptr, t, hc_eps, iters, N)  # before the wait, as `_expand_kernel`
@@ -41,7 +47,7 @@ def _push_post_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, areas, 
     rd = tl.arange(0, BLOCK_D)
     d_ok = rd < D
     acc = exchange_row(x_ptr + t * stride_x, areas, seq_ptr, pid, D, rd, d_ok, RANK, WORLD,
-                       PROGRAMS, BITS)
+                       PROGRAMS, BITS, COPIES)
     # the all-reduce's result in the streams' dtype, expanded as `_expand_kernel` does
     expand_columns(acc.to(new_ptr.dtype.element_ty), streams_ptr, post_ptr, comb, new_ptr,
                    t, rd, d_ok, stride_st, stride_sn, N, D)
@@ -87,12 +93,13 @@ def hc_post_all_reduce_triton(streams: torch.Tensor, partial: torch.Tensor, post
     if t == 0:
         return new
     block_d = triton.next_power_of_2(d)
+    warps = max(4, min(16, n * block_d // 1024))
     _push_post_kernel[(t,)](
         partial, streams, post, comb_logits, new, tuple(areas), seqs, d, partial.stride(0),
         streams.stride(0), streams.stride(1), hc_eps, sinkhorn_iters, RANK=rank, WORLD=world,
         PROGRAMS=MAX_PROGRAMS,
         BITS=8 * partial.element_size(), N=n, BLOCK_D=block_d,
-        num_warps=max(4, min(16, n * block_d // 1024)), **pdl_launch(streams))
+        COPIES=copies(block_d, warps), num_warps=warps, **pdl_launch(streams))
     return new
 
 

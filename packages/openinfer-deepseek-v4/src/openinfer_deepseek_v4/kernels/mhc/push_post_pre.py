@@ -11,7 +11,8 @@ Program p of P (P = D / BLOCK_C, at most the push memory's rows) owns columns
 2. its columns of this rank's partial row pushed into the peers' landing areas and read back
    summed (`exchange_row`, as row p of the group's push protocol: program p's call count,
    landing row p, these columns only; a slot is refilled only after its reader's launch that
-   emptied it ended, whatever columns the calls between used);
+   emptied it ended, whatever columns the calls between used; its 64 columns sit in 512
+   threads, each held by several, so every copy reads the landed row: `take_landed`'s COPIES);
 3. the new streams at its columns (`expand_columns`, stored), then their share of the next
    mix projection and sum of squares into an fp32 workspace;
 4. the last program to arrive (`openinfer_kernels.split_k`'s arrival count) computes the
@@ -34,7 +35,7 @@ import triton.language as tl
 from openinfer_deepseek_v4.kernels.mhc.push_post import check_inputs
 from openinfer_deepseek_v4.kernels.mhc.triton import comb_of, expand_columns, token_weights
 from openinfer_kernels import split_k
-from openinfer_kernels.collective.push_triton import EMPTY_BYTE, exchange_row
+from openinfer_kernels.collective.push_triton import EMPTY_BYTE, copies, exchange_row
 from openinfer_kernels.collective.triton import MAX_PROGRAMS
 from openinfer_kernels.pdl import pdl_enter, pdl_launch
 
@@ -46,7 +47,8 @@ def _push_post_pre_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, are
                           hc_eps, iters, norm_eps, RANK: tl.constexpr, WORLD: tl.constexpr,
                           PROGRAMS: tl.constexpr, BITS: tl.constexpr, N: tl.constexpr,
                           M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_C: tl.constexpr,
-                          SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                          SPLIT_PAD: tl.constexpr, BLOCK_D: tl.constexpr, COPIES: tl.constexpr,
+                          PDL: tl.constexpr):
     pid = tl.program_id(0)
     cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
     ok = cols < D
@@ -59,7 +61,8 @@ def _push_post_pre_kernel(x_ptr, streams_ptr, post_ptr, logits_ptr, new_ptr, are
     w = tl.load(fn_ptr + rm[:, None, None] * (N * D) + k[None, :, :],
                 mask=(rm < M)[:, None, None] & ok[None, None, :], other=0.0).to(tl.float32)
     pdl_enter(PDL)
-    acc = exchange_row(x_ptr, areas, seq_ptr, pid, D, cols, ok, RANK, WORLD, PROGRAMS, BITS)
+    acc = exchange_row(x_ptr, areas, seq_ptr, pid, D, cols, ok, RANK, WORLD, PROGRAMS, BITS,
+                       COPIES)
     new = expand_columns(acc.to(new_ptr.dtype.element_ty), streams_ptr, post_ptr, comb, new_ptr,
                          0, cols, ok, stride_st, stride_sn, N, D)
     h = tl.where(ok[None, :], new.to(tl.float32), 0.0)  # [N, BLOCK_C], as stored
@@ -119,13 +122,14 @@ def hc_post_pre_all_reduce_triton(
     part = torch.empty((programs, m_pad), dtype=torch.float32, device=device)
     ssq = torch.empty((programs,), dtype=torch.float32, device=device)
     block_d = triton.next_power_of_2(d)
+    warps = max(4, min(16, n * block_d // 1024))  # the last program's [N, D] row
     _push_post_pre_kernel[(programs,)](
         partial, streams, post, comb_logits, new, tuple(areas), seqs, fn.contiguous(), part, ssq,
         counts, base.float().contiguous(), scale.float().contiguous(), norm_weight, y, post2,
         logits2, d, streams.stride(0), streams.stride(1), hc_eps, sinkhorn_iters, norm_eps,
         RANK=rank, WORLD=len(areas), PROGRAMS=MAX_PROGRAMS, BITS=8 * partial.element_size(), N=n,
         M=m, M_PAD=m_pad, BLOCK_C=block_c, SPLIT_PAD=triton.next_power_of_2(programs),
-        BLOCK_D=block_d, num_warps=max(4, min(16, n * block_d // 1024)), **pdl_launch(streams))
+        BLOCK_D=block_d, COPIES=copies(block_c, warps), num_warps=warps, **pdl_launch(streams))
     return new, y, post2, logits2
 
 
