@@ -242,12 +242,14 @@ stage_dsv4full() {
     if [ "$part" = gate ]; then
       # TP2 (and TP2 with expert parallelism) against one GPU, 3 layers at V4-Flash widths,
       # teacher-forced: the tensor-parallel paths (the pushed all-reduce fused with hc_post
-      # among them) within the one-GPU gate's bounds.
+      # among them) within the one-GPU gate's bounds; and TP2 with the fused hc_post + hc_pre
+      # against the same engine without it, position by position.
       # DSV4_GATE_K: the cases (default both; "tp2-ep" the expert-parallel one alone). The
       # whole log stays in $OUT (a stuck run prints where each thread was, SIGABRT).
       stage "DeepSeek-V4 TP2 and TP2+EP against one GPU (3 layers, V4-Flash widths)"
       timeout -s ABRT ${DSV4_GATE_TIMEOUT_S:-400} python3 -m pytest -p no:cacheprovider -q -s \
-        -m gpu -o log_cli=true --log-cli-level=INFO -k "matches_one_gpu and (${DSV4_GATE_K:-tp2})" \
+        -m gpu -o log_cli=true --log-cli-level=INFO \
+        -k "(matches_one_gpu and (${DSV4_GATE_K:-tp2})) or post_pre_against_plain" \
         tests/gpu/test_tp_deepseek_v4_gpu.py > "$OUT/dsv4_tp_gate.log" 2>&1
       grep -E "^\{|passed|failed|Error" "$OUT/dsv4_tp_gate.log" | tail -8
       continue

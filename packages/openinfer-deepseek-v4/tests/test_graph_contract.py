@@ -81,3 +81,23 @@ def test_the_variable_sets_the_mixed_graphs_tokens(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(GRAPH_TOKENS_ENV, "many")
     with pytest.raises(ValueError, match="a token count"):
         graph_tokens()
+
+
+def test_the_start_up_warm_up_steps_run(folder: Path) -> None:
+    """Every eager warm-up step start-up runs (`startup.eager_warmup`: the ladder, and the
+    mixed steps of decodes at a longer length beside a prompt chunk, in the padding block 0)
+    runs on the scratch KV cache start-up gives them, with finite logits."""
+    from openinfer_core.startup.eager_warmup import warm_up_batches
+    from openinfer_core.startup.memory_budget import profile_batch
+
+    eng = engine(folder, max_num_batched_tokens=64, max_num_seqs=4)
+    model = eng.model
+    profile = profile_batch(eng.config, model)
+    model.create_kv_cache(int(profile.block_tables.max()) + 1, eng.config.block_size)
+    batches = warm_up_batches(eng.config, model, 0)
+    assert any(int(b.seq_lens.max()) > int(b.query_start_loc.diff().min()) for b in batches)
+    with torch.inference_mode():
+        for batch in batches:
+            logits = model.forward(batch)
+            assert logits.shape == (len(batch.logits_indices), model.vocab_size)
+            assert torch.isfinite(logits).all()

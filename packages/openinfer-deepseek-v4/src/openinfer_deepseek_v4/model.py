@@ -67,8 +67,9 @@ from openinfer_kvcache import GroupedKVManager, PagedKVManager, group_pool_block
 # or the all-reduce fused with hc_post (kernels/mhc/push_post.py) off.
 STACK_ENV = "OPENINFER_DSV4_STACK"
 PUSH_POST_ENV = "OPENINFER_DSV4_PUSH_POST"
-# "1": a one-token step's pushed hc_post and the next sublayer's hc_pre in one launch
-# (kernels/mhc/push_post_pre.py). Off until a GPU run measures it.
+# A one-token step's pushed hc_post and the next sublayer's hc_pre in one launch
+# (kernels/mhc/push_post_pre.py): V4-Flash TP4 batch 1 on 4 x H200, 4.82 against 5.01 ms a
+# token, the same logits bits at TP2 (`gpu_check.sh dsv4full`, tests/gpu). "0": two launches.
 POST_PRE_ENV = "OPENINFER_DSV4_POST_PRE"
 # N > 0: mixed steps of up to N tokens are captured in CUDA graphs too. A captured step's
 # widths come from max_model_len (an HCA query's max_model_len / 128 entries, the indexer's
@@ -146,7 +147,7 @@ class DeepseekV4Model:
         # PUSH_POST_ENV=0: the all-reduce, then hc_post (A/B).
         self._push = (None if tp is None or os.environ.get(PUSH_POST_ENV, "1") == "0"
                       else tp.push_areas(cfg.hidden_size, dtype))
-        self._post_pre = self._push is not None and os.environ.get(POST_PRE_ENV, "0") == "1"
+        self._post_pre = self._push is not None and os.environ.get(POST_PRE_ENV, "1") != "0"
         # Capabilities (interfaces.capabilities). CUDA graphs: a step syncs nothing with the
         # host and its widths follow `max_seq_len` (the graphs are captured with
         # max_model_len): capturable, decode steps only unless GRAPH_TOKENS_ENV says more;

@@ -3,7 +3,9 @@
 and the next x, post and comb's logits `hc_pre`'s up to fp32 summation order, on one rank and
 on 2 and 3 ranks in as many processes (CPU shared memory under the interpreter, as
 test_mhc_push_post.py), interleaved there with the group's push all-reduce and `push_post` on
-the same memory and call counts, every slot empty after. Not run on a GPU yet."""
+the same memory and call counts, every slot empty after. On GPUs the one-rank cases run at
+V4-Flash's width too; two ranks on two GPUs: tests/gpu/test_tp_deepseek_v4_gpu.py
+(`test_post_pre_against_plain_tp2`, the model's every position against the two launches)."""
 
 from __future__ import annotations
 
@@ -126,7 +128,7 @@ def _run_rank(rank, calls, areas, seqs, outs):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="ranks of CPU shared memory under the "
-                    "interpreter; not yet run on GPUs")
+                    "interpreter; on GPUs: tests/gpu/test_tp_deepseek_v4_gpu.py")
 @pytest.mark.parametrize(("world", "d"), [(2, 24), (3, 40)], ids=["2-ranks", "3-ranks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_ranks_in_processes_post_and_pre(world: int, d: int, dtype: torch.dtype) -> None:

@@ -45,8 +45,8 @@ def warm_up_eager_steps(config: EngineConfig, model: Model, graph_max_tokens: in
 def warm_up_batches(config: EngineConfig, model: Model,
                     graph_max_tokens: int) -> list[ForwardBatch]:
     """The eager steps to warm up, on the device: short and long requests filling the token
-    budget, the smallest step past the graphs (`graph_max_tokens`) of each kind, and the
-    ladder of `ladder_shapes` between."""
+    budget, the smallest step past the graphs (`graph_max_tokens`) of each kind, the ladder
+    of `ladder_shapes` between, and the `mixed_steps`."""
     budget = config.max_num_batched_tokens
     long_query = min(LONG_QUERY, model.max_model_len)
     shapes = []
@@ -59,6 +59,8 @@ def warm_up_batches(config: EngineConfig, model: Model,
                                         long_query, graph_max_tokens) if s not in shapes]
     batches = [padding_requests(num_tokens, query, config.block_size)
                for num_tokens, query in shapes]
+    batches += [padding_rows(lens, seq_lens, config.block_size) for lens, seq_lens in
+                mixed_steps(budget, config.max_num_seqs, model.max_model_len, graph_max_tokens)]
     groups = kv_groups_of(model)
     for batch in batches:
         batch.group_block_tables = scratch_group_tables(groups, batch.block_tables)
@@ -81,20 +83,57 @@ def ladder_shapes(most: int, query: int, graph_max_tokens: int) -> list[tuple[in
     return shapes
 
 
+MIXED_CHUNK = 1024  # the prompt chunk of a mixed warm-up step, about
+DECODE_CONTEXT = 1100  # a mixed warm-up step's decodes' length: 69 blocks of 16, 275 groups of 4
+
+
+def mixed_steps(budget: int, max_rows: int, max_model_len: int,
+                graph_max_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(new tokens, lengths) of each request of steps laid out as a served step is: decodes
+    (one new token at DECODE_CONTEXT, or the longest the model takes) beside one prompt chunk,
+    for 2^k and 2^k - 1 requests up to `max_rows`, the step's tokens a multiple of 16 or one
+    short of it. The request count, the sampled rows' count, the block tables' width and the
+    step's length then fall in each class Triton specializes integers by (1, a multiple of
+    16, neither); the steps the ladder makes are prompts alone."""
+    context = min(DECODE_CONTEXT, max_model_len)
+    base = min(MIXED_CHUNK, max(1, max_model_len // 2))
+    counts, rows = set(), 2
+    while rows - 1 <= max_rows:
+        counts |= {min(rows, max_rows), rows - 1}
+        rows *= 2
+    steps = []
+    for count in sorted(counts):
+        decodes = count - 1
+        aligned = 16 * -(-(decodes + base) // 16)
+        for tokens in (aligned, aligned - 1):
+            chunk = min(tokens, budget) - decodes
+            if 1 <= chunk <= max_model_len and decodes + chunk > graph_max_tokens:
+                steps.append(([1] * decodes + [chunk], [context] * decodes + [chunk]))
+    return [s for i, s in enumerate(steps) if s not in steps[:i]]
+
+
 def padding_requests(num_tokens: int, query: int, block_size: int) -> HostBatch:
     """`num_tokens` tokens as requests of `query` new tokens each (the last shorter), every
     one in the padding block 0, each sampling its last token."""
     lens = [query] * (num_tokens // query)
     if num_tokens % query:
         lens.append(num_tokens % query)
+    return padding_rows(lens, lens, block_size)
+
+
+def padding_rows(lens: list[int], seq_lens: list[int], block_size: int) -> HostBatch:
+    """Requests of `lens` new tokens, the last of `seq_lens` tokens each, every token in the
+    padding block 0, each sampling its last token."""
     starts = np.zeros(len(lens) + 1, dtype=np.int32)
     np.cumsum(lens, out=starts[1:])
-    positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
-    width = -(-query // block_size)
+    positions = np.concatenate([np.arange(s - n, s) for n, s in zip(lens, seq_lens,
+                                                                    strict=True)])
+    positions = positions.astype(np.int64)
+    width = -(-max(seq_lens) // block_size)
     return HostBatch(
-        input_ids=np.zeros(num_tokens, dtype=np.int64), positions=positions,
+        input_ids=np.zeros(int(starts[-1]), dtype=np.int64), positions=positions,
         slot_mapping=positions % block_size,  # block 0
-        query_start_loc=starts, seq_lens=np.array(lens, dtype=np.int32),
+        query_start_loc=starts, seq_lens=np.array(seq_lens, dtype=np.int32),
         block_tables=np.zeros((len(lens), width), dtype=np.int32),
         logits_indices=starts[1:].astype(np.int64) - 1,
-        max_query_len=max(lens), max_seq_len=max(lens))
+        max_query_len=max(lens), max_seq_len=max(seq_lens))
