@@ -18,6 +18,7 @@ from tp_helpers import tp2_engine
 from openinfer_core import Engine, EngineConfig, GenerateRequest, SamplingParams
 from openinfer_core.distributed import TensorParallelModel
 from openinfer_core.errors import ModelConfigError
+from openinfer_core.interfaces.capabilities import supports_started
 from openinfer_core.weights.checkpoint import Checkpoint
 from openinfer_qwen3.config import Qwen3Config
 from openinfer_qwen3.weights import Qwen3Shard, load_weights
@@ -40,6 +41,9 @@ def engines(request: pytest.FixtureRequest,
     one = Engine(EngineConfig(model=str(path), device="cpu"))
     two = tp2_engine(path)
     assert isinstance(two.model, TensorParallelModel)
+    # Start-up sent the worker `started` (on CUDA it then logs its late compiles): a message
+    # it did not take would have ended it, and every test below would fail.
+    assert supports_started(two.model)
     yield request.param, one, two
     two.model.close()
 

@@ -226,12 +226,16 @@ def _save_result(fn: Callable[..., Any], args: tuple[Any, ...], out: Path) -> No
 
 def pick_distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
     """Two runs of ours over the same positions: regret of b's pick among a's top 8, and
-    |Δ logprob| on the ids both top-8 lists share (mean, p99), with the position count."""
-    regrets, deltas = [], []
+    |Δ logprob| on the ids both top-8 lists share (mean, p99), with the position count; and
+    the positions where b's pick is not in a's top 8 at all, whose |Δ| the mean and p99 cannot
+    see (a path wrong at a few positions moves them little: only the regret bound caught the
+    fused hc_post + hc_pre's wrong one-token steps)."""
+    regrets, deltas, outside = [], [], 0
     for pa, pb in zip(a, b, strict=True):
         assert pa.positions == pb.positions
         for k in range(len(pa.positions)):
             lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
+            outside += int(pb.top_ids[k, 0]) not in lp_a
             regrets.append(pa.top_logprobs[k, 0].item()
                            - lp_a.get(int(pb.top_ids[k, 0]), pa.top_logprobs[k, -1].item()))
             deltas += [abs(lp_a[i] - lp) for i, lp in zip(pb.top_ids[k].tolist(),
@@ -239,4 +243,5 @@ def pick_distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
                                                            strict=True) if i in lp_a]
     d = torch.tensor(deltas)
     return {"positions": len(regrets), "regret_max": max(regrets),
-            "dlogprob_mean": d.mean().item(), "dlogprob_p99": d.quantile(0.99).item()}
+            "dlogprob_mean": d.mean().item(), "dlogprob_p99": d.quantile(0.99).item(),
+            "picks_outside_top8": outside}

@@ -77,6 +77,7 @@ def test_tp2_matches_one_gpu(tmp_path: Path, ep: bool) -> None:
            **pick_distance(one, two)}
     record(row)
     assert_within(row)
+    assert row["picks_outside_top8"] == 0, row
 
 
 def test_post_pre_against_plain_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,6 +125,7 @@ def test_post_pre_against_plain_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     record(row)
     assert prompt_changed == 0, row
     assert_within(row)
+    assert row["picks_outside_top8"] == 0, row
 
 
 @pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-ep"])

@@ -1,4 +1,4 @@
-"""A kernel compiled after start-up is named in the log (`startup/late_compiles.py`)."""
+"""A kernel compiled after start-up is named in the log (`late_compiles.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from openinfer_core.startup.late_compiles import log_late_compiles
+from openinfer_core.late_compiles import log_late_compiles
 
 
 def test_a_late_compile_is_logged_with_its_specialization(monkeypatch: pytest.MonkeyPatch,

@@ -284,6 +284,12 @@ class TensorParallelModel:
         finally:
             self._capturing = False
 
+    def started(self) -> None:
+        """capabilities.SupportsStarted: start-up is done; on CUDA each worker logs the kernels
+        it compiles from now on (a rank's compile stalls every rank at the next collective)."""
+        self._check_alive()
+        self._publish(("started",))
+
     def replaying(self, key: tuple[str, int], host: HostBatch) -> None:
         """capabilities.SupportsGraphPeers: the workers replay `key` over `host`."""
         self._check_alive()

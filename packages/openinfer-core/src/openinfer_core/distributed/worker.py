@@ -45,6 +45,7 @@ from openinfer_core.interfaces.capabilities import (
 )
 from openinfer_core.interfaces.kv import KVManager, KVStepLimits
 from openinfer_core.interfaces.model import ForwardBatch, HostBatch, LoadOptions, Model
+from openinfer_core.late_compiles import log_late_compiles
 from openinfer_core.registry import import_target
 
 log = logging.getLogger("openinfer")
@@ -189,6 +190,9 @@ def _serve(model: RankModel, batches: zmq.Socket[bytes],
                 graphs = CudaGraphRunner(model, plan.max_batch, plan.max_blocks_per_seq,
                                          plan.mixed_max_tokens, plan.kv_groups)
             graphs.capture_keys(message[2], message[3])
+        elif kind == "started":  # start-up is done: a compile from now on is a late one
+            if model.device.type == "cuda":
+                log_late_compiles()
         elif kind == "kv":
             model.create_kv_cache(message[1], message[2], message[3])
             conn.send(("kv", None))

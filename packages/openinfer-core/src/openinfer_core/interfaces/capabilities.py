@@ -238,6 +238,19 @@ def supports_close(model: object) -> TypeIs[SupportsClose]:
 
 
 @runtime_checkable
+class SupportsStarted(Protocol):
+    """A model with processes of its own beside the engine's (tensor-parallel ranks), told
+    when start-up is done: from then on each logs the kernels it compiles late
+    (`late_compiles.py`), as the engine's process does."""
+
+    def started(self) -> None: ...
+
+
+def supports_started(model: object) -> TypeIs[SupportsStarted]:
+    return isinstance(model, SupportsStarted)
+
+
+@runtime_checkable
 class SupportsCompileAhead(Protocol):
     """A model whose `forward` may run with its kernels' launches skipped
     (`interfaces.kernel_compiler.KernelCompiler.compiling()`): it takes no host decision from

@@ -10,7 +10,8 @@
 5. capture the CUDA graphs a start needs (engine/cuda_graphs.py; with `defer_graphs` the rest
    are left to the engine's idle time) and warm up the eager step shapes (eager_warmup.py);
 6. stamp what compiled, and log where the time and the host memory went; from then on, log
-   any kernel that still compiles (late_compiles.py).
+   any kernel that still compiles (core's late_compiles.py; `SupportsStarted` tells a
+   model's own processes to do the same).
 
 What the engine does with idle time after (host_memory.py, the deferred graphs) is its own."""
 
@@ -34,9 +35,11 @@ from openinfer_core.interfaces.capabilities import (
     sampling_kernels_of,
     side_groups_of,
     supports_close,
+    supports_started,
 )
 from openinfer_core.interfaces.kv import GroupedKV, KVManager
 from openinfer_core.interfaces.model import Model
+from openinfer_core.late_compiles import log_late_compiles
 from openinfer_core.plugins import PluginManager
 from openinfer_core.sampling.sampler import warm_up_kernels
 from openinfer_core.startup import measurement_cache
@@ -45,7 +48,6 @@ from openinfer_core.startup.compile_round import compile_start_kernels
 from openinfer_core.startup.eager_warmup import warm_up_eager_steps
 from openinfer_core.startup.host_memory import resident_mb
 from openinfer_core.startup.kernel_compilers import KernelCompilers
-from openinfer_core.startup.late_compiles import log_late_compiles
 from openinfer_core.startup.memory_budget import (
     StepMemory,
     fit_max_model_len,
@@ -108,6 +110,8 @@ def bring_up(config: EngineConfig, plugins: PluginManager, *,
     _log_ready(time.perf_counter() - start, seconds, resident)
     if model.device.type == "cuda":
         log_late_compiles()
+    if supports_started(model):  # its other processes log their late compiles too
+        model.started()
     return StartedEngine(model, kv, loaded.eos_token_ids, loaded.hf_config, offload, graphs,
                          seconds)
 

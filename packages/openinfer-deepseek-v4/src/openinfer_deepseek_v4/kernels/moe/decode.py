@@ -9,8 +9,9 @@ rows of each of the token's k experts in slot order, scales each by its routing 
 writes their sum: the combine over the top-k is that loop, so no fp32 [T * k, H] buffer and no
 sum launch. At one token the second launch has only H / BLOCK_N programs, so it may also split
 the inputs (split-K) and the slots (each share a run of the token's slots): each share then
-lands in an fp32 workspace that `sum_slices` adds in a fixed order (a third, tiny launch). No
-atomics: the same bits every run.
+lands in an fp32 workspace, and the last share of a (token, column block) to arrive adds them
+in share order (`openinfer_kernels.split_k`'s arrival counts; where there are none, inside a
+capture before any, `sum_slices` does it, a third launch). The same bits every run.
 
 A K step dequantizes [BLOCK_N, BLOCK_K / 2] bytes: each e2m1 code's bits are placed in an fp16
 (the value times 2^-14, exact) and multiplied by the token's input, the even inputs by the low
@@ -34,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from openinfer_kernels import split_k
 from openinfer_kernels.fp8_linear.steps import e8m0_to_fp32
 from openinfer_kernels.fp8_linear.triton import sum_slices
 from openinfer_kernels.pdl import pdl_enter, pdl_launch, preloads
@@ -172,18 +174,20 @@ def _gate_up_kernel(x_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, h_ptr, N, K, top_k, st
 
 
 @triton.jit
-def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, top_k,
-                 steps_per_split, slots_per_share, k_shares, stride_hm, stride_ids, stride_rw,
-                 stride_we, stride_wn, stride_se, stride_sn, stride_am, stride_os, stride_om,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 ADD: tl.constexpr, PDL: tl.constexpr):
+def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, final_ptr, count_ptr,
+                 N, K, top_k, steps_per_split, slots_per_share, k_shares, stride_hm,
+                 stride_ids, stride_rw, stride_we, stride_wn, stride_se, stride_sn, stride_am,
+                 stride_os, stride_om, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr,
+                 SERIAL: tl.constexpr = False):
     """out[split, token, block], split = slot share * k_shares + K share: over the share's
     slots (slots_per_share of them from its first) in order, the routing weight times the
     slot's expert's down rows against its row of h, inputs of this K share only; ADD: the
     first share starts from the token's row of `add` instead of 0. One loop over (slot,
     step), so loads run ahead across slots (unrolling the slots at compile time measured
     slower at every tile and token count: dsv4_moe_sweep.py, H200); a slot of weight 0 masks
-    its loads."""
+    its loads. SERIAL (out the fp32 shares): the block's last share to arrive at its count
+    (count_ptr + token * blocks + block) adds the shares in order into final_ptr [T, N]."""
     pdl_enter(PDL)
     token = tl.program_id(0)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -208,6 +212,12 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, N, K, t
                               stride_se, stride_sn, BLOCK_N, BLOCK_K, EVEN_K)
     out = out_ptr + split.to(tl.int64) * stride_os + token.to(tl.int64) * stride_om + rn
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+    if SERIAL:
+        rows = token + tl.arange(0, 1)
+        split_k.sum_if_last(out_ptr, final_ptr,
+                            count_ptr + token * tl.num_programs(1) + tl.program_id(1), rows, rn,
+                            (rows < tl.num_programs(0))[:, None] & n_ok[None, :],
+                            tl.num_programs(0), N, N, N, tl.num_programs(2), False, 1, BLOCK_N)
 
 
 @triton.jit
@@ -263,15 +273,18 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     out = torch.empty((t, hidden), dtype=x.dtype, device=x.device)
     target = out if split == 1 else torch.empty((split, t, hidden), dtype=torch.float32,
                                                 device=x.device)
+    blocks = triton.cdiv(hidden, tile.down_block_n)
+    counts = split_k.counts_for(x.device, t * blocks) if split > 1 else None
     wait_for(add_ready)
-    _down_kernel[(t, triton.cdiv(hidden, tile.down_block_n), split)](
-        h, ids, weights, down, down_scale, add if add is not None else out, target, hidden,
-        inter, top_k, steps_per_split, slots_per_share, k_shares, h.stride(0), ids.stride(0),
-        weights.stride(0), down.stride(0), down.stride(1), down_scale.stride(0),
-        down_scale.stride(1),
+    _down_kernel[(t, blocks, split)](
+        h, ids, weights, down, down_scale, add if add is not None else out, target, out,
+        counts if counts is not None else out, hidden, inter, top_k, steps_per_split,
+        slots_per_share, k_shares, h.stride(0), ids.stride(0), weights.stride(0),
+        down.stride(0), down.stride(1), down_scale.stride(0), down_scale.stride(1),
         add.stride(0) if add is not None else 0, t * hidden, hidden,
         BLOCK_N=tile.down_block_n, BLOCK_K=tile.down_block_k,
-        EVEN_K=inter % tile.down_block_k == 0, ADD=add is not None, **common)
-    if split > 1:
+        EVEN_K=inter % tile.down_block_k == 0, ADD=add is not None,
+        SERIAL=counts is not None, **common)
+    if split > 1 and counts is None:
         sum_slices(target, out, split, t * hidden, hidden)
     return out
