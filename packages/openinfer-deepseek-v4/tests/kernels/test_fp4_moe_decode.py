@@ -185,3 +185,21 @@ def test_v4_flash_shapes_decode(t: int) -> None:
     want = fp4_moe_experts_ref(**case, limit=10.0).float()
     torch.testing.assert_close(out.float(), want, rtol=2**-5, atol=2**-5 * want.abs().max())
     assert torch.equal(out, fp4_moe_experts_triton(**case, limit=10.0, path="decode"))
+
+
+@pytest.mark.parametrize("tile", ["split", "slot_split", "slot_and_k_split"])
+def test_shares_summed_by_the_last_to_arrive_or_by_a_launch_alike(
+        tile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Down's shares summed by the last share to arrive at its arrival count (the default)
+    and by `sum_slices` after (`OPENINFER_SPLIT_SUM=kernel`): both add the fp32 shares in
+    share order and round once, so the same bits; the counts are back at 0 after."""
+    from openinfer_kernels import split_k
+
+    case = make(3, HIDDEN, INTER, experts=7, k=6, dtype=torch.bfloat16, seed=23)
+    g = torch.Generator(DEVICE).manual_seed(23)
+    add = (torch.randn((3, HIDDEN), generator=g, device=DEVICE) * 4).to(torch.bfloat16)
+    serial = decode(case, TILES[tile], add)
+    counts = split_k.counts_for(case["x"].device, 1)
+    assert counts is not None and not counts.any()
+    monkeypatch.setattr(split_k, "SERIAL_SUM", False)
+    assert torch.equal(decode(case, TILES[tile], add), serial)

@@ -11,7 +11,8 @@ sum launch. At one token the second launch has only H / BLOCK_N programs, so it 
 the inputs (split-K) and the slots (each share a run of the token's slots): each share then
 lands in an fp32 workspace, and the last share of a (token, column block) to arrive adds them
 in share order (`openinfer_kernels.split_k`'s arrival counts; where there are none, inside a
-capture before any, `sum_slices` does it, a third launch). The same bits every run.
+capture before any, or with OPENINFER_SPLIT_SUM=kernel, `sum_slices` does it, a third launch).
+The same bits every run.
 
 A K step dequantizes [BLOCK_N, BLOCK_K / 2] bytes: each e2m1 code's bits are placed in an fp16
 (the value times 2^-14, exact) and multiplied by the token's input, the even inputs by the low
@@ -274,7 +275,9 @@ def fp4_moe_decode(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     target = out if split == 1 else torch.empty((split, t, hidden), dtype=torch.float32,
                                                 device=x.device)
     blocks = triton.cdiv(hidden, tile.down_block_n)
-    counts = split_k.counts_for(x.device, t * blocks) if split > 1 else None
+    # OPENINFER_SPLIT_SUM=kernel: the sum launch, as the split linears take it (an A/B)
+    serial = split > 1 and split_k.SERIAL_SUM
+    counts = split_k.counts_for(x.device, t * blocks) if serial else None
     wait_for(add_ready)
     _down_kernel[(t, blocks, split)](
         h, ids, weights, down, down_scale, add if add is not None else out, target, out,
