@@ -6,9 +6,9 @@ Decode and mixed steps up to the largest graph are warmed by the CUDA-graph capt
 left are eager steps, larger than any graph: many short requests (a burst of new prompts
 beside decodes), whose attention takes the short-query kernel, and prompt chunks, which take
 the prefill kernel. Eager forwards of both kinds, at the smallest and the largest eager token
-count, compile them, and a ladder of token counts between, on and off the multiples of 16
-(`ladder_shapes`); every token writes into the padding block 0 and the outputs are thrown
-away."""
+count, compile them, with a ladder of token counts between, on and off the multiples of 16
+(`ladder_shapes`), and steps of decodes beside a prompt chunk (`mixed_steps`); every token
+writes into the padding block 0 and the outputs are thrown away."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def ladder_shapes(most: int, query: int, graph_max_tokens: int) -> list[tuple[in
     return shapes
 
 
-MIXED_CHUNK = 1024  # the prompt chunk of a mixed warm-up step, about
+MIXED_CHUNK = 1024  # a mixed warm-up step's prompt chunk, before its step is rounded
 DECODE_CONTEXT = 1100  # a mixed warm-up step's decodes' length: 69 blocks of 16, 275 groups of 4
 
 
@@ -94,7 +94,8 @@ def mixed_steps(budget: int, max_rows: int, max_model_len: int,
     for 2^k and 2^k - 1 requests up to `max_rows`, the step's tokens a multiple of 16 or one
     short of it. The request count, the sampled rows' count, the block tables' width and the
     step's length then fall in each class Triton specializes integers by (1, a multiple of
-    16, neither); the steps the ladder makes are prompts alone."""
+    16, neither); the steps the ladder makes are prompts alone. With these steps too, that
+    V4-Flash server compiled no kernel late."""
     context = min(DECODE_CONTEXT, max_model_len)
     base = min(MIXED_CHUNK, max(1, max_model_len // 2))
     counts, rows = set(), 2
