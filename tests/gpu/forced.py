@@ -224,6 +224,19 @@ def _save_result(fn: Callable[..., Any], args: tuple[Any, ...], out: Path) -> No
     torch.save(fn(*args), out)
 
 
+def position_distance(pa: Picks, pb: Picks, k: int) -> tuple[float, list[float], bool]:
+    """Position k of two runs of ours: the regret of b's pick among a's top 8 (a's 8th
+    logprob standing in where b's pick is not among them), the |Δ logprob| of the ids both
+    top-8 lists share, and whether b's pick is outside a's top 8."""
+    lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
+    pick = int(pb.top_ids[k, 0])
+    regret = pa.top_logprobs[k, 0].item() - lp_a.get(pick, pa.top_logprobs[k, -1].item())
+    deltas = [abs(lp_a[i] - lp) for i, lp in zip(pb.top_ids[k].tolist(),
+                                                 pb.top_logprobs[k].tolist(), strict=True)
+              if i in lp_a]
+    return regret, deltas, pick not in lp_a
+
+
 def pick_distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
     """Two runs of ours over the same positions: regret of b's pick among a's top 8, and
     |Δ logprob| on the ids both top-8 lists share (mean, p99), with the position count; and
@@ -234,13 +247,10 @@ def pick_distance(a: list[Picks], b: list[Picks]) -> dict[str, float]:
     for pa, pb in zip(a, b, strict=True):
         assert pa.positions == pb.positions
         for k in range(len(pa.positions)):
-            lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
-            outside += int(pb.top_ids[k, 0]) not in lp_a
-            regrets.append(pa.top_logprobs[k, 0].item()
-                           - lp_a.get(int(pb.top_ids[k, 0]), pa.top_logprobs[k, -1].item()))
-            deltas += [abs(lp_a[i] - lp) for i, lp in zip(pb.top_ids[k].tolist(),
-                                                           pb.top_logprobs[k].tolist(),
-                                                           strict=True) if i in lp_a]
+            regret, shared, out = position_distance(pa, pb, k)
+            regrets.append(regret)
+            deltas += shared
+            outside += out
     d = torch.tensor(deltas)
     return {"positions": len(regrets), "regret_max": max(regrets),
             "dlogprob_mean": d.mean().item(), "dlogprob_p99": d.quantile(0.99).item(),

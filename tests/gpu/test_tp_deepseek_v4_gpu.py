@@ -24,7 +24,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forced import Picks, assert_within, one_at_a_time, pick_distance, random_sequences, record
+from forced import (
+    Picks,
+    assert_within,
+    one_at_a_time,
+    pick_distance,
+    position_distance,
+    random_sequences,
+    record,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
@@ -105,12 +113,8 @@ def test_post_pre_against_plain_tp2(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         prompt_len = len(sequences[n]) - DECODES
         for k, pos in enumerate(pa.positions):
             one_token = pos >= prompt_len or prompt_len == 1  # a decode, or a 1-token prompt
-            lp_a = dict(zip(pa.top_ids[k].tolist(), pa.top_logprobs[k].tolist(), strict=True))
-            regret = (pa.top_logprobs[k, 0].item()
-                      - lp_a.get(int(pb.top_ids[k, 0]), pa.top_logprobs[k, -1].item()))
-            delta = max((abs(lp_a[i] - lp) for i, lp in zip(
-                pb.top_ids[k].tolist(), pb.top_logprobs[k].tolist(), strict=True) if i in lp_a),
-                default=float("inf"))
+            regret, shared, _ = position_distance(pa, pb, k)
+            delta = max(shared, default=float("inf"))
             same = (torch.equal(pa.top_ids[k], pb.top_ids[k])
                     and torch.equal(pa.top_logprobs[k], pb.top_logprobs[k]))
             prompt_changed += not one_token and not same

@@ -30,7 +30,6 @@ def log_late_compiles() -> bool:
     return True
 
 
-
 def specialization(compile: dict[str, Any]) -> str:
     """A compile's arguments as Triton specialized them (the hook's `compile`: signature,
     constants, configs): each constexpr and each integer specialized to 1 by its value, each

@@ -214,11 +214,10 @@ def _down_kernel(h_ptr, ids_ptr, rw_ptr, w_ptr, s_ptr, add_ptr, out_ptr, final_p
     out = out_ptr + split.to(tl.int64) * stride_os + token.to(tl.int64) * stride_om + rn
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
     if SERIAL:
-        rows = token + tl.arange(0, 1)
         split_k.sum_if_last(out_ptr, final_ptr,
-                            count_ptr + token * tl.num_programs(1) + tl.program_id(1), rows, rn,
-                            (rows < tl.num_programs(0))[:, None] & n_ok[None, :],
-                            tl.num_programs(0), N, N, N, tl.num_programs(2), False, 1, BLOCK_N)
+                            count_ptr + token * tl.num_programs(1) + tl.program_id(1),
+                            token + tl.arange(0, 1), rn, n_ok[None, :], tl.num_programs(0), N,
+                            N, N, tl.num_programs(2), False, 1, BLOCK_N)
 
 
 @triton.jit
